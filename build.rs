@@ -1,0 +1,132 @@
+//! Build script: locate the pinned pip MLX, compile the C++ bridge with cxx, link libmlx
+//! dynamically with an rpath, and generate the C header (with version macros) into OUT_DIR.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+
+    let mlx = find_mlx(&manifest_dir);
+    let include = mlx.join("include");
+    let lib = mlx.join("lib");
+
+    cxx_build::bridge("src/bridge/mod.rs")
+        .file("src/bridge/mlx_bridge.cc")
+        .include(&include)
+        .include(&manifest_dir)
+        .std("c++20")
+        .flag_if_supported("-Wno-unused-parameter")
+        .flag_if_supported("-Wno-deprecated-declarations")
+        .compile("mlxkern_bridge");
+
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=mlx");
+    // Every artifact (cdylib, tests, examples) finds libmlx without LD_LIBRARY_PATH.
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libmlxkern.dylib");
+    }
+    println!("cargo:mlx_dir={}", mlx.display());
+    println!("cargo:rustc-env=MLXK_MLX_DIR={}", mlx.display());
+
+    for path in [
+        "src/bridge/mlx_bridge.cc",
+        "src/bridge/mlx_bridge.h",
+        "cbindgen.toml",
+        "Cargo.toml",
+    ] {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    println!("cargo:rerun-if-changed=src/capi");
+    println!("cargo:rerun-if-env-changed=MLX_DIR");
+
+    generate_header(&manifest_dir, &out_dir);
+}
+
+/// MLX's pip package folder (it holds `include/mlx/` and `lib/libmlx.*`): `MLX_DIR` if set,
+/// else the project's `.venv` (made by `scripts/bootstrap.sh`).
+fn find_mlx(manifest_dir: &Path) -> PathBuf {
+    let valid = |dir: &Path| dir.join("include/mlx/mlx.h").is_file();
+    if let Ok(dir) = env::var("MLX_DIR") {
+        let dir = PathBuf::from(dir);
+        // Accept the package folder or its CMake folder (`python -m mlx --cmake-dir`).
+        for candidate in [dir.clone(), dir.join("../../..")] {
+            if valid(&candidate) {
+                return candidate.canonicalize().unwrap();
+            }
+        }
+        panic!(
+            "MLX_DIR={} does not contain include/mlx/mlx.h: point it at the `mlx` package folder \
+             of an mlx==0.32.4 install (python3 -m mlx --cmake-dir prints it)",
+            dir.display()
+        );
+    }
+    let python = manifest_dir.join(".venv/bin/python3");
+    if python.is_file() {
+        if let Ok(out) = Command::new(&python).args(["-m", "mlx", "--cmake-dir"]).output() {
+            let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            for candidate in [dir.clone(), dir.join("../../..")] {
+                if valid(&candidate) {
+                    return candidate.canonicalize().unwrap();
+                }
+            }
+        }
+    }
+    panic!(
+        "MLX not found: run `make bootstrap` (creates .venv with mlx==0.32.4) or set MLX_DIR to \
+         the `mlx` package folder of an mlx==0.32.4 install"
+    );
+}
+
+/// The ABI version from `[package.metadata.mlxkern] abi-version = N` in Cargo.toml.
+fn abi_version(manifest_dir: &Path) -> u32 {
+    let text = fs::read_to_string(manifest_dir.join("Cargo.toml")).unwrap();
+    text.lines()
+        .find_map(|line| {
+            let rest = line.trim().strip_prefix("abi-version")?;
+            rest.trim().strip_prefix('=')?.trim().parse().ok()
+        })
+        .expect("Cargo.toml lacks [package.metadata.mlxkern] abi-version = N")
+}
+
+fn generate_header(manifest_dir: &Path, out_dir: &Path) {
+    let major = env::var("CARGO_PKG_VERSION_MAJOR").unwrap();
+    let minor = env::var("CARGO_PKG_VERSION_MINOR").unwrap();
+    let patch = env::var("CARGO_PKG_VERSION_PATCH").unwrap();
+    let version = env::var("CARGO_PKG_VERSION").unwrap();
+    let abi = abi_version(manifest_dir);
+    let mut config = cbindgen::Config::from_file(manifest_dir.join("cbindgen.toml"))
+        .expect("cbindgen.toml");
+    let versions = format!(
+        "\n/** The library version these declarations describe (from Cargo.toml). */\n\
+         #define MLXK_VERSION \"{version}\"\n\
+         #define MLXK_VERSION_MAJOR {major}\n\
+         #define MLXK_VERSION_MINOR {minor}\n\
+         #define MLXK_VERSION_PATCH {patch}\n\
+         /** Compare with mlxk_abi_version() at load time: a mismatch means the header and the\n \
+         * loaded library disagree on the C ABI. */\n\
+         #define MLXK_ABI_VERSION {abi}\n"
+    );
+    config.after_includes = Some(config.after_includes.unwrap_or_default() + &versions);
+    println!("cargo:rustc-env=MLXK_ABI_VERSION={abi}");
+    // The C surface lives in src/capi/, one file per header group, read in name order.
+    let mut sources: Vec<PathBuf> = fs::read_dir(manifest_dir.join("src/capi"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
+        .collect();
+    sources.sort();
+    let mut builder = cbindgen::Builder::new().with_config(config);
+    for source in &sources {
+        println!("cargo:rerun-if-changed={}", source.display());
+        builder = builder.with_src(source);
+    }
+    let header = builder
+        .generate()
+        .expect("cbindgen failed to generate include/mlxkern.h");
+    header.write_to_file(out_dir.join("mlxkern.h"));
+}

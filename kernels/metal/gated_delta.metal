@@ -1,0 +1,74 @@
+// Gated DeltaNet recurrence: the body of mlx-lm's `gated_delta_step` Metal kernel (scalar gate,
+// generic layout), Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md).
+// mlxkern passes T as a 1-element int32 input `Tin`, and replaces the token-active marker with `true`
+// (unmasked) or `mask[b_idx * T + t]` (masked variant).
+// Launch: grid (32, Dv, B * Hv), threadgroup (32, 4, 1); template InT, StT, Dk, Dv, Hk, Hv.
+    const int T = Tin[0];
+    auto n = thread_position_in_grid.z;
+    auto b_idx = n / Hv;
+    auto hv_idx = n % Hv;
+    auto hk_idx = hv_idx / (Hv / Hk);
+    constexpr int n_per_t = Dk / 32;
+
+    // q, k: [B, T, Hk, Dk]
+    auto q_ = q + b_idx * T * Hk * Dk + hk_idx * Dk;
+    auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
+
+    // v, y: [B, T, Hv, Dv]
+    auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
+    y += b_idx * T * Hv * Dv + hv_idx * Dv;
+
+    auto dk_idx = thread_position_in_threadgroup.x;
+    auto dv_idx = thread_position_in_grid.y;
+
+    // state_in, state_out: [B, Hv, Dv, Dk]
+    auto i_state = state_in + (n * Dv + dv_idx) * Dk;
+    auto o_state = state_out + (n * Dv + dv_idx) * Dk;
+
+    float state[n_per_t];
+    for (int i = 0; i < n_per_t; ++i) {
+      auto s_idx = n_per_t * dk_idx + i;
+      state[i] = static_cast<float>(i_state[s_idx]);
+    }
+
+    // g: [B, T, Hv]
+    auto g_ = g + b_idx * T * Hv;
+    auto beta_ = beta + b_idx * T * Hv;
+
+    for (int t = 0; t < T; ++t) {
+      if (MLXK_TOKEN_ACTIVE) {
+        float kv_mem = 0.0f;
+        for (int i = 0; i < n_per_t; ++i) {
+          auto s_idx = n_per_t * dk_idx + i;
+          state[i] = state[i] * g_[hv_idx];
+          kv_mem += state[i] * k_[s_idx];
+        }
+        kv_mem = simd_sum(kv_mem);
+
+        auto delta = (v_[dv_idx] - kv_mem) * beta_[hv_idx];
+
+        float out = 0.0f;
+        for (int i = 0; i < n_per_t; ++i) {
+          auto s_idx = n_per_t * dk_idx + i;
+          state[i] = state[i] + k_[s_idx] * delta;
+          out += state[i] * q_[s_idx];
+        }
+        out = simd_sum(out);
+        if (thread_index_in_simdgroup == 0) {
+          y[dv_idx] = static_cast<InT>(out);
+        }
+      } else {
+        y[dv_idx] = static_cast<InT>(0);
+      }
+      // Increment data pointers to next time step
+      q_ += Hk * Dk;
+      k_ += Hk * Dk;
+      v_ += Hv * Dv;
+      y += Hv * Dv;
+      g_ += Hv;
+      beta_ += Hv;
+    }
+    for (int i = 0; i < n_per_t; ++i) {
+      auto s_idx = n_per_t * dk_idx + i;
+      o_state[s_idx] = static_cast<StT>(state[i]);
+    }

@@ -1,0 +1,265 @@
+// The C++ half of the bridge: array plumbing, the few MLX ops the kernels need, the Metal
+// launch, and the CPU primitive whose eval_cpu hands the buffers to a Rust kernel.
+#include "src/bridge/mlx_bridge.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/metal/metal.h"
+#include "mlx/device.h"
+#include "mlx/fast.h"
+#include "mlx/memory.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/stream.h"
+#include "mlx/transforms.h"
+#include "mlx/version.h"
+#include "mlxkern/src/bridge/mod.rs.h"
+
+namespace mx = mlx::core;
+
+namespace mlxk {
+namespace {
+
+// mlxk_dtype codes (the C ABI's numbering) to and from MLX dtypes.
+mx::Dtype to_mlx(int32_t code) {
+  switch (code) {
+    case 0: return mx::bool_;
+    case 1: return mx::uint8;
+    case 2: return mx::int8;
+    case 3: return mx::int32;
+    case 4: return mx::uint32;
+    case 5: return mx::float16;
+    case 6: return mx::bfloat16;
+    case 7: return mx::float32;
+  }
+  throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+}
+
+int32_t from_mlx(mx::Dtype dtype) {
+  switch (dtype.val()) {
+    case mx::Dtype::Val::bool_: return 0;
+    case mx::Dtype::Val::uint8: return 1;
+    case mx::Dtype::Val::int8: return 2;
+    case mx::Dtype::Val::int32: return 3;
+    case mx::Dtype::Val::uint32: return 4;
+    case mx::Dtype::Val::float16: return 5;
+    case mx::Dtype::Val::bfloat16: return 6;
+    case mx::Dtype::Val::float32: return 7;
+    default: return -1;
+  }
+}
+
+mx::Shape to_shape(rust::Slice<const int32_t> dims) {
+  return mx::Shape(dims.begin(), dims.end());
+}
+
+std::vector<mx::Shape> output_shapes(const rust::Vec<int32_t>& dims,
+                                     const rust::Vec<uint32_t>& ndims) {
+  std::vector<mx::Shape> shapes;
+  size_t at = 0;
+  for (auto n : ndims) {
+    shapes.emplace_back(dims.begin() + at, dims.begin() + at + n);
+    at += n;
+  }
+  return shapes;
+}
+
+mx::Stream stream_for(bool gpu) {
+  return mx::default_stream(gpu ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu));
+}
+
+// A freshly allocated, owned, row-contiguous array of `shape` (contents uninitialized).
+mx::array allocated(const mx::Shape& shape, mx::Dtype dtype, void** data) {
+  size_t count = 1;
+  for (auto d : shape) count *= static_cast<size_t>(d);
+  auto buffer = mx::allocator::malloc(std::max<size_t>(count * dtype.size(), 1));
+  *data = buffer.buffer().raw_ptr();
+  return mx::array(std::move(buffer), shape, dtype);
+}
+
+// The MLX primitive behind every CPU kernel: lazy in the graph, and at eval it runs the Rust
+// kernel named by `launch.kernel` on the CPU stream's thread.
+class RustCpuKernel : public mx::Primitive {
+ public:
+  RustCpuKernel(mx::Stream stream, CpuLaunch launch)
+      : mx::Primitive(stream), launch_(std::move(launch)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto& in = inputs[i];
+      if (in.size() != 0 && (!in.flags().row_contiguous || in.data_size() != in.size())) {
+        throw std::runtime_error("mlxkern CPU kernel: input " + std::to_string(i) +
+                                 " is not a row-contiguous array");
+      }
+    }
+    std::vector<int32_t> aliased(outputs.size(), -1);
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      auto& out = outputs[o];
+      int32_t from = o < launch_.donate_from.size() ? launch_.donate_from[o] : -1;
+      if (from >= 0 && static_cast<size_t>(from) < inputs.size() &&
+          inputs[from].is_donatable() && inputs[from].nbytes() == out.nbytes() &&
+          inputs[from].itemsize() == out.itemsize() && out.nbytes() != 0) {
+        out.copy_shared_buffer(inputs[from]);
+        aliased[o] = from;
+      } else {
+        out.set_data(mx::allocator::malloc(std::max<size_t>(out.nbytes(), 1)));
+      }
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    std::vector<size_t> in_ptrs, in_bytes, out_ptrs, out_bytes;
+    for (const auto& in : inputs) {
+      encoder.set_input_array(in);
+      in_ptrs.push_back(in.size() ? reinterpret_cast<size_t>(in.data<uint8_t>()) : 0);
+      in_bytes.push_back(in.nbytes());
+    }
+    for (auto& out : outputs) {
+      encoder.set_output_array(out);
+      out_ptrs.push_back(reinterpret_cast<size_t>(out.data<uint8_t>()));
+      out_bytes.push_back(out.nbytes());
+    }
+    encoder.dispatch([kernel = launch_.kernel,
+                      params = std::vector<int64_t>(launch_.params.begin(), launch_.params.end()),
+                      in_ptrs = std::move(in_ptrs), in_bytes = std::move(in_bytes),
+                      out_ptrs = std::move(out_ptrs), out_bytes = std::move(out_bytes),
+                      aliased = std::move(aliased)]() {
+      // A Rust error (or a caught panic) arrives as rust::Error, which MLX re-throws at eval.
+      mlxk_cpu_kernel(kernel, rust::Slice<const int64_t>(params.data(), params.size()),
+                      rust::Slice<const size_t>(in_ptrs.data(), in_ptrs.size()),
+                      rust::Slice<const size_t>(in_bytes.data(), in_bytes.size()),
+                      rust::Slice<const size_t>(out_ptrs.data(), out_ptrs.size()),
+                      rust::Slice<const size_t>(out_bytes.data(), out_bytes.size()),
+                      rust::Slice<const int32_t>(aliased.data(), aliased.size()));
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxkern CPU kernel scheduled on a GPU stream");
+  }
+
+  const char* name() const override { return "MlxkernCpuKernel"; }
+
+ private:
+  CpuLaunch launch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
+                                        rust::Slice<const int32_t> shape, int32_t dtype) {
+  void* dst = nullptr;
+  auto a = allocated(to_shape(shape), to_mlx(dtype), &dst);
+  if (data.size() != a.nbytes()) throw std::invalid_argument("array_from_bytes: size mismatch");
+  if (data.size()) std::memcpy(dst, data.data(), data.size());
+  return std::make_unique<Array>(std::move(a));
+}
+
+std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dtype) {
+  void* dst = nullptr;
+  auto a = allocated(to_shape(shape), to_mlx(dtype), &dst);
+  std::memset(dst, 0, a.nbytes());
+  return std::make_unique<Array>(std::move(a));
+}
+
+std::unique_ptr<Array> array_clone(const Array& a) { return std::make_unique<Array>(a); }
+size_t array_ndim(const Array& a) { return a.ndim(); }
+int32_t array_dim(const Array& a, size_t axis) { return a.shape()[axis]; }
+int32_t array_dtype(const Array& a) { return from_mlx(a.dtype()); }
+size_t array_size(const Array& a) { return a.size(); }
+size_t array_nbytes(const Array& a) { return a.nbytes(); }
+
+void array_eval(const Array& a) {
+  mx::array copy = a;
+  mx::eval(copy);
+}
+
+void array_read(const Array& a, rust::Slice<uint8_t> dst) {
+  if (dst.size() != a.nbytes()) throw std::invalid_argument("array_read: size mismatch");
+  mx::array c = a;
+  mx::eval(c);
+  if (a.size() && (!c.flags().row_contiguous || c.data_size() != c.size())) {
+    c = mx::contiguous(c, false, mx::Device(mx::Device::cpu));
+    mx::eval(c);
+  }
+  if (dst.size()) std::memcpy(dst.data(), c.data<uint8_t>(), dst.size());
+}
+
+std::unique_ptr<Array> array_astype(const Array& a, int32_t dtype, bool gpu) {
+  return std::make_unique<Array>(mx::astype(a, to_mlx(dtype), stream_for(gpu)));
+}
+
+std::unique_ptr<ArrayList> list_new() { return std::make_unique<ArrayList>(); }
+void list_push(ArrayList& list, const Array& a) { list.items.push_back(a); }
+size_t list_len(const ArrayList& list) { return list.items.size(); }
+std::unique_ptr<Array> list_get(const ArrayList& list, size_t i) {
+  return std::make_unique<Array>(list.items.at(i));
+}
+
+std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array& dt_bias,
+                                 bool gpu) {
+  // mlx-lm gated_delta.compute_g: exp(-exp(A_log.astype(f32)) * softplus(a + dt_bias)), with
+  // softplus(x) = logaddexp(x, 0) and the 0 a weak scalar of x's dtype. Same ops, same dtypes.
+  auto s = stream_for(gpu);
+  auto decay_rate = mx::negative(mx::exp(mx::astype(a_log, mx::float32, s), s), s);
+  auto x = mx::add(a, dt_bias, s);
+  auto softplus = mx::logaddexp(x, mx::array(0.0f, x.dtype()), s);
+  return std::make_unique<Array>(mx::exp(mx::multiply(decay_rate, softplus, s), s));
+}
+
+std::unique_ptr<Array> sigmoid(const Array& x, bool gpu) {
+  return std::make_unique<Array>(mx::sigmoid(x, stream_for(gpu)));
+}
+
+std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayList& inputs) {
+  std::vector<mx::Dtype> dtypes;
+  for (auto code : launch.output_dtypes) dtypes.push_back(to_mlx(code));
+  auto shapes = output_shapes(launch.output_dims, launch.output_ndims);
+  auto primitive = std::make_shared<RustCpuKernel>(stream_for(false), launch);
+  auto out = std::make_unique<ArrayList>();
+  out->items = mx::array::make_arrays(std::move(shapes), dtypes, primitive, inputs.items);
+  return out;
+}
+
+std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+                                           bool gpu) {
+  std::vector<std::string> input_names(launch.input_names.begin(), launch.input_names.end());
+  std::vector<std::string> output_names(launch.output_names.begin(), launch.output_names.end());
+  auto kernel = mx::fast::metal_kernel(std::string(launch.name), input_names, output_names,
+                                       std::string(launch.source), std::string(launch.header),
+                                       /*ensure_row_contiguous=*/true, /*atomic_outputs=*/false);
+  std::vector<mx::Dtype> dtypes;
+  for (auto code : launch.output_dtypes) dtypes.push_back(to_mlx(code));
+  std::vector<std::pair<std::string, mx::fast::TemplateArg>> template_args;
+  for (size_t i = 0; i < launch.template_int_names.size(); ++i) {
+    template_args.emplace_back(std::string(launch.template_int_names[i]),
+                               static_cast<int>(launch.template_int_values[i]));
+  }
+  for (size_t i = 0; i < launch.template_dtype_names.size(); ++i) {
+    template_args.emplace_back(std::string(launch.template_dtype_names[i]),
+                               to_mlx(launch.template_dtype_values[i]));
+  }
+  auto out = std::make_unique<ArrayList>();
+  out->items = kernel(inputs.items, output_shapes(launch.output_dims, launch.output_ndims), dtypes,
+                      {launch.grid[0], launch.grid[1], launch.grid[2]},
+                      {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
+                      template_args, std::nullopt, false, stream_for(gpu));
+  return out;
+}
+
+bool metal_available() { return mx::metal::is_available(); }
+bool cuda_available() { return mx::cu::is_available(); }
+bool gpu_available() { return mx::is_available(mx::Device(mx::Device::gpu)); }
+
+void set_default_device(bool gpu) {
+  mx::set_default_device(gpu ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu));
+}
+
+size_t set_cache_limit(size_t bytes) { return mx::set_cache_limit(bytes); }
+
+rust::String mlx_version() { return rust::String(mx::version()); }
+
+}  // namespace mlxk

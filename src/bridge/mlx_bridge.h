@@ -1,0 +1,54 @@
+// The C++ half of the bridge between mlxkern's Rust code and MLX's C++ API.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "mlx/array.h"
+#include "rust/cxx.h"
+
+namespace mlxk {
+
+using Array = mlx::core::array;
+
+struct ArrayList {
+  std::vector<mlx::core::array> items;
+};
+
+struct MetalLaunch;
+struct CpuLaunch;
+
+std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
+                                        rust::Slice<const int32_t> shape, int32_t dtype);
+std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dtype);
+std::unique_ptr<Array> array_clone(const Array& a);
+size_t array_ndim(const Array& a);
+int32_t array_dim(const Array& a, size_t axis);
+int32_t array_dtype(const Array& a);
+size_t array_size(const Array& a);
+size_t array_nbytes(const Array& a);
+void array_eval(const Array& a);
+void array_read(const Array& a, rust::Slice<uint8_t> dst);
+std::unique_ptr<Array> array_astype(const Array& a, int32_t dtype, bool gpu);
+
+std::unique_ptr<ArrayList> list_new();
+void list_push(ArrayList& list, const Array& a);
+size_t list_len(const ArrayList& list);
+std::unique_ptr<Array> list_get(const ArrayList& list, size_t i);
+
+std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array& dt_bias,
+                                 bool gpu);
+std::unique_ptr<Array> sigmoid(const Array& x, bool gpu);
+
+std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayList& inputs);
+std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+                                           bool gpu);
+
+bool metal_available();
+bool cuda_available();
+bool gpu_available();
+void set_default_device(bool gpu);
+size_t set_cache_limit(size_t bytes);
+rust::String mlx_version();
+
+}  // namespace mlxk

@@ -1,0 +1,110 @@
+//! The C++ side: a thin cxx bridge over MLX's C++ API. Every MLX call that can throw is
+//! declared `Result`, so C++ exceptions arrive here as `cxx::Exception`, never across the C ABI.
+//!
+//! Dtype codes on this bridge are the C ABI's `mlxk_dtype` values (see `crate::dtype`).
+
+#[cxx::bridge(namespace = "mlxk")]
+pub mod ffi {
+    /// A launch of a Metal kernel through `mx::fast::metal_kernel`, described entirely by Rust.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct MetalLaunch {
+        pub name: String,
+        pub source: String,
+        pub header: String,
+        pub input_names: Vec<String>,
+        pub output_names: Vec<String>,
+        /// Output shapes, concatenated; `output_ndims[i]` dims belong to output i.
+        pub output_dims: Vec<i32>,
+        pub output_ndims: Vec<u32>,
+        pub output_dtypes: Vec<i32>,
+        /// Total threads per axis (MLX dispatches threads, not threadgroups).
+        pub grid: [i32; 3],
+        pub threadgroup: [i32; 3],
+        /// Template arguments: integer ones, then dtype ones (value is an mlxk_dtype code).
+        pub template_int_names: Vec<String>,
+        pub template_int_values: Vec<i32>,
+        pub template_dtype_names: Vec<String>,
+        pub template_dtype_values: Vec<i32>,
+    }
+
+    /// A node of the CPU kernel primitive: which Rust kernel, its integer parameters, its outputs.
+    #[derive(Debug, Clone)]
+    pub struct CpuLaunch {
+        pub kernel: u32,
+        pub params: Vec<i64>,
+        pub output_dims: Vec<i32>,
+        pub output_ndims: Vec<u32>,
+        pub output_dtypes: Vec<i32>,
+        /// For each output, the input whose buffer it may take over when MLX says that input
+        /// is donatable (same byte size), or -1.
+        pub donate_from: Vec<i32>,
+    }
+
+    unsafe extern "C++" {
+        include!("src/bridge/mlx_bridge.h");
+
+        /// An `mlx::core::array`.
+        type Array;
+        /// A `std::vector<mlx::core::array>`: inputs going in, outputs coming out.
+        type ArrayList;
+
+        fn array_from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
+        fn array_zeros(shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
+        fn array_clone(a: &Array) -> UniquePtr<Array>;
+        fn array_ndim(a: &Array) -> usize;
+        fn array_dim(a: &Array, axis: usize) -> i32;
+        fn array_dtype(a: &Array) -> i32;
+        fn array_size(a: &Array) -> usize;
+        fn array_nbytes(a: &Array) -> usize;
+        fn array_eval(a: &Array) -> Result<()>;
+        /// Evaluates `a` and copies its elements row-major into `dst` (exactly nbytes long).
+        fn array_read(a: &Array, dst: &mut [u8]) -> Result<()>;
+        fn array_astype(a: &Array, dtype: i32, gpu: bool) -> Result<UniquePtr<Array>>;
+
+        fn list_new() -> UniquePtr<ArrayList>;
+        fn list_push(list: Pin<&mut ArrayList>, a: &Array);
+        fn list_len(list: &ArrayList) -> usize;
+        fn list_get(list: &ArrayList, i: usize) -> UniquePtr<Array>;
+
+        /// mlx-lm's `compute_g`: `exp(-exp(f32(A_log)) * softplus(a + dt_bias))`, as MLX ops.
+        fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array, gpu: bool)
+            -> Result<UniquePtr<Array>>;
+        /// `mx.sigmoid(x)` on the chosen device.
+        fn sigmoid(x: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
+
+        /// Builds the lazy CPU primitive node that runs `mlxk_cpu_kernel` at eval.
+        fn cpu_kernel_op(launch: &CpuLaunch, inputs: &ArrayList) -> Result<UniquePtr<ArrayList>>;
+        /// Calls `mx::fast::metal_kernel`; `gpu = false` uses a CPU stream (MLX then refuses with
+        /// "No Metal back-end", which tests use to reach this code on Linux).
+        fn metal_kernel_op(
+            launch: &MetalLaunch,
+            inputs: &ArrayList,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+
+        fn metal_available() -> bool;
+        fn cuda_available() -> bool;
+        fn gpu_available() -> bool;
+        fn set_default_device(gpu: bool) -> Result<()>;
+        fn set_cache_limit(bytes: usize) -> usize;
+        fn mlx_version() -> String;
+    }
+
+    extern "Rust" {
+        /// Runs CPU kernel `kernel` on MLX's stream thread. Buffers arrive as addresses and byte
+        /// lengths; `aliased` lists, per output, the input whose buffer the output took over
+        /// (that input must then be read from the output). Never unwinds.
+        unsafe fn mlxk_cpu_kernel(
+            kernel: u32,
+            params: &[i64],
+            input_ptrs: &[usize],
+            input_bytes: &[usize],
+            output_ptrs: &[usize],
+            output_bytes: &[usize],
+            aliased: &[i32],
+        ) -> Result<()>;
+    }
+}
+
+pub use ffi::*;
+use crate::cpu::mlxk_cpu_kernel;

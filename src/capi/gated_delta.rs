@@ -1,0 +1,131 @@
+//! The gated-delta recurrence and its gate: `mlxk_compute_g`, `mlxk_gated_delta_update`.
+
+use super::status::mlxk_status;
+use super::{boundary, mlxk_array, out_ptr};
+use crate::ops::gated_delta::{self as ops, Backend, Inputs};
+use crate::registry;
+
+/// g = exp(-exp(float32(a_log)) * softplus(a + dt_bias)), mlx-lm's `compute_g`, bit for bit on
+/// the same device: `a + dt_bias` and softplus in their promoted dtype (bfloat16 for bfloat16
+/// inputs), the product and outer exp in float32. g is float32 with a's shape.
+///
+/// Shapes: a_log [Hv] (float32 or bfloat16), a [..., Hv] (float), dt_bias [Hv] (float).
+/// Ownership: inputs borrowed; `*g` is a new handle. NULL: none may be NULL.
+/// Errors: MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_OUT_OF_MEMORY.
+/// Thread: any. Lazy: computation errors surface at eval/read.
+#[no_mangle]
+pub extern "C" fn mlxk_compute_g(
+    a_log: *const mlxk_array,
+    a: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    g: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary("mlxk_compute_g", || {
+        let g = out_ptr(g, "g")?;
+        let mut mlx = registry::lock();
+        let result = ops::compute_g(
+            mlx.get(a_log, "a_log")?,
+            mlx.get(a, "a")?,
+            mlx.get(dt_bias, "dt_bias")?,
+        )?;
+        // SAFETY: checked non-NULL.
+        unsafe { *g = mlx.insert(result) };
+        Ok(())
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn update(
+    function: &str,
+    backend: Option<Backend>,
+    args: [*const mlxk_array; 9],
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        let y = out_ptr(y, "y")?;
+        let state_out = out_ptr(state_out, "state_out")?;
+        if y == state_out {
+            return Err(crate::Error::InvalidArgument(
+                "y and state_out point to the same place (two handles are returned)".into(),
+            ));
+        }
+        let mut mlx = registry::lock();
+        let [q, k, v, a, b, a_log, dt_bias, state, mask] = args;
+        let inputs = Inputs {
+            q: mlx.get(q, "q")?,
+            k: mlx.get(k, "k")?,
+            v: mlx.get(v, "v")?,
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: mlx.get_opt(state, "state")?,
+            mask: mlx.get_opt(mask, "mask")?,
+        };
+        let (y_array, state_array) = ops::update(&inputs, backend.unwrap_or_else(Backend::current))?;
+        // SAFETY: both checked non-NULL.
+        unsafe {
+            *y = mlx.insert(y_array);
+            *state_out = mlx.insert(state_array);
+        }
+        Ok(())
+    })
+}
+
+/// One Gated DeltaNet call (mlx-lm's `gated_delta_update` with the Metal kernel's arithmetic):
+/// for each token, beta = sigmoid(b), g = mlxk_compute_g(a_log, a, dt_bias), and per value
+/// head h (reading key head h / (Hv/Hk)) and row dv, in float32:
+/// `s *= g; kv = sum(s*k); delta = (v - kv)*beta; s += k*delta; y = sum(s*q)`.
+///
+/// Shapes: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; a, b [B, T, Hv]; a_log [Hv] (float32 or
+/// bfloat16); dt_bias [Hv]; state [B, Hv, Dv, Dk] float32 or NULL (zeros); mask [B, T] bool
+/// or NULL (all tokens real). Dk is a multiple of 32 in [32, 256]; Hv a multiple of Hk.
+/// q, k, v share one float dtype; a, b, dt_bias are any float dtype. Callers pass q and k
+/// already normalized (mlx-lm `normalize_qk`); no scale is applied here.
+/// Results: `*y` [B, T, Hv, Dv] in q's dtype (0 at masked tokens); `*state_out` float32
+/// [B, Hv, Dv, Dk] (a masked token leaves the state untouched).
+///
+/// Ownership: inputs borrowed; `*y` and `*state_out` are new handles the caller frees.
+/// Decode loop: free the old state handle before evaluating the new one and the CPU kernel
+/// writes the new state into the old buffer. NULL: `state` and `mask` may be NULL; nothing
+/// else. Errors: MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
+/// MLXK_ERR_OUT_OF_MEMORY, MLXK_ERR_NULL_POINTER. Thread: any. Lazy: computation errors
+/// surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn mlxk_gated_delta_update(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    state: *const mlxk_array,
+    mask: *const mlxk_array,
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    update(
+        "mlxk_gated_delta_update",
+        None,
+        [q, k, v, a, b, a_log, dt_bias, state, mask],
+        y,
+        state_out,
+    )
+}
+
+/// `mlxk_gated_delta_update` forced through the Metal launch (`gpu = false`: on a CPU stream,
+/// where MLX refuses with "No Metal back-end"). Lets tests build and check the Metal dispatch
+/// on machines without Metal. Not part of the C ABI.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_update_via_metal(
+    gpu: bool,
+    args: [*const mlxk_array; 9],
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    update("mlxk_gated_delta_update (Metal)", Some(Backend::Metal { gpu }), args, y, state_out)
+}

@@ -1,0 +1,126 @@
+//! The CPU kernels, in safe Rust over slices, and the one entry MLX's stream thread calls.
+//!
+//! Each kernel reproduces its Metal kernel's rounding points and reduction order (DESIGN §3),
+//! so the CPU and the Metal text compute the same bits given the same transcendental results.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use half::{bf16, f16};
+
+use crate::dtype::Dtype;
+use crate::error::KERNEL_PANIC_TAG;
+
+pub mod elem;
+pub mod gated_delta;
+pub mod reduce;
+
+/// Which CPU kernel a primitive node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum CpuKernel {
+    GatedDelta = 1,
+    /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
+    #[doc(hidden)]
+    PanicProbe = 0xFFFF,
+}
+
+/// One kernel call's buffers, as MLX handed them over.
+pub struct Buffers<'a> {
+    /// Inputs in launch order; an input whose buffer an output took over is empty here.
+    pub inputs: Vec<&'a [u8]>,
+    pub outputs: Vec<&'a mut [u8]>,
+    /// Per output, the input it took the buffer of (that input's data is in the output).
+    pub aliased: Vec<Option<usize>>,
+}
+
+/// Reinterprets bytes as elements (all bit patterns are valid for the types used here).
+pub fn typed<T: Copy>(bytes: &[u8]) -> &[T] {
+    // SAFETY: T is a plain float/integer type for which every bit pattern is valid.
+    let (head, body, tail) = unsafe { bytes.align_to::<T>() };
+    assert!(head.is_empty() && tail.is_empty(), "misaligned or ragged kernel buffer");
+    body
+}
+
+pub fn typed_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
+    // SAFETY: as in `typed`.
+    let (head, body, tail) = unsafe { bytes.align_to_mut::<T>() };
+    assert!(head.is_empty() && tail.is_empty(), "misaligned or ragged kernel buffer");
+    body
+}
+
+/// Widens any float buffer to f32 values.
+pub fn to_f32_vec(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
+    use elem::Elem;
+    match dtype {
+        Dtype::Float32 => typed::<f32>(bytes).to_vec(),
+        Dtype::Bfloat16 => typed::<bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
+        Dtype::Float16 => typed::<f16>(bytes).iter().map(|x| Elem::to_f32(*x)).collect(),
+        other => panic!("to_f32_vec: {} is not a float dtype", other.name()),
+    }
+}
+
+fn dtype_param(code: i64) -> Dtype {
+    Dtype::from_code(code as i32).expect("valid dtype parameter")
+}
+
+fn run(kernel: u32, params: &[i64], buffers: Buffers) {
+    match kernel {
+        k if k == CpuKernel::GatedDelta as u32 => gated_delta::run(params, buffers),
+        k if k == CpuKernel::PanicProbe as u32 => panic!("panic probe kernel ran"),
+        other => panic!("unknown CPU kernel {other}"),
+    }
+}
+
+/// Called by the bridge on MLX's CPU stream thread. Never unwinds: a panic comes back as an
+/// error string, which the bridge throws and MLX re-throws from `eval`.
+///
+/// # Safety
+/// Each `(ptr, bytes)` pair must be a live buffer MLX allocated for this node (outputs
+/// writable), and no two may overlap except where `aliased` says an output took over an input.
+pub(crate) unsafe fn mlxk_cpu_kernel(
+    kernel: u32,
+    params: &[i64],
+    input_ptrs: &[usize],
+    input_bytes: &[usize],
+    output_ptrs: &[usize],
+    output_bytes: &[usize],
+    aliased: &[i32],
+) -> Result<(), String> {
+    let aliased: Vec<Option<usize>> =
+        aliased.iter().map(|&a| if a >= 0 { Some(a as usize) } else { None }).collect();
+    let taken: Vec<usize> = aliased.iter().flatten().copied().collect();
+    let inputs = input_ptrs
+        .iter()
+        .zip(input_bytes)
+        .enumerate()
+        .map(|(i, (&ptr, &len))| {
+            if len == 0 || ptr == 0 || taken.contains(&i) {
+                &[][..]
+            } else {
+                // SAFETY: the caller's contract; taken-over inputs are skipped (no aliasing).
+                unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }
+            }
+        })
+        .collect();
+    let outputs = output_ptrs
+        .iter()
+        .zip(output_bytes)
+        .map(|(&ptr, &len)| {
+            if len == 0 || ptr == 0 {
+                &mut [][..]
+            } else {
+                // SAFETY: the caller's contract: distinct writable buffers.
+                unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, len) }
+            }
+        })
+        .collect();
+    let buffers = Buffers { inputs, outputs, aliased };
+    catch_unwind(AssertUnwindSafe(|| run(kernel, params, buffers))).map_err(|payload| {
+        let detail = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic payload".into());
+        format!("{KERNEL_PANIC_TAG}{detail}")
+    })
+}

@@ -1,0 +1,47 @@
+//! Launch descriptions of the Metal kernels in `kernels/metal/`: the exact source text, the
+//! names, template arguments and geometry handed to `mx::fast::metal_kernel`.
+
+pub use crate::bridge::MetalLaunch;
+use crate::dtype::Dtype;
+use crate::ops::gated_delta::Dims;
+
+/// The recurrence kernel body, embedded from its file.
+pub const GATED_DELTA_SOURCE: &str = include_str!("../kernels/metal/gated_delta.metal");
+
+/// The marker the recurrence source uses for "this token is processed".
+pub const TOKEN_ACTIVE_MARKER: &str = "MLXK_TOKEN_ACTIVE";
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// The recurrence launch: grid (32, Dv, B·Hv), threadgroup (32, 4, 1), as mlx-lm's generic
+/// kernel; `masked` selects the padded-prefill variant with a `[B, T]` bool mask input.
+pub fn gated_delta_launch(d: Dims, dtype: Dtype, masked: bool) -> MetalLaunch {
+    let (name, active, mut inputs) = if masked {
+        ("mlxk_gated_delta_step_mask", "mask[b_idx * T + t]", vec!["mask"])
+    } else {
+        ("mlxk_gated_delta_step", "true", vec![])
+    };
+    let mut input_names = vec!["q", "k", "v", "g", "beta", "state_in", "Tin"];
+    input_names.append(&mut inputs);
+    MetalLaunch {
+        name: name.to_string(),
+        source: GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, active),
+        header: String::new(),
+        input_names: names(&input_names),
+        output_names: names(&["y", "state_out"]),
+        output_dims: vec![
+            d.b as i32, d.t as i32, d.hv as i32, d.dv as i32, // y
+            d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32, // state_out
+        ],
+        output_ndims: vec![4, 4],
+        output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],
+        grid: [32, d.dv as i32, (d.b * d.hv) as i32],
+        threadgroup: [32, 4, 1],
+        template_int_names: names(&["Dk", "Dv", "Hk", "Hv"]),
+        template_int_values: vec![d.dk as i32, d.dv as i32, d.hk as i32, d.hv as i32],
+        template_dtype_names: names(&["InT", "StT"]),
+        template_dtype_values: vec![dtype as i32, Dtype::Float32 as i32],
+    }
+}

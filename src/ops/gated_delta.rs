@@ -1,0 +1,264 @@
+//! `compute_g` and the gated-delta recurrence: argument checks and graph building.
+
+use cxx::UniquePtr;
+
+use super::shape::ArgInfo;
+use crate::bridge::{self, Array, ArrayList, CpuLaunch};
+use crate::cpu::CpuKernel;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::memory;
+use crate::metal;
+
+/// The dimensions of one recurrence call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub b: i64,
+    pub t: i64,
+    pub hk: i64,
+    pub hv: i64,
+    pub dk: i64,
+    pub dv: i64,
+}
+
+/// Where the recurrence runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The MLX primitive running the Rust kernel.
+    Cpu,
+    /// `mx::fast::metal_kernel`; `gpu = false` passes a CPU stream (only tests do that, to
+    /// reach the Metal launch on machines without Metal).
+    Metal { gpu: bool },
+}
+
+impl Backend {
+    pub fn current() -> Backend {
+        if super::device::gpu() {
+            Backend::Metal { gpu: true }
+        } else {
+            Backend::Cpu
+        }
+    }
+}
+
+/// The arrays of one recurrence call (borrowed from the registry).
+pub struct Inputs<'a> {
+    pub q: &'a Array,
+    pub k: &'a Array,
+    pub v: &'a Array,
+    pub a: &'a Array,
+    pub b: &'a Array,
+    pub a_log: &'a Array,
+    pub dt_bias: &'a Array,
+    pub state: Option<&'a Array>,
+    pub mask: Option<&'a Array>,
+}
+
+/// Checks the gate arguments: `a_log [Hv]`, `a [.., Hv]`, `dt_bias [Hv]`.
+fn check_gate(a_log: &ArgInfo, a: &ArgInfo, dt_bias: &ArgInfo, hv: i64) -> Result<()> {
+    a_log.rank(1, "[Hv]")?.dim(0, "Hv", hv, "the value heads")?;
+    a_log.dtype_in(&[Dtype::Float32, Dtype::Bfloat16])?;
+    dt_bias.rank(1, "[Hv]")?.dim(0, "Hv", hv, "the value heads")?.float()?;
+    a.float()?;
+    Ok(())
+}
+
+/// Validates `mlxk_compute_g`'s arguments; returns the shape of g.
+pub fn check_compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Vec<i64>> {
+    let a_log = ArgInfo::of("a_log", a_log)?;
+    let a = ArgInfo::of("a", a)?;
+    let dt_bias = ArgInfo::of("dt_bias", dt_bias)?;
+    if a.shape.is_empty() {
+        return Err(Error::Shape(
+            "a: expected rank >= 1 [..., Hv], got a scalar (rank 0)".into(),
+        ));
+    }
+    let hv = *a.shape.last().unwrap();
+    check_gate(&a_log, &a, &dt_bias, hv)?;
+    memory::check_outputs(&[("g", &a.shape, Dtype::Float32)])?;
+    Ok(a.shape.clone())
+}
+
+pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<UniquePtr<Array>> {
+    check_compute_g(a_log, a, dt_bias)?;
+    Ok(bridge::compute_g(a_log, a, dt_bias, super::device::gpu())?)
+}
+
+/// Validates every argument of `mlxk_gated_delta_update` (before any graph is built).
+pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
+    let q = ArgInfo::of("q", x.q)?;
+    let k = ArgInfo::of("k", x.k)?;
+    let v = ArgInfo::of("v", x.v)?;
+    let a = ArgInfo::of("a", x.a)?;
+    let b = ArgInfo::of("b", x.b)?;
+    let a_log = ArgInfo::of("a_log", x.a_log)?;
+    let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
+
+    q.rank(4, "[B, T, Hk, Dk]")?.float()?;
+    let (bsz, t, hk, dk) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    k.rank(4, "[B, T, Hk, Dk]")?
+        .dim(0, "B", bsz, "q")?
+        .dim(1, "T", t, "q")?
+        .dim(2, "Hk", hk, "q")?
+        .dim(3, "Dk", dk, "q")?
+        .same_dtype(&q)?;
+    v.rank(4, "[B, T, Hv, Dv]")?.dim(0, "B", bsz, "q")?.dim(1, "T", t, "q")?.same_dtype(&q)?;
+    let (hv, dv) = (v.shape[2], v.shape[3]);
+    check_dims(hk, hv, dk, dv)?;
+    for gate in [&a, &b] {
+        gate.rank(3, "[B, T, Hv]")?
+            .dim(0, "B", bsz, "q")?
+            .dim(1, "T", t, "q")?
+            .dim(2, "Hv", hv, "v")?
+            .float()?;
+    }
+    check_gate(&a_log, &a, &dt_bias, hv)?;
+    check_state_and_mask(x.state, x.mask, bsz, t, hv, dv, dk)?;
+    let dims = Dims { b: bsz, t, hk, hv, dk, dv };
+    memory::check_outputs(&[
+        ("y", &[bsz, t, hv, dv], q.dtype),
+        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
+        ("beta (internal)", &[bsz, t, hv], b.dtype),
+    ])?;
+    Ok((dims, q.dtype))
+}
+
+/// Head counts and widths every recurrence kernel needs.
+pub fn check_dims(hk: i64, hv: i64, dk: i64, dv: i64) -> Result<()> {
+    if hk < 1 {
+        return Err(Error::Shape(format!("q: Hk (dimension 2) is {hk}; at least one key head")));
+    }
+    if hv < 1 || hv % hk != 0 {
+        return Err(Error::Shape(format!(
+            "v: Hv (dimension 2) is {hv}; it must be a positive multiple of Hk = {hk} (each \
+             value head h reads key head h / (Hv / Hk))"
+        )));
+    }
+    if !(32..=256).contains(&dk) || dk % 32 != 0 {
+        return Err(Error::Shape(format!(
+            "q: Dk (dimension 3) is {dk}; it must be a multiple of 32 in [32, 256] (each of \
+             the 32 SIMD lanes owns Dk/32 state elements)"
+        )));
+    }
+    if dv < 1 {
+        return Err(Error::Shape(format!("v: Dv (dimension 3) is {dv}; it must be at least 1")));
+    }
+    Ok(())
+}
+
+/// The optional state `[B, Hv, Dv, Dk]` f32 and mask `[B, T]` bool.
+pub fn check_state_and_mask(
+    state: Option<&Array>,
+    mask: Option<&Array>,
+    bsz: i64,
+    t: i64,
+    hv: i64,
+    dv: i64,
+    dk: i64,
+) -> Result<()> {
+    if let Some(state) = state {
+        let s = ArgInfo::of("state", state)?;
+        s.rank(4, "[B, Hv, Dv, Dk]")?
+            .dim(0, "B", bsz, "q")?
+            .dim(1, "Hv", hv, "v")?
+            .dim(2, "Dv", dv, "v")?
+            .dim(3, "Dk", dk, "q")?;
+        if s.dtype != Dtype::Float32 {
+            return Err(Error::Dtype(format!(
+                "state: dtype {} is not accepted (the recurrent state is float32 only)",
+                s.dtype.name()
+            )));
+        }
+    }
+    if let Some(mask) = mask {
+        let m = ArgInfo::of("mask", mask)?;
+        m.rank(2, "[B, T]")?.dim(0, "B", bsz, "q")?.dim(1, "T", t, "q")?;
+        if m.dtype != Dtype::Bool {
+            return Err(Error::Dtype(format!(
+                "mask: dtype {} is not accepted (expected bool, true = real token)",
+                m.dtype.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
+    let mut list = bridge::list_new();
+    for a in arrays {
+        bridge::list_push(list.pin_mut(), a);
+    }
+    list
+}
+
+pub(crate) fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
+    (0..bridge::list_len(list)).map(|i| bridge::list_get(list, i)).collect()
+}
+
+/// Builds the recurrence: returns `(y, state_out)`, lazy.
+pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    let (d, dtype) = check_update(x)?;
+    let gpu = matches!(backend, Backend::Metal { gpu: true });
+    let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
+    let beta = bridge::sigmoid(x.b, gpu)?;
+    let mut outputs = match backend {
+        Backend::Cpu => {
+            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, &g, &beta];
+            let state_index = x.state.map(|s| {
+                inputs.push(s);
+                inputs.len() as i32 - 1
+            });
+            if let Some(m) = x.mask {
+                inputs.push(m);
+            }
+            let beta_dtype = bridge::array_dtype(&beta);
+            let launch = CpuLaunch {
+                kernel: CpuKernel::GatedDelta as u32,
+                params: vec![
+                    d.b,
+                    d.t,
+                    d.hk,
+                    d.hv,
+                    d.dk,
+                    d.dv,
+                    dtype as i64,
+                    beta_dtype as i64,
+                    x.state.is_some() as i64,
+                    x.mask.is_some() as i64,
+                ],
+                output_dims: vec![
+                    d.b as i32, d.t as i32, d.hv as i32, d.dv as i32, // y
+                    d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32, // state_out
+                ],
+                output_ndims: vec![4, 4],
+                output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],
+                donate_from: vec![-1, state_index.unwrap_or(-1)],
+            };
+            take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
+        }
+        Backend::Metal { gpu } => {
+            let zeros;
+            let state = match x.state {
+                Some(s) => s,
+                None => {
+                    zeros = bridge::array_zeros(
+                        &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+                        Dtype::Float32 as i32,
+                    )?;
+                    &zeros
+                }
+            };
+            let t_in = bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?;
+            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, &g, &beta, state, &t_in];
+            if let Some(m) = x.mask {
+                inputs.push(m);
+            }
+            let launch = metal::gated_delta_launch(d, dtype, x.mask.is_some());
+            take(&*bridge::metal_kernel_op(&launch, &list(&inputs), gpu)?)
+        }
+    };
+    let state_out = outputs.pop().expect("two outputs");
+    let y = outputs.pop().expect("two outputs");
+    Ok((y, state_out))
+}

@@ -1,0 +1,7 @@
+//! Validation and graph building, one module per kernel. Everything here runs under the MLX
+//! lock, called from the C ABI in `crate::capi`.
+
+pub mod array;
+pub mod device;
+pub mod gated_delta;
+pub mod shape;

@@ -1,0 +1,93 @@
+//! The registry of live array handles, which is also the process-wide MLX lock.
+//!
+//! A handle given to C is not an address: it is a token (a never-reused number) that maps to
+//! an MLX array here. Looking a token up never reads through the caller's pointer, so a freed,
+//! double-freed or foreign pointer is reported as `MLXK_ERR_INVALID_HANDLE`, and a token is
+//! never handed out twice, so a stale handle cannot alias a newer array.
+
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use cxx::UniquePtr;
+
+use crate::bridge::Array;
+use crate::capi::mlxk_array;
+use crate::error::{Error, Result};
+
+// SAFETY: an MLX array is a reference-counted node (atomic shared_ptr); every use of one goes
+// through the lock below, so moving the owning pointer between threads is sound.
+unsafe impl Send for Array {}
+
+/// Tokens start here and step by 8: they look like aligned pointers, and sit far below any
+/// address a heap or stack pointer has on the platforms MLX supports.
+const FIRST_TOKEN: usize = 0x1000;
+const TOKEN_STEP: usize = 8;
+
+pub(crate) struct Mlx {
+    next_token: usize,
+    arrays: HashMap<usize, UniquePtr<Array>>,
+}
+
+static MLX: LazyLock<Mutex<Mlx>> = LazyLock::new(|| {
+    Mutex::new(Mlx { next_token: FIRST_TOKEN, arrays: HashMap::new() })
+});
+
+/// Takes the process-wide MLX lock. A panic caught at the C boundary may have poisoned it; the
+/// map stays consistent (each operation on it is a single insert or remove), so carry on.
+pub(crate) fn lock() -> MutexGuard<'static, Mlx> {
+    MLX.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Mlx {
+    /// The array behind `handle`, argument `arg` of the calling function.
+    pub(crate) fn get(&self, handle: *const mlxk_array, arg: &str) -> Result<&Array> {
+        if handle.is_null() {
+            return Err(Error::NullPointer(format!("{arg} is NULL (expected an mlxk_array handle)")));
+        }
+        self.arrays
+            .get(&(handle as usize))
+            .and_then(|a| a.as_ref())
+            .ok_or_else(|| {
+                Error::InvalidHandle(format!(
+                    "{arg} ({handle:p}) is not a live mlxk_array handle (freed, or never made by \
+                     this library)"
+                ))
+            })
+    }
+
+    /// An optional argument: NULL is `None`, anything else must be live.
+    pub(crate) fn get_opt(&self, handle: *const mlxk_array, arg: &str) -> Result<Option<&Array>> {
+        if handle.is_null() {
+            Ok(None)
+        } else {
+            self.get(handle, arg).map(Some)
+        }
+    }
+
+    /// Registers a new array and returns its handle.
+    pub(crate) fn insert(&mut self, array: UniquePtr<Array>) -> *mut mlxk_array {
+        let token = self.next_token;
+        self.next_token += TOKEN_STEP;
+        self.arrays.insert(token, array);
+        token as *mut mlxk_array
+    }
+
+    /// Drops the array behind `handle`.
+    pub(crate) fn remove(&mut self, handle: *mut mlxk_array, arg: &str) -> Result<()> {
+        match self.arrays.remove(&(handle as usize)) {
+            Some(array) => {
+                drop(array);
+                Ok(())
+            }
+            None => Err(Error::InvalidHandle(format!(
+                "{arg} ({handle:p}) is not a live mlxk_array handle (already freed, or never made \
+                 by this library)"
+            ))),
+        }
+    }
+
+    /// Number of live handles (tests use it to find leaks).
+    pub(crate) fn live(&self) -> usize {
+        self.arrays.len()
+    }
+}
