@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 pub mod array;
 pub mod device;
 pub mod gated_delta;
+pub mod glm52;
 pub mod status;
 
 use status::*;

@@ -1,0 +1,53 @@
+# mlxkern — `make demo` runs the main job, `make test` runs every test. Both set up what they
+# need (scripts/bootstrap.sh makes .venv with the pinned MLX, mlx-lm and numpy).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := demo
+
+CARGO ?= cargo
+CC ?= cc
+CXX ?= c++
+PY := .venv/bin/python3
+BUILD := build
+UNAME := $(shell uname -s)
+LIBDIR := $(abspath target/debug)
+ifeq ($(UNAME),Darwin)
+  LIB := $(LIBDIR)/libmlxkern.dylib
+else
+  LIB := $(LIBDIR)/libmlxkern.so
+endif
+LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
+
+.PHONY: bootstrap build header demo test test-rust test-oracle test-c clean
+
+bootstrap:
+	@./scripts/bootstrap.sh
+
+build: bootstrap
+	$(CARGO) build --lib
+
+# Refresh the committed header from the one the build generates.
+header: bootstrap
+	MLXK_UPDATE_HEADER=1 $(CARGO) test --test header
+
+$(BUILD):
+	@mkdir -p $(BUILD)
+
+demo: build | $(BUILD)
+	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
+	$(BUILD)/demo
+
+test: bootstrap test-rust test-oracle test-c
+
+test-rust:
+	$(CARGO) test
+
+test-oracle: build
+	$(PY) tests/oracle/run.py
+
+test-c: build | $(BUILD)
+	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./tests/c/run.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf $(BUILD)
