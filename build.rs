@@ -67,7 +67,10 @@ fn find_mlx(manifest_dir: &Path) -> PathBuf {
     }
     let python = manifest_dir.join(".venv/bin/python3");
     if python.is_file() {
-        if let Ok(out) = Command::new(&python).args(["-m", "mlx", "--cmake-dir"]).output() {
+        if let Ok(out) = Command::new(&python)
+            .args(["-m", "mlx", "--cmake-dir"])
+            .output()
+        {
             let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
             for candidate in [dir.clone(), dir.join("../../..")] {
                 if valid(&candidate) {
@@ -99,8 +102,8 @@ fn generate_header(manifest_dir: &Path, out_dir: &Path) {
     let patch = env::var("CARGO_PKG_VERSION_PATCH").unwrap();
     let version = env::var("CARGO_PKG_VERSION").unwrap();
     let abi = abi_version(manifest_dir);
-    let mut config = cbindgen::Config::from_file(manifest_dir.join("cbindgen.toml"))
-        .expect("cbindgen.toml");
+    let mut config =
+        cbindgen::Config::from_file(manifest_dir.join("cbindgen.toml")).expect("cbindgen.toml");
     let versions = format!(
         "\n/** The library version these declarations describe (from Cargo.toml). */\n\
          #define MLXK_VERSION \"{version}\"\n\

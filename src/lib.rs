@@ -19,6 +19,8 @@ mod memory;
 pub mod metal;
 mod ops;
 mod registry;
+#[doc(hidden)]
+pub mod testing;
 
 pub use dtype::Dtype;
 pub use error::Error;

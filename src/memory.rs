@@ -13,7 +13,12 @@ static LIMIT: AtomicUsize = AtomicUsize::new(0);
 
 pub fn physical_memory() -> usize {
     // SAFETY: sysconf has no preconditions.
-    let (pages, page) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
     if pages > 0 && page > 0 {
         (pages as usize).saturating_mul(page as usize)
     } else {

@@ -3,7 +3,7 @@
 
 pub use crate::bridge::MetalLaunch;
 use crate::dtype::Dtype;
-use crate::ops::gated_delta::Dims;
+pub use crate::ops::gated_delta::Dims;
 
 /// The recurrence kernel body, embedded from its file.
 pub const GATED_DELTA_SOURCE: &str = include_str!("../kernels/metal/gated_delta.metal");
@@ -19,7 +19,11 @@ fn names(list: &[&str]) -> Vec<String> {
 /// kernel; `masked` selects the padded-prefill variant with a `[B, T]` bool mask input.
 pub fn gated_delta_launch(d: Dims, dtype: Dtype, masked: bool) -> MetalLaunch {
     let (name, active, mut inputs) = if masked {
-        ("mlxk_gated_delta_step_mask", "mask[b_idx * T + t]", vec!["mask"])
+        (
+            "mlxk_gated_delta_step_mask",
+            "mask[b_idx * T + t]",
+            vec!["mask"],
+        )
     } else {
         ("mlxk_gated_delta_step", "true", vec![])
     };
@@ -32,8 +36,14 @@ pub fn gated_delta_launch(d: Dims, dtype: Dtype, masked: bool) -> MetalLaunch {
         input_names: names(&input_names),
         output_names: names(&["y", "state_out"]),
         output_dims: vec![
-            d.b as i32, d.t as i32, d.hv as i32, d.dv as i32, // y
-            d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32, // state_out
+            d.b as i32,
+            d.t as i32,
+            d.hv as i32,
+            d.dv as i32, // y
+            d.b as i32,
+            d.hv as i32,
+            d.dv as i32,
+            d.dk as i32, // state_out
         ],
         output_ndims: vec![4, 4],
         output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],

@@ -25,11 +25,21 @@ const TOKEN_STEP: usize = 8;
 
 pub(crate) struct Mlx {
     next_token: usize,
-    arrays: HashMap<usize, UniquePtr<Array>>,
+    arrays: HashMap<usize, Entry>,
+}
+
+struct Entry {
+    array: UniquePtr<Array>,
+    /// Set when evaluating this array failed: MLX may then hold unfinished data for it, so
+    /// every later use reports the failure again instead of reading that data.
+    failure: Option<String>,
 }
 
 static MLX: LazyLock<Mutex<Mlx>> = LazyLock::new(|| {
-    Mutex::new(Mlx { next_token: FIRST_TOKEN, arrays: HashMap::new() })
+    Mutex::new(Mlx {
+        next_token: FIRST_TOKEN,
+        arrays: HashMap::new(),
+    })
 });
 
 /// Takes the process-wide MLX lock. A panic caught at the C boundary may have poisoned it; the
@@ -42,17 +52,25 @@ impl Mlx {
     /// The array behind `handle`, argument `arg` of the calling function.
     pub(crate) fn get(&self, handle: *const mlxk_array, arg: &str) -> Result<&Array> {
         if handle.is_null() {
-            return Err(Error::NullPointer(format!("{arg} is NULL (expected an mlxk_array handle)")));
+            return Err(Error::NullPointer(format!(
+                "{arg} is NULL (expected an mlxk_array handle)"
+            )));
         }
-        self.arrays
-            .get(&(handle as usize))
-            .and_then(|a| a.as_ref())
-            .ok_or_else(|| {
-                Error::InvalidHandle(format!(
-                    "{arg} ({handle:p}) is not a live mlxk_array handle (freed, or never made by \
-                     this library)"
-                ))
-            })
+        let entry = self.arrays.get(&(handle as usize)).ok_or_else(|| {
+            Error::InvalidHandle(format!(
+                "{arg} ({handle:p}) is not a live mlxk_array handle (freed, or never made by \
+                 this library)"
+            ))
+        })?;
+        if let Some(failure) = &entry.failure {
+            return Err(Error::Backend(format!(
+                "{arg}: computing this array failed earlier, its contents are undefined ({failure})"
+            )));
+        }
+        entry
+            .array
+            .as_ref()
+            .ok_or_else(|| Error::InvalidHandle(format!("{arg} is empty")))
     }
 
     /// An optional argument: NULL is `None`, anything else must be live.
@@ -68,7 +86,13 @@ impl Mlx {
     pub(crate) fn insert(&mut self, array: UniquePtr<Array>) -> *mut mlxk_array {
         let token = self.next_token;
         self.next_token += TOKEN_STEP;
-        self.arrays.insert(token, array);
+        self.arrays.insert(
+            token,
+            Entry {
+                array,
+                failure: None,
+            },
+        );
         token as *mut mlxk_array
     }
 
@@ -83,6 +107,13 @@ impl Mlx {
                 "{arg} ({handle:p}) is not a live mlxk_array handle (already freed, or never made \
                  by this library)"
             ))),
+        }
+    }
+
+    /// Records that evaluating `handle` failed with `error`.
+    pub(crate) fn mark_failed(&mut self, handle: *const mlxk_array, error: &Error) {
+        if let Some(entry) = self.arrays.get_mut(&(handle as usize)) {
+            entry.failure = Some(error.to_string());
         }
     }
 

@@ -97,6 +97,14 @@ class RustCpuKernel : public mx::Primitive {
                                  " is not a row-contiguous array");
       }
     }
+    // make_arrays gives every output its own copy of the input list, so each input is held
+    // once per output and is never donatable. MLX drops the siblings' copies after this eval
+    // anyway (array::detach); dropping them now lets the new state take over the old buffer.
+    // The evaluated output's own list (`inputs`) stays: MLX keeps those buffers alive until
+    // the dispatched task has run.
+    for (auto& out : outputs) {
+      if (&out.inputs() != &inputs) out.inputs().clear();
+    }
     std::vector<int32_t> aliased(outputs.size(), -1);
     for (size_t o = 0; o < outputs.size(); ++o) {
       auto& out = outputs[o];
@@ -126,7 +134,8 @@ class RustCpuKernel : public mx::Primitive {
                       params = std::vector<int64_t>(launch_.params.begin(), launch_.params.end()),
                       in_ptrs = std::move(in_ptrs), in_bytes = std::move(in_bytes),
                       out_ptrs = std::move(out_ptrs), out_bytes = std::move(out_bytes),
-                      aliased = std::move(aliased)]() {
+                      aliased = std::move(aliased), keep_alive = inputs]() {
+      (void)keep_alive;  // the input buffers outlive the kernel whatever MLX's bookkeeping
       // A Rust error (or a caught panic) arrives as rust::Error, which MLX re-throws at eval.
       mlxk_cpu_kernel(kernel, rust::Slice<const int64_t>(params.data(), params.size()),
                       rust::Slice<const size_t>(in_ptrs.data(), in_ptrs.size()),

@@ -67,8 +67,12 @@ pub mod ffi {
         fn list_get(list: &ArrayList, i: usize) -> UniquePtr<Array>;
 
         /// mlx-lm's `compute_g`: `exp(-exp(f32(A_log)) * softplus(a + dt_bias))`, as MLX ops.
-        fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array, gpu: bool)
-            -> Result<UniquePtr<Array>>;
+        fn compute_g(
+            a_log: &Array,
+            a: &Array,
+            dt_bias: &Array,
+            gpu: bool,
+        ) -> Result<UniquePtr<Array>>;
         /// `mx.sigmoid(x)` on the chosen device.
         fn sigmoid(x: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
 
@@ -106,5 +110,5 @@ pub mod ffi {
     }
 }
 
-pub use ffi::*;
 use crate::cpu::mlxk_cpu_kernel;
+pub use ffi::*;

@@ -122,7 +122,10 @@ pub extern "C" fn mlxk_array_free(array: *mut mlxk_array) -> mlxk_status {
 ///
 /// NULL: neither may be NULL. Thread: any. Never evaluates.
 #[no_mangle]
-pub unsafe extern "C" fn mlxk_array_ndim(array: *const mlxk_array, ndim: *mut usize) -> mlxk_status {
+pub unsafe extern "C" fn mlxk_array_ndim(
+    array: *const mlxk_array,
+    ndim: *mut usize,
+) -> mlxk_status {
     boundary("mlxk_array_ndim", || {
         let ndim = out_ptr(ndim, "ndim")?;
         let mlx = registry::lock();
@@ -208,9 +211,13 @@ pub unsafe extern "C" fn mlxk_array_nbytes(
 #[no_mangle]
 pub extern "C" fn mlxk_array_eval(array: *const mlxk_array) -> mlxk_status {
     boundary("mlxk_array_eval", || {
-        let mlx = registry::lock();
+        let mut mlx = registry::lock();
         let a = mlx.get(array, "array")?;
-        crate::bridge::array_eval(a)?;
+        if let Err(e) = crate::bridge::array_eval(a) {
+            let error = Error::from(e);
+            mlx.mark_failed(array, &error);
+            return Err(error);
+        }
         Ok(())
     })
 }
@@ -227,7 +234,7 @@ pub unsafe extern "C" fn mlxk_array_read(
     dst_bytes: usize,
 ) -> mlxk_status {
     boundary("mlxk_array_read", || {
-        let mlx = registry::lock();
+        let mut mlx = registry::lock();
         let a = mlx.get(array, "array")?;
         let nbytes = crate::bridge::array_nbytes(a);
         if dst_bytes < nbytes {
@@ -241,7 +248,11 @@ pub unsafe extern "C" fn mlxk_array_read(
         let dst = out_ptr(dst as *mut u8, "dst")?;
         // SAFETY: the caller promises `dst_bytes >= nbytes` writable bytes at `dst`.
         let dst = unsafe { std::slice::from_raw_parts_mut(dst, nbytes) };
-        crate::bridge::array_read(a, dst)?;
+        if let Err(e) = crate::bridge::array_read(a, dst) {
+            let error = Error::from(e);
+            mlx.mark_failed(array, &error);
+            return Err(error);
+        }
         Ok(())
     })
 }

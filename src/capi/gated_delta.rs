@@ -63,7 +63,8 @@ fn update(
             state: mlx.get_opt(state, "state")?,
             mask: mlx.get_opt(mask, "mask")?,
         };
-        let (y_array, state_array) = ops::update(&inputs, backend.unwrap_or_else(Backend::current))?;
+        let (y_array, state_array) =
+            ops::update(&inputs, backend.unwrap_or_else(Backend::current))?;
         // SAFETY: both checked non-NULL.
         unsafe {
             *y = mlx.insert(y_array);
@@ -127,5 +128,11 @@ pub fn gated_delta_update_via_metal(
     y: *mut *mut mlxk_array,
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    update("mlxk_gated_delta_update (Metal)", Some(Backend::Metal { gpu }), args, y, state_out)
+    update(
+        "mlxk_gated_delta_update (Metal)",
+        Some(Backend::Metal { gpu }),
+        args,
+        y,
+        state_out,
+    )
 }

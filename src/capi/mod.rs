@@ -27,8 +27,9 @@ pub struct mlxk_array {
     _private: [u8; 0],
 }
 
+#[doc(hidden)]
 /// Runs `f` as export `function`: catches panics, records the error for mlxk_last_error().
-pub(crate) fn boundary(function: &str, f: impl FnOnce() -> Result<()>) -> mlxk_status {
+pub fn boundary(function: &str, f: impl FnOnce() -> Result<()>) -> mlxk_status {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => MLXK_OK,
         Ok(Err(error)) => {
@@ -48,10 +49,13 @@ pub(crate) fn boundary(function: &str, f: impl FnOnce() -> Result<()>) -> mlxk_s
     }
 }
 
+#[doc(hidden)]
 /// Checks an out-parameter before any work is done.
-pub(crate) fn out_ptr<T>(out: *mut T, arg: &str) -> Result<*mut T> {
+pub fn out_ptr<T>(out: *mut T, arg: &str) -> Result<*mut T> {
     if out.is_null() {
-        Err(Error::NullPointer(format!("{arg} is NULL (expected a pointer to write the result to)")))
+        Err(Error::NullPointer(format!(
+            "{arg} is NULL (expected a pointer to write the result to)"
+        )))
     } else {
         Ok(out)
     }
@@ -63,7 +67,9 @@ pub(crate) unsafe fn in_slice<'a, T>(ptr: *const T, len: usize, arg: &str) -> Re
         return Ok(&[]);
     }
     if ptr.is_null() {
-        return Err(Error::NullPointer(format!("{arg} is NULL but {len} elements were announced")));
+        return Err(Error::NullPointer(format!(
+            "{arg} is NULL but {len} elements were announced"
+        )));
     }
     if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::InvalidArgument(format!(

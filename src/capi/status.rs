@@ -76,10 +76,11 @@ pub extern "C" fn mlxk_status_name(status: mlxk_status) -> *const c_char {
 /// Ownership: static string, never NULL. Thread: any.
 #[no_mangle]
 pub extern "C" fn mlxk_version() -> *const c_char {
-    static VERSION: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-        Ok(v) => v,
-        Err(_) => panic!("version contains a NUL"),
-    };
+    static VERSION: &CStr =
+        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
+            Ok(v) => v,
+            Err(_) => panic!("version contains a NUL"),
+        };
     VERSION.as_ptr()
 }
 

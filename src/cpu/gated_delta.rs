@@ -112,7 +112,14 @@ pub fn recurrence<T: Elem>(
 /// inputs: `q, k, v, g, beta, [state], [mask]`; outputs: `y, state_out`.
 pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
     let p: Vec<usize> = params.iter().map(|&x| x as usize).collect();
-    let d = Dims { b: p[0], t: p[1], hk: p[2], hv: p[3], dk: p[4], dv: p[5] };
+    let d = Dims {
+        b: p[0],
+        t: p[1],
+        hk: p[2],
+        hv: p[3],
+        dk: p[4],
+        dv: p[5],
+    };
     let dtype = super::dtype_param(params[6]);
     let beta_dtype = super::dtype_param(params[7]);
     let (has_state, has_mask) = (params[8] != 0, params[9] != 0);
@@ -129,16 +136,40 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
     let state: &mut [f32] = typed_mut(rest[0]);
     match dtype {
         Dtype::Bfloat16 => recurrence::<bf16>(
-            d, typed(inputs[0]), typed(inputs[1]), typed(inputs[2]), g, &beta, state_in, mask,
-            typed_mut(y[0]), state,
+            d,
+            typed(inputs[0]),
+            typed(inputs[1]),
+            typed(inputs[2]),
+            g,
+            &beta,
+            state_in,
+            mask,
+            typed_mut(y[0]),
+            state,
         ),
         Dtype::Float16 => recurrence::<f16>(
-            d, typed(inputs[0]), typed(inputs[1]), typed(inputs[2]), g, &beta, state_in, mask,
-            typed_mut(y[0]), state,
+            d,
+            typed(inputs[0]),
+            typed(inputs[1]),
+            typed(inputs[2]),
+            g,
+            &beta,
+            state_in,
+            mask,
+            typed_mut(y[0]),
+            state,
         ),
         Dtype::Float32 => recurrence::<f32>(
-            d, typed(inputs[0]), typed(inputs[1]), typed(inputs[2]), g, &beta, state_in, mask,
-            typed_mut(y[0]), state,
+            d,
+            typed(inputs[0]),
+            typed(inputs[1]),
+            typed(inputs[2]),
+            g,
+            &beta,
+            state_in,
+            mask,
+            typed_mut(y[0]),
+            state,
         ),
         other => panic!("gated delta: unsupported input dtype {}", other.name()),
     }

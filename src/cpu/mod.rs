@@ -14,6 +14,10 @@ pub mod elem;
 pub mod gated_delta;
 pub mod reduce;
 
+/// Outputs that took over an input's buffer (for tests of the in-place state update).
+pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Which CPU kernel a primitive node runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
@@ -37,14 +41,20 @@ pub struct Buffers<'a> {
 pub fn typed<T: Copy>(bytes: &[u8]) -> &[T] {
     // SAFETY: T is a plain float/integer type for which every bit pattern is valid.
     let (head, body, tail) = unsafe { bytes.align_to::<T>() };
-    assert!(head.is_empty() && tail.is_empty(), "misaligned or ragged kernel buffer");
+    assert!(
+        head.is_empty() && tail.is_empty(),
+        "misaligned or ragged kernel buffer"
+    );
     body
 }
 
 pub fn typed_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
     // SAFETY: as in `typed`.
     let (head, body, tail) = unsafe { bytes.align_to_mut::<T>() };
-    assert!(head.is_empty() && tail.is_empty(), "misaligned or ragged kernel buffer");
+    assert!(
+        head.is_empty() && tail.is_empty(),
+        "misaligned or ragged kernel buffer"
+    );
     body
 }
 
@@ -54,7 +64,10 @@ pub fn to_f32_vec(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
     match dtype {
         Dtype::Float32 => typed::<f32>(bytes).to_vec(),
         Dtype::Bfloat16 => typed::<bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
-        Dtype::Float16 => typed::<f16>(bytes).iter().map(|x| Elem::to_f32(*x)).collect(),
+        Dtype::Float16 => typed::<f16>(bytes)
+            .iter()
+            .map(|x| Elem::to_f32(*x))
+            .collect(),
         other => panic!("to_f32_vec: {} is not a float dtype", other.name()),
     }
 }
@@ -86,9 +99,12 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
     output_bytes: &[usize],
     aliased: &[i32],
 ) -> Result<(), String> {
-    let aliased: Vec<Option<usize>> =
-        aliased.iter().map(|&a| if a >= 0 { Some(a as usize) } else { None }).collect();
+    let aliased: Vec<Option<usize>> = aliased
+        .iter()
+        .map(|&a| if a >= 0 { Some(a as usize) } else { None })
+        .collect();
     let taken: Vec<usize> = aliased.iter().flatten().copied().collect();
+    IN_PLACE_UPDATES.fetch_add(taken.len(), std::sync::atomic::Ordering::Relaxed);
     let inputs = input_ptrs
         .iter()
         .zip(input_bytes)
@@ -114,8 +130,20 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
             }
         })
         .collect();
-    let buffers = Buffers { inputs, outputs, aliased };
+    let buffers = Buffers {
+        inputs,
+        outputs,
+        aliased,
+    };
     catch_unwind(AssertUnwindSafe(|| run(kernel, params, buffers))).map_err(|payload| {
+        // Whatever the kernel left half-written becomes all-ones bytes (NaN for every float
+        // dtype), so nothing computed from these outputs later can pass for a valid result.
+        for (&ptr, &len) in output_ptrs.iter().zip(output_bytes) {
+            if ptr != 0 && len != 0 {
+                // SAFETY: the caller's contract; the kernel's borrows ended with the unwind.
+                unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xFF, len) };
+            }
+        }
         let detail = payload
             .downcast_ref::<&str>()
             .map(|s| s.to_string())

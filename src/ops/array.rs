@@ -23,10 +23,16 @@ pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<UniquePtr<Array>> {
 }
 
 pub fn shape(array: &Array) -> Vec<i64> {
-    (0..bridge::array_ndim(array)).map(|axis| bridge::array_dim(array, axis) as i64).collect()
+    (0..bridge::array_ndim(array))
+        .map(|axis| bridge::array_dim(array, axis) as i64)
+        .collect()
 }
 
 pub fn astype(array: &Array, dtype: Dtype) -> Result<UniquePtr<Array>> {
     memory::check_outputs(&[("out", &shape(array), dtype)])?;
-    Ok(bridge::array_astype(array, dtype as i32, super::device::gpu())?)
+    Ok(bridge::array_astype(
+        array,
+        dtype as i32,
+        super::device::gpu(),
+    )?)
 }

@@ -58,7 +58,10 @@ pub struct Inputs<'a> {
 fn check_gate(a_log: &ArgInfo, a: &ArgInfo, dt_bias: &ArgInfo, hv: i64) -> Result<()> {
     a_log.rank(1, "[Hv]")?.dim(0, "Hv", hv, "the value heads")?;
     a_log.dtype_in(&[Dtype::Float32, Dtype::Bfloat16])?;
-    dt_bias.rank(1, "[Hv]")?.dim(0, "Hv", hv, "the value heads")?.float()?;
+    dt_bias
+        .rank(1, "[Hv]")?
+        .dim(0, "Hv", hv, "the value heads")?
+        .float()?;
     a.float()?;
     Ok(())
 }
@@ -102,7 +105,10 @@ pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
         .dim(2, "Hk", hk, "q")?
         .dim(3, "Dk", dk, "q")?
         .same_dtype(&q)?;
-    v.rank(4, "[B, T, Hv, Dv]")?.dim(0, "B", bsz, "q")?.dim(1, "T", t, "q")?.same_dtype(&q)?;
+    v.rank(4, "[B, T, Hv, Dv]")?
+        .dim(0, "B", bsz, "q")?
+        .dim(1, "T", t, "q")?
+        .same_dtype(&q)?;
     let (hv, dv) = (v.shape[2], v.shape[3]);
     check_dims(hk, hv, dk, dv)?;
     for gate in [&a, &b] {
@@ -114,7 +120,14 @@ pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
     }
     check_gate(&a_log, &a, &dt_bias, hv)?;
     check_state_and_mask(x.state, x.mask, bsz, t, hv, dv, dk)?;
-    let dims = Dims { b: bsz, t, hk, hv, dk, dv };
+    let dims = Dims {
+        b: bsz,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    };
     memory::check_outputs(&[
         ("y", &[bsz, t, hv, dv], q.dtype),
         ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
@@ -127,7 +140,9 @@ pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
 /// Head counts and widths every recurrence kernel needs.
 pub fn check_dims(hk: i64, hv: i64, dk: i64, dv: i64) -> Result<()> {
     if hk < 1 {
-        return Err(Error::Shape(format!("q: Hk (dimension 2) is {hk}; at least one key head")));
+        return Err(Error::Shape(format!(
+            "q: Hk (dimension 2) is {hk}; at least one key head"
+        )));
     }
     if hv < 1 || hv % hk != 0 {
         return Err(Error::Shape(format!(
@@ -142,7 +157,9 @@ pub fn check_dims(hk: i64, hv: i64, dk: i64, dv: i64) -> Result<()> {
         )));
     }
     if dv < 1 {
-        return Err(Error::Shape(format!("v: Dv (dimension 3) is {dv}; it must be at least 1")));
+        return Err(Error::Shape(format!(
+            "v: Dv (dimension 3) is {dv}; it must be at least 1"
+        )));
     }
     Ok(())
 }
@@ -173,7 +190,9 @@ pub fn check_state_and_mask(
     }
     if let Some(mask) = mask {
         let m = ArgInfo::of("mask", mask)?;
-        m.rank(2, "[B, T]")?.dim(0, "B", bsz, "q")?.dim(1, "T", t, "q")?;
+        m.rank(2, "[B, T]")?
+            .dim(0, "B", bsz, "q")?
+            .dim(1, "T", t, "q")?;
         if m.dtype != Dtype::Bool {
             return Err(Error::Dtype(format!(
                 "mask: dtype {} is not accepted (expected bool, true = real token)",
@@ -184,7 +203,7 @@ pub fn check_state_and_mask(
     Ok(())
 }
 
-pub(crate) fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
+pub fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
     let mut list = bridge::list_new();
     for a in arrays {
         bridge::list_push(list.pin_mut(), a);
@@ -192,8 +211,10 @@ pub(crate) fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
     list
 }
 
-pub(crate) fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
-    (0..bridge::list_len(list)).map(|i| bridge::list_get(list, i)).collect()
+pub fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
+    (0..bridge::list_len(list))
+        .map(|i| bridge::list_get(list, i))
+        .collect()
 }
 
 /// Builds the recurrence: returns `(y, state_out)`, lazy.
@@ -228,8 +249,14 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
                     x.mask.is_some() as i64,
                 ],
                 output_dims: vec![
-                    d.b as i32, d.t as i32, d.hv as i32, d.dv as i32, // y
-                    d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32, // state_out
+                    d.b as i32,
+                    d.t as i32,
+                    d.hv as i32,
+                    d.dv as i32, // y
+                    d.b as i32,
+                    d.hv as i32,
+                    d.dv as i32,
+                    d.dk as i32, // state_out
                 ],
                 output_ndims: vec![4, 4],
                 output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],
@@ -249,7 +276,8 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
                     &zeros
                 }
             };
-            let t_in = bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?;
+            let t_in =
+                bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?;
             let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, &g, &beta, state, &t_in];
             if let Some(m) = x.mask {
                 inputs.push(m);

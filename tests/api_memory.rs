@@ -1,0 +1,53 @@
+//! The process-wide memory limit (its own test binary: the limit is global, and other tests
+//! running in parallel threads must not see it lowered).
+
+mod common;
+use common::*;
+use std::ptr::null_mut;
+
+#[test]
+fn memory_limit_refuses_before_allocating() {
+    let mut previous = 0usize;
+    ok(unsafe { mlxk_get_memory_limit(&mut previous) });
+    assert!(previous > 0);
+    ok(mlxk_set_memory_limit(1024));
+    let mut out: H = null_mut();
+    expect_err(
+        unsafe { mlxk_array_zeros([16i32, 17].as_ptr(), 2, MLXK_DTYPE_FLOAT32, &mut out) },
+        MLXK_ERR_OUT_OF_MEMORY,
+        &["1088", "1024"],
+    );
+    ok(unsafe { mlxk_array_zeros([16i32, 16].as_ptr(), 2, MLXK_DTYPE_FLOAT32, &mut out) });
+    free(out);
+    ok(mlxk_set_memory_limit(0));
+    let mut restored = 0usize;
+    ok(unsafe { mlxk_get_memory_limit(&mut restored) });
+    assert_eq!(restored, previous);
+    expect_err(
+        unsafe { mlxk_get_memory_limit(null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        &["bytes"],
+    );
+    ok(mlxk_set_cache_limit(1 << 20));
+}
+
+#[test]
+fn kernels_refuse_results_above_the_limit_before_building() {
+    let mut rng = Rng::fresh();
+    let r = Recurrence::random(&mut rng, [2, 64, 2, 4, 128, 128], true, false);
+    // The new state alone is 2*4*128*128*4 = 512 KiB.
+    ok(mlxk_set_memory_limit(256 * 1024));
+    let (status, y, s) = r.run();
+    ok(mlxk_set_memory_limit(0));
+    expect_err(
+        status,
+        MLXK_ERR_OUT_OF_MEMORY,
+        &["y, state_out", "memory limit"],
+    );
+    assert!(y.is_null() && s.is_null());
+    let (status, y, s) = r.run();
+    ok(status);
+    free(y);
+    free(s);
+    r.free();
+}

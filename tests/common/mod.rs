@@ -1,0 +1,267 @@
+//! Helpers shared by the C-ABI test suites: a PRNG, array construction through the C ABI,
+//! bf16 conversion, and error inspection.
+#![allow(dead_code)]
+
+use std::ffi::CStr;
+use std::ptr::null_mut;
+
+pub use mlxkern::capi::array::*;
+pub use mlxkern::capi::device::*;
+pub use mlxkern::capi::gated_delta::*;
+pub use mlxkern::capi::mlxk_array;
+pub use mlxkern::capi::status::*;
+
+pub type H = *mut mlxk_array;
+
+/// xorshift64*: deterministic per seed; seeds come from the clock so every run is fresh.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn fresh() -> Rng {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let tid = std::thread::current().id();
+        let mixed = nanos ^ (format!("{tid:?}").len() as u64).wrapping_mul(0x9E3779B97F4A7C15);
+        eprintln!("rng seed {mixed:#x}");
+        Rng(mixed | 1)
+    }
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+}
+
+pub fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        0x7FC0
+    } else {
+        ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16) as u16
+    }
+}
+
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(mlxk_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts `status` is `expected` and the message mentions every word of `needles`.
+#[track_caller]
+pub fn expect_err(status: mlxk_status, expected: mlxk_status, needles: &[&str]) {
+    let msg = last_error();
+    assert_eq!(
+        status,
+        expected,
+        "expected {} got {} ({msg})",
+        name(expected),
+        name(status)
+    );
+    for n in needles {
+        assert!(msg.contains(n), "message {msg:?} lacks {n:?}");
+    }
+}
+
+#[track_caller]
+pub fn ok(status: mlxk_status) {
+    assert_eq!(status, MLXK_OK, "{}: {}", name(status), last_error());
+}
+
+pub fn name(status: mlxk_status) -> String {
+    unsafe { CStr::from_ptr(mlxk_status_name(status)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+pub fn new_bytes(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let mut out = null_mut();
+    ok(unsafe {
+        mlxk_array_new(
+            bytes.as_ptr().cast(),
+            shape.as_ptr(),
+            shape.len(),
+            dtype,
+            &mut out,
+        )
+    });
+    out
+}
+
+pub fn new_f32(data: &[f32], shape: &[i32]) -> H {
+    new_bytes(as_bytes(data), shape, MLXK_DTYPE_FLOAT32)
+}
+
+/// Rounds `data` to bf16 and makes a bf16 array.
+pub fn new_bf16(data: &[f32], shape: &[i32]) -> H {
+    let bits: Vec<u16> = data.iter().map(|&x| bf16_bits(x)).collect();
+    new_bytes(as_bytes(&bits), shape, MLXK_DTYPE_BFLOAT16)
+}
+
+pub fn new_bool(data: &[bool], shape: &[i32]) -> H {
+    let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
+    new_bytes(&bytes, shape, MLXK_DTYPE_BOOL)
+}
+
+pub fn as_bytes<T: Copy>(data: &[T]) -> &[u8] {
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
+pub fn read_bytes(a: H) -> Vec<u8> {
+    let mut n = 0usize;
+    ok(unsafe { mlxk_array_nbytes(a, &mut n) });
+    let mut out = vec![0u8; n];
+    ok(unsafe { mlxk_array_read(a, out.as_mut_ptr().cast(), n) });
+    out
+}
+
+pub fn read_f32(a: H) -> Vec<f32> {
+    read_bytes(a)
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+pub fn read_bf16(a: H) -> Vec<f32> {
+    read_bytes(a)
+        .chunks_exact(2)
+        .map(|c| bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])))
+        .collect()
+}
+
+pub fn shape_of(a: H) -> Vec<i32> {
+    let mut nd = 0usize;
+    ok(unsafe { mlxk_array_ndim(a, &mut nd) });
+    let mut dims = vec![0i32; nd];
+    ok(unsafe { mlxk_array_shape(a, dims.as_mut_ptr(), nd) });
+    dims
+}
+
+pub fn dtype_of(a: H) -> mlxk_dtype {
+    let mut d = -1;
+    ok(unsafe { mlxk_array_dtype(a, &mut d) });
+    d
+}
+
+pub fn free(a: H) {
+    ok(mlxk_array_free(a));
+}
+
+/// Inputs of one recurrence call, as handles, plus the f32 values behind them.
+pub struct Recurrence {
+    pub dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    pub q: H,
+    pub k: H,
+    pub v: H,
+    pub a: H,
+    pub b: H,
+    pub a_log: H,
+    pub dt_bias: H,
+    pub state: Option<H>,
+    pub mask: Option<H>,
+}
+
+impl Recurrence {
+    /// Random bf16 inputs of the given dims (q, k normalized per head like mlx-lm).
+    pub fn random(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Self {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let qk_shape = [b as i32, t as i32, hk as i32, dk as i32];
+        let norm = |rng: &mut Rng, scale: f32| -> Vec<f32> {
+            let mut x = rng.vec(b * t * hk * dk, 1.0);
+            for head in x.chunks_mut(dk) {
+                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+                head.iter_mut().for_each(|v| *v = *v / n * scale);
+            }
+            x
+        };
+        let q = norm(rng, (dk as f32).powf(-0.5));
+        let k = norm(rng, 1.0);
+        let state = with_state.then(|| {
+            new_f32(
+                &rng.vec(b * hv * dv * dk, 0.5),
+                &[b as i32, hv as i32, dv as i32, dk as i32],
+            )
+        });
+        let mask = with_mask.then(|| {
+            let m: Vec<bool> = (0..b * t).map(|_| rng.below(4) != 0).collect();
+            new_bool(&m, &[b as i32, t as i32])
+        });
+        Recurrence {
+            dims,
+            q: new_bf16(&q, &qk_shape),
+            k: new_bf16(&k, &qk_shape),
+            v: new_bf16(
+                &rng.vec(b * t * hv * dv, 1.0),
+                &[b as i32, t as i32, hv as i32, dv as i32],
+            ),
+            a: new_bf16(&rng.vec(b * t * hv, 2.0), &[b as i32, t as i32, hv as i32]),
+            b: new_bf16(&rng.vec(b * t * hv, 2.0), &[b as i32, t as i32, hv as i32]),
+            a_log: new_f32(&rng.vec(hv, 1.0), &[hv as i32]),
+            dt_bias: new_bf16(&rng.vec(hv, 1.0), &[hv as i32]),
+            state,
+            mask,
+        }
+    }
+
+    pub fn args(&self) -> [*const mlxk_array; 9] {
+        [
+            self.q,
+            self.k,
+            self.v,
+            self.a,
+            self.b,
+            self.a_log,
+            self.dt_bias,
+            self.state.unwrap_or(null_mut()),
+            self.mask.unwrap_or(null_mut()),
+        ]
+        .map(|h| h as *const mlxk_array)
+    }
+
+    pub fn run(&self) -> (mlxk_status, H, H) {
+        let [q, k, v, a, b, al, dt, s, m] = self.args();
+        let (mut y, mut st) = (null_mut(), null_mut());
+        let status = mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st);
+        (status, y, st)
+    }
+
+    pub fn free(self) {
+        for h in [
+            self.q,
+            self.k,
+            self.v,
+            self.a,
+            self.b,
+            self.a_log,
+            self.dt_bias,
+        ] {
+            free(h);
+        }
+        if let Some(s) = self.state {
+            free(s);
+        }
+        if let Some(m) = self.mask {
+            free(m);
+        }
+    }
+}
