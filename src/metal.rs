@@ -8,6 +8,9 @@ pub use crate::ops::gated_delta::Dims;
 /// The recurrence kernel body, embedded from its file.
 pub const GATED_DELTA_SOURCE: &str = include_str!("../kernels/metal/gated_delta.metal");
 
+/// The prefix-state replay kernel body.
+pub const GATED_DELTA_STATE_SOURCE: &str = include_str!("../kernels/metal/gated_delta_state.metal");
+
 /// The marker the recurrence source uses for "this token is processed".
 pub const TOKEN_ACTIVE_MARKER: &str = "MLXK_TOKEN_ACTIVE";
 
@@ -53,5 +56,26 @@ pub fn gated_delta_launch(d: Dims, dtype: Dtype, masked: bool) -> MetalLaunch {
         template_int_values: vec![d.dk as i32, d.dv as i32, d.hk as i32, d.hv as i32],
         template_dtype_names: names(&["InT", "StT"]),
         template_dtype_values: vec![dtype as i32, Dtype::Float32 as i32],
+    }
+}
+
+/// The prefix replay launch: the recurrence's geometry; inputs k, v, g, beta, state_in, Tin and
+/// the per-row accepted lengths.
+pub fn gated_delta_state_launch(d: Dims) -> MetalLaunch {
+    MetalLaunch {
+        name: "mlxk_gated_delta_prefix_state".to_string(),
+        source: GATED_DELTA_STATE_SOURCE.to_string(),
+        header: String::new(),
+        input_names: names(&["k", "v", "g", "beta", "state_in", "Tin", "lengths"]),
+        output_names: names(&["state_out"]),
+        output_dims: vec![d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+        output_ndims: vec![4],
+        output_dtypes: vec![Dtype::Float32 as i32],
+        grid: [32, d.dv as i32, (d.b * d.hv) as i32],
+        threadgroup: [32, 4, 1],
+        template_int_names: names(&["Dk", "Dv", "Hk", "Hv"]),
+        template_int_values: vec![d.dk as i32, d.dv as i32, d.hk as i32, d.hv as i32],
+        template_dtype_names: vec![],
+        template_dtype_values: vec![],
     }
 }

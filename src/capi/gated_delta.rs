@@ -2,7 +2,7 @@
 
 use super::status::mlxk_status;
 use super::{boundary, mlxk_array, out_ptr};
-use crate::ops::gated_delta::{self as ops, Backend, Inputs};
+use crate::ops::gated_delta::{self as ops, Backend, Inputs, ReplayInputs};
 use crate::registry;
 
 /// g = exp(-exp(float32(a_log)) * softplus(a + dt_bias)), mlx-lm's `compute_g`, bit for bit on
@@ -133,6 +133,95 @@ pub fn gated_delta_update_via_metal(
         Some(Backend::Metal { gpu }),
         args,
         y,
+        state_out,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn replay(
+    function: &str,
+    backend: Option<Backend>,
+    args: [*const mlxk_array; 7],
+    accepted_lengths: *const i32,
+    n_lengths: usize,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        let state_out = out_ptr(state_out, "state_out")?;
+        // SAFETY: documented contract: `n_lengths` int32 values at `accepted_lengths`.
+        let lengths = unsafe { super::in_slice(accepted_lengths, n_lengths, "accepted_lengths") }?;
+        let mut mlx = registry::lock();
+        let [k, v, a, b, a_log, dt_bias, state] = args;
+        let inputs = ReplayInputs {
+            k: mlx.get(k, "k")?,
+            v: mlx.get(v, "v")?,
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: mlx.get_opt(state, "state")?,
+            accepted_lengths: lengths,
+        };
+        let result = ops::replay(&inputs, backend.unwrap_or_else(Backend::current))?;
+        // SAFETY: checked non-NULL.
+        unsafe { *state_out = mlx.insert(result) };
+        Ok(())
+    })
+}
+
+/// Prefix-state replay for speculative decoding: after a verify window of T draft tokens in
+/// which row b accepted `accepted_lengths[b]` of them, recomputes each row's state from the
+/// pre-verify `state` over exactly that prefix. The result is bit-identical to the state
+/// mlxk_gated_delta_update returns for those first tokens from the same start state.
+///
+/// Shapes and dtypes as mlxk_gated_delta_update (without q and mask): k [B, T, Hk, Dk],
+/// v [B, T, Hv, Dv], a, b [B, T, Hv], a_log [Hv], dt_bias [Hv], state [B, Hv, Dv, Dk] float32
+/// or NULL (zeros). `accepted_lengths` holds `n_lengths` values: n_lengths must equal B and
+/// each length lie in [0, T] (MLXK_ERR_INVALID_ARGUMENT naming the row otherwise).
+/// Result: `*state_out` float32 [B, Hv, Dv, Dk].
+///
+/// Ownership: inputs borrowed (`accepted_lengths` only for the call); `*state_out` is a new
+/// handle. NULL: `state` may be NULL; `accepted_lengths` only when n_lengths is 0. Thread:
+/// any. Lazy: computation errors surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_state(
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    state: *const mlxk_array,
+    accepted_lengths: *const i32,
+    n_lengths: usize,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    replay(
+        "mlxk_gated_delta_state",
+        None,
+        [k, v, a, b, a_log, dt_bias, state],
+        accepted_lengths,
+        n_lengths,
+        state_out,
+    )
+}
+
+/// `mlxk_gated_delta_state` forced through the Metal launch (see
+/// [`gated_delta_update_via_metal`]). Not part of the C ABI.
+#[doc(hidden)]
+pub fn gated_delta_state_via_metal(
+    gpu: bool,
+    args: [*const mlxk_array; 7],
+    accepted_lengths: &[i32],
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    replay(
+        "mlxk_gated_delta_state (Metal)",
+        Some(Backend::Metal { gpu }),
+        args,
+        accepted_lengths.as_ptr(),
+        accepted_lengths.len(),
         state_out,
     )
 }

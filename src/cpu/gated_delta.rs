@@ -174,3 +174,120 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
         other => panic!("gated delta: unsupported input dtype {}", other.name()),
     }
 }
+
+/// The prefix replay: the state after row b's first `lengths[b]` tokens, computed exactly as
+/// [`recurrence`] computes it (same per-element operations, same lane order), without y.
+#[allow(clippy::too_many_arguments)]
+pub fn replay<T: Elem>(
+    d: Dims,
+    k: &[T],
+    v: &[T],
+    g: &[f32],
+    beta: &[f32],
+    state_in: StateIn,
+    lengths: &[i32],
+    state: &mut [f32],
+) {
+    let group = d.hv / d.hk;
+    let mut row = vec![0f32; d.dk];
+    let n = d.dk / 32;
+    for b in 0..d.b {
+        let keep = lengths[b] as usize;
+        assert!(keep <= d.t, "accepted length {keep} exceeds T = {}", d.t);
+        for hv in 0..d.hv {
+            let hk = hv / group;
+            for dv in 0..d.dv {
+                let at = ((b * d.hv + hv) * d.dv + dv) * d.dk;
+                match &state_in {
+                    StateIn::Zeros => row.fill(0.0),
+                    StateIn::Buffer(s) => row.copy_from_slice(&s[at..at + d.dk]),
+                    StateIn::InPlace => row.copy_from_slice(&state[at..at + d.dk]),
+                }
+                for t in 0..keep {
+                    let gate = (b * d.t + t) * d.hv + hv;
+                    let qk_at = ((b * d.t + t) * d.hk + hk) * d.dk;
+                    let k = &k[qk_at..qk_at + d.dk];
+                    let (gt, bt) = (g[gate], beta[gate]);
+                    let mut partials = [0f32; 32];
+                    for (lane, partial) in partials.iter_mut().enumerate() {
+                        let mut acc = 0.0f32;
+                        for i in lane * n..(lane + 1) * n {
+                            row[i] *= gt;
+                            acc += row[i] * k[i].to_f32();
+                        }
+                        *partial = acc;
+                    }
+                    let kv_mem = simd_sum(&partials);
+                    let delta = (v[((b * d.t + t) * d.hv + hv) * d.dv + dv].to_f32() - kv_mem) * bt;
+                    for i in 0..d.dk {
+                        row[i] += k[i].to_f32() * delta;
+                    }
+                }
+                state[at..at + d.dk].copy_from_slice(&row);
+            }
+        }
+    }
+}
+
+/// Params: `[B, T, Hk, Hv, Dk, Dv, k/v dtype, beta dtype, has_state]`; inputs:
+/// `k, v, g, beta, [state], lengths (int32 [B])`; output: `state_out`.
+pub(crate) fn run_replay(params: &[i64], mut buffers: Buffers) {
+    let p: Vec<usize> = params.iter().map(|&x| x as usize).collect();
+    let d = Dims {
+        b: p[0],
+        t: p[1],
+        hk: p[2],
+        hv: p[3],
+        dk: p[4],
+        dv: p[5],
+    };
+    let dtype = super::dtype_param(params[6]);
+    let beta_dtype = super::dtype_param(params[7]);
+    let has_state = params[8] != 0;
+    let inputs = &buffers.inputs;
+    let g: &[f32] = typed(inputs[2]);
+    let beta = to_f32_vec(inputs[3], beta_dtype);
+    let state_in = match (has_state, buffers.aliased[0]) {
+        (false, _) => StateIn::Zeros,
+        (true, Some(_)) => StateIn::InPlace,
+        (true, None) => StateIn::Buffer(typed(inputs[4])),
+    };
+    let lengths: &[i32] = typed(inputs[4 + has_state as usize]);
+    let state: &mut [f32] = typed_mut(buffers.outputs[0]);
+    match dtype {
+        Dtype::Bfloat16 => replay::<bf16>(
+            d,
+            typed(inputs[0]),
+            typed(inputs[1]),
+            g,
+            &beta,
+            state_in,
+            lengths,
+            state,
+        ),
+        Dtype::Float16 => replay::<f16>(
+            d,
+            typed(inputs[0]),
+            typed(inputs[1]),
+            g,
+            &beta,
+            state_in,
+            lengths,
+            state,
+        ),
+        Dtype::Float32 => replay::<f32>(
+            d,
+            typed(inputs[0]),
+            typed(inputs[1]),
+            g,
+            &beta,
+            state_in,
+            lengths,
+            state,
+        ),
+        other => panic!(
+            "gated delta state: unsupported input dtype {}",
+            other.name()
+        ),
+    }
+}

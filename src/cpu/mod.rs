@@ -23,6 +23,7 @@ pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
 #[repr(u32)]
 pub enum CpuKernel {
     GatedDelta = 1,
+    GatedDeltaState = 2,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
@@ -79,6 +80,7 @@ fn dtype_param(code: i64) -> Dtype {
 fn run(kernel: u32, params: &[i64], buffers: Buffers) {
     match kernel {
         k if k == CpuKernel::GatedDelta as u32 => gated_delta::run(params, buffers),
+        k if k == CpuKernel::GatedDeltaState as u32 => gated_delta::run_replay(params, buffers),
         k if k == CpuKernel::PanicProbe as u32 => panic!("panic probe kernel ran"),
         other => panic!("unknown CPU kernel {other}"),
     }

@@ -290,3 +290,134 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
     let y = outputs.pop().expect("two outputs");
     Ok((y, state_out))
 }
+
+/// The arrays of one prefix replay (borrowed from the registry) and the accepted lengths.
+pub struct ReplayInputs<'a> {
+    pub k: &'a Array,
+    pub v: &'a Array,
+    pub a: &'a Array,
+    pub b: &'a Array,
+    pub a_log: &'a Array,
+    pub dt_bias: &'a Array,
+    pub state: Option<&'a Array>,
+    pub accepted_lengths: &'a [i32],
+}
+
+/// Validates every argument of `mlxk_gated_delta_state`.
+pub fn check_replay(x: &ReplayInputs) -> Result<(Dims, Dtype)> {
+    let k = ArgInfo::of("k", x.k)?;
+    let v = ArgInfo::of("v", x.v)?;
+    let a = ArgInfo::of("a", x.a)?;
+    let b = ArgInfo::of("b", x.b)?;
+    let a_log = ArgInfo::of("a_log", x.a_log)?;
+    let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
+    k.rank(4, "[B, T, Hk, Dk]")?.float()?;
+    let (bsz, t, hk, dk) = (k.shape[0], k.shape[1], k.shape[2], k.shape[3]);
+    v.rank(4, "[B, T, Hv, Dv]")?
+        .dim(0, "B", bsz, "k")?
+        .dim(1, "T", t, "k")?
+        .same_dtype(&k)?;
+    let (hv, dv) = (v.shape[2], v.shape[3]);
+    check_dims(hk, hv, dk, dv).map_err(|e| match e {
+        Error::Shape(m) => Error::Shape(m.replace("q: ", "k: ")),
+        other => other,
+    })?;
+    for gate in [&a, &b] {
+        gate.rank(3, "[B, T, Hv]")?
+            .dim(0, "B", bsz, "k")?
+            .dim(1, "T", t, "k")?
+            .dim(2, "Hv", hv, "v")?
+            .float()?;
+    }
+    check_gate(&a_log, &a, &dt_bias, hv)?;
+    check_state_and_mask(x.state, None, bsz, t, hv, dv, dk)?;
+    if x.accepted_lengths.len() as i64 != bsz {
+        return Err(Error::InvalidArgument(format!(
+            "accepted_lengths: n_lengths is {}, expected one length per batch row (B = {bsz})",
+            x.accepted_lengths.len()
+        )));
+    }
+    for (row, &len) in x.accepted_lengths.iter().enumerate() {
+        if len < 0 || len as i64 > t {
+            return Err(Error::InvalidArgument(format!(
+                "accepted_lengths[{row}] is {len}; expected 0 <= length <= T ({t})"
+            )));
+        }
+    }
+    let dims = Dims {
+        b: bsz,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    };
+    memory::check_outputs(&[
+        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
+        ("beta (internal)", &[bsz, t, hv], b.dtype),
+    ])?;
+    Ok((dims, k.dtype))
+}
+
+/// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.
+pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
+    let (d, dtype) = check_replay(x)?;
+    let gpu = matches!(backend, Backend::Metal { gpu: true });
+    let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
+    let beta = bridge::sigmoid(x.b, gpu)?;
+    let lengths: Vec<u8> = x
+        .accepted_lengths
+        .iter()
+        .flat_map(|l| l.to_ne_bytes())
+        .collect();
+    let lengths = bridge::array_from_bytes(&lengths, &[d.b as i32], Dtype::Int32 as i32)?;
+    let mut outputs = match backend {
+        Backend::Cpu => {
+            let mut inputs: Vec<&Array> = vec![x.k, x.v, &g, &beta];
+            let state_index = x.state.map(|s| {
+                inputs.push(s);
+                inputs.len() as i32 - 1
+            });
+            inputs.push(&lengths);
+            let launch = CpuLaunch {
+                kernel: CpuKernel::GatedDeltaState as u32,
+                params: vec![
+                    d.b,
+                    d.t,
+                    d.hk,
+                    d.hv,
+                    d.dk,
+                    d.dv,
+                    dtype as i64,
+                    bridge::array_dtype(&beta) as i64,
+                    x.state.is_some() as i64,
+                ],
+                output_dims: vec![d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+                output_ndims: vec![4],
+                output_dtypes: vec![Dtype::Float32 as i32],
+                donate_from: vec![state_index.unwrap_or(-1)],
+            };
+            take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
+        }
+        Backend::Metal { gpu } => {
+            let zeros;
+            let state = match x.state {
+                Some(s) => s,
+                None => {
+                    zeros = bridge::array_zeros(
+                        &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+                        Dtype::Float32 as i32,
+                    )?;
+                    &zeros
+                }
+            };
+            let t_in =
+                bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?;
+            let inputs: Vec<&Array> = vec![x.k, x.v, &g, &beta, state, &t_in, &lengths];
+            let launch = metal::gated_delta_state_launch(d);
+            take(&*bridge::metal_kernel_op(&launch, &list(&inputs), gpu)?)
+        }
+    };
+    Ok(outputs.pop().expect("one output"))
+}

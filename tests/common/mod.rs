@@ -265,3 +265,110 @@ impl Recurrence {
         }
     }
 }
+
+/// Host-side bf16 inputs of a recurrence, from which windows of tokens become handles.
+pub struct HostRecurrence {
+    pub dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    pub q: Vec<u16>,
+    pub k: Vec<u16>,
+    pub v: Vec<u16>,
+    pub a: Vec<u16>,
+    pub b: Vec<u16>,
+    pub a_log: Vec<f32>,
+    pub dt_bias: Vec<u16>,
+}
+
+impl HostRecurrence {
+    pub fn random(rng: &mut Rng, dims: [usize; 6]) -> Self {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let mut norm = |scale: f32| -> Vec<u16> {
+            let mut x = rng.vec(b * t * hk * dk, 1.0);
+            for head in x.chunks_mut(dk) {
+                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+                head.iter_mut().for_each(|v| *v = *v / n * scale);
+            }
+            x.iter().map(|&v| bf16_bits(v)).collect()
+        };
+        let q = norm((dk as f32).powf(-0.5));
+        let k = norm(1.0);
+        let bits = |v: Vec<f32>| -> Vec<u16> { v.iter().map(|&x| bf16_bits(x)).collect() };
+        HostRecurrence {
+            dims,
+            q,
+            k,
+            v: bits(rng.vec(b * t * hv * dv, 1.0)),
+            a: bits(rng.vec(b * t * hv, 2.0)),
+            b: bits(rng.vec(b * t * hv, 2.0)),
+            a_log: rng.vec(hv, 1.0),
+            dt_bias: bits(rng.vec(hv, 1.0)),
+        }
+    }
+
+    /// Handles for tokens `[t0, t1)` of every row (state and mask left to the caller).
+    pub fn window(&self, t0: usize, t1: usize) -> Recurrence {
+        let [b, t, hk, hv, dk, dv] = self.dims;
+        let w = t1 - t0;
+        let cut = |x: &[u16], per: usize| -> Vec<u16> {
+            (0..b)
+                .flat_map(|row| x[(row * t + t0) * per..(row * t + t1) * per].to_vec())
+                .collect()
+        };
+        let bf = |x: Vec<u16>, shape: &[i32]| new_bytes(as_bytes(&x), shape, MLXK_DTYPE_BFLOAT16);
+        let (bi, wi, hki, hvi, dki, dvi) = (
+            b as i32, w as i32, hk as i32, hv as i32, dk as i32, dv as i32,
+        );
+        Recurrence {
+            dims: [b, w, hk, hv, dk, dv],
+            q: bf(cut(&self.q, hk * dk), &[bi, wi, hki, dki]),
+            k: bf(cut(&self.k, hk * dk), &[bi, wi, hki, dki]),
+            v: bf(cut(&self.v, hv * dv), &[bi, wi, hvi, dvi]),
+            a: bf(cut(&self.a, hv), &[bi, wi, hvi]),
+            b: bf(cut(&self.b, hv), &[bi, wi, hvi]),
+            a_log: new_f32(&self.a_log, &[hvi]),
+            dt_bias: bf(self.dt_bias.clone(), &[hvi]),
+            state: None,
+            mask: None,
+        }
+    }
+}
+
+impl Recurrence {
+    /// Runs the prefix replay on these inputs (q unused).
+    pub fn replay(&self, lengths: &[i32]) -> (mlxk_status, H) {
+        let [_, k, v, a, b, al, dt, s, _] = self.args();
+        let mut out = null_mut();
+        let status = unsafe {
+            mlxk_gated_delta_state(
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                s,
+                lengths.as_ptr(),
+                lengths.len(),
+                &mut out,
+            )
+        };
+        (status, out)
+    }
+
+    /// Frees everything but the state (which the caller owns).
+    pub fn free_inputs(self) {
+        for h in [
+            self.q,
+            self.k,
+            self.v,
+            self.a,
+            self.b,
+            self.a_log,
+            self.dt_bias,
+        ] {
+            free(h);
+        }
+        if let Some(m) = self.mask {
+            free(m);
+        }
+    }
+}

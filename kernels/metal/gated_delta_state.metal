@@ -1,0 +1,43 @@
+// Prefix-state replay: the recurrence of gated_delta.metal without the query/output, each row
+// b replaying its first lengths[b] tokens. Derived from mlx-lm's `gated_delta_step` kernel,
+// Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md). The host validates every
+// length (0 <= lengths[b] <= T): this text does not clamp.
+// Launch: grid (32, Dv, B * Hv), threadgroup (32, 4, 1); template Dk, Dv, Hk, Hv.
+  const int T = Tin[0];
+  auto n = thread_position_in_grid.z;
+  auto b_idx = n / Hv;
+  auto hv_idx = n % Hv;
+  auto hk_idx = hv_idx / (Hv / Hk);
+  constexpr int n_per_t = Dk / 32;
+  auto dk_idx = thread_position_in_threadgroup.x;
+  auto dv_idx = thread_position_in_grid.y;
+  auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
+  auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
+  auto g_ = g + b_idx * T * Hv;
+  auto beta_ = beta + b_idx * T * Hv;
+  auto i_state = state_in + (n * Dv + dv_idx) * Dk;
+  auto o_state = state_out + (n * Dv + dv_idx) * Dk;
+  float state[n_per_t];
+  for (int i = 0; i < n_per_t; ++i)
+    state[i] = static_cast<float>(i_state[n_per_t * dk_idx + i]);
+  const int keep = lengths[b_idx];
+  for (int t = 0; t < keep; ++t) {
+    float kv_mem = 0.0f;
+    for (int i = 0; i < n_per_t; ++i) {
+      auto s_idx = n_per_t * dk_idx + i;
+      state[i] = state[i] * g_[hv_idx];
+      kv_mem += state[i] * k_[s_idx];
+    }
+    kv_mem = simd_sum(kv_mem);
+    auto delta = (v_[dv_idx] - kv_mem) * beta_[hv_idx];
+    for (int i = 0; i < n_per_t; ++i) {
+      auto s_idx = n_per_t * dk_idx + i;
+      state[i] = state[i] + k_[s_idx] * delta;
+    }
+    k_ += Hk * Dk;
+    v_ += Hv * Dv;
+    g_ += Hv;
+    beta_ += Hv;
+  }
+  for (int i = 0; i < n_per_t; ++i)
+    o_state[n_per_t * dk_idx + i] = state[i];
