@@ -116,19 +116,14 @@ fn generate_header(manifest_dir: &Path, out_dir: &Path) {
     );
     config.after_includes = Some(config.after_includes.unwrap_or_default() + &versions);
     println!("cargo:rustc-env=MLXK_ABI_VERSION={abi}");
-    // The C surface lives in src/capi/, one file per header group, read in name order.
-    let mut sources: Vec<PathBuf> = fs::read_dir(manifest_dir.join("src/capi"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "rs"))
-        .collect();
-    sources.sort();
-    let mut builder = cbindgen::Builder::new().with_config(config);
-    for source in &sources {
-        println!("cargo:rerun-if-changed={}", source.display());
-        builder = builder.with_src(source);
+    // The C surface lives in src/capi/, one file per header group; cbindgen follows the
+    // `pub mod` lines of src/capi/mod.rs to the others.
+    for entry in fs::read_dir(manifest_dir.join("src/capi")).unwrap() {
+        println!("cargo:rerun-if-changed={}", entry.unwrap().path().display());
     }
-    let header = builder
+    let header = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(manifest_dir.join("src/capi/mod.rs"))
         .generate()
         .expect("cbindgen failed to generate include/mlxkern.h");
     header.write_to_file(out_dir.join("mlxkern.h"));
