@@ -392,6 +392,19 @@ mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlx
 mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const int32_t *accepted_lengths, size_t n_lengths, struct mlxk_array **state_out);
 
 /**
+ * Gated RMSNorm over the last axis (mlx-lm's `Qwen3NextRMSNormGated`):
+ * `out = T(silu_f32(gate) · f32(T(weight · T(x · rsqrt(mean(x²) + eps)))))`.
+ *
+ * Arguments: `x [..., D]` (float), `gate` of x's shape (any float dtype), `weight [D]` in x's
+ * dtype (MLXK_ERR_DTYPE otherwise: cast mlx-lm's float32 module weight to the model dtype),
+ * `eps` finite and >= 0. Any width D >= 1. Result: `*out`, x's shape and dtype.
+ *
+ * Ownership: inputs borrowed; `*out` is a new handle. NULL: none may be NULL. Errors:
+ * MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_ARGUMENT (eps). Thread: any. Lazy.
+ */
+mlxk_status mlxk_gated_rms_norm(const struct mlxk_array *x, const struct mlxk_array *gate, const struct mlxk_array *weight, float eps, struct mlxk_array **out);
+
+/**
  * Writes the canonical layout of one expert slot for `hidden` x `intermediate` in format Q`bits`
  * (4 or 8) with `group_size` (32, 64 or 128) to `*out`: gate, up and down weights, then gate,
  * up and down scales, each starting on a MLXK_GLM52_EXPERT_SLOT_ALIGNMENT (16 KiB) boundary;
@@ -427,6 +440,23 @@ mlxk_status mlxk_glm52_layout_canonical(uint64_t hidden, uint64_t intermediate, 
  * lazy.
  */
 mlxk_status mlxk_glm52_layout_validate(const struct mlxk_glm52_layout *layout, uint32_t bits, uint32_t group_size);
+
+/**
+ * The Qwen3.5 head split of the depthwise convolution's output `x [B, S, 2·Hk·Dk + Hv·Dv]`
+ * (channels q | k | v, before the SiLU): SiLU on every channel with MLX's rounding points,
+ * then q and k RMS-normalized per head and scaled, v activated only:
+ * `q = q_scale · T(silu · rsqrt(mean(silu²) + eps))`, likewise k with `k_scale`.
+ *
+ * Arguments: `q_scale`, `k_scale` [Dk] in x's dtype (mlx-lm: Dk^-1 and Dk^-1/2, rounded to
+ * the dtype), `key_heads` Hk, `value_heads` Hv, `value_width` Dv; Dk and Dv in [1, 128];
+ * `eps` finite and >= 0 (mlx-lm 0.32.2: 1e-6 / Dk). Results: `*q`, `*k` [B, S, Hk, Dk] and
+ * `*v` [B, S, Hv, Dv], contiguous, in x's dtype.
+ *
+ * Ownership: inputs borrowed; three new handles. NULL: none may be NULL. Errors:
+ * MLXK_ERR_SHAPE (ranks, channel count, Dk), MLXK_ERR_DTYPE (scale dtype differs from x),
+ * MLXK_ERR_INVALID_ARGUMENT (head counts, value_width, eps). Thread: any. Lazy.
+ */
+mlxk_status mlxk_silu_rms_heads(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, struct mlxk_array **q, struct mlxk_array **k, struct mlxk_array **v);
 
 /**
  * The message of the last failed call on the calling thread ("" if none failed yet). It names

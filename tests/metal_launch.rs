@@ -51,3 +51,59 @@ fn the_embedded_source_is_the_kernel_file() {
     .unwrap();
     assert_eq!(file, GATED_DELTA_SOURCE);
 }
+
+#[test]
+fn replay_head_split_and_gated_norm_launches() {
+    let d = Dims {
+        b: 2,
+        t: 8,
+        hk: 16,
+        hv: 32,
+        dk: 128,
+        dv: 128,
+    };
+    let l = gated_delta_state_launch(d);
+    assert_eq!((l.grid, l.threadgroup), ([32, 128, 64], [32, 4, 1]));
+    assert_eq!(
+        l.input_names,
+        ["k", "v", "g", "beta", "state_in", "Tin", "lengths"]
+    );
+    assert_eq!(l.source, GATED_DELTA_STATE_SOURCE);
+
+    let h = HeadSplitDims {
+        b: 2,
+        s: 3,
+        hk: 16,
+        hv: 32,
+        dk: 128,
+        dv: 128,
+    };
+    let l = silu_rms_heads_launch(h, Dtype::Bfloat16, 1e-6 / 128.0);
+    assert_eq!((l.grid, l.threadgroup), ([32 * 64, 6, 1], [32, 1, 1]));
+    assert_eq!(l.template_int_names, ["C", "HK", "HV", "DK", "DV", "EPS"]);
+    assert_eq!(l.template_int_values[0], 2 * 16 * 128 + 32 * 128);
+    assert_eq!(
+        f32::from_bits(l.template_int_values[5] as u32),
+        1e-6 / 128.0
+    );
+    assert_eq!(l.output_dims, [2, 3, 16, 128, 2, 3, 16, 128, 2, 3, 32, 128]);
+
+    for (width, threads) in [
+        (64, 32),
+        (128, 32),
+        (129, 64),
+        (256, 64),
+        (1000, 256),
+        (4096, 1024),
+        (9000, 1024),
+    ] {
+        assert_eq!(gated_rms_norm_threads(width), threads);
+        let l = gated_rms_norm_launch(&[3, 5, width], Dtype::Float16, 1e-6);
+        assert_eq!(l.grid, [(15 * threads) as i32, 1, 1]);
+        assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
+        assert_eq!(
+            l.template_int_values,
+            [width as i32, threads as i32, 1e-6f32.to_bits() as i32]
+        );
+    }
+}

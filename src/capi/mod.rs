@@ -15,7 +15,9 @@ use crate::error::{Error, Result};
 pub mod array;
 pub mod device;
 pub mod gated_delta;
+pub mod gated_rms_norm;
 pub mod glm52;
+pub mod silu_rms_heads;
 pub mod status;
 
 use status::*;

@@ -12,7 +12,10 @@ use crate::error::KERNEL_PANIC_TAG;
 
 pub mod elem;
 pub mod gated_delta;
+pub mod gated_rms_norm;
+pub mod math;
 pub mod reduce;
+pub mod silu_rms_heads;
 
 /// Outputs that took over an input's buffer (for tests of the in-place state update).
 pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
@@ -24,6 +27,8 @@ pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
 pub enum CpuKernel {
     GatedDelta = 1,
     GatedDeltaState = 2,
+    SiluRmsHeads = 3,
+    GatedRmsNorm = 4,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
@@ -81,6 +86,8 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
     match kernel {
         k if k == CpuKernel::GatedDelta as u32 => gated_delta::run(params, buffers),
         k if k == CpuKernel::GatedDeltaState as u32 => gated_delta::run_replay(params, buffers),
+        k if k == CpuKernel::SiluRmsHeads as u32 => silu_rms_heads::run(params, buffers),
+        k if k == CpuKernel::GatedRmsNorm as u32 => gated_rms_norm::run(params, buffers),
         k if k == CpuKernel::PanicProbe as u32 => panic!("panic probe kernel ran"),
         other => panic!("unknown CPU kernel {other}"),
     }

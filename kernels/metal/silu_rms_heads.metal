@@ -1,0 +1,37 @@
+// SiLU + RMS head split of the convolution output into q, k (normalized, scaled) and v.
+// RMS reduction adapted from MLX's rms_norm kernel, Copyright © 2024 Apple Inc., MIT license
+// (THIRD_PARTY_NOTICES.md). eps arrives as its float32 bit pattern (template EPS).
+// Launch: grid (32 * (2 * HK + HV), B * S, 1), threadgroup (32, 1, 1); template T, C, HK, HV,
+// DK, DV, EPS. Heads of up to 128 values: lane l owns columns [4l, 4l + 4).
+  const uint lane = thread_index_in_simdgroup;
+  const uint head = threadgroup_position_in_grid.x;
+  const uint row = threadgroup_position_in_grid.y;
+  const bool normalize = head < uint(2 * HK);
+  const uint width = normalize ? uint(DK) : uint(DV);
+  const uint channel = normalize ? head * uint(DK)
+    : uint(2 * HK * DK) + (head - uint(2 * HK)) * uint(DV);
+  T values[4];
+  float sum = 0.0f;
+  for (uint i = 0; i < 4u; ++i) {
+    const uint col = lane * 4u + i;
+    const T value = col < width ? x[row * uint(C) + channel + col] : T(0);
+    const auto y = 1 / (1 + metal::exp(metal::abs(value)));
+    const T sigmoid = T(value < T(0) ? y : 1 - y);
+    values[i] = T(value * sigmoid);
+    const float activated = float(values[i]);
+    sum += activated * activated;
+  }
+  if (normalize) {
+    sum = metal::simd_sum(sum);
+    const float inv = metal::precise::rsqrt(sum / float(DK) + as_type<float>(uint(EPS)));
+    const uint index = (row * uint(HK) + head % uint(HK)) * uint(DK) + lane * 4u;
+    for (uint i = 0; i < 4u; ++i) {
+      if (lane * 4u + i >= uint(DK)) continue;
+      const T normalized = T(float(values[i]) * inv);
+      if (head < uint(HK)) q[index + i] = qscale[lane * 4u + i] * normalized;
+      else k[index + i] = kscale[lane * 4u + i] * normalized;
+    }
+  } else {
+    const uint index = (row * uint(HV) + head - uint(2 * HK)) * uint(DV) + lane * 4u;
+    for (uint i = 0; i < 4u; ++i) if (lane * 4u + i < uint(DV)) v[index + i] = values[i];
+  }

@@ -1,0 +1,62 @@
+//! `mlxk_gated_rms_norm`: Qwen's RMSNormGated.
+
+use super::status::mlxk_status;
+use super::{boundary, mlxk_array, out_ptr};
+use crate::ops::device;
+use crate::ops::gated_rms_norm::{self as ops, Inputs};
+use crate::registry;
+
+fn norm(
+    function: &str,
+    gpu: Option<bool>,
+    arrays: [*const mlxk_array; 3],
+    eps: f32,
+    out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        let out = out_ptr(out, "out")?;
+        let mut mlx = registry::lock();
+        let inputs = Inputs {
+            x: mlx.get(arrays[0], "x")?,
+            gate: mlx.get(arrays[1], "gate")?,
+            weight: mlx.get(arrays[2], "weight")?,
+            eps,
+        };
+        let gpu = gpu.or_else(|| device::gpu().then_some(true));
+        let result = ops::norm(&inputs, gpu)?;
+        // SAFETY: checked non-NULL.
+        unsafe { *out = mlx.insert(result) };
+        Ok(())
+    })
+}
+
+/// Gated RMSNorm over the last axis (mlx-lm's `Qwen3NextRMSNormGated`):
+/// `out = T(silu_f32(gate) · f32(T(weight · T(x · rsqrt(mean(x²) + eps)))))`.
+///
+/// Arguments: `x [..., D]` (float), `gate` of x's shape (any float dtype), `weight [D]` in x's
+/// dtype (MLXK_ERR_DTYPE otherwise: cast mlx-lm's float32 module weight to the model dtype),
+/// `eps` finite and >= 0. Any width D >= 1. Result: `*out`, x's shape and dtype.
+///
+/// Ownership: inputs borrowed; `*out` is a new handle. NULL: none may be NULL. Errors:
+/// MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_ARGUMENT (eps). Thread: any. Lazy.
+#[no_mangle]
+pub extern "C" fn mlxk_gated_rms_norm(
+    x: *const mlxk_array,
+    gate: *const mlxk_array,
+    weight: *const mlxk_array,
+    eps: f32,
+    out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    norm("mlxk_gated_rms_norm", None, [x, gate, weight], eps, out)
+}
+
+/// `mlxk_gated_rms_norm` through the Metal launch. Not part of the C ABI.
+#[doc(hidden)]
+pub fn gated_rms_norm_via_metal(
+    gpu: bool,
+    arrays: [*const mlxk_array; 3],
+    eps: f32,
+    out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    norm("mlxk_gated_rms_norm (Metal)", Some(gpu), arrays, eps, out)
+}
