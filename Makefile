@@ -30,10 +30,8 @@ build: bootstrap
 header: bootstrap
 	MLXK_UPDATE_HEADER=1 $(CARGO) test --test header
 
-$(BUILD):
+demo: build
 	@mkdir -p $(BUILD)
-
-demo: build | $(BUILD)
 	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
@@ -45,7 +43,8 @@ test-rust:
 test-oracle: build
 	$(PY) tests/oracle/run.py
 
-test-c: build | $(BUILD)
+test-c: build
+	@mkdir -p $(BUILD)
 	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./tests/c/run.sh
 
 clean:

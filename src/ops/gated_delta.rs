@@ -76,7 +76,10 @@ pub fn check_compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Vec<
             "a: expected rank >= 1 [..., Hv], got a scalar (rank 0)".into(),
         ));
     }
-    let hv = *a.shape.last().unwrap();
+    a_log.rank(1, "[Hv]")?;
+    let hv = a_log.shape[0];
+    let last = a.shape.len() - 1;
+    a.dim(last, "Hv", hv, "a_log")?;
     check_gate(&a_log, &a, &dt_bias, hv)?;
     memory::check_outputs(&[("g", &a.shape, Dtype::Float32)])?;
     Ok(a.shape.clone())
@@ -119,7 +122,7 @@ pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
             .float()?;
     }
     check_gate(&a_log, &a, &dt_bias, hv)?;
-    check_state_and_mask(x.state, x.mask, bsz, t, hv, dv, dk)?;
+    check_state_and_mask(x.state, x.mask, "q", bsz, t, hv, dv, dk)?;
     let dims = Dims {
         b: bsz,
         t,
@@ -168,6 +171,7 @@ pub fn check_dims(hk: i64, hv: i64, dk: i64, dv: i64) -> Result<()> {
 pub fn check_state_and_mask(
     state: Option<&Array>,
     mask: Option<&Array>,
+    keys: &str,
     bsz: i64,
     t: i64,
     hv: i64,
@@ -177,10 +181,10 @@ pub fn check_state_and_mask(
     if let Some(state) = state {
         let s = ArgInfo::of("state", state)?;
         s.rank(4, "[B, Hv, Dv, Dk]")?
-            .dim(0, "B", bsz, "q")?
+            .dim(0, "B", bsz, keys)?
             .dim(1, "Hv", hv, "v")?
             .dim(2, "Dv", dv, "v")?
-            .dim(3, "Dk", dk, "q")?;
+            .dim(3, "Dk", dk, keys)?;
         if s.dtype != Dtype::Float32 {
             return Err(Error::Dtype(format!(
                 "state: dtype {} is not accepted (the recurrent state is float32 only)",
@@ -330,7 +334,7 @@ pub fn check_replay(x: &ReplayInputs) -> Result<(Dims, Dtype)> {
             .float()?;
     }
     check_gate(&a_log, &a, &dt_bias, hv)?;
-    check_state_and_mask(x.state, None, bsz, t, hv, dv, dk)?;
+    check_state_and_mask(x.state, None, "k", bsz, t, hv, dv, dk)?;
     if x.accepted_lengths.len() as i64 != bsz {
         return Err(Error::InvalidArgument(format!(
             "accepted_lengths: n_lengths is {}, expected one length per batch row (B = {bsz})",
