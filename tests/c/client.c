@@ -813,8 +813,9 @@ static void test_compute_g(void) {
             const char *fn = "mlxk_compute_g";
             EXPECT_ERROR(mlxk_compute_g(rank2, aa, dd, &out), MLXK_ERR_SHAPE, fn,
                          ": a_log: expected rank 1");
+            /* Hv comes from a_log; a's last dimension must match it. */
             EXPECT_ERROR(mlxk_compute_g(len5, aa, dd, &out), MLXK_ERR_SHAPE, fn,
-                         ": a_log: dimension 0 (Hv) is 5");
+                         ": a: dimension 2 (Hv) is 4, expected 5 (Hv of a_log)");
             EXPECT_ERROR(mlxk_compute_g(int_hv, aa, dd, &out), MLXK_ERR_DTYPE, fn,
                          ": a_log: dtype int32");
             EXPECT_ERROR(mlxk_compute_g(f16_log, aa, dd, &out), MLXK_ERR_DTYPE, fn,
@@ -827,7 +828,7 @@ static void test_compute_g(void) {
             EXPECT_ERROR(mlxk_compute_g(la, scalar, dd, &out), MLXK_ERR_SHAPE, fn, ": a: expected rank");
             /* a [2, 2] says Hv = 2; a_log has 4. */
             EXPECT_ERROR(mlxk_compute_g(la, rank2, dd, &out), MLXK_ERR_SHAPE, fn,
-                         "(Hv) is 4, expected 2");
+                         ": a: dimension 1 (Hv) is 2, expected 4 (Hv of a_log)");
             EXPECT_ERROR(mlxk_compute_g(NULL, aa, dd, &out), MLXK_ERR_NULL_POINTER, fn,
                          ": a_log is NULL");
             EXPECT_ERROR(mlxk_compute_g(la, NULL, dd, &out), MLXK_ERR_NULL_POINTER, fn, ": a is NULL");
