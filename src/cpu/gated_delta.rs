@@ -1,15 +1,38 @@
-//! The gated-delta recurrence on the CPU, in the Metal kernel's order: per value row, lane `l`
-//! of 32 owns state elements `[l·n, (l+1)·n)` (n = Dk/32) and sums its products sequentially in
-//! f32; the lane partials meet in the xor butterfly (`reduce::simd_sum`). No FMA contraction.
+//! The gated-delta recurrence and its prefix replay on the CPU, in the Metal kernel's order:
+//! per value row, lane `l` of 32 owns state elements `[l·n, (l+1)·n)` (n = Dk/32) and sums its
+//! products sequentially in f32; the lane partials meet in the xor butterfly
+//! (`reduce::simd_sum`). No FMA contraction anywhere.
+//!
+//! The gates are fused in: beta = sigmoid(b) and g = exp(-exp(A_log) · softplus(a + dt_bias))
+//! are computed here with MLX's CPU formulas and rounding points (`cpu::math`), so one kernel
+//! node replaces seven MLX ops and stays bit-identical to `mlxk_compute_g`.
+//!
+//! Work is split by (batch row, value head) over the worker pool. Within a head, tokens are
+//! processed in tiles; each value row keeps its state in registers/L1 across a tile. With AVX2
+//! and Dk = 128 a vectorized row kernel runs (8 lanes' partials per register, the butterfly as
+//! fixed shuffles); elsewhere the portable row kernel. Both compute identical bits.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::{bf16, f16};
 
 use super::elem::Elem;
+use super::math::{exp, sigmoid, softplus};
 use super::reduce::simd_sum;
-use super::{to_f32_vec, typed, typed_mut, Buffers};
+use super::{pool, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 
-/// Dimensions of one call (see `ops::gated_delta::Dims`), as usize.
+/// Tokens per tile: a tile's keys and queries (2 · 64 · Dk f32) stay in L2.
+const TILE: usize = 64;
+
+/// Value rows the vectorized kernel interleaves.
+const ROWS: usize = 4;
+
+/// Forces the portable row kernel (tests compare it with the vectorized one).
+pub(crate) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+/// Dimensions of one call, as usize.
 #[derive(Debug, Clone, Copy)]
 pub struct Dims {
     pub b: usize,
@@ -21,6 +44,7 @@ pub struct Dims {
 }
 
 /// Where the initial state comes from.
+#[derive(Clone, Copy)]
 pub enum StateIn<'a> {
     /// No state given: start from zeros.
     Zeros,
@@ -30,208 +54,519 @@ pub enum StateIn<'a> {
     InPlace,
 }
 
-/// One value row's state update for one token; returns (new row in `s`, y value in f32).
-#[inline(always)]
-fn token_step<T: Elem>(s: &mut [f32], k: &[T], q: &[T], v: f32, g: f32, beta: f32) -> f32 {
-    let n = s.len() / 32;
-    let mut partials = [0f32; 32];
-    for (lane, partial) in partials.iter_mut().enumerate() {
-        let mut acc = 0.0f32;
-        for i in lane * n..(lane + 1) * n {
-            s[i] *= g;
-            acc += s[i] * k[i].to_f32();
-        }
-        *partial = acc;
-    }
-    let kv_mem = simd_sum(&partials);
-    let delta = (v - kv_mem) * beta;
-    for (lane, partial) in partials.iter_mut().enumerate() {
-        let mut acc = 0.0f32;
-        for i in lane * n..(lane + 1) * n {
-            s[i] += k[i].to_f32() * delta;
-            acc += s[i] * q[i].to_f32();
-        }
-        *partial = acc;
-    }
-    simd_sum(&partials)
+/// The gate inputs in their own dtypes.
+#[derive(Clone, Copy)]
+pub struct GateInputs<'a> {
+    pub a: &'a [u8],
+    pub a_dtype: Dtype,
+    pub b: &'a [u8],
+    pub b_dtype: Dtype,
+    pub a_log: &'a [u8],
+    pub a_log_dtype: Dtype,
+    pub dt_bias: &'a [u8],
+    pub dt_bias_dtype: Dtype,
 }
 
-/// The recurrence over all rows, tokens and heads. `g`, `beta` are `[B, T, Hv]` (f32 values),
-/// `mask` `[B, T]` bytes (0 = padding). Writes `y [B, T, Hv, Dv]` and `state [B, Hv, Dv, Dk]`.
-#[allow(clippy::too_many_arguments)]
-pub fn recurrence<T: Elem>(
-    d: Dims,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    g: &[f32],
-    beta: &[f32],
-    state_in: StateIn,
-    mask: Option<&[u8]>,
-    y: &mut [T],
-    state: &mut [f32],
-) {
-    let group = d.hv / d.hk;
-    let mut row = vec![0f32; d.dk];
-    for b in 0..d.b {
-        for hv in 0..d.hv {
-            let hk = hv / group;
-            for dv in 0..d.dv {
-                let at = ((b * d.hv + hv) * d.dv + dv) * d.dk;
-                match &state_in {
-                    StateIn::Zeros => row.fill(0.0),
-                    StateIn::Buffer(s) => row.copy_from_slice(&s[at..at + d.dk]),
-                    StateIn::InPlace => row.copy_from_slice(&state[at..at + d.dk]),
-                }
-                for t in 0..d.t {
-                    let y_at = ((b * d.t + t) * d.hv + hv) * d.dv + dv;
-                    if mask.is_some_and(|m| m[b * d.t + t] == 0) {
-                        y[y_at] = T::from_f32(0.0);
-                        continue;
-                    }
-                    let gate = (b * d.t + t) * d.hv + hv;
-                    let qk_at = ((b * d.t + t) * d.hk + hk) * d.dk;
-                    let out = token_step(
-                        &mut row,
-                        &k[qk_at..qk_at + d.dk],
-                        &q[qk_at..qk_at + d.dk],
-                        v[((b * d.t + t) * d.hv + hv) * d.dv + dv].to_f32(),
-                        g[gate],
-                        beta[gate],
-                    );
-                    y[y_at] = T::from_f32(out);
-                }
-                state[at..at + d.dk].copy_from_slice(&row);
-            }
-        }
+/// MLX's type promotion among the float dtypes.
+fn promote(x: Dtype, y: Dtype) -> Dtype {
+    if x == y {
+        x
+    } else {
+        Dtype::Float32
     }
 }
 
-/// Decodes the primitive's parameters and buffers, then runs [`recurrence`].
-/// Params: `[B, T, Hk, Hv, Dk, Dv, qkv dtype, beta dtype, has_state, has_mask]`;
-/// inputs: `q, k, v, g, beta, [state], [mask]`; outputs: `y, state_out`.
-pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
-    let p: Vec<usize> = params.iter().map(|&x| x as usize).collect();
-    let d = Dims {
-        b: p[0],
-        t: p[1],
-        hk: p[2],
-        hv: p[3],
-        dk: p[4],
-        dv: p[5],
-    };
-    let dtype = super::dtype_param(params[6]);
-    let beta_dtype = super::dtype_param(params[7]);
-    let (has_state, has_mask) = (params[8] != 0, params[9] != 0);
-    let inputs = &buffers.inputs;
-    let g: &[f32] = typed(inputs[3]);
-    let beta = to_f32_vec(inputs[4], beta_dtype);
-    let state_in = match (has_state, buffers.aliased[1]) {
-        (false, _) => StateIn::Zeros,
-        (true, Some(_)) => StateIn::InPlace,
-        (true, None) => StateIn::Buffer(typed(inputs[5])),
-    };
-    let mask = has_mask.then(|| inputs[5 + has_state as usize]);
-    let (y, rest) = buffers.outputs.split_at_mut(1);
-    let state: &mut [f32] = typed_mut(rest[0]);
+fn value(bytes: &[u8], dtype: Dtype, i: usize) -> f32 {
     match dtype {
-        Dtype::Bfloat16 => recurrence::<bf16>(
-            d,
-            typed(inputs[0]),
-            typed(inputs[1]),
-            typed(inputs[2]),
-            g,
-            &beta,
-            state_in,
-            mask,
-            typed_mut(y[0]),
-            state,
-        ),
-        Dtype::Float16 => recurrence::<f16>(
-            d,
-            typed(inputs[0]),
-            typed(inputs[1]),
-            typed(inputs[2]),
-            g,
-            &beta,
-            state_in,
-            mask,
-            typed_mut(y[0]),
-            state,
-        ),
-        Dtype::Float32 => recurrence::<f32>(
-            d,
-            typed(inputs[0]),
-            typed(inputs[1]),
-            typed(inputs[2]),
-            g,
-            &beta,
-            state_in,
-            mask,
-            typed_mut(y[0]),
-            state,
-        ),
-        other => panic!("gated delta: unsupported input dtype {}", other.name()),
+        Dtype::Float32 => typed::<f32>(bytes)[i],
+        Dtype::Bfloat16 => typed::<bf16>(bytes)[i].to_f32(),
+        Dtype::Float16 => Elem::to_f32(typed::<f16>(bytes)[i]),
+        other => panic!("gate input of dtype {}", other.name()),
     }
 }
 
-/// The prefix replay: the state after row b's first `lengths[b]` tokens, computed exactly as
-/// [`recurrence`] computes it (same per-element operations, same lane order), without y.
-#[allow(clippy::too_many_arguments)]
-pub fn replay<T: Elem>(
+fn round(dtype: Dtype, x: f32) -> f32 {
+    match dtype {
+        Dtype::Float32 => x,
+        Dtype::Bfloat16 => bf16::from_f32(x).to_f32(),
+        Dtype::Float16 => Elem::to_f32(<f16 as Elem>::from_f32(x)),
+        other => panic!("rounding to {}", other.name()),
+    }
+}
+
+/// `g = exp(-exp(f32(A_log)) · softplus(a + dt_bias))` for element `i` of `a [.., Hv]`, with
+/// MLX's promotion: `a + dt_bias` and softplus in the promoted dtype of a and dt_bias, the
+/// product and the outer exp in f32.
+fn gate_g(x: &GateInputs, i: usize, hv: usize, decay: &[f32]) -> f32 {
+    let sum_dtype = promote(x.a_dtype, x.dt_bias_dtype);
+    let sum = round(
+        sum_dtype,
+        value(x.a, x.a_dtype, i) + value(x.dt_bias, x.dt_bias_dtype, i % hv),
+    );
+    let sp = match sum_dtype {
+        Dtype::Bfloat16 => softplus::<bf16>(sum),
+        Dtype::Float16 => softplus::<f16>(sum),
+        _ => softplus::<f32>(sum),
+    };
+    exp(decay[i % hv] * sp)
+}
+
+fn gate_beta(x: &GateInputs, i: usize) -> f32 {
+    let b = value(x.b, x.b_dtype, i);
+    match x.b_dtype {
+        Dtype::Bfloat16 => sigmoid::<bf16>(b),
+        Dtype::Float16 => sigmoid::<f16>(b),
+        _ => sigmoid::<f32>(b),
+    }
+}
+
+/// g and beta for every `[B, T, Hv]` position, as f32.
+pub fn gates(x: &GateInputs, count: usize, hv: usize) -> (Vec<f32>, Vec<f32>) {
+    let decay: Vec<f32> = (0..hv)
+        .map(|h| -exp(value(x.a_log, x.a_log_dtype, h)))
+        .collect();
+    let g = (0..count).map(|i| gate_g(x, i, hv, &decay)).collect();
+    let beta = (0..count).map(|i| gate_beta(x, i)).collect();
+    (g, beta)
+}
+
+/// Raw output pointers shared by the jobs of one call; each job writes a disjoint part.
+#[derive(Clone, Copy)]
+struct Out<T> {
+    y: *mut T,
+    state: *mut f32,
+}
+// SAFETY: jobs write disjoint (batch row, head) blocks; the pool joins before the call ends.
+unsafe impl<T> Send for Out<T> {}
+unsafe impl<T> Sync for Out<T> {}
+
+/// One call's inputs, shared read-only by the jobs.
+struct Problem<'a, T> {
     d: Dims,
-    k: &[T],
-    v: &[T],
-    g: &[f32],
-    beta: &[f32],
-    state_in: StateIn,
-    lengths: &[i32],
-    state: &mut [f32],
-) {
-    let group = d.hv / d.hk;
-    let mut row = vec![0f32; d.dk];
-    let n = d.dk / 32;
-    for b in 0..d.b {
-        let keep = lengths[b] as usize;
-        assert!(keep <= d.t, "accepted length {keep} exceeds T = {}", d.t);
-        for hv in 0..d.hv {
-            let hk = hv / group;
-            for dv in 0..d.dv {
-                let at = ((b * d.hv + hv) * d.dv + dv) * d.dk;
-                match &state_in {
-                    StateIn::Zeros => row.fill(0.0),
-                    StateIn::Buffer(s) => row.copy_from_slice(&s[at..at + d.dk]),
-                    StateIn::InPlace => row.copy_from_slice(&state[at..at + d.dk]),
+    q: Option<&'a [T]>,
+    k: &'a [T],
+    v: &'a [T],
+    g: &'a [f32],
+    beta: &'a [f32],
+    state_in: StateIn<'a>,
+    /// `[B, T]`: 0 = padding (the update's mask).
+    mask: Option<&'a [u8]>,
+    /// Tokens each batch row runs (the replay's accepted lengths; else T).
+    lengths: Option<&'a [i32]>,
+}
+
+/// Per-thread scratch: a tile's keys, queries (f32), gates and token flags.
+#[derive(Default)]
+struct Scratch {
+    k: Vec<f32>,
+    q: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    active: Vec<bool>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// One tile of tokens for one head, ready for the row kernels.
+struct Tile<'a> {
+    len: usize,
+    k: &'a [f32],
+    q: Option<&'a [f32]>,
+    g: &'a [f32],
+    beta: &'a [f32],
+    active: &'a [bool],
+}
+
+fn use_avx2(dk: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        dk == 128
+            && !FORCE_PORTABLE.load(Ordering::Relaxed)
+            && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = dk;
+        false
+    }
+}
+
+/// Runs head (batch row `b`, value head `hv`): every value row over the row's tokens.
+fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: bool) {
+    let d = p.d;
+    let hk = hv / (d.hv / d.hk);
+    let tokens = p.lengths.map_or(d.t, |l| l[b] as usize);
+    assert!(
+        tokens <= d.t,
+        "accepted length {tokens} exceeds T = {}",
+        d.t
+    );
+    let head_state = ((b * d.hv + hv) * d.dv) * d.dk;
+    SCRATCH.with(|scratch| {
+        let s = &mut *scratch.borrow_mut();
+        let mut t0 = 0;
+        loop {
+            let len = (tokens - t0).min(TILE);
+            s.k.resize(len * d.dk, 0.0);
+            s.q.resize(len * d.dk, 0.0);
+            s.g.clear();
+            s.beta.clear();
+            s.active.clear();
+            for t in t0..t0 + len {
+                let qk = ((b * d.t + t) * d.hk + hk) * d.dk;
+                let dst = (t - t0) * d.dk;
+                widen(&p.k[qk..qk + d.dk], &mut s.k[dst..dst + d.dk], vectorized);
+                if let Some(q) = p.q {
+                    widen(&q[qk..qk + d.dk], &mut s.q[dst..dst + d.dk], vectorized);
                 }
-                for t in 0..keep {
-                    let gate = (b * d.t + t) * d.hv + hv;
-                    let qk_at = ((b * d.t + t) * d.hk + hk) * d.dk;
-                    let k = &k[qk_at..qk_at + d.dk];
-                    let (gt, bt) = (g[gate], beta[gate]);
-                    let mut partials = [0f32; 32];
-                    for (lane, partial) in partials.iter_mut().enumerate() {
-                        let mut acc = 0.0f32;
-                        for i in lane * n..(lane + 1) * n {
-                            row[i] *= gt;
-                            acc += row[i] * k[i].to_f32();
+                let gate = (b * d.t + t) * d.hv + hv;
+                s.g.push(p.g[gate]);
+                s.beta.push(p.beta[gate]);
+                s.active.push(p.mask.is_none_or(|m| m[b * d.t + t] != 0));
+            }
+            let tile = Tile {
+                len,
+                k: &s.k,
+                q: p.q.map(|_| &s.q[..]),
+                g: &s.g,
+                beta: &s.beta,
+                active: &s.active,
+            };
+            let row_io = |dv: usize| -> RowIo<T> {
+                let row = head_state + dv * d.dk;
+                // SAFETY: this job owns rows [head_state, head_state + Dv·Dk) of the state
+                // output and y[b, :, hv, :]; the pool joins before the buffers are released.
+                let dst = unsafe { out.state.add(row) };
+                let src = match (t0, p.state_in) {
+                    (0, StateIn::Zeros) => std::ptr::null(),
+                    (0, StateIn::Buffer(s)) => s[row..row + d.dk].as_ptr(),
+                    _ => dst as *const f32,
+                };
+                let v_at = ((b * d.t + t0) * d.hv + hv) * d.dv + dv;
+                let y = match p.q {
+                    // SAFETY: y has v's layout; see above.
+                    Some(_) => unsafe { out.y.add(v_at) },
+                    None => std::ptr::null_mut(),
+                };
+                RowIo {
+                    src,
+                    dst,
+                    v: p.v.get(v_at..).unwrap_or(&[]),
+                    y,
+                    stride: d.hv * d.dv,
+                }
+            };
+            let mut dv = 0;
+            while dv < d.dv {
+                if vectorized {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `vectorized` is only true when AVX2 was detected and Dk = 128.
+                    unsafe {
+                        if dv + ROWS <= d.dv {
+                            avx2::rows::<T, ROWS>(&tile, std::array::from_fn(|r| row_io(dv + r)));
+                            dv += ROWS;
+                        } else {
+                            avx2::rows::<T, 1>(&tile, [row_io(dv)]);
+                            dv += 1;
                         }
-                        *partial = acc;
                     }
-                    let kv_mem = simd_sum(&partials);
-                    let delta = (v[((b * d.t + t) * d.hv + hv) * d.dv + dv].to_f32() - kv_mem) * bt;
-                    for i in 0..d.dk {
-                        row[i] += k[i].to_f32() * delta;
+                } else {
+                    // SAFETY: `src`/`dst` address Dk values each (see above).
+                    unsafe { row_portable(&tile, row_io(dv), d.dk) };
+                    dv += 1;
+                }
+            }
+            t0 += len;
+            if t0 >= tokens {
+                break;
+            }
+        }
+    });
+}
+
+/// Converts one token's keys or queries to f32, in the layout the row kernel wants.
+fn widen<T: Elem>(src: &[T], dst: &mut [f32], vectorized: bool) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+    if vectorized {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only called with `vectorized` when AVX2 was detected.
+        unsafe {
+            avx2::to_lane_layout(dst)
+        };
+    }
+}
+
+/// What one value row reads and writes.
+struct RowIo<'a, T> {
+    /// The row's initial state (Dk values; null: zeros).
+    src: *const f32,
+    /// Where the row's final state goes (Dk values; may be the same memory as `src`, which
+    /// the row kernels read completely before writing).
+    dst: *mut f32,
+    /// v of this row at the tile's first token; token t at `t · stride`.
+    v: &'a [T],
+    /// y of this row at the tile's first token (null for the replay); token t at `t · stride`.
+    y: *mut T,
+    stride: usize,
+}
+
+/// The portable row kernel: natural layout, the Metal kernel's loops.
+///
+/// # Safety
+/// `io.src` (unless null) and `io.dst` address `dk` values; `io.y` (unless null) and `io.v`
+/// hold the tile's tokens at `io.stride`.
+unsafe fn row_portable<T: Elem>(tile: &Tile, io: RowIo<T>, dk: usize) {
+    let n = dk / 32;
+    let mut s = [0f32; 256];
+    let s = &mut s[..dk];
+    if !io.src.is_null() {
+        s.copy_from_slice(unsafe { std::slice::from_raw_parts(io.src, dk) });
+    }
+    let mut partials = [0f32; 32];
+    for t in 0..tile.len {
+        let y = (!io.y.is_null()).then(|| unsafe { io.y.add(t * io.stride) });
+        if !tile.active[t] {
+            if let Some(y) = y {
+                // SAFETY: see `head`.
+                unsafe { *y = T::from_f32(0.0) };
+            }
+            continue;
+        }
+        let k = &tile.k[t * dk..(t + 1) * dk];
+        let g = tile.g[t];
+        for (lane, partial) in partials.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for i in lane * n..(lane + 1) * n {
+                s[i] *= g;
+                acc += s[i] * k[i];
+            }
+            *partial = acc;
+        }
+        let kv_mem = simd_sum(&partials);
+        let delta = (io.v[t * io.stride].to_f32() - kv_mem) * tile.beta[t];
+        match (tile.q, y) {
+            (Some(q), Some(y)) => {
+                let q = &q[t * dk..(t + 1) * dk];
+                for (lane, partial) in partials.iter_mut().enumerate() {
+                    let mut acc = 0.0f32;
+                    for i in lane * n..(lane + 1) * n {
+                        s[i] += k[i] * delta;
+                        acc += s[i] * q[i];
+                    }
+                    *partial = acc;
+                }
+                // SAFETY: see `head`.
+                unsafe { *y = T::from_f32(simd_sum(&partials)) };
+            }
+            _ => {
+                for i in 0..dk {
+                    s[i] += k[i] * delta;
+                }
+            }
+        }
+    }
+    unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), io.dst, dk) };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The Dk = 128 row kernel with AVX2. Each group of 32 elements (8 lanes × 4) sits in four
+    //! registers; a 4×4 transpose within each 128-bit half turns them into "lane layout":
+    //! register i of group g holds element i of lanes (8g, 8g+2, 8g+4, 8g+6 | 8g+1, ..., 8g+7).
+    //! Each lane's sequential sum is then a vertical add chain, and the butterfly over the 32
+    //! partials is extract/add and three horizontal adds.
+
+    // The whole module is intrinsics on pointers whose validity the callers establish.
+    #![allow(unsafe_op_in_unsafe_fn)]
+
+    use super::{Elem, RowIo, Tile};
+    use std::arch::x86_64::*;
+
+    /// Transposes the 4×4 blocks of each 128-bit half (an involution).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn transpose(r: [__m256; 4]) -> [__m256; 4] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t2 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        [
+            _mm256_castpd_ps(_mm256_unpacklo_pd(
+                _mm256_castps_pd(t0),
+                _mm256_castps_pd(t1),
+            )),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(
+                _mm256_castps_pd(t0),
+                _mm256_castps_pd(t1),
+            )),
+            _mm256_castpd_ps(_mm256_unpacklo_pd(
+                _mm256_castps_pd(t2),
+                _mm256_castps_pd(t3),
+            )),
+            _mm256_castpd_ps(_mm256_unpackhi_pd(
+                _mm256_castps_pd(t2),
+                _mm256_castps_pd(t3),
+            )),
+        ]
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn load(src: *const f32) -> [__m256; 16] {
+        let mut s = [_mm256_setzero_ps(); 16];
+        for g in 0..4 {
+            let p = src.add(32 * g);
+            let r = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            s[4 * g..4 * g + 4].copy_from_slice(&transpose(r));
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn store(s: &[__m256; 16], dst: *mut f32) {
+        for g in 0..4 {
+            let r = transpose([s[4 * g], s[4 * g + 1], s[4 * g + 2], s[4 * g + 3]]);
+            let p = dst.add(32 * g);
+            _mm256_storeu_ps(p, r[0]);
+            _mm256_storeu_ps(p.add(8), r[1]);
+            _mm256_storeu_ps(p.add(16), r[2]);
+            _mm256_storeu_ps(p.add(24), r[3]);
+        }
+    }
+
+    /// Rewrites 128 values from natural order into lane layout, in place.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn to_lane_layout(x: &mut [f32]) {
+        let s = load(x.as_ptr());
+        for (j, v) in s.iter().enumerate() {
+            _mm256_storeu_ps(x.as_mut_ptr().add(8 * j), *v);
+        }
+    }
+
+    /// The xor butterfly over the 32 lane partials held in lane layout by `acc[0..4]`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn butterfly(acc: [__m256; 4]) -> f32 {
+        // Level 1: lanes 2j and 2j+1 sit in the two halves of one register.
+        let l1 = acc.map(|a| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+        // Levels 2-4: neighbouring pairs, as horizontal adds.
+        let l2a = _mm_hadd_ps(l1[0], l1[1]);
+        let l2b = _mm_hadd_ps(l1[2], l1[3]);
+        let l3 = _mm_hadd_ps(l2a, l2b);
+        let l4 = _mm_hadd_ps(l3, l3);
+        // Level 5.
+        _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)))
+    }
+
+    /// `R` value rows over a tile, interleaved so that their dependency chains (each token's
+    /// reduction feeds the next token) overlap. Arithmetic as `row_portable`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn rows<T: Elem, const R: usize>(tile: &Tile, io: [RowIo<T>; R]) {
+        let mut s = [[_mm256_setzero_ps(); 16]; R];
+        for r in 0..R {
+            if !io[r].src.is_null() {
+                s[r] = load(io[r].src);
+            }
+        }
+        for t in 0..tile.len {
+            if !tile.active[t] {
+                for row in io.iter() {
+                    if !row.y.is_null() {
+                        *row.y.add(t * row.stride) = T::from_f32(0.0);
                     }
                 }
-                state[at..at + d.dk].copy_from_slice(&row);
+                continue;
             }
+            let k = tile.k.as_ptr().add(t * 128);
+            let g = _mm256_set1_ps(tile.g[t]);
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            for group in 0..4 {
+                // Lanes 8·group .. 8·group+8: element i of each lane, i = 0..3, in order.
+                for i in 0..4 {
+                    let j = 4 * group + i;
+                    let kj = _mm256_loadu_ps(k.add(8 * j));
+                    for r in 0..R {
+                        s[r][j] = _mm256_mul_ps(s[r][j], g);
+                        acc[r][group] = _mm256_add_ps(acc[r][group], _mm256_mul_ps(s[r][j], kj));
+                    }
+                }
+            }
+            let mut delta = [_mm256_setzero_ps(); R];
+            for r in 0..R {
+                let kv_mem = butterfly(acc[r]);
+                let d = (io[r].v[t * io[r].stride].to_f32() - kv_mem) * tile.beta[t];
+                delta[r] = _mm256_set1_ps(d);
+            }
+            match tile.q {
+                Some(q) => {
+                    let q = q.as_ptr().add(t * 128);
+                    let mut acc = [[_mm256_setzero_ps(); 4]; R];
+                    for group in 0..4 {
+                        for i in 0..4 {
+                            let j = 4 * group + i;
+                            let kj = _mm256_loadu_ps(k.add(8 * j));
+                            let qj = _mm256_loadu_ps(q.add(8 * j));
+                            for r in 0..R {
+                                s[r][j] = _mm256_add_ps(s[r][j], _mm256_mul_ps(kj, delta[r]));
+                                acc[r][group] =
+                                    _mm256_add_ps(acc[r][group], _mm256_mul_ps(s[r][j], qj));
+                            }
+                        }
+                    }
+                    for r in 0..R {
+                        *io[r].y.add(t * io[r].stride) = T::from_f32(butterfly(acc[r]));
+                    }
+                }
+                None => {
+                    for j in 0..16 {
+                        let kj = _mm256_loadu_ps(k.add(8 * j));
+                        for r in 0..R {
+                            s[r][j] = _mm256_add_ps(s[r][j], _mm256_mul_ps(kj, delta[r]));
+                        }
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            store(&s[r], io[r].dst);
         }
     }
 }
 
-/// Params: `[B, T, Hk, Hv, Dk, Dv, k/v dtype, beta dtype, has_state]`; inputs:
-/// `k, v, g, beta, [state], lengths (int32 [B])`; output: `state_out`.
-pub(crate) fn run_replay(params: &[i64], mut buffers: Buffers) {
+fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
+    let vectorized = use_avx2(p.d.dk);
+    let out = Out {
+        y: y.as_mut_ptr(),
+        state: state.as_mut_ptr(),
+    };
+    let jobs = p.d.b * p.d.hv;
+    pool::run(jobs, &|job| {
+        head(p, out, job / p.d.hv, job % p.d.hv, vectorized)
+    });
+}
+
+/// Entry for the update: params `[B, T, Hk, Hv, Dk, Dv, qkv, a, b, a_log, dt_bias dtypes,
+/// has_state, has_mask]`; inputs `q, k, v, a, b, a_log, dt_bias, [state], [mask]`; outputs
+/// `y, state_out`.
+pub(crate) fn run(params: &[i64], buffers: Buffers) {
+    run_any(params, buffers, true)
+}
+
+/// Entry for the replay: params `[B, T, Hk, Hv, Dk, Dv, kv, a, b, a_log, dt_bias dtypes,
+/// has_state]`; inputs `k, v, a, b, a_log, dt_bias, [state], lengths`; output `state_out`.
+pub(crate) fn run_replay(params: &[i64], buffers: Buffers) {
+    run_any(params, buffers, false)
+}
+
+fn run_any(params: &[i64], mut buffers: Buffers, update: bool) {
     let p: Vec<usize> = params.iter().map(|&x| x as usize).collect();
     let d = Dims {
         b: p[0],
@@ -242,52 +577,57 @@ pub(crate) fn run_replay(params: &[i64], mut buffers: Buffers) {
         dv: p[5],
     };
     let dtype = super::dtype_param(params[6]);
-    let beta_dtype = super::dtype_param(params[7]);
-    let has_state = params[8] != 0;
+    let has_state = params[11] != 0;
+    let first = if update { 1 } else { 0 }; // index of k
     let inputs = &buffers.inputs;
-    let g: &[f32] = typed(inputs[2]);
-    let beta = to_f32_vec(inputs[3], beta_dtype);
-    let state_in = match (has_state, buffers.aliased[0]) {
+    let gate_inputs = GateInputs {
+        a: inputs[first + 2],
+        a_dtype: super::dtype_param(params[7]),
+        b: inputs[first + 3],
+        b_dtype: super::dtype_param(params[8]),
+        a_log: inputs[first + 4],
+        a_log_dtype: super::dtype_param(params[9]),
+        dt_bias: inputs[first + 5],
+        dt_bias_dtype: super::dtype_param(params[10]),
+    };
+    let (g, beta) = gates(&gate_inputs, d.b * d.t * d.hv, d.hv);
+    let state_output = if update { 1 } else { 0 };
+    let state_index = first + 6;
+    let state_in = match (has_state, buffers.aliased[state_output]) {
         (false, _) => StateIn::Zeros,
         (true, Some(_)) => StateIn::InPlace,
-        (true, None) => StateIn::Buffer(typed(inputs[4])),
+        (true, None) => StateIn::Buffer(typed(inputs[state_index])),
     };
-    let lengths: &[i32] = typed(inputs[4 + has_state as usize]);
-    let state: &mut [f32] = typed_mut(buffers.outputs[0]);
+    let after_state = state_index + has_state as usize;
+    let mask = (update && params[12] != 0).then(|| inputs[after_state]);
+    let lengths: Option<&[i32]> = (!update).then(|| typed(inputs[after_state]));
+    let mut outputs = std::mem::take(&mut buffers.outputs).into_iter();
+    let (y_bytes, state_bytes) = if update {
+        (outputs.next().unwrap(), outputs.next().unwrap())
+    } else {
+        (&mut [][..], outputs.next().unwrap())
+    };
+    let state: &mut [f32] = typed_mut(state_bytes);
+    macro_rules! go {
+        ($t:ty) => {{
+            let problem = Problem::<$t> {
+                d,
+                q: update.then(|| typed::<$t>(inputs[0])),
+                k: typed(inputs[first]),
+                v: typed(inputs[first + 1]),
+                g: &g,
+                beta: &beta,
+                state_in,
+                mask,
+                lengths,
+            };
+            solve(&problem, typed_mut::<$t>(y_bytes), state)
+        }};
+    }
     match dtype {
-        Dtype::Bfloat16 => replay::<bf16>(
-            d,
-            typed(inputs[0]),
-            typed(inputs[1]),
-            g,
-            &beta,
-            state_in,
-            lengths,
-            state,
-        ),
-        Dtype::Float16 => replay::<f16>(
-            d,
-            typed(inputs[0]),
-            typed(inputs[1]),
-            g,
-            &beta,
-            state_in,
-            lengths,
-            state,
-        ),
-        Dtype::Float32 => replay::<f32>(
-            d,
-            typed(inputs[0]),
-            typed(inputs[1]),
-            g,
-            &beta,
-            state_in,
-            lengths,
-            state,
-        ),
-        other => panic!(
-            "gated delta state: unsupported input dtype {}",
-            other.name()
-        ),
+        Dtype::Bfloat16 => go!(bf16),
+        Dtype::Float16 => go!(f16),
+        Dtype::Float32 => go!(f32),
+        other => panic!("gated delta: unsupported input dtype {}", other.name()),
     }
 }

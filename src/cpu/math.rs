@@ -72,3 +72,17 @@ mod tests {
         assert_eq!(exp(0.0), 1.0);
     }
 }
+
+/// MLX's CPU `logaddexp(x, 0)` (mlx-lm's softplus) for element type `T`: every operation
+/// rounds to T as MLX's `Simd<T>` ops do.
+#[inline(always)]
+pub fn softplus<T: Elem>(x: f32) -> f32 {
+    let r = |v: f32| T::from_f32(v).to_f32();
+    let maxval = if x.is_nan() || x > 0.0 { x } else { 0.0 };
+    let minval = if x.is_nan() || x < 0.0 { x } else { 0.0 };
+    if minval == f32::NEG_INFINITY || maxval == f32::INFINITY {
+        return maxval;
+    }
+    let e = r(exp(r(minval - maxval)));
+    r(maxval + r(e.ln_1p()))
+}

@@ -14,6 +14,7 @@ pub mod elem;
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod math;
+pub mod pool;
 pub mod reduce;
 pub mod silu_rms_heads;
 

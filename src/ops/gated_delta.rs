@@ -224,12 +224,10 @@ pub fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
 /// Builds the recurrence: returns `(y, state_out)`, lazy.
 pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
     let (d, dtype) = check_update(x)?;
-    let gpu = matches!(backend, Backend::Metal { gpu: true });
-    let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
-    let beta = bridge::sigmoid(x.b, gpu)?;
     let mut outputs = match backend {
         Backend::Cpu => {
-            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, &g, &beta];
+            // The CPU kernel computes g and beta itself (MLX's formulas, bit for bit).
+            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
             let state_index = x.state.map(|s| {
                 inputs.push(s);
                 inputs.len() as i32 - 1
@@ -237,21 +235,11 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
             if let Some(m) = x.mask {
                 inputs.push(m);
             }
-            let beta_dtype = bridge::array_dtype(&beta);
+            let mut params = cpu_params(d, dtype, x.a, x.b, x.a_log, x.dt_bias, x.state.is_some());
+            params.push(x.mask.is_some() as i64);
             let launch = CpuLaunch {
                 kernel: CpuKernel::GatedDelta as u32,
-                params: vec![
-                    d.b,
-                    d.t,
-                    d.hk,
-                    d.hv,
-                    d.dk,
-                    d.dv,
-                    dtype as i64,
-                    beta_dtype as i64,
-                    x.state.is_some() as i64,
-                    x.mask.is_some() as i64,
-                ],
+                params,
                 output_dims: vec![
                     d.b as i32,
                     d.t as i32,
@@ -269,6 +257,8 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
             take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
         }
         Backend::Metal { gpu } => {
+            let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
+            let beta = bridge::sigmoid(x.b, gpu)?;
             let zeros;
             let state = match x.state {
                 Some(s) => s,
@@ -293,6 +283,33 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
     let state_out = outputs.pop().expect("two outputs");
     let y = outputs.pop().expect("two outputs");
     Ok((y, state_out))
+}
+
+/// The CPU kernels' leading parameters: dims, the q/k/v dtype, the gate input dtypes and
+/// whether a state is given.
+fn cpu_params(
+    d: Dims,
+    dtype: Dtype,
+    a: &Array,
+    b: &Array,
+    a_log: &Array,
+    dt_bias: &Array,
+    has_state: bool,
+) -> Vec<i64> {
+    vec![
+        d.b,
+        d.t,
+        d.hk,
+        d.hv,
+        d.dk,
+        d.dv,
+        dtype as i64,
+        bridge::array_dtype(a) as i64,
+        bridge::array_dtype(b) as i64,
+        bridge::array_dtype(a_log) as i64,
+        bridge::array_dtype(dt_bias) as i64,
+        has_state as i64,
+    ]
 }
 
 /// The arrays of one prefix replay (borrowed from the registry) and the accepted lengths.
@@ -367,9 +384,6 @@ pub fn check_replay(x: &ReplayInputs) -> Result<(Dims, Dtype)> {
 /// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.
 pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
     let (d, dtype) = check_replay(x)?;
-    let gpu = matches!(backend, Backend::Metal { gpu: true });
-    let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
-    let beta = bridge::sigmoid(x.b, gpu)?;
     let lengths: Vec<u8> = x
         .accepted_lengths
         .iter()
@@ -378,7 +392,7 @@ pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
     let lengths = bridge::array_from_bytes(&lengths, &[d.b as i32], Dtype::Int32 as i32)?;
     let mut outputs = match backend {
         Backend::Cpu => {
-            let mut inputs: Vec<&Array> = vec![x.k, x.v, &g, &beta];
+            let mut inputs: Vec<&Array> = vec![x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
             let state_index = x.state.map(|s| {
                 inputs.push(s);
                 inputs.len() as i32 - 1
@@ -386,17 +400,7 @@ pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
             inputs.push(&lengths);
             let launch = CpuLaunch {
                 kernel: CpuKernel::GatedDeltaState as u32,
-                params: vec![
-                    d.b,
-                    d.t,
-                    d.hk,
-                    d.hv,
-                    d.dk,
-                    d.dv,
-                    dtype as i64,
-                    bridge::array_dtype(&beta) as i64,
-                    x.state.is_some() as i64,
-                ],
+                params: cpu_params(d, dtype, x.a, x.b, x.a_log, x.dt_bias, x.state.is_some()),
                 output_dims: vec![d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
                 output_ndims: vec![4],
                 output_dtypes: vec![Dtype::Float32 as i32],
@@ -405,6 +409,8 @@ pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
             take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
         }
         Backend::Metal { gpu } => {
+            let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
+            let beta = bridge::sigmoid(x.b, gpu)?;
             let zeros;
             let state = match x.state {
                 Some(s) => s,

@@ -1,0 +1,128 @@
+//! The CPU kernels' internals against MLX and against each other: the fused gates equal
+//! `mlxk_compute_g` and MLX's sigmoid bit for bit, and the vectorized row kernel computes the
+//! same bits as the portable one. (Own binary: it flips a process-wide switch.)
+
+mod common;
+use common::*;
+use std::ptr::null_mut;
+
+fn random_gate_values(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| match i % 11 {
+            0 => rng.uniform() * 60.0,
+            1 => rng.uniform() * 1e-3,
+            2 => [
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                0.0,
+                -0.0,
+                88.5,
+                -88.5,
+                20.0,
+            ][rng.below(7) as usize],
+            _ => rng.uniform() * 6.0,
+        })
+        .collect()
+}
+
+fn array_of(values: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let f = new_f32(values, shape);
+    if dtype == MLXK_DTYPE_FLOAT32 {
+        return f;
+    }
+    let mut out = null_mut();
+    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
+    free(f);
+    out
+}
+
+#[test]
+fn fused_gates_equal_mlx_bit_for_bit() {
+    let mut rng = Rng::fresh();
+    let floats = [MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32];
+    let (b, t, hv) = (3, 37, 8);
+    let shape = [b, t, hv];
+    let n = (b * t * hv) as usize;
+    for &a_dtype in &floats {
+        for &dt_dtype in &floats {
+            for &b_dtype in &floats {
+                for a_log_dtype in [MLXK_DTYPE_FLOAT32, MLXK_DTYPE_BFLOAT16] {
+                    let a = array_of(&random_gate_values(&mut rng, n), &shape, a_dtype);
+                    let bb = array_of(&random_gate_values(&mut rng, n), &shape, b_dtype);
+                    let a_log = array_of(&rng.vec(hv as usize, 3.0), &[hv], a_log_dtype);
+                    let dt = array_of(&random_gate_values(&mut rng, hv as usize), &[hv], dt_dtype);
+                    let (g, beta) = mlxkern::testing::fused_gates(a, bb, a_log, dt);
+                    let mut g_ref = null_mut();
+                    ok(mlxk_compute_g(a_log, a, dt, &mut g_ref));
+                    let g_ref = {
+                        let v = read_f32(g_ref);
+                        free(g_ref);
+                        v
+                    };
+                    let mut s = null_mut();
+                    ok(mlxkern::testing::mlx_sigmoid(bb, &mut s));
+                    let mut s32 = null_mut();
+                    ok(unsafe { mlxk_array_astype(s, MLXK_DTYPE_FLOAT32, &mut s32) });
+                    let beta_ref = read_f32(s32);
+                    for i in 0..n {
+                        let same = |x: f32, y: f32| {
+                            x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())
+                        };
+                        assert!(
+                            same(g[i], g_ref[i]),
+                            "g[{i}] {} vs MLX {} (dtypes a {a_dtype} dt {dt_dtype} a_log {a_log_dtype})",
+                            g[i],
+                            g_ref[i]
+                        );
+                        assert!(
+                            same(beta[i], beta_ref[i]),
+                            "beta[{i}] {} vs MLX {} (b dtype {b_dtype})",
+                            beta[i],
+                            beta_ref[i]
+                        );
+                    }
+                    for h in [a, bb, a_log, dt, s, s32] {
+                        free(h);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn vectorized_and_portable_kernels_agree_bit_for_bit() {
+    let mut rng = Rng::fresh();
+    let cases = [
+        ([1, 1, 16, 32, 128, 128], true, false),
+        ([2, 70, 2, 6, 128, 13], true, true),
+        ([3, 5, 1, 4, 128, 9], false, true),
+        ([1, 130, 1, 1, 128, 5], true, false),
+    ];
+    for (dims, with_state, with_mask) in cases {
+        let r = Recurrence::random(&mut rng, dims, with_state, with_mask);
+        let lengths: Vec<i32> = (0..dims[0])
+            .map(|_| rng.below(dims[1] as u64 + 1) as i32)
+            .collect();
+        let mut results = vec![];
+        for portable in [true, false] {
+            mlxkern::testing::force_portable_kernels(portable);
+            let (st, y, s) = r.run();
+            ok(st);
+            let (st2, replayed) = r.replay(&lengths);
+            ok(st2);
+            results.push((read_bytes(y), read_bytes(s), read_bytes(replayed)));
+            for h in [y, s, replayed] {
+                free(h);
+            }
+        }
+        mlxkern::testing::force_portable_kernels(false);
+        assert!(results[0].0 == results[1].0, "y differs for {dims:?}");
+        assert!(results[0].1 == results[1].1, "state differs for {dims:?}");
+        assert!(
+            results[0].2 == results[1].2,
+            "replayed state differs for {dims:?}"
+        );
+        r.free();
+    }
+}

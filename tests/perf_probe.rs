@@ -1,0 +1,79 @@
+//! Quick timing probe (not a benchmark: `make bench` is). Run with
+//! `cargo test --test perf_probe -- --ignored --nocapture`.
+
+mod common;
+use common::*;
+use std::ptr::{null, null_mut};
+use std::time::Instant;
+
+fn cpu_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+#[test]
+#[ignore]
+fn probe() {
+    let mut rng = Rng::seeded(7);
+    let dims = [1, 1, 16, 32, 128, 128];
+    let r = Recurrence::random(&mut rng, dims, true, false);
+    let mut state = r.state.unwrap();
+    let [q, k, v, a, b, al, dt, _, _] = r.args();
+    let rounds = if std::env::var_os("PROBE_DECODE_ONLY").is_some() {
+        40
+    } else {
+        3
+    };
+    for round in 0..rounds {
+        let t0 = Instant::now();
+        let c0 = cpu_seconds();
+        for _ in 0..30 {
+            let (mut y, mut next) = (null_mut(), null_mut());
+            ok(mlxk_gated_delta_update(
+                q,
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                state,
+                null(),
+                &mut y,
+                &mut next,
+            ));
+            free(state);
+            free(y);
+            state = next;
+        }
+        ok(mlxk_array_eval(state));
+        println!(
+            "decode hot round {round}: {:.1} us/step wall, {:.1} us/step cpu",
+            t0.elapsed().as_secs_f64() * 1e6 / 30.0,
+            (cpu_seconds() - c0) * 1e6 / 30.0
+        );
+    }
+    if std::env::var_os("PROBE_DECODE_ONLY").is_some() {
+        return;
+    }
+    let t = 512;
+    let p = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
+    for round in 0..2 {
+        let t0 = Instant::now();
+        let c0 = cpu_seconds();
+        let (status, y, s) = p.run();
+        ok(status);
+        ok(mlxk_array_eval(s));
+        println!(
+            "prefill T={t} round {round}: {:.0} tok/s wall, {:.0} tok/s per cpu-second",
+            t as f64 / t0.elapsed().as_secs_f64(),
+            t as f64 / (cpu_seconds() - c0)
+        );
+        free(y);
+        free(s);
+    }
+}
