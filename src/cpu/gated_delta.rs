@@ -466,6 +466,74 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)))
     }
 
+    type Rows<const R: usize> = [[__m256; 16]; R];
+    type Partials<const R: usize> = [[__m256; 4]; R];
+
+    /// First half of a token: `s *= g; kv += s·k` (lane partials).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn decay_and_read<const R: usize>(
+        s: &mut Rows<R>,
+        g: f32,
+        k: *const f32,
+    ) -> Partials<R> {
+        let g = _mm256_set1_ps(g);
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for group in 0..4 {
+            // Lanes 8·group .. 8·group+8: element i of each lane, i = 0..3, in order.
+            for i in 0..4 {
+                let j = 4 * group + i;
+                let kj = _mm256_loadu_ps(k.add(8 * j));
+                for r in 0..R {
+                    s[r][j] = _mm256_mul_ps(s[r][j], g);
+                    acc[r][group] = _mm256_add_ps(acc[r][group], _mm256_mul_ps(s[r][j], kj));
+                }
+            }
+        }
+        acc
+    }
+
+    /// Second half of token t (`s += k·delta`, and `out += s·q` when `q` is given), fused with
+    /// the first half of the next token when `next` is given. Per element the operations and
+    /// each lane's accumulation order are those of the two halves run one after the other.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn update_and_next<const R: usize>(
+        s: &mut Rows<R>,
+        delta: &[__m256; R],
+        k: *const f32,
+        q: Option<*const f32>,
+        next: Option<(f32, *const f32)>,
+    ) -> (Partials<R>, Partials<R>) {
+        let mut out = [[_mm256_setzero_ps(); 4]; R];
+        let mut kv = [[_mm256_setzero_ps(); 4]; R];
+        let (g_next, k_next) = next.unwrap_or((1.0, k));
+        let g_next = _mm256_set1_ps(g_next);
+        for group in 0..4 {
+            for i in 0..4 {
+                let j = 4 * group + i;
+                let kj = _mm256_loadu_ps(k.add(8 * j));
+                for r in 0..R {
+                    s[r][j] = _mm256_add_ps(s[r][j], _mm256_mul_ps(kj, delta[r]));
+                }
+                if let Some(q) = q {
+                    let qj = _mm256_loadu_ps(q.add(8 * j));
+                    for r in 0..R {
+                        out[r][group] = _mm256_add_ps(out[r][group], _mm256_mul_ps(s[r][j], qj));
+                    }
+                }
+                if next.is_some() {
+                    let kn = _mm256_loadu_ps(k_next.add(8 * j));
+                    for r in 0..R {
+                        s[r][j] = _mm256_mul_ps(s[r][j], g_next);
+                        kv[r][group] = _mm256_add_ps(kv[r][group], _mm256_mul_ps(s[r][j], kn));
+                    }
+                }
+            }
+        }
+        (out, kv)
+    }
+
     /// `R` value rows over a tile, interleaved so that their dependency chains (each token's
     /// reduction feeds the next token) overlap. Arithmetic as `row_portable`.
     #[target_feature(enable = "avx2")]
@@ -476,6 +544,9 @@ mod avx2 {
                 s[r] = load(io[r].src);
             }
         }
+        let key = |t: usize| tile.k.as_ptr().add(t * 128);
+        // The kv partials of token t when its first half already ran (fused into t - 1).
+        let mut ready: Option<Partials<R>> = None;
         for t in 0..tile.len {
             if !tile.active[t] {
                 for row in io.iter() {
@@ -485,53 +556,26 @@ mod avx2 {
                 }
                 continue;
             }
-            let k = tile.k.as_ptr().add(t * 128);
-            let g = _mm256_set1_ps(tile.g[t]);
-            let mut acc = [[_mm256_setzero_ps(); 4]; R];
-            for group in 0..4 {
-                // Lanes 8·group .. 8·group+8: element i of each lane, i = 0..3, in order.
-                for i in 0..4 {
-                    let j = 4 * group + i;
-                    let kj = _mm256_loadu_ps(k.add(8 * j));
-                    for r in 0..R {
-                        s[r][j] = _mm256_mul_ps(s[r][j], g);
-                        acc[r][group] = _mm256_add_ps(acc[r][group], _mm256_mul_ps(s[r][j], kj));
-                    }
-                }
-            }
+            let kv = match ready.take() {
+                Some(kv) => kv,
+                None => decay_and_read(&mut s, tile.g[t], key(t)),
+            };
             let mut delta = [_mm256_setzero_ps(); R];
             for r in 0..R {
-                let kv_mem = butterfly(acc[r]);
+                let kv_mem = butterfly(kv[r]);
                 let d = (io[r].v[t * io[r].stride].to_f32() - kv_mem) * tile.beta[t];
                 delta[r] = _mm256_set1_ps(d);
             }
-            match tile.q {
-                Some(q) => {
-                    let q = q.as_ptr().add(t * 128);
-                    let mut acc = [[_mm256_setzero_ps(); 4]; R];
-                    for group in 0..4 {
-                        for i in 0..4 {
-                            let j = 4 * group + i;
-                            let kj = _mm256_loadu_ps(k.add(8 * j));
-                            let qj = _mm256_loadu_ps(q.add(8 * j));
-                            for r in 0..R {
-                                s[r][j] = _mm256_add_ps(s[r][j], _mm256_mul_ps(kj, delta[r]));
-                                acc[r][group] =
-                                    _mm256_add_ps(acc[r][group], _mm256_mul_ps(s[r][j], qj));
-                            }
-                        }
-                    }
-                    for r in 0..R {
-                        *io[r].y.add(t * io[r].stride) = T::from_f32(butterfly(acc[r]));
-                    }
-                }
-                None => {
-                    for j in 0..16 {
-                        let kj = _mm256_loadu_ps(k.add(8 * j));
-                        for r in 0..R {
-                            s[r][j] = _mm256_add_ps(s[r][j], _mm256_mul_ps(kj, delta[r]));
-                        }
-                    }
+            let next =
+                (t + 1 < tile.len && tile.active[t + 1]).then(|| (tile.g[t + 1], key(t + 1)));
+            let q = tile.q.map(|q| q.as_ptr().add(t * 128));
+            let (out, kv_next) = update_and_next(&mut s, &delta, key(t), q, next);
+            if next.is_some() {
+                ready = Some(kv_next);
+            }
+            if q.is_some() {
+                for r in 0..R {
+                    *io[r].y.add(t * io[r].stride) = T::from_f32(butterfly(out[r]));
                 }
             }
         }
