@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo test test-rust test-oracle test-c clean
+.PHONY: bootstrap build header demo test test-rust test-oracle test-c test-bun clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -35,7 +35,7 @@ demo: build
 	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
-test: bootstrap test-rust test-oracle test-c
+test: bootstrap test-rust test-oracle test-c test-bun
 
 test-rust:
 	$(CARGO) test
@@ -46,6 +46,9 @@ test-oracle: build
 test-c: build
 	@mkdir -p $(BUILD)
 	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./tests/c/run.sh
+
+test-bun: build
+	./scripts/test-bun.sh
 
 clean:
 	$(CARGO) clean

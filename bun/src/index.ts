@@ -1,0 +1,47 @@
+// mlxkern for Bun: bun:ffi bindings to libmlxkern (Gated DeltaNet kernels on MLX and the GLM-5.2
+// expert-slot layout). The library is found and opened at import (MLXKERN_LIB, else
+// ../target/{debug,release}/libmlxkern.{so,dylib}), and its ABI version checked.
+
+export { AbiVersionError, defaultLibraryCandidates, findLibrary, lib, library, openLibrary } from "./library";
+export type { OpenedLibrary, Symbols } from "./library";
+export {
+  BackendError,
+  BufferTooSmallError,
+  check,
+  DtypeError,
+  errorClasses,
+  errorFor,
+  InvalidArgumentError,
+  InvalidHandleError,
+  MlxkError,
+  NullPointerError,
+  OutOfMemoryError,
+  PanicError,
+  ShapeError,
+  statusName,
+  UnsupportedError,
+} from "./errors";
+export {
+  bfloat16BitsToFloat32,
+  DTYPE_CODES,
+  dtypeSize,
+  float16BitsToFloat32,
+  float32ToBfloat16Bits,
+  float32ToFloat16Bits,
+  fromBfloat16Bits,
+  fromFloat16Bits,
+  roundToBfloat16,
+  toBfloat16Bits,
+  toFloat16Bits,
+} from "./dtype";
+export type { Dtype, HostArray, HostArrays } from "./dtype";
+export { liveArrayCount, MlxArray, setLeakWarnings } from "./array";
+export type { ArrayInit } from "./array";
+export { computeG, gatedDeltaState, gatedDeltaUpdate, gatedRmsNorm, siluRmsHeads } from "./kernels";
+export type { GatedDeltaResult, HeadSplit } from "./kernels";
+export { GLM52_LAYOUT_KEYS, glm52Canonical, glm52Validate } from "./glm52";
+export type { Glm52Layout, U64 } from "./glm52";
+export { abiVersion, getMemoryLimit, gpuBackend, setCacheLimit, setDefaultDevice, setMemoryLimit, version } from "./device";
+export type { Device, GpuBackend } from "./device";
+export { uint64Arg, uint64Result } from "./args";
+export * as constants from "./symbols.generated";

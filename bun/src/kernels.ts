@@ -1,0 +1,157 @@
+// The Gated DeltaNet kernels. Every function borrows its MlxArray inputs and returns new arrays
+// the caller owns (dispose them). Results are lazy: errors in argument checks are thrown here,
+// computation errors at eval() / toTypedArray().
+
+import { ptr } from "bun:ffi";
+import { adopt, handleOf, MlxArray, optionalHandle, outSlot } from "./array";
+import { floatArg, int32Arg } from "./args";
+import { check } from "./errors";
+import { lib } from "./library";
+
+/**
+ * g = exp(-exp(float32(aLog)) * softplus(a + dtBias)), mlx-lm's `compute_g`: float32 with a's
+ * shape. aLog [Hv] (float32 or bfloat16), a [..., Hv], dtBias [Hv] (any float dtype).
+ */
+export function computeG(aLog: MlxArray, a: MlxArray, dtBias: MlxArray): MlxArray {
+  const g = outSlot();
+  check(lib.mlxk_compute_g(handleOf(aLog, "aLog"), handleOf(a, "a"), handleOf(dtBias, "dtBias"), g));
+  return adopt(g, "computeG g");
+}
+
+export interface GatedDeltaResult {
+  /** [B, T, Hv, Dv] in q's dtype; 0 at masked tokens. */
+  y: MlxArray;
+  /** float32 [B, Hv, Dv, Dk]. */
+  state: MlxArray;
+}
+
+/**
+ * One Gated DeltaNet call (mlx-lm's `gated_delta_update`, the Metal kernel's arithmetic).
+ * q, k [B, T, Hk, Dk] (already normalized); v [B, T, Hv, Dv]; a, b [B, T, Hv]; aLog, dtBias
+ * [Hv]; state float32 [B, Hv, Dv, Dk] or null (zeros); mask bool [B, T] or null (all real).
+ *
+ * Decode loops: dispose the previous state before evaluating the returned one; the CPU kernel
+ * then writes the new state into the old buffer instead of allocating.
+ */
+export function gatedDeltaUpdate(
+  q: MlxArray,
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null = null,
+  mask: MlxArray | null = null,
+): GatedDeltaResult {
+  const y = outSlot();
+  const stateOut = outSlot();
+  check(
+    lib.mlxk_gated_delta_update(
+      handleOf(q, "q"),
+      handleOf(k, "k"),
+      handleOf(v, "v"),
+      handleOf(a, "a"),
+      handleOf(b, "b"),
+      handleOf(aLog, "aLog"),
+      handleOf(dtBias, "dtBias"),
+      optionalHandle(state),
+      optionalHandle(mask),
+      y,
+      stateOut,
+    ),
+  );
+  return { y: adopt(y, "gatedDeltaUpdate y"), state: adopt(stateOut, "gatedDeltaUpdate state") };
+}
+
+/**
+ * Prefix-state replay for speculative decoding: the state after each row's first
+ * acceptedLengths[b] tokens of the window, from `state` (null: zeros). Bit-identical to the
+ * state gatedDeltaUpdate returns for the same prefix. One length per batch row, each in [0, T].
+ */
+export function gatedDeltaState(
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null,
+  acceptedLengths: readonly number[] | Int32Array,
+): MlxArray {
+  const lengths =
+    acceptedLengths instanceof Int32Array
+      ? acceptedLengths
+      : Int32Array.from(acceptedLengths, (n, i) => int32Arg(`acceptedLengths[${i}]`, n));
+  const stateOut = outSlot();
+  check(
+    lib.mlxk_gated_delta_state(
+      handleOf(k, "k"),
+      handleOf(v, "v"),
+      handleOf(a, "a"),
+      handleOf(b, "b"),
+      handleOf(aLog, "aLog"),
+      handleOf(dtBias, "dtBias"),
+      optionalHandle(state),
+      lengths.length === 0 ? null : ptr(lengths),
+      lengths.length,
+      stateOut,
+    ),
+  );
+  return adopt(stateOut, "gatedDeltaState state");
+}
+
+export interface HeadSplit {
+  /** [B, S, Hk, Dk], normalized and scaled by qScale. */
+  q: MlxArray;
+  /** [B, S, Hk, Dk], normalized and scaled by kScale. */
+  k: MlxArray;
+  /** [B, S, Hv, Dv], SiLU only. */
+  v: MlxArray;
+}
+
+/**
+ * The Qwen3.5 head split of the convolution output x [B, S, 2*Hk*Dk + Hv*Dv] (channels
+ * q | k | v, before the SiLU): SiLU everywhere, then q and k RMS-normalized per head and scaled.
+ * qScale, kScale [Dk] in x's dtype; Dk and valueWidth in [1, 128]; eps finite and >= 0
+ * (mlx-lm 0.32.2 uses 1e-6 / Dk).
+ */
+export function siluRmsHeads(
+  x: MlxArray,
+  qScale: MlxArray,
+  kScale: MlxArray,
+  keyHeads: number,
+  valueHeads: number,
+  valueWidth: number,
+  eps: number,
+): HeadSplit {
+  const q = outSlot();
+  const k = outSlot();
+  const v = outSlot();
+  check(
+    lib.mlxk_silu_rms_heads(
+      handleOf(x, "x"),
+      handleOf(qScale, "qScale"),
+      handleOf(kScale, "kScale"),
+      int32Arg("keyHeads", keyHeads),
+      int32Arg("valueHeads", valueHeads),
+      int32Arg("valueWidth", valueWidth),
+      floatArg("eps", eps),
+      q,
+      k,
+      v,
+    ),
+  );
+  return { q: adopt(q, "siluRmsHeads q"), k: adopt(k, "siluRmsHeads k"), v: adopt(v, "siluRmsHeads v") };
+}
+
+/**
+ * Gated RMSNorm over the last axis (mlx-lm's Qwen3NextRMSNormGated):
+ * out = silu(gate) * (weight * x * rsqrt(mean(x^2) + eps)), x's shape and dtype. gate has x's
+ * shape (any float dtype); weight [D] in x's dtype; eps finite and >= 0.
+ */
+export function gatedRmsNorm(x: MlxArray, gate: MlxArray, weight: MlxArray, eps: number): MlxArray {
+  const out = outSlot();
+  check(lib.mlxk_gated_rms_norm(handleOf(x, "x"), handleOf(gate, "gate"), handleOf(weight, "weight"), floatArg("eps", eps), out));
+  return adopt(out, "gatedRmsNorm out");
+}

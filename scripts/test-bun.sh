@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs the Bun bindings' tests (bun/test/*.test.ts) against the built library.
+#
+#   scripts/test-bun.sh [bun test arguments...]
+#
+# Needs node/npm (to install the pinned Bun from the npm registry) and the library built by
+# `make build` (target/debug/libmlxkern.so), or MLXKERN_LIB pointing at one; it builds nothing.
+# Bun comes from the platform package @oven/bun-linux-x64 pinned in bun/package.json and
+# bun/package-lock.json (`npm ci`, no install scripts); it is reinstalled only when node_modules
+# is missing or older than the lockfile. BUN=/path/to/bun uses another Bun instead (e.g. on
+# macOS, or the -baseline build on a CPU without AVX2).
+# Environment passed through to the tests: MLXK_TEST_SEED (reproduce a run's random inputs),
+# STATS=1 (print the measured numeric errors).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PKG=$ROOT/bun
+
+now() { echo "${EPOCHREALTIME/,/.}"; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+T0=$(now)
+
+# --- the library -----------------------------------------------------------------------------
+case "$(uname -s)" in
+  Darwin) LIBFILE=libmlxkern.dylib ;;
+  *) LIBFILE=libmlxkern.so ;;
+esac
+if [[ -n "${MLXKERN_LIB:-}" ]]; then
+  [[ -f "$MLXKERN_LIB" ]] || { echo "test-bun: MLXKERN_LIB=$MLXKERN_LIB does not exist" >&2; exit 1; }
+  echo "test-bun: library $MLXKERN_LIB (MLXKERN_LIB)"
+else
+  LIB=$ROOT/target/debug/$LIBFILE
+  if [[ ! -f "$LIB" ]]; then
+    echo "test-bun: $LIB is missing: build it first with \`make build\` (or set MLXKERN_LIB)" >&2
+    exit 1
+  fi
+  echo "test-bun: library $LIB"
+fi
+
+# --- Bun -------------------------------------------------------------------------------------
+PINNED=$(node -p 'require(process.argv[1]).devDependencies["@oven/bun-linux-x64"]' "$PKG/package.json")
+if [[ -n "${BUN:-}" ]]; then
+  echo "test-bun: using BUN=$BUN ($("$BUN" --version))"
+else
+  if [[ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]]; then
+    echo "test-bun: the pinned Bun package is @oven/bun-linux-x64; on $(uname -s)-$(uname -m) set BUN=/path/to/bun" >&2
+    exit 1
+  fi
+  if [[ -r /proc/cpuinfo ]] && ! grep -qw avx2 /proc/cpuinfo; then
+    echo "test-bun: this CPU lacks AVX2, which @oven/bun-linux-x64 needs; install @oven/bun-linux-x64-baseline@$PINNED and set BUN" >&2
+    exit 1
+  fi
+  BUN=$PKG/node_modules/@oven/bun-linux-x64/bin/bun
+  STAMP=$PKG/node_modules/.mlxkern-lock
+  # npm ci when the binary is missing or the lockfile changed since the last install.
+  if [[ ! -x "$BUN" || ! -f "$STAMP" ]] || ! cmp -s "$PKG/package-lock.json" "$STAMP"; then
+    echo "test-bun: installing @oven/bun-linux-x64@$PINNED (npm ci in bun/)"
+    T1=$(now)
+    npm ci --prefix "$PKG" --no-audit --no-fund --ignore-scripts --loglevel=error
+    cp "$PKG/package-lock.json" "$STAMP"
+    echo "test-bun: npm ci took $(elapsed "$T1" "$(now)") s"
+  fi
+  VERSION=$("$BUN" --version)
+  if [[ "$VERSION" != "$PINNED" ]]; then
+    echo "test-bun: $BUN reports $VERSION, but $PINNED is pinned; remove bun/node_modules and retry" >&2
+    exit 1
+  fi
+  echo "test-bun: bun $VERSION"
+fi
+
+# --- the tests -------------------------------------------------------------------------------
+LOG=$(mktemp)
+trap 'rm -f "$LOG"' EXIT
+T2=$(now)
+set +e
+(cd "$PKG" && "$BUN" test "$@") 2>&1 | tee "$LOG"
+STATUS=${PIPESTATUS[0]}
+set -e
+T3=$(now)
+
+PASSED=$(sed -nE 's/^ *([0-9]+) pass$/\1/p' "$LOG" | tail -n1)
+FAILED=$(sed -nE 's/^ *([0-9]+) fail$/\1/p' "$LOG" | tail -n1)
+echo "test-bun: bun test took $(elapsed "$T2" "$T3") s; total $(elapsed "$T0" "$T3") s"
+echo "bun: ${PASSED:-0} passed, ${FAILED:-?} failed"
+exit "$STATUS"
