@@ -340,12 +340,15 @@ mlxk_status mlxk_set_cache_limit(size_t bytes);
 
 /**
  * g = exp(-exp(float32(a_log)) * softplus(a + dt_bias)), mlx-lm's `compute_g`, bit for bit on
- * the same device: `a + dt_bias` and softplus in their promoted dtype (bfloat16 for bfloat16
- * inputs), the product and outer exp in float32. g is float32 with a's shape.
+ * the same device. `a + dt_bias` and softplus run in the promoted dtype of a and dt_bias
+ * (bfloat16 for bfloat16 inputs), rounding after every step as MLX does:
+ * `softplus(x) = T(max(x, 0) + T(log1p(T(exp(T(min(x, 0) - max(x, 0)))))))`; the product and
+ * the outer exp are float32. g is float32 with a's shape.
  *
  * Shapes: a_log [Hv] (float32 or bfloat16), a [..., Hv] (float), dt_bias [Hv] (float).
  * Ownership: inputs borrowed; `*g` is a new handle. NULL: none may be NULL.
- * Errors: MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_OUT_OF_MEMORY.
+ * Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
+ * MLXK_ERR_INVALID_ARGUMENT (more than 2^31-1 elements), MLXK_ERR_OUT_OF_MEMORY.
  * Thread: any. Lazy: computation errors surface at eval/read.
  */
 mlxk_status mlxk_compute_g(const struct mlxk_array *a_log, const struct mlxk_array *a, const struct mlxk_array *dt_bias, struct mlxk_array **g);
@@ -367,9 +370,10 @@ mlxk_status mlxk_compute_g(const struct mlxk_array *a_log, const struct mlxk_arr
  * Ownership: inputs borrowed; `*y` and `*state_out` are new handles the caller frees.
  * Decode loop: free the old state handle before evaluating the new one and the CPU kernel
  * writes the new state into the old buffer. NULL: `state` and `mask` may be NULL; nothing
- * else. Errors: MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
- * MLXK_ERR_OUT_OF_MEMORY, MLXK_ERR_NULL_POINTER. Thread: any. Lazy: computation errors
- * surface at eval/read.
+ * else. Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE,
+ * MLXK_ERR_INVALID_HANDLE, MLXK_ERR_INVALID_ARGUMENT (`y == state_out`, a result above 2^31-1
+ * elements), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy: computation errors surface at
+ * eval/read.
  */
 mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **state_out);
 
@@ -385,9 +389,12 @@ mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlx
  * each length lie in [0, T] (MLXK_ERR_INVALID_ARGUMENT naming the row otherwise).
  * Result: `*state_out` float32 [B, Hv, Dv, Dk].
  *
- * Ownership: inputs borrowed (`accepted_lengths` only for the call); `*state_out` is a new
- * handle. NULL: `state` may be NULL; `accepted_lengths` only when n_lengths is 0. Thread:
- * any. Lazy: computation errors surface at eval/read.
+ * Ownership: inputs borrowed (`accepted_lengths` only for the call; int32-aligned);
+ * `*state_out` is a new handle. NULL: `state` may be NULL; `accepted_lengths` only when
+ * n_lengths is 0. Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE,
+ * MLXK_ERR_INVALID_HANDLE, MLXK_ERR_INVALID_ARGUMENT (lengths, a misaligned
+ * `accepted_lengths`), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy: computation errors surface
+ * at eval/read.
  */
 mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const int32_t *accepted_lengths, size_t n_lengths, struct mlxk_array **state_out);
 
@@ -400,7 +407,9 @@ mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk
  * `eps` finite and >= 0. Any width D >= 1. Result: `*out`, x's shape and dtype.
  *
  * Ownership: inputs borrowed; `*out` is a new handle. NULL: none may be NULL. Errors:
- * MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_ARGUMENT (eps). Thread: any. Lazy.
+ * MLXK_ERR_NULL_POINTER, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE,
+ * MLXK_ERR_INVALID_ARGUMENT (eps, too many rows for one launch), MLXK_ERR_OUT_OF_MEMORY.
+ * Thread: any. Lazy.
  */
 mlxk_status mlxk_gated_rms_norm(const struct mlxk_array *x, const struct mlxk_array *gate, const struct mlxk_array *weight, float eps, struct mlxk_array **out);
 
@@ -453,8 +462,9 @@ mlxk_status mlxk_glm52_layout_validate(const struct mlxk_glm52_layout *layout, u
  * `*v` [B, S, Hv, Dv], contiguous, in x's dtype.
  *
  * Ownership: inputs borrowed; three new handles. NULL: none may be NULL. Errors:
- * MLXK_ERR_SHAPE (ranks, channel count, Dk), MLXK_ERR_DTYPE (scale dtype differs from x),
- * MLXK_ERR_INVALID_ARGUMENT (head counts, value_width, eps). Thread: any. Lazy.
+ * MLXK_ERR_NULL_POINTER, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_SHAPE (ranks, channel count, Dk),
+ * MLXK_ERR_DTYPE (scale dtype differs from x), MLXK_ERR_INVALID_ARGUMENT (head counts,
+ * value_width, eps, the same out-pointer twice), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy.
  */
 mlxk_status mlxk_silu_rms_heads(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, struct mlxk_array **q, struct mlxk_array **k, struct mlxk_array **v);
 

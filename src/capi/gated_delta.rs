@@ -6,12 +6,15 @@ use crate::ops::gated_delta::{self as ops, Backend, Inputs, ReplayInputs};
 use crate::registry;
 
 /// g = exp(-exp(float32(a_log)) * softplus(a + dt_bias)), mlx-lm's `compute_g`, bit for bit on
-/// the same device: `a + dt_bias` and softplus in their promoted dtype (bfloat16 for bfloat16
-/// inputs), the product and outer exp in float32. g is float32 with a's shape.
+/// the same device. `a + dt_bias` and softplus run in the promoted dtype of a and dt_bias
+/// (bfloat16 for bfloat16 inputs), rounding after every step as MLX does:
+/// `softplus(x) = T(max(x, 0) + T(log1p(T(exp(T(min(x, 0) - max(x, 0)))))))`; the product and
+/// the outer exp are float32. g is float32 with a's shape.
 ///
 /// Shapes: a_log [Hv] (float32 or bfloat16), a [..., Hv] (float), dt_bias [Hv] (float).
 /// Ownership: inputs borrowed; `*g` is a new handle. NULL: none may be NULL.
-/// Errors: MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_OUT_OF_MEMORY.
+/// Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
+/// MLXK_ERR_INVALID_ARGUMENT (more than 2^31-1 elements), MLXK_ERR_OUT_OF_MEMORY.
 /// Thread: any. Lazy: computation errors surface at eval/read.
 #[no_mangle]
 pub extern "C" fn mlxk_compute_g(
@@ -90,9 +93,10 @@ fn update(
 /// Ownership: inputs borrowed; `*y` and `*state_out` are new handles the caller frees.
 /// Decode loop: free the old state handle before evaluating the new one and the CPU kernel
 /// writes the new state into the old buffer. NULL: `state` and `mask` may be NULL; nothing
-/// else. Errors: MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
-/// MLXK_ERR_OUT_OF_MEMORY, MLXK_ERR_NULL_POINTER. Thread: any. Lazy: computation errors
-/// surface at eval/read.
+/// else. Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE,
+/// MLXK_ERR_INVALID_HANDLE, MLXK_ERR_INVALID_ARGUMENT (`y == state_out`, a result above 2^31-1
+/// elements), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy: computation errors surface at
+/// eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn mlxk_gated_delta_update(
@@ -180,9 +184,12 @@ fn replay(
 /// each length lie in [0, T] (MLXK_ERR_INVALID_ARGUMENT naming the row otherwise).
 /// Result: `*state_out` float32 [B, Hv, Dv, Dk].
 ///
-/// Ownership: inputs borrowed (`accepted_lengths` only for the call); `*state_out` is a new
-/// handle. NULL: `state` may be NULL; `accepted_lengths` only when n_lengths is 0. Thread:
-/// any. Lazy: computation errors surface at eval/read.
+/// Ownership: inputs borrowed (`accepted_lengths` only for the call; int32-aligned);
+/// `*state_out` is a new handle. NULL: `state` may be NULL; `accepted_lengths` only when
+/// n_lengths is 0. Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE,
+/// MLXK_ERR_INVALID_HANDLE, MLXK_ERR_INVALID_ARGUMENT (lengths, a misaligned
+/// `accepted_lengths`), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy: computation errors surface
+/// at eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_state(

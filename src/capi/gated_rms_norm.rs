@@ -38,7 +38,9 @@ fn norm(
 /// `eps` finite and >= 0. Any width D >= 1. Result: `*out`, x's shape and dtype.
 ///
 /// Ownership: inputs borrowed; `*out` is a new handle. NULL: none may be NULL. Errors:
-/// MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_ARGUMENT (eps). Thread: any. Lazy.
+/// MLXK_ERR_NULL_POINTER, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE,
+/// MLXK_ERR_INVALID_ARGUMENT (eps, too many rows for one launch), MLXK_ERR_OUT_OF_MEMORY.
+/// Thread: any. Lazy.
 #[no_mangle]
 pub extern "C" fn mlxk_gated_rms_norm(
     x: *const mlxk_array,

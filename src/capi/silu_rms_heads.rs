@@ -57,8 +57,9 @@ fn split(
 /// `*v` [B, S, Hv, Dv], contiguous, in x's dtype.
 ///
 /// Ownership: inputs borrowed; three new handles. NULL: none may be NULL. Errors:
-/// MLXK_ERR_SHAPE (ranks, channel count, Dk), MLXK_ERR_DTYPE (scale dtype differs from x),
-/// MLXK_ERR_INVALID_ARGUMENT (head counts, value_width, eps). Thread: any. Lazy.
+/// MLXK_ERR_NULL_POINTER, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_SHAPE (ranks, channel count, Dk),
+/// MLXK_ERR_DTYPE (scale dtype differs from x), MLXK_ERR_INVALID_ARGUMENT (head counts,
+/// value_width, eps, the same out-pointer twice), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub extern "C" fn mlxk_silu_rms_heads(
