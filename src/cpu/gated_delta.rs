@@ -470,65 +470,78 @@ mod avx2 {
     type Partials<const R: usize> = [[__m256; 4]; R];
 
     /// First half of a token: `s *= g; kv += s·k` (lane partials).
-    #[inline]
-    #[target_feature(enable = "avx2")]
+    #[inline(always)]
     unsafe fn decay_and_read<const R: usize>(
         s: &mut Rows<R>,
         g: f32,
         k: *const f32,
     ) -> Partials<R> {
         let g = _mm256_set1_ps(g);
+        let sp = s.as_mut_ptr() as *mut __m256;
         let mut acc = [[_mm256_setzero_ps(); 4]; R];
         for group in 0..4 {
             // Lanes 8·group .. 8·group+8: element i of each lane, i = 0..3, in order.
+            let mut a = [_mm256_setzero_ps(); R];
             for i in 0..4 {
                 let j = 4 * group + i;
                 let kj = _mm256_loadu_ps(k.add(8 * j));
                 for r in 0..R {
-                    s[r][j] = _mm256_mul_ps(s[r][j], g);
-                    acc[r][group] = _mm256_add_ps(acc[r][group], _mm256_mul_ps(s[r][j], kj));
+                    let x = _mm256_mul_ps(*sp.add(16 * r + j), g);
+                    *sp.add(16 * r + j) = x;
+                    a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(x, kj));
                 }
+            }
+            for r in 0..R {
+                acc[r][group] = a[r];
             }
         }
         acc
     }
 
-    /// Second half of token t (`s += k·delta`, and `out += s·q` when `q` is given), fused with
-    /// the first half of the next token when `next` is given. Per element the operations and
-    /// each lane's accumulation order are those of the two halves run one after the other.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn update_and_next<const R: usize>(
+    /// Second half of token t (`s += k·delta`, and `out += s·q` when `Q`), fused with the
+    /// first half of the next token when `NEXT` (`s *= g'; kv' += s·k'`). Per element the
+    /// operations, and each lane's accumulation order, are those of the halves run one after
+    /// the other.
+    #[inline(always)]
+    unsafe fn update_and_next<const R: usize, const Q: bool, const NEXT: bool>(
         s: &mut Rows<R>,
         delta: &[__m256; R],
         k: *const f32,
-        q: Option<*const f32>,
-        next: Option<(f32, *const f32)>,
+        q: *const f32,
+        g_next: f32,
+        k_next: *const f32,
     ) -> (Partials<R>, Partials<R>) {
+        let sp = s.as_mut_ptr() as *mut __m256;
         let mut out = [[_mm256_setzero_ps(); 4]; R];
         let mut kv = [[_mm256_setzero_ps(); 4]; R];
-        let (g_next, k_next) = next.unwrap_or((1.0, k));
         let g_next = _mm256_set1_ps(g_next);
         for group in 0..4 {
+            let mut o = [_mm256_setzero_ps(); R];
+            let mut a = [_mm256_setzero_ps(); R];
             for i in 0..4 {
                 let j = 4 * group + i;
                 let kj = _mm256_loadu_ps(k.add(8 * j));
+                let qj = if Q { _mm256_loadu_ps(q.add(8 * j)) } else { kj };
+                let kn = if NEXT {
+                    _mm256_loadu_ps(k_next.add(8 * j))
+                } else {
+                    kj
+                };
                 for r in 0..R {
-                    s[r][j] = _mm256_add_ps(s[r][j], _mm256_mul_ps(kj, delta[r]));
-                }
-                if let Some(q) = q {
-                    let qj = _mm256_loadu_ps(q.add(8 * j));
-                    for r in 0..R {
-                        out[r][group] = _mm256_add_ps(out[r][group], _mm256_mul_ps(s[r][j], qj));
+                    let mut x = _mm256_add_ps(*sp.add(16 * r + j), _mm256_mul_ps(kj, delta[r]));
+                    if Q {
+                        o[r] = _mm256_add_ps(o[r], _mm256_mul_ps(x, qj));
                     }
-                }
-                if next.is_some() {
-                    let kn = _mm256_loadu_ps(k_next.add(8 * j));
-                    for r in 0..R {
-                        s[r][j] = _mm256_mul_ps(s[r][j], g_next);
-                        kv[r][group] = _mm256_add_ps(kv[r][group], _mm256_mul_ps(s[r][j], kn));
+                    if NEXT {
+                        x = _mm256_mul_ps(x, g_next);
+                        a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(x, kn));
                     }
+                    *sp.add(16 * r + j) = x;
                 }
+            }
+            for r in 0..R {
+                out[r][group] = o[r];
+                kv[r][group] = a[r];
             }
         }
         (out, kv)
@@ -566,14 +579,32 @@ mod avx2 {
                 let d = (io[r].v[t * io[r].stride].to_f32() - kv_mem) * tile.beta[t];
                 delta[r] = _mm256_set1_ps(d);
             }
-            let next =
-                (t + 1 < tile.len && tile.active[t + 1]).then(|| (tile.g[t + 1], key(t + 1)));
-            let q = tile.q.map(|q| q.as_ptr().add(t * 128));
-            let (out, kv_next) = update_and_next(&mut s, &delta, key(t), q, next);
-            if next.is_some() {
+            let next = t + 1 < tile.len && tile.active[t + 1];
+            let (g_next, k_next) = if next {
+                (tile.g[t + 1], key(t + 1))
+            } else {
+                (1.0, key(t))
+            };
+            let q = tile.q.map_or(std::ptr::null(), |q| q.as_ptr().add(t * 128));
+            let k = key(t);
+            let (out, kv_next) = match (tile.q.is_some(), next) {
+                (true, true) => {
+                    update_and_next::<R, true, true>(&mut s, &delta, k, q, g_next, k_next)
+                }
+                (true, false) => {
+                    update_and_next::<R, true, false>(&mut s, &delta, k, q, g_next, k_next)
+                }
+                (false, true) => {
+                    update_and_next::<R, false, true>(&mut s, &delta, k, q, g_next, k_next)
+                }
+                (false, false) => {
+                    update_and_next::<R, false, false>(&mut s, &delta, k, q, g_next, k_next)
+                }
+            };
+            if next {
                 ready = Some(kv_next);
             }
-            if q.is_some() {
+            if tile.q.is_some() {
                 for r in 0..R {
                     *io[r].y.add(t * io[r].stride) = T::from_f32(butterfly(out[r]));
                 }
