@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo test test-rust test-oracle test-c test-bun clean
+.PHONY: bootstrap build header demo install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -35,7 +35,7 @@ demo: build
 	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
-test: bootstrap test-rust test-oracle test-c test-bun
+test: bootstrap test-rust test-oracle test-c test-cpp test-bun test-metal-emu
 
 test-rust:
 	$(CARGO) test
@@ -46,6 +46,19 @@ test-oracle: build
 test-c: build
 	@mkdir -p $(BUILD)
 	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./tests/c/run.sh
+
+test-cpp: build
+	@mkdir -p $(BUILD)
+	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-cpp.sh
+
+test-metal-emu: build
+	@mkdir -p $(BUILD)
+	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-metal-emu.sh
+
+# Installs the library (with a private copy of MLX's libmlx), both headers and mlxkern.pc.
+PREFIX ?= /usr/local
+install: build
+	LIBDIR=$(LIBDIR) ./scripts/install.sh $(PREFIX)
 
 test-bun: build
 	./scripts/test-bun.sh

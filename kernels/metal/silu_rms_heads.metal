@@ -15,8 +15,10 @@
   for (uint i = 0; i < 4u; ++i) {
     const uint col = lane * 4u + i;
     const T value = col < width ? x[row * uint(C) + channel + col] : T(0);
-    const auto y = 1 / (1 + metal::exp(metal::abs(value)));
-    const T sigmoid = T(value < T(0) ? y : 1 - y);
+    // MLX's CPU sigmoid rounding points: e rounded to T, y and 1 - y in float.
+    const float e = float(T(metal::exp(float(metal::abs(value)))));
+    const float y = 1.0f / (1.0f + e);
+    const T sigmoid = T(value < T(0) ? y : 1.0f - y);
     values[i] = T(value * sigmoid);
     const float activated = float(values[i]);
     sum += activated * activated;

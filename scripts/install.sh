@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Installs mlxkern into PREFIX (Linux):
+#
+#   scripts/install.sh PREFIX
+#
+#   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header and the C++ RAII layer
+#   PREFIX/lib/libmlxkern.so                    the cdylib built by `cargo build --lib`
+#   PREFIX/lib/mlxkern/mlx/lib/libmlx.so        a private copy of the MLX the build linked
+#   PREFIX/lib/mlxkern/mlx_cpu.libs/            ... and of the BLAS/LAPACK libraries it bundles
+#   PREFIX/lib/pkgconfig/mlxkern.pc             Cflags/Libs, with an rpath to PREFIX/lib
+#   PREFIX/share/doc/mlxkern/                   third-party notices and MLX's licenses
+#
+# Why a private copy of MLX: the built library's RUNPATH points at the MLX pip package inside
+# the build's .venv, which an install must not depend on (the build tree may be moved or
+# deleted). The pip wheel's libmlx carries RPATH $ORIGIN/../../mlx_cpu.libs (its bundled
+# BLAS/LAPACK), so the copy keeps the wheel's layout under PREFIX/lib/mlxkern/ (mlx/lib/ and
+# mlx_cpu.libs/ side by side) and libmlx is installed unmodified. Only libmlxkern's RUNPATH
+# changes, to $ORIGIN/mlxkern/mlx/lib: relative, so the whole PREFIX can be relocated. The
+# RUNPATH string is rewritten in place (it is always shorter than the build's absolute path),
+# after checking that no other dynamic string shares its bytes; where that is not possible,
+# patchelf is used if installed (Debian: apt-get install patchelf).
+#
+# Environment: LIBDIR (folder holding the built libmlxkern.so; default target/debug),
+# PYTHON (a python3 for the ELF edit; default the project's .venv, else python3).
+# Needs: bash, coreutils, readelf (binutils), python3. Idempotent: re-running overwrites.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+if [ $# -ne 1 ] || [ -z "$1" ]; then
+  echo "usage: $0 PREFIX" >&2
+  exit 2
+fi
+mkdir -p "$1"
+PREFIX=$(cd "$1" && pwd)
+LIBDIR=${LIBDIR:-$ROOT/target/debug}
+
+fail() {
+  echo "install: $*" >&2
+  exit 1
+}
+
+[ "$(uname -s)" = Linux ] || fail "only Linux is supported by this script (macOS: use the dylib's @rpath install name)"
+command -v readelf >/dev/null || fail "readelf not found (Debian: apt-get install binutils)"
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$ROOT/.venv/bin/python3" ]; then PYTHON=$ROOT/.venv/bin/python3; else PYTHON=python3; fi
+fi
+
+LIB=$LIBDIR/libmlxkern.so
+[ -f "$LIB" ] || fail "$LIB not found: build the library first (cargo build --lib)"
+
+# The MLX the build linked: the library's RUNPATH names the folder holding libmlx.so.
+runpath=$(readelf -d "$LIB" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]$/\2/p' | head -n 1)
+[ -n "$runpath" ] || fail "$LIB has no RUNPATH/RPATH: cannot tell which libmlx it was built against"
+MLX_LIB=
+IFS=: read -r -a entries <<<"$runpath"
+for entry in "${entries[@]}"; do
+  if [ -f "$entry/libmlx.so" ]; then
+    MLX_LIB=$(cd "$entry" && pwd)
+    break
+  fi
+done
+[ -n "$MLX_LIB" ] || fail "libmlx.so not found in $LIB's RUNPATH ($runpath)"
+
+version=$(sed -n 's/^#define MLXK_VERSION "\(.*\)"$/\1/p' "$ROOT/include/mlxkern.h")
+[ -n "$version" ] || fail "MLXK_VERSION not found in include/mlxkern.h"
+
+DEST_LIB=$PREFIX/lib
+DEST_MLX=$DEST_LIB/mlxkern  # mirrors the wheel's site-packages layout
+mkdir -p "$PREFIX/include" "$DEST_LIB/pkgconfig" "$DEST_MLX/mlx/lib" "$PREFIX/share/doc/mlxkern"
+
+# 1. Headers.
+install -m 0644 "$ROOT/include/mlxkern.h" "$ROOT/include/mlxkern.hpp" "$PREFIX/include/"
+
+# 2. MLX: libmlx.so unmodified, plus every $ORIGIN-relative folder its RPATH/RUNPATH names
+#    (the wheel: $ORIGIN/../../mlx_cpu.libs), at the same relative place.
+install -m 0755 "$MLX_LIB/libmlx.so" "$DEST_MLX/mlx/lib/libmlx.so"
+mlx_runpath=$(readelf -d "$MLX_LIB/libmlx.so" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]$/\2/p' | head -n 1)
+IFS=: read -r -a mlx_entries <<<"$mlx_runpath"
+for entry in "${mlx_entries[@]}"; do
+  case "$entry" in
+    '$ORIGIN'/*)
+      relative=${entry#\$ORIGIN/}
+      source=$(realpath -m "$MLX_LIB/$relative")
+      target=$(realpath -m "$DEST_MLX/mlx/lib/$relative")
+      case "$target" in
+        "$DEST_MLX"/*) ;;
+        *) fail "libmlx's RPATH entry $entry would land outside $DEST_MLX" ;;
+      esac
+      if [ -d "$source" ]; then
+        mkdir -p "$target"
+        cp -p "$source"/* "$target/"
+      fi
+      ;;
+    '') ;;
+    *) echo "install: note: libmlx's RPATH entry $entry is absolute; left as is" >&2 ;;
+  esac
+done
+
+# Licenses of what is redistributed (MLX, its bundled BLAS/LAPACK runtime).
+[ -f "$ROOT/THIRD_PARTY_NOTICES.md" ] && install -m 0644 "$ROOT/THIRD_PARTY_NOTICES.md" "$PREFIX/share/doc/mlxkern/"
+site=$(dirname "$(dirname "$MLX_LIB")")  # the site-packages folder holding mlx/
+for info in "$site"/mlx-*.dist-info "$site"/mlx_cpu-*.dist-info; do
+  [ -d "$info" ] || continue
+  name=$(basename "$info")
+  mkdir -p "$PREFIX/share/doc/mlxkern/$name"
+  find "$info" \( -path '*/licenses/*' -o -path '*/sboms/*' \) -type f \
+    -exec cp -p {} "$PREFIX/share/doc/mlxkern/$name/" \;
+done
+
+# 3. libmlxkern.so with RUNPATH $ORIGIN/mlxkern/mlx/lib.
+NEW_RUNPATH='$ORIGIN/mlxkern/mlx/lib'
+tmp=$DEST_LIB/.libmlxkern.so.tmp
+cp "$LIB" "$tmp"
+chmod 0755 "$tmp"
+set_runpath_in_place() {
+  "$PYTHON" - "$1" "$2" <<'PY'
+"""Rewrites the DT_RUNPATH (or DT_RPATH) string of a 64-bit little-endian ELF shared library in
+place. The new string must not be longer than the old one; the rest is filled with NULs. Refuses
+(exit 3) when any other dynamic string reference (DT_NEEDED, DT_SONAME, symbol names, version
+names) points into the old string's bytes (linkers merge string suffixes)."""
+import struct
+import sys
+
+path, new = sys.argv[1], sys.argv[2].encode()
+data = bytearray(open(path, "rb").read())
+if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+    sys.exit("not a 64-bit little-endian ELF file")
+phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+
+loads, dynamic = [], None
+for i in range(phnum):
+    p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = struct.unpack_from(
+        "<IIQQQQQQ", data, phoff + i * phentsize)
+    if p_type == 1:
+        loads.append((p_vaddr, p_offset, p_filesz))
+    elif p_type == 2:
+        dynamic = (p_offset, p_filesz)
+if dynamic is None:
+    sys.exit("no PT_DYNAMIC segment")
+
+
+def offset_of(vaddr):
+    for start, offset, size in loads:
+        if start <= vaddr < start + size:
+            return offset + vaddr - start
+    sys.exit(f"address {vaddr:#x} is in no PT_LOAD segment")
+
+
+entries = []
+for i in range(dynamic[1] // 16):
+    tag, value = struct.unpack_from("<qQ", data, dynamic[0] + 16 * i)
+    if tag == 0:
+        break
+    entries.append((tag, value))
+tags = dict(entries)
+DT_STRTAB, DT_STRSZ, DT_RPATH, DT_RUNPATH = 5, 10, 15, 29
+strtab = offset_of(tags[DT_STRTAB])
+strsz = tags[DT_STRSZ]
+targets = [value for tag, value in entries if tag in (DT_RPATH, DT_RUNPATH)]
+if not targets:
+    sys.exit("no DT_RUNPATH or DT_RPATH entry")
+
+# Every other reference into the dynamic string table.
+refs = [value for tag, value in entries
+        if tag in (1, 14, 0x7FFFFFFD, 0x7FFFFFFF)]  # NEEDED, SONAME, AUXILIARY, FILTER
+for i in range(shnum):
+    sh_name, sh_type, _, _, sh_offset, sh_size, _, _, _, sh_entsize = struct.unpack_from(
+        "<IIQQQQIIQQ", data, shoff + i * shentsize)
+    if sh_type == 11 and sh_entsize:  # SHT_DYNSYM: st_name is each entry's first word
+        refs += [struct.unpack_from("<I", data, sh_offset + j * sh_entsize)[0]
+                 for j in range(sh_size // sh_entsize)]
+if 0x6FFFFFFE in tags:  # DT_VERNEED: vn_file, vna_name
+    at = offset_of(tags[0x6FFFFFFE])
+    for _ in range(tags.get(0x6FFFFFFF, 0)):
+        _, count, vn_file, vn_aux, vn_next = struct.unpack_from("<HHIII", data, at)
+        refs.append(vn_file)
+        aux = at + vn_aux
+        for _ in range(count):
+            _, _, _, vna_name, vna_next = struct.unpack_from("<IHHII", data, aux)
+            refs.append(vna_name)
+            aux += vna_next
+        at += vn_next
+if 0x6FFFFFFC in tags:  # DT_VERDEF: vda_name
+    at = offset_of(tags[0x6FFFFFFC])
+    for _ in range(tags.get(0x6FFFFFFD, 0)):
+        _, _, _, count, _, vd_aux, vd_next = struct.unpack_from("<HHHHIII", data, at)
+        aux = at + vd_aux
+        for _ in range(count):
+            vda_name, vda_next = struct.unpack_from("<II", data, aux)
+            refs.append(vda_name)
+            aux += vda_next
+        at += vd_next
+
+for target in targets:
+    start = strtab + target
+    end = data.index(b"\0", start)
+    if target >= strsz or end >= strtab + strsz:
+        sys.exit("RUNPATH string outside the string table")
+    length = end - start
+    if len(new) > length:
+        print(f"new RUNPATH longer than the old one ({len(new)} > {length})", file=sys.stderr)
+        sys.exit(3)
+    if any(target < ref < target + length for ref in refs if ref not in targets):
+        print("another dynamic string shares the RUNPATH's bytes", file=sys.stderr)
+        sys.exit(3)
+    data[start:end + 1] = new + b"\0" * (length + 1 - len(new))
+open(path, "wb").write(data)
+PY
+}
+status=0
+set_runpath_in_place "$tmp" "$NEW_RUNPATH" || status=$?
+if [ "$status" -ne 0 ]; then
+  if [ "$status" -eq 3 ] && command -v patchelf >/dev/null; then
+    cp "$LIB" "$tmp"
+    patchelf --set-rpath "$NEW_RUNPATH" "$tmp"
+  else
+    rm -f "$tmp"
+    fail "could not set the RUNPATH of the installed library (install patchelf: apt-get install patchelf)"
+  fi
+fi
+mv -f "$tmp" "$DEST_LIB/libmlxkern.so"
+got=$(readelf -d "$DEST_LIB/libmlxkern.so" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]$/\2/p')
+[ "$got" = "$NEW_RUNPATH" ] || fail "RUNPATH of the installed library is '$got', expected '$NEW_RUNPATH'"
+
+# 4. pkg-config file.
+sed -e "s|@PREFIX@|$PREFIX|g" -e "s|@VERSION@|$version|g" "$ROOT/mlxkern.pc.in" \
+  >"$DEST_LIB/pkgconfig/mlxkern.pc"
+chmod 0644 "$DEST_LIB/pkgconfig/mlxkern.pc"
+
+echo "install: mlxkern $version into $PREFIX (MLX from $MLX_LIB; RUNPATH $NEW_RUNPATH)"

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The C++ side of mlxkern, end to end:
+#   1. include/mlxkern.hpp: its tests (tests/cpp/test_mlxkern_hpp.cpp) built with strict
+#      warnings (-Werror, conversions, old-style casts) and run under ASan + LSan + UBSan;
+#   2. the example engine (examples/cpp/qwen35_layer.cpp) built against the in-tree headers;
+#   3. the acceptance test (tests/cpp/test_qwen35_layer.py): the engine against mlx-lm 0.32.2's
+#      Qwen3.5 GatedDeltaNet (small shapes and Qwen3.5-35B-A3B's), prefill, decode, speculative
+#      rollback;
+#   4. scripts/install.sh into a temporary PREFIX;
+#   5. the example rebuilt from a copy of its sources with only
+#      `pkg-config --cflags --libs mlxkern` (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig), checked to
+#      load everything from PREFIX, run without LD_LIBRARY_PATH on the acceptance inputs, and
+#      its outputs compared byte for byte with the in-tree build's.
+#
+# Environment: CXX (default c++), LIBDIR (folder of the built libmlxkern.so; default
+# target/debug), BUILD (output folder; default build), MLXK_CPP_SEED (replay the acceptance
+# test's random inputs), KEEP_PREFIX=1 (keep the temporary install).
+# Needs: the library built (cargo build --lib), the .venv (make bootstrap), g++ >= 8 (C++17),
+# pkg-config and binutils (Debian: apt-get install g++ pkg-config binutils).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CXX=${CXX:-c++}
+LIBDIR=${LIBDIR:-$ROOT/target/debug}
+BUILD=${BUILD:-$ROOT/build}
+OUT=$BUILD/cpp
+PY=$ROOT/.venv/bin/python3
+LIB=$LIBDIR/libmlxkern.so
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
+
+[ "$(uname -s)" = Linux ] || fail "scripts/test-cpp.sh runs on Linux (the install step is Linux-only)"
+for tool in "$CXX" pkg-config readelf ldd cmp; do
+  command -v "$tool" >/dev/null || case "$tool" in
+    pkg-config) fail "pkg-config not found: apt-get install pkg-config" ;;
+    readelf) fail "readelf not found: apt-get install binutils" ;;
+    ldd) fail "ldd not found: apt-get install libc-bin" ;;
+    cmp) fail "cmp not found: apt-get install diffutils" ;;
+    *) fail "C++ compiler '$tool' not found: apt-get install g++ (or set CXX)" ;;
+  esac
+done
+[ -x "$PY" ] || fail "$PY not found: run make bootstrap"
+[ -f "$LIB" ] || fail "$LIB not found: build the library first (cargo build --lib)"
+mkdir -p "$OUT"
+total_start=$(now)
+
+STRICT=(-std=c++17 -Wall -Wextra -Werror -pedantic -Wold-style-cast -Wshadow)
+IN_TREE=(-I"$ROOT/include" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
+
+# 1. The header-only layer's own tests.
+start=$(now)
+"$CXX" "${STRICT[@]}" -Wconversion -Wsign-conversion -g -O1 -fsanitize=address,undefined \
+  -fno-sanitize-recover=all -fno-omit-frame-pointer "$ROOT/tests/cpp/test_mlxkern_hpp.cpp" \
+  "${IN_TREE[@]}" -o "$OUT/test_mlxkern_hpp" || fail "tests/cpp/test_mlxkern_hpp.cpp does not build"
+log=$OUT/test_mlxkern_hpp.log
+if ! ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 "$OUT/test_mlxkern_hpp" >"$log" 2>&1; then
+  cat "$log" >&2
+  fail "tests/cpp/test_mlxkern_hpp under ASan + LSan + UBSan"
+fi
+grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer report"; }
+echo "PASS: include/mlxkern.hpp: $(tail -n 1 "$log") under ASan + LSan + UBSan" \
+  "(-Werror -Wconversion -Wold-style-cast -pedantic, included twice) [$(since "$start")]"
+
+# 2. The example against the in-tree headers.
+start=$(now)
+"$CXX" "${STRICT[@]}" -O2 "$ROOT/examples/cpp/qwen35_layer.cpp" "${IN_TREE[@]}" \
+  -o "$OUT/qwen35_layer" || fail "examples/cpp/qwen35_layer.cpp does not build against include/"
+echo "PASS: examples/cpp/qwen35_layer builds against include/ (-std=c++17 -Werror -pedantic)" \
+  "[$(since "$start")]"
+
+# 3. The acceptance test.
+start=$(now)
+WORK=$OUT/acceptance
+rm -rf "$WORK"
+mkdir -p "$WORK"
+"$PY" "$ROOT/tests/cpp/test_qwen35_layer.py" --binary "$OUT/qwen35_layer" --workdir "$WORK" \
+  || fail "acceptance test (tests/cpp/test_qwen35_layer.py)"
+echo "PASS: acceptance test against mlx-lm 0.32.2 (small and 35B-A3B shapes) [$(since "$start")]"
+
+# 4. Install into a temporary PREFIX.
+start=$(now)
+PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/mlxkern-prefix.XXXXXX")
+if [ "${KEEP_PREFIX:-0}" = 1 ]; then
+  echo "note: keeping $PREFIX"
+else
+  trap 'rm -rf "$PREFIX"' EXIT
+fi
+LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$PREFIX" >/dev/null || fail "scripts/install.sh $PREFIX"
+for file in include/mlxkern.h include/mlxkern.hpp lib/libmlxkern.so lib/pkgconfig/mlxkern.pc \
+  lib/mlxkern/mlx/lib/libmlx.so; do
+  [ -f "$PREFIX/$file" ] || fail "install: $file missing"
+done
+echo "PASS: scripts/install.sh: headers, lib, private MLX copy and pkg-config file in PREFIX" \
+  "[$(since "$start")]"
+
+# 5. Build and run the example against the installed copy, with pkg-config alone.
+start=$(now)
+export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
+unset LD_LIBRARY_PATH
+flags=$(pkg-config --cflags --libs mlxkern) || fail "pkg-config does not find mlxkern"
+case " $flags " in
+  *"$ROOT"*) fail "pkg-config flags point into the build tree: $flags" ;;
+esac
+CONSUMER=$OUT/consumer
+rm -rf "$CONSUMER"
+mkdir -p "$CONSUMER"
+cp "$ROOT"/examples/cpp/*.cpp "$ROOT"/examples/cpp/*.hpp "$CONSUMER/"
+# shellcheck disable=SC2086  # pkg-config output is a list of flags
+"$CXX" "${STRICT[@]}" -O2 -MD "$CONSUMER/qwen35_layer.cpp" $flags -o "$CONSUMER/qwen35_layer" \
+  || fail "the example does not build with pkg-config --cflags --libs mlxkern"
+grep -q "$PREFIX/include/mlxkern.hpp" "$CONSUMER"/*.d || fail "the consumer build did not use PREFIX's mlxkern.hpp"
+grep -q "$ROOT/include" "$CONSUMER"/*.d && fail "the consumer build read headers from the build tree"
+libs=$(ldd "$CONSUMER/qwen35_layer")
+for name in libmlxkern.so libmlx.so libblas liblapack; do
+  echo "$libs" | grep "$name" | grep -q "=> $PREFIX/" \
+    || fail "$name is not loaded from $PREFIX: $(echo "$libs" | grep "$name" || echo 'not found')"
+done
+echo "$libs" | grep -q "not found" && fail "unresolved libraries: $libs"
+echo "PASS: the example builds with only \`pkg-config --cflags --libs mlxkern\`: $flags" \
+  "[$(since "$start")]"
+
+start=$(now)
+for config in small 35b; do
+  "$CONSUMER/qwen35_layer" "$WORK/$config.weights.safetensors" "$WORK/$config.inputs.safetensors" \
+    "$CONSUMER/$config.outputs.safetensors" --quiet >/dev/null \
+    || fail "the installed-copy build failed on the $config inputs"
+  cmp -s "$WORK/$config.outputs.safetensors" "$CONSUMER/$config.outputs.safetensors" \
+    || fail "the installed-copy build's $config outputs differ from the in-tree build's"
+done
+echo "PASS: the installed-copy build runs without LD_LIBRARY_PATH (libmlxkern, libmlx, BLAS from" \
+  "PREFIX); outputs byte-identical to the in-tree build's [$(since "$start")]"
+
+echo "PASS: scripts/test-cpp.sh [$(since "$total_start") total]"

@@ -1,0 +1,357 @@
+// Tests of include/mlxkern.hpp, the header-only C++ layer: ownership (destructor, move,
+// release, out-parameters adopted before the status check), errors (status, message, what()),
+// the host conversions, every kernel wrapper and the GLM-5.2 layout helpers.
+//
+// Whether a handle was freed is observed through the library's registry: a freed handle gives
+// MLXK_ERR_INVALID_HANDLE. Built by scripts/test-cpp.sh with -Werror and strict warnings, and
+// run under AddressSanitizer + UndefinedBehaviorSanitizer.
+#include "mlxkern.hpp"
+#include "mlxkern.hpp"  // the include guard makes a second include a no-op
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+int passed = 0;
+int failed = 0;
+
+void check_at(bool ok, const char *what, int line) {
+  if (ok) {
+    ++passed;
+  } else {
+    ++failed;
+    std::fprintf(stderr, "FAIL (test_mlxkern_hpp.cpp:%d): %s\n", line, what);
+  }
+}
+
+#define CHECK(cond) check_at((cond), #cond, __LINE__)
+
+// Runs `body`, which must throw mlxk::Error with `status`; returns the error's message.
+template <class Body>
+std::string expect_error(mlxk_status status, Body body, int line) {
+  try {
+    body();
+  } catch (const mlxk::Error &error) {
+    check_at(error.status() == status, "the expected status", line);
+    const std::string what = error.what();
+    check_at(what.rfind(std::string(mlxk_status_name(status)) + ": ", 0) == 0,
+             "what() starts with the status name", line);
+    check_at(!error.message().empty(), "a non-empty message", line);
+    return error.message();
+  } catch (...) {
+    check_at(false, "threw something other than mlxk::Error", line);
+    return {};
+  }
+  check_at(false, "no exception", line);
+  return {};
+}
+
+#define EXPECT_ERROR(status, ...) expect_error((status), [&]() { __VA_ARGS__; }, __LINE__)
+
+bool is_live(mlxk_array *raw) {
+  std::size_t ndim = 0;
+  return mlxk_array_ndim(raw, &ndim) == MLXK_OK;
+}
+
+std::vector<float> random_floats(std::mt19937 &rng, std::size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> out(n);
+  for (float &value : out) value = normal(rng);
+  return out;
+}
+
+// --- compile-time properties ---------------------------------------------------------------
+
+static_assert(!std::is_copy_constructible<mlxk::Array>::value, "Array is move-only");
+static_assert(!std::is_copy_assignable<mlxk::Array>::value, "Array is move-only");
+static_assert(std::is_nothrow_move_constructible<mlxk::Array>::value, "noexcept move");
+static_assert(std::is_nothrow_move_assignable<mlxk::Array>::value, "noexcept move");
+static_assert(std::is_base_of<std::runtime_error, mlxk::Error>::value, "Error is a runtime_error");
+static_assert(static_cast<int>(mlxk::Dtype::BFloat16) == MLXK_DTYPE_BFLOAT16, "dtype values");
+static_assert(mlxk::dtype_size(mlxk::Dtype::BFloat16) == 2, "dtype sizes");
+
+// --- tests ---------------------------------------------------------------------------------
+
+void test_conversions() {
+  CHECK(mlxk::bf16_from_float(1.0f) == 0x3F80);
+  CHECK(mlxk::bf16_from_float(-2.0f) == 0xC000);
+  // Ties round to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7.
+  CHECK(mlxk::bf16_from_float(1.0f + std::ldexp(1.0f, -8)) == 0x3F80);
+  CHECK(mlxk::bf16_from_float(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3F82);
+  CHECK(mlxk::bf16_from_float(std::numeric_limits<float>::quiet_NaN()) == 0x7FC0);
+  CHECK(mlxk::bf16_from_float(-std::numeric_limits<float>::quiet_NaN()) == 0x7FC0);
+  CHECK(mlxk::bf16_from_float(std::numeric_limits<float>::infinity()) == 0x7F80);
+  CHECK(mlxk::bf16_from_float(3.4e38f) == 0x7F80);  // rounds up past the largest bfloat16
+  CHECK(mlxk::float_from_bf16(0x3F80) == 1.0f);
+  CHECK(mlxk::round_bf16(0.1f) == mlxk::float_from_bf16(0x3DCD));
+  CHECK(mlxk::float_from_f16(0x3C00) == 1.0f);
+  CHECK(mlxk::float_from_f16(0xC000) == -2.0f);
+  CHECK(mlxk::float_from_f16(0x0001) == std::ldexp(1.0f, -24));  // smallest subnormal
+  CHECK(mlxk::float_from_f16(0x03FF) == std::ldexp(1023.0f, -24));
+  CHECK(mlxk::float_from_f16(0x7BFF) == 65504.0f);
+  CHECK(std::isinf(mlxk::float_from_f16(0xFC00)) && mlxk::float_from_f16(0xFC00) < 0);
+  CHECK(std::isnan(mlxk::float_from_f16(0x7E00)));
+  CHECK(std::signbit(mlxk::float_from_f16(0x8000)));
+}
+
+void test_ownership() {
+  mlxk_array *raw = nullptr;
+  {
+    mlxk::Array a = mlxk::Array::zeros({2, 3}, mlxk::Dtype::Float32);
+    raw = a.get();
+    CHECK(is_live(raw));
+    mlxk::Array b = std::move(a);  // moves the handle, frees nothing
+    CHECK(a.empty() && !a);
+    CHECK(b.get() == raw && is_live(raw));
+    mlxk::Array c;
+    c = std::move(b);
+    CHECK(c.get() == raw && b.empty());
+    c = mlxk::Array::zeros({1}, mlxk::Dtype::Int32);  // assignment frees the old handle
+    CHECK(!is_live(raw));
+    raw = c.get();
+  }
+  CHECK(!is_live(raw));  // the destructor freed it
+
+  mlxk::Array d = mlxk::Array::zeros({4}, mlxk::Dtype::BFloat16);
+  mlxk_array *released = d.release();
+  CHECK(d.empty() && is_live(released));
+  CHECK(mlxk_array_free(released) == MLXK_OK);
+  CHECK(!is_live(released));
+
+  mlxk::Array e = mlxk::Array::zeros({1}, mlxk::Dtype::Float32);
+  e.reset();
+  CHECK(e.empty());
+
+  // An out-parameter is adopted before the status is checked: a handle written by a call that
+  // then reports failure is freed when the exception unwinds.
+  mlxk_array *stranded = nullptr;
+  auto writes_then_fails = [&stranded](mlxk_array **out) {
+    if (mlxk_array_zeros(nullptr, 0, MLXK_DTYPE_FLOAT32, out) != MLXK_OK) return MLXK_ERR_BACKEND;
+    stranded = *out;
+    return mlxk_array_ndim(nullptr, nullptr);  // sets last_error, returns NULL_POINTER
+  };
+  EXPECT_ERROR(MLXK_ERR_NULL_POINTER, {
+    mlxk::Array result;
+    mlxk::check(writes_then_fails(mlxk::OutHandle(result)));
+  });
+  CHECK(stranded != nullptr && !is_live(stranded));
+}
+
+void test_arrays() {
+  const std::vector<float> values{1.5f, -2.25f, 0.1f, 3.0f, -0.0f, 7.0f};
+  mlxk::Array f32 = mlxk::Array::from_f32(values, {2, 3});
+  CHECK((f32.shape() == mlxk::Shape{2, 3}));
+  CHECK(f32.ndim() == 2 && f32.size() == 6 && f32.nbytes() == 24);
+  CHECK(f32.dtype() == mlxk::Dtype::Float32);
+  CHECK(f32.to_floats() == values);
+
+  mlxk::Array bf16 = mlxk::Array::from_bf16(values, {3, 2});
+  CHECK(bf16.dtype() == mlxk::Dtype::BFloat16 && bf16.nbytes() == 12);
+  const std::vector<float> rounded = bf16.to_floats();
+  bool all_rounded = true;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    all_rounded = all_rounded && rounded[i] == mlxk::round_bf16(values[i]);
+  CHECK(all_rounded);
+  // MLX's astype rounds the same way.
+  CHECK(f32.astype(mlxk::Dtype::BFloat16).to_vector<std::uint16_t>() ==
+        bf16.to_vector<std::uint16_t>());
+  const std::vector<float> halves = f32.astype(mlxk::Dtype::Float16).to_floats();
+  CHECK(halves[0] == 1.5f && halves[1] == -2.25f && halves[3] == 3.0f);
+  CHECK(std::fabs(halves[2] - 0.1f) < 1e-4f);
+
+  mlxk::Array ints = mlxk::Array::from_i32({1, -2, 3}, {3});
+  CHECK((ints.to_vector<std::int32_t>() == std::vector<std::int32_t>{1, -2, 3}));
+  mlxk::Array bools = mlxk::Array::from_bool(std::vector<bool>{true, false, true}, {1, 3});
+  CHECK((bools.to_vector<std::uint8_t>() == std::vector<std::uint8_t>{1, 0, 1}));
+  const bool raw_bools[2] = {false, true};
+  CHECK((mlxk::Array::from_bool(mlxk::Span<bool>(raw_bools, 2), {2}).to_vector<std::uint8_t>() ==
+         std::vector<std::uint8_t>{0, 1}));
+  mlxk::Array bits = mlxk::Array::from_bf16_bits({0x3F80, 0xC000}, {2});
+  CHECK((bits.to_floats() == std::vector<float>{1.0f, -2.0f}));
+  mlxk::Array scalar = mlxk::Array::from_f32({42.0f}, {});
+  CHECK(scalar.ndim() == 0 && scalar.to_floats() == std::vector<float>{42.0f});
+
+  // Errors: the wrapper's own checks and the library's.
+  EXPECT_ERROR(MLXK_ERR_SHAPE, (void)mlxk::Array::from_f32(values, {4}));
+  EXPECT_ERROR(MLXK_ERR_SHAPE, (void)mlxk::Array::from_f32({}, {-1}));
+  EXPECT_ERROR(MLXK_ERR_DTYPE, (void)ints.to_floats());
+  EXPECT_ERROR(MLXK_ERR_DTYPE, (void)f32.to_vector<std::uint16_t>());
+  mlxk::Array empty;
+  const std::string message = EXPECT_ERROR(MLXK_ERR_NULL_POINTER, (void)empty.shape());
+  CHECK(message.find("mlxk_array_ndim") != std::string::npos);
+  EXPECT_ERROR(MLXK_ERR_NULL_POINTER, empty.eval());
+  float small[2];
+  EXPECT_ERROR(MLXK_ERR_BUFFER_TOO_SMALL, f32.read(small, sizeof small));
+}
+
+// Gated DeltaNet wrappers on small random inputs: shapes, dtypes, masks, and the replay's
+// bit-identity with a direct update of the prefix.
+void test_gated_delta() {
+  std::mt19937 rng(1234);
+  const int B = 2, T = 5, Hk = 2, Hv = 4, Dk = 32, Dv = 16;
+  auto bf16 = [&](std::vector<std::int32_t> shape, float scale) {
+    return mlxk::Array::from_bf16(random_floats(rng, mlxk::element_count(shape), scale), shape);
+  };
+  // q, k unit-norm per head, as the layer feeds them.
+  auto unit_heads = [&](int heads) {
+    const std::size_t width = Dk;
+    std::vector<float> x = random_floats(rng, mlxk::element_count({B, T, heads, Dk}));
+    for (std::size_t h = 0; h < x.size(); h += width) {
+      float sum = 0;
+      for (std::size_t i = 0; i < width; ++i) sum += x[h + i] * x[h + i];
+      for (std::size_t i = 0; i < width; ++i) x[h + i] /= std::sqrt(sum);
+    }
+    return mlxk::Array::from_bf16(x, {B, T, heads, Dk});
+  };
+  mlxk::Array q = unit_heads(Hk), k = unit_heads(Hk);
+  mlxk::Array v = bf16({B, T, Hv, Dv}, 1.0f);
+  mlxk::Array a = bf16({B, T, Hv}, 1.0f), b = bf16({B, T, Hv}, 1.0f);
+  mlxk::Array a_log = mlxk::Array::from_f32(random_floats(rng, Hv, 0.5f), {Hv});
+  mlxk::Array dt_bias = bf16({Hv}, 0.5f);
+
+  mlxk::DeltaUpdate first = mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias);
+  CHECK((first.y.shape() == mlxk::Shape{B, T, Hv, Dv}));
+  CHECK(first.y.dtype() == mlxk::Dtype::BFloat16);
+  CHECK((first.state.shape() == mlxk::Shape{B, Hv, Dv, Dk}));
+  CHECK(first.state.dtype() == mlxk::Dtype::Float32);
+
+  // A second call from that state; the start state stays alive (it is replayed below).
+  mlxk::DeltaUpdate second = mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias, &first.state);
+  const std::vector<std::int32_t> accepted{3, 0};
+  mlxk::Array replayed =
+      mlxk::gated_delta_state(k, v, a, b, a_log, dt_bias, &first.state, accepted);
+  // Row 0 accepted 3 tokens: equal to a masked update that keeps only its first 3 tokens;
+  // row 1 accepted none: its start state.
+  std::vector<bool> keep(static_cast<std::size_t>(B) * T, false);
+  for (int t = 0; t < 3; ++t) keep[static_cast<std::size_t>(t)] = true;
+  mlxk::Array mask = mlxk::Array::from_bool(keep, {B, T});
+  mlxk::DeltaUpdate masked =
+      mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias, &first.state, &mask);
+  const std::vector<float> replay = replayed.to_floats();
+  const std::vector<float> direct = masked.state.to_floats();
+  CHECK(replay.size() == direct.size() &&
+        std::memcmp(replay.data(), direct.data(), replay.size() * 4) == 0);
+  const std::vector<float> y_masked = masked.y.to_floats();
+  bool zeros = true;  // masked tokens give y = 0
+  for (std::size_t i = 3 * Hv * Dv; i < static_cast<std::size_t>(B) * T * Hv * Dv; ++i)
+    zeros = zeros && y_masked[i] == 0.0f;
+  CHECK(zeros);
+  // Replaying the whole window reproduces the update's state bit for bit.
+  mlxk::Array full = mlxk::gated_delta_state(k, v, a, b, a_log, dt_bias, &first.state, {T, T});
+  CHECK(full.to_vector<std::uint32_t>() == second.state.to_vector<std::uint32_t>());
+  // An empty optional Array means "absent" (zeros), like nullptr.
+  mlxk::Array none;
+  mlxk::DeltaUpdate from_zeros = mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias, &none);
+  CHECK(from_zeros.y.to_vector<std::uint16_t>() == first.y.to_vector<std::uint16_t>());
+
+  // compute_g: float32, a's shape, in (0, 1].
+  mlxk::Array g = mlxk::compute_g(a_log, a, dt_bias);
+  CHECK(g.dtype() == mlxk::Dtype::Float32 && (g.shape() == mlxk::Shape{B, T, Hv}));
+  bool in_range = true;
+  for (float value : g.to_floats()) in_range = in_range && value > 0.0f && value <= 1.0f;
+  CHECK(in_range);
+
+  // Errors are thrown with the library's message; no handle is stranded.
+  std::string message = EXPECT_ERROR(
+      MLXK_ERR_SHAPE, (void)mlxk::gated_delta_update(q, k, a, a, b, a_log, dt_bias));
+  CHECK(message.find("mlxk_gated_delta_update") != std::string::npos);
+  message = EXPECT_ERROR(MLXK_ERR_INVALID_ARGUMENT,
+                         (void)mlxk::gated_delta_state(k, v, a, b, a_log, dt_bias, nullptr,
+                                                       {T + 1, 0}));
+  CHECK(message.find("accepted_lengths") != std::string::npos);
+  mlxk::Array f32_state = mlxk::Array::zeros({B, Hv, Dv, Dk}, mlxk::Dtype::BFloat16);
+  EXPECT_ERROR(MLXK_ERR_DTYPE,
+               (void)mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias, &f32_state));
+}
+
+void test_norms() {
+  std::mt19937 rng(99);
+  const int Hk = 2, Hv = 3, Dk = 32, Dv = 16, S = 4;
+  const int width = 2 * Hk * Dk + Hv * Dv;
+  mlxk::Array x = mlxk::Array::from_bf16(random_floats(rng, S * width), {1, S, width});
+  const std::vector<float> q_scale(Dk, 1.0f / Dk), k_scale(Dk, 1.0f / std::sqrt(float(Dk)));
+  mlxk::Array qs = mlxk::Array::from_bf16(q_scale, {Dk});
+  mlxk::Array ks = mlxk::Array::from_bf16(k_scale, {Dk});
+  mlxk::HeadSplit heads = mlxk::silu_rms_heads(x, qs, ks, Hk, Hv, Dv, 1e-6f / Dk);
+  CHECK((heads.q.shape() == mlxk::Shape{1, S, Hk, Dk}));
+  CHECK((heads.k.shape() == mlxk::Shape{1, S, Hk, Dk}));
+  CHECK((heads.v.shape() == mlxk::Shape{1, S, Hv, Dv}));
+  // k is unit-RMS times Dk^-1/2, i.e. about unit L2 norm per head.
+  const std::vector<float> k = heads.k.to_floats();
+  float sum = 0;
+  for (int i = 0; i < Dk; ++i) sum += k[static_cast<std::size_t>(i)] * k[static_cast<std::size_t>(i)];
+  CHECK(std::fabs(sum - 1.0f) < 0.02f);
+  EXPECT_ERROR(MLXK_ERR_DTYPE, (void)mlxk::silu_rms_heads(
+                                   x, mlxk::Array::from_f32(q_scale, {Dk}), ks, Hk, Hv, Dv, 0.0f));
+  EXPECT_ERROR(MLXK_ERR_INVALID_ARGUMENT, (void)mlxk::silu_rms_heads(x, qs, ks, Hk, Hv, Dv, -1.0f));
+
+  mlxk::Array y = mlxk::Array::from_bf16(random_floats(rng, S * Hv * Dv), {1, S, Hv, Dv});
+  mlxk::Array z = mlxk::Array::from_bf16(random_floats(rng, S * Hv * Dv), {1, S, Hv, Dv});
+  mlxk::Array w32 = mlxk::Array::from_f32(random_floats(rng, Dv), {Dv});
+  EXPECT_ERROR(MLXK_ERR_DTYPE, (void)mlxk::gated_rms_norm(y, z, w32, 1e-6f));
+  mlxk::Array out = mlxk::gated_rms_norm(y, z, w32.astype(mlxk::Dtype::BFloat16), 1e-6f);
+  CHECK(out.dtype() == mlxk::Dtype::BFloat16 && (out.shape() == y.shape()));
+}
+
+void test_glm52() {
+  const mlxk::GLM52Layout layout = mlxk::GLM52Layout::canonical(6144, 2048, 4, 64);
+  CHECK(layout.gate_weight_offset == 0 && layout.up_weight_offset == 6291456 &&
+        layout.down_weight_offset == 12582912 && layout.gate_scale_offset == 18874368 &&
+        layout.up_scale_offset == 19267584 && layout.down_scale_offset == 19660800 &&
+        layout.slot_bytes == 20054016);
+  layout.validate(4, 64);
+  CHECK(layout.is_valid(4, 64));
+  CHECK(mlxk::GLM52Layout::canonical(6144, 2048, 8, 64).slot_bytes == 38928384);
+  CHECK(mlxk::GLM52Layout::canonical(6144, 2048, 4, 32).slot_bytes == 21233664);
+
+  mlxk::GLM52Layout bad = layout;
+  bad.down_scale_offset += 8;
+  CHECK(!bad.is_valid(4, 64));
+  const std::string message = EXPECT_ERROR(MLXK_ERR_INVALID_ARGUMENT, bad.validate(4, 64));
+  CHECK(message.find("down scale offset is not 16-byte aligned") != std::string::npos);
+  EXPECT_ERROR(MLXK_ERR_INVALID_ARGUMENT, (void)mlxk::GLM52Layout::canonical(6144, 2048, 3, 64));
+  const mlxk_glm52_layout &raw = layout.raw();
+  CHECK(raw.hidden_size == 6144 && raw.intermediate_size == 2048);
+}
+
+void test_settings() {
+  mlxk::check_abi();
+  CHECK(mlxk::abi_version() == MLXK_ABI_VERSION);
+  CHECK(mlxk::version() == MLXK_VERSION);
+  mlxk::set_default_device(mlxk::Device::Cpu);
+  if (mlxk::gpu_backend() == mlxk::GpuBackend::None)
+    EXPECT_ERROR(MLXK_ERR_UNSUPPORTED, mlxk::set_default_device(mlxk::Device::Gpu));
+  const std::size_t limit = mlxk::memory_limit();
+  CHECK(limit > 0);
+  mlxk::set_memory_limit(1024);
+  EXPECT_ERROR(MLXK_ERR_OUT_OF_MEMORY, (void)mlxk::Array::zeros({1024}, mlxk::Dtype::Float32));
+  mlxk::set_memory_limit(0);
+  CHECK(mlxk::memory_limit() == limit);
+  mlxk::set_cache_limit(1 << 20);
+}
+
+}  // namespace
+
+int main() {
+  try {
+    test_conversions();
+    test_ownership();
+    test_arrays();
+    test_gated_delta();
+    test_norms();
+    test_glm52();
+    test_settings();
+  } catch (const std::exception &error) {
+    std::fprintf(stderr, "FAIL: unexpected exception: %s\n", error.what());
+    return 1;
+  }
+  std::printf("%d checks passed, %d failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,46 @@
+// One emulated launch, as tests/metal_emu/signatures.cc writes it (emu_gen.inc): the case the
+// harness builds inputs for, the launch description from src/metal.rs (geometry, buffers),
+// and the launcher that runs the kernel file through the executor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "executor.h"
+
+struct EmuTensor {
+  const char* name;
+  int dtype;  // mlxk_dtype code
+  int ndim;
+  int64_t dims[8];
+};
+
+struct EmuCase {
+  int id;
+  const char* kind;  // recurrence, recurrence_masked, replay, head_split, gated_norm
+  const char* label;
+  const char* kernel_name;  // the name MLX gives the instantiated kernel
+  const char* file;         // the kernel file compiled as the body
+  int dtype;                // q/k/v or x dtype
+  int aux_dtype;            // b's dtype (recurrence, replay) or the gate's (gated norm)
+  int ndims;
+  int64_t dims[8];  // B T Hk Hv Dk Dv (recurrence, replay), B S Hk Hv Dk Dv (head split), shape
+  int masked;
+  int with_state;
+  int n_lengths;
+  int32_t lengths[16];
+  uint32_t eps_bits;
+  uint64_t seed;
+  uint32_t grid[3];
+  uint32_t threadgroup[3];
+  int n_inputs;
+  EmuTensor inputs[8];  // in the launch's order
+  int n_outputs;
+  EmuTensor outputs[4];
+  emu::Stats (*launch)(void* const* inputs, void* const* outputs);
+};
+
+// The generated cases (emu_kernels.cc).
+const EmuCase* emu_cases(size_t* count);
+// "" for the Metal shim; a description for the diagnostic variant build.
+const char* emu_variant();

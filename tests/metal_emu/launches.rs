@@ -1,0 +1,532 @@
+//! The Metal launch descriptions the library would hand to `mx::fast::metal_kernel`, for each
+//! case of the Metal-text emulation (tests/metal_emu/README.md).
+//!
+//! Built with plain `rustc` (no Cargo, no dependencies) by scripts/test-metal-emu.sh. It compiles
+//! the library's own `src/metal.rs` and `src/dtype.rs` through `#[path]`, so the names, template
+//! arguments, grid and threadgroup come from the functions the library calls, not from a
+//! restatement. The three items `src/metal.rs` imports from modules that need MLX
+//! (`bridge::MetalLaunch`, `ops::gated_delta::Dims`) and `error` are declared here with the same
+//! fields; a field added there and missing here stops this build.
+//!
+//! For each case it checks that the launch's source is the kernel file with the library's
+//! textual substitution (the token-active marker), records that substitution as a `#define`, and
+//! writes the case, the inputs as the library's ops pass them (names, dtypes, shapes: restated
+//! from src/ops/*.rs, which build those arrays with MLX) and the whole launch description.
+//!
+//! Usage: launches <repo root> <output file>
+
+#![allow(dead_code, unused_imports, clippy::all)]
+
+use std::fmt::Write as _;
+
+mod error {
+    #[derive(Debug)]
+    pub enum Error {
+        Dtype(String),
+    }
+    pub type Result<T> = std::result::Result<T, Error>;
+}
+
+#[path = "../../src/dtype.rs"]
+mod dtype;
+
+mod bridge {
+    /// Same fields as `src/bridge/mod.rs`'s `MetalLaunch` (a cxx shared struct).
+    #[derive(Debug, Clone)]
+    pub struct MetalLaunch {
+        pub name: String,
+        pub source: String,
+        pub header: String,
+        pub input_names: Vec<String>,
+        pub output_names: Vec<String>,
+        pub output_dims: Vec<i32>,
+        pub output_ndims: Vec<u32>,
+        pub output_dtypes: Vec<i32>,
+        pub grid: [i32; 3],
+        pub threadgroup: [i32; 3],
+        pub template_int_names: Vec<String>,
+        pub template_int_values: Vec<i32>,
+        pub template_dtype_names: Vec<String>,
+        pub template_dtype_values: Vec<i32>,
+    }
+}
+
+mod ops {
+    pub mod gated_delta {
+        /// Same fields as `src/ops/gated_delta.rs`'s `Dims`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct Dims {
+            pub b: i64,
+            pub t: i64,
+            pub hk: i64,
+            pub hv: i64,
+            pub dk: i64,
+            pub dv: i64,
+        }
+    }
+}
+
+#[path = "../../src/metal.rs"]
+mod metal;
+
+use dtype::Dtype;
+use metal::{Dims, HeadSplitDims, MetalLaunch};
+
+const BF16: Dtype = Dtype::Bfloat16;
+const F16: Dtype = Dtype::Float16;
+const F32: Dtype = Dtype::Float32;
+
+/// One emulated launch.
+enum Kind {
+    /// The recurrence; `aux` is b's dtype (beta = sigmoid(b) keeps it).
+    Recurrence {
+        d: Dims,
+        masked: bool,
+        with_state: bool,
+    },
+    /// The prefix replay with the accepted lengths.
+    Replay {
+        d: Dims,
+        with_state: bool,
+        lengths: Vec<i32>,
+    },
+    /// The SiLU + RMS head split.
+    HeadSplit { d: HeadSplitDims },
+    /// The gated norm over the last axis of `shape`; `aux` is the gate's dtype.
+    GatedNorm { shape: Vec<i64> },
+}
+
+struct Case {
+    kind: Kind,
+    dtype: Dtype,
+    aux: Dtype,
+    eps: f32,
+}
+
+fn dims(b: i64, t: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> Dims {
+    Dims {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    }
+}
+
+fn heads(b: i64, s: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> HeadSplitDims {
+    HeadSplitDims {
+        b,
+        s,
+        hk,
+        hv,
+        dk,
+        dv,
+    }
+}
+
+fn rec(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool) -> Case {
+    Case {
+        kind: Kind::Recurrence {
+            d,
+            masked,
+            with_state,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    }
+}
+
+fn replay(dtype: Dtype, b_dtype: Dtype, d: Dims, with_state: bool, lengths: &[i32]) -> Case {
+    Case {
+        kind: Kind::Replay {
+            d,
+            with_state,
+            lengths: lengths.to_vec(),
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    }
+}
+
+fn split(dtype: Dtype, d: HeadSplitDims, eps: f32) -> Case {
+    Case {
+        kind: Kind::HeadSplit { d },
+        dtype,
+        aux: dtype,
+        eps,
+    }
+}
+
+fn norm(dtype: Dtype, gate: Dtype, shape: &[i64], eps: f32) -> Case {
+    Case {
+        kind: Kind::GatedNorm {
+            shape: shape.to_vec(),
+        },
+        dtype,
+        aux: gate,
+        eps,
+    }
+}
+
+/// The cases: every kernel over Dk 32/64/128/256, GQA ratios 1-4, B > 1, partial threadgroups
+/// (Dv not a multiple of 4, Dv < 4), masks in device and constant memory, gated-norm widths
+/// above 128 (one to 1024 threads, several passes), all three float dtypes.
+fn cases() -> Vec<Case> {
+    vec![
+        // Recurrence, unmasked.
+        rec(BF16, BF16, dims(2, 5, 2, 2, 32, 8), false, true),
+        rec(BF16, F32, dims(3, 4, 1, 2, 64, 6), false, false),
+        rec(BF16, BF16, dims(2, 3, 2, 6, 128, 12), false, true),
+        rec(BF16, BF16, dims(4, 1, 2, 8, 128, 32), false, true),
+        rec(F16, F16, dims(2, 4, 1, 4, 128, 16), false, true),
+        rec(F16, BF16, dims(2, 3, 3, 9, 64, 7), false, true),
+        rec(F32, F32, dims(2, 3, 2, 8, 64, 10), false, true),
+        rec(F32, BF16, dims(2, 2, 1, 1, 256, 4), false, true),
+        rec(BF16, BF16, dims(2, 2, 1, 2, 256, 5), false, false),
+        // Recurrence, masked (mask [B, T]: B*T < 8 passes it in constant memory).
+        rec(BF16, BF16, dims(2, 6, 2, 4, 128, 8), true, true),
+        rec(BF16, F32, dims(3, 4, 2, 6, 32, 6), true, false),
+        rec(F16, F16, dims(3, 2, 1, 3, 32, 3), true, true),
+        rec(F32, F32, dims(2, 5, 2, 2, 64, 5), true, false),
+        rec(F32, BF16, dims(2, 3, 1, 4, 128, 9), true, true),
+        // Prefix replay (lengths [B]: B < 8 passes them in constant memory).
+        replay(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3]),
+        replay(BF16, F32, dims(2, 6, 1, 3, 128, 6), false, &[6, 2]),
+        replay(F16, F16, dims(2, 4, 2, 8, 32, 4), true, &[4, 1]),
+        replay(
+            F32,
+            F32,
+            dims(9, 3, 1, 1, 32, 4),
+            true,
+            &[0, 1, 2, 3, 3, 2, 1, 0, 3],
+        ),
+        replay(F32, BF16, dims(2, 3, 1, 2, 256, 3), true, &[3, 2]),
+        // Head split (Dk, Dv <= 128; qscale/kscale [Dk]: Dk < 8 passes them in constant memory).
+        split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
+        split(BF16, heads(2, 2, 1, 2, 64, 96), 1e-6),
+        split(BF16, heads(3, 1, 1, 2, 5, 3), 0.0),
+        split(F16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
+        split(F16, heads(1, 2, 2, 3, 100, 72), 1e-5),
+        split(F32, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
+        split(F32, heads(2, 2, 2, 3, 100, 72), 1e-5),
+        split(F32, heads(2, 1, 1, 1, 3, 1), 1e-6),
+        // Gated norm: THREADS = min(1024, ceil(D/128)*32).
+        norm(BF16, BF16, &[2, 3, 64], 1e-6),
+        norm(BF16, F32, &[2, 128], 1e-6),
+        norm(BF16, BF16, &[4, 129], 1e-6),
+        norm(F16, F16, &[2, 2, 1000], 1e-5),
+        norm(F16, F32, &[3, 300], 1e-6),
+        norm(F32, BF16, &[3, 4096], 1e-6),
+        norm(BF16, BF16, &[2, 5000], 1e-6),
+        norm(F32, F32, &[5, 7], 1e-6),
+        norm(F32, F16, &[2, 2, 640], 0.0),
+    ]
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Which kernel file the launch's source comes from, and the substitution (marker, text) the
+/// library made, verified by rebuilding the source from the file.
+fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>) {
+    let files = [
+        "kernels/metal/gated_delta.metal",
+        "kernels/metal/gated_delta_state.metal",
+        "kernels/metal/silu_rms_heads.metal",
+        "kernels/metal/gated_rms_norm.metal",
+    ];
+    for file in files {
+        let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");
+        if text == l.source {
+            return (file.to_string(), vec![]);
+        }
+        let marker = metal::TOKEN_ACTIVE_MARKER;
+        if text.matches(marker).count() == 1 {
+            let at = text.find(marker).unwrap();
+            let (pre, post) = (&text[..at], &text[at + marker.len()..]);
+            // The marker must be a whole identifier, so a #define replaces exactly this text.
+            let ident = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+            assert!(!ident(pre.chars().last()) && !ident(post.chars().next()));
+            if l.source.len() >= pre.len() + post.len()
+                && l.source.starts_with(pre)
+                && l.source.ends_with(post)
+            {
+                let active = &l.source[pre.len()..l.source.len() - post.len()];
+                assert!(
+                    !active.contains('\n'),
+                    "substitution spans lines: {active:?}"
+                );
+                assert_eq!(text.replace(marker, active), l.source);
+                return (
+                    file.to_string(),
+                    vec![(marker.to_string(), active.to_string())],
+                );
+            }
+        }
+    }
+    panic!(
+        "launch {}: its source is none of the kernel files (with the marker substituted)",
+        l.name
+    );
+}
+
+fn shape_str(shape: &[i64]) -> String {
+    shape
+        .iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    assert_eq!(args.len(), 3, "usage: launches <repo root> <output file>");
+    let root = &args[1];
+    let mut out = String::new();
+    for (id, case) in cases().into_iter().enumerate() {
+        let (launch, kind, label, case_dims, inputs, extra) = describe(&case);
+        let (file, defines) = locate_source(root, &launch);
+        writeln!(out, "case {id}").unwrap();
+        writeln!(out, "kind {kind}").unwrap();
+        writeln!(out, "label {label}").unwrap();
+        writeln!(out, "dtype {}", case.dtype as i32).unwrap();
+        writeln!(out, "aux_dtype {}", case.aux as i32).unwrap();
+        writeln!(out, "dims {}", shape_str(&case_dims)).unwrap();
+        out.push_str(&extra);
+        writeln!(out, "eps_bits {}", case.eps.to_bits()).unwrap();
+        writeln!(out, "seed {}", 0x5EED_0000u64 + id as u64 * 7919).unwrap();
+        writeln!(out, "name {}", launch.name).unwrap();
+        writeln!(out, "file {file}").unwrap();
+        for (marker, text) in &defines {
+            writeln!(out, "define {marker} {text}").unwrap();
+        }
+        assert_eq!(inputs.len(), launch.input_names.len());
+        for (name, (input, dtype, shape)) in launch.input_names.iter().zip(&inputs) {
+            assert_eq!(name, input, "input order of {}", launch.name);
+            writeln!(out, "input {name} {} {}", *dtype as i32, shape_str(shape)).unwrap();
+        }
+        let mut at = 0usize;
+        for (i, name) in launch.output_names.iter().enumerate() {
+            let n = launch.output_ndims[i] as usize;
+            let shape: Vec<i64> = launch.output_dims[at..at + n]
+                .iter()
+                .map(|&d| d as i64)
+                .collect();
+            at += n;
+            writeln!(
+                out,
+                "output {name} {} {}",
+                launch.output_dtypes[i],
+                shape_str(&shape)
+            )
+            .unwrap();
+        }
+        let [gx, gy, gz] = launch.grid;
+        let [tx, ty, tz] = launch.threadgroup;
+        writeln!(out, "grid {gx} {gy} {gz}").unwrap();
+        writeln!(out, "threadgroup {tx} {ty} {tz}").unwrap();
+        for (n, v) in launch
+            .template_int_names
+            .iter()
+            .zip(&launch.template_int_values)
+        {
+            writeln!(out, "tint {n} {v}").unwrap();
+        }
+        for (n, v) in launch
+            .template_dtype_names
+            .iter()
+            .zip(&launch.template_dtype_values)
+        {
+            writeln!(out, "tdtype {n} {v}").unwrap();
+        }
+        writeln!(out, "header {}", hex(&launch.header)).unwrap();
+        writeln!(out, "source {}", hex(&launch.source)).unwrap();
+        writeln!(out, "end").unwrap();
+    }
+    std::fs::write(&args[2], out).expect("write the launch list");
+}
+
+type Inputs = Vec<(&'static str, Dtype, Vec<i64>)>;
+
+/// The launch for a case (from src/metal.rs), its kind and label, the case dimensions, the
+/// inputs as the library's ops build them, and extra case lines. Also asserts the geometry of
+/// DESIGN.md §3, so a change of launch geometry is noticed here as well as emulated.
+fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, String) {
+    let name = |d: Dtype| d.name();
+    match &c.kind {
+        Kind::Recurrence {
+            d,
+            masked,
+            with_state,
+        } => {
+            let l = metal::gated_delta_launch(*d, c.dtype, *masked);
+            assert_eq!(l.grid, [32, d.dv as i32, (d.b * d.hv) as i32]);
+            assert_eq!(l.threadgroup, [32, 4, 1]);
+            // src/ops/gated_delta.rs `update`, Backend::Metal: q, k, v, g (f32, compute_g),
+            // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), Tin (int32 [1]),
+            // mask (bool [B, T]).
+            let mut inputs: Inputs = vec![
+                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("Tin", Dtype::Int32, vec![1]),
+            ];
+            if *masked {
+                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+            }
+            let label = format!(
+                "{} {} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{}",
+                if *masked { "masked" } else { "unmasked" },
+                name(c.dtype),
+                name(c.aux),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                if *with_state { "" } else { " zero-state" }
+            );
+            let extra = format!(
+                "masked {}\nwith_state {}\n",
+                *masked as i32, *with_state as i32
+            );
+            let kind = if *masked {
+                "recurrence_masked"
+            } else {
+                "recurrence"
+            };
+            (
+                l,
+                kind,
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
+        Kind::Replay {
+            d,
+            with_state,
+            lengths,
+        } => {
+            assert_eq!(lengths.len() as i64, d.b);
+            let l = metal::gated_delta_state_launch(*d);
+            assert_eq!(l.grid, [32, d.dv as i32, (d.b * d.hv) as i32]);
+            assert_eq!(l.threadgroup, [32, 4, 1]);
+            // src/ops/gated_delta.rs `replay`, Backend::Metal.
+            let inputs: Inputs = vec![
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("Tin", Dtype::Int32, vec![1]),
+                ("lengths", Dtype::Int32, vec![d.b]),
+            ];
+            let label = format!(
+                "{} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} lengths {:?}{}",
+                name(c.dtype),
+                name(c.aux),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                lengths,
+                if *with_state { "" } else { " zero-state" }
+            );
+            let extra = format!(
+                "masked 0\nwith_state {}\nlengths {}\n",
+                *with_state as i32,
+                lengths
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            (
+                l,
+                "replay",
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
+        Kind::HeadSplit { d } => {
+            let l = metal::silu_rms_heads_launch(*d, c.dtype, c.eps);
+            assert_eq!(
+                l.grid,
+                [(32 * (2 * d.hk + d.hv)) as i32, (d.b * d.s) as i32, 1]
+            );
+            assert_eq!(l.threadgroup, [32, 1, 1]);
+            let channels = 2 * d.hk * d.dk + d.hv * d.dv;
+            // src/ops/silu_rms_heads.rs `split`: x, q_scale, k_scale as given.
+            let inputs: Inputs = vec![
+                ("x", c.dtype, vec![d.b, d.s, channels]),
+                ("qscale", c.dtype, vec![d.dk]),
+                ("kscale", c.dtype, vec![d.dk]),
+            ];
+            let label = format!(
+                "{} B={} S={} Hk={} Hv={} Dk={} Dv={} eps={:e}",
+                name(c.dtype),
+                d.b,
+                d.s,
+                d.hk,
+                d.hv,
+                d.dk,
+                d.dv,
+                c.eps
+            );
+            (
+                l,
+                "head_split",
+                label,
+                vec![d.b, d.s, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
+        }
+        Kind::GatedNorm { shape } => {
+            let l = metal::gated_rms_norm_launch(shape, c.dtype, c.eps);
+            let width = *shape.last().unwrap();
+            let rows: i64 = shape[..shape.len() - 1].iter().product();
+            let threads = ((width + 127) / 128 * 32).min(1024);
+            assert_eq!(l.grid, [(rows * threads) as i32, 1, 1]);
+            assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
+            // src/ops/gated_rms_norm.rs `norm`: x, gate (its own float dtype), weight [D].
+            let inputs: Inputs = vec![
+                ("x", c.dtype, shape.clone()),
+                ("gate", c.aux, shape.clone()),
+                ("weight", c.dtype, vec![width]),
+            ];
+            let label = format!(
+                "{} gate:{} shape {:?} THREADS={} eps={:e}",
+                name(c.dtype),
+                name(c.aux),
+                shape,
+                threads,
+                c.eps
+            );
+            (
+                l,
+                "gated_norm",
+                label,
+                shape.clone(),
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
+        }
+    }
+}
