@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu clean
+.PHONY: bootstrap build header demo install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -35,7 +35,7 @@ demo: build
 	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
-test: bootstrap test-rust test-oracle test-c test-cpp test-bun test-metal-emu
+test: bootstrap test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift
 
 test-rust:
 	$(CARGO) test
@@ -54,6 +54,9 @@ test-cpp: build
 test-metal-emu: build
 	@mkdir -p $(BUILD)
 	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-metal-emu.sh
+
+test-swift: build
+	MLXKERN_LIB_DIR=$(LIBDIR) ./scripts/test-swift.sh
 
 # Installs the library (with a private copy of MLX's libmlx), both headers and mlxkern.pc.
 PREFIX ?= /usr/local

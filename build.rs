@@ -25,8 +25,14 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
-    // Every artifact (cdylib, tests, examples) finds libmlx without LD_LIBRARY_PATH.
+    // Every artifact (cdylib, tests, examples) finds libmlx without LD_LIBRARY_PATH; a copy of
+    // the library shipped next to libmlx finds it too.
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,@loader_path");
+    } else {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
+    }
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libmlxkern.dylib");
     }

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds the Swift package in swift/ and runs its XCTest suite against the library cargo
+# already built (target/debug, or MLXKERN_LIB_DIR).
+#
+#   macOS: `swift test` in swift/ with the Xcode toolchain.
+#   Linux: the same inside a Debian trixie root holding Swift 6 (scripts/swift-env.sh makes
+#          it once per machine: about 90-120 s and 550 MB of downloads from the Debian mirror
+#          the host's apt uses; later runs find it at once). Needs root (chroot, mounts).
+#          The repository is bind-mounted at its own path, so the rpaths baked into the test
+#          binary (the library folder) and into libmlxkern (the .venv's libmlx) hold inside.
+#
+# Environment: MLXKERN_LIB_DIR (folder holding libmlxkern.so / .dylib; default target/debug),
+# SWIFT_CHROOT (where the root lives; default /var/cache/swift-chroot/trixie).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+LIBDIR=${MLXKERN_LIB_DIR:-$ROOT/target/debug}
+PACKAGE=$ROOT/swift
+LOG=$PACKAGE/.build/test-swift.log
+
+die() { printf 'test-swift: error: %s\n' "$*" >&2; exit 1; }
+say() { printf 'test-swift: %s\n' "$*"; }
+
+# Seconds since the epoch with a fraction where the shell can (bash >= 5), whole otherwise.
+now() { if [ -n "${EPOCHREALTIME:-}" ]; then echo "${EPOCHREALTIME/,/.}"; else date +%s; fi; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+case "$(uname -s)" in
+  Darwin) LIB=$LIBDIR/libmlxkern.dylib ;;
+  Linux) LIB=$LIBDIR/libmlxkern.so ;;
+  *) die "unsupported OS $(uname -s)" ;;
+esac
+[ -f "$LIB" ] || die "$LIB not found: build the library first (make build, or cargo build --lib)"
+LIBDIR=$(cd "$LIBDIR" && pwd -P)
+export MLXKERN_LIB_DIR=$LIBDIR
+
+# The XCTest summary line ("Executed 31 tests, with 0 failures ...") of the whole run.
+summary() { grep -E 'Executed [0-9]+ tests?, with' "$LOG" | tail -n 1 | sed 's/^[[:space:]]*//'; }
+
+start=$(now)
+mkdir -p "$PACKAGE/.build"
+
+if [ "$(uname -s)" = Darwin ]; then
+  flags=()
+  if swift test --help 2>/dev/null | grep -q -- --disable-swift-testing; then
+    flags+=(--disable-swift-testing)  # XCTest only: keep the summary about the tests that ran
+  fi
+  t=$(now)
+  (cd "$PACKAGE" && swift build --build-tests) 2>&1 | tee "$LOG"
+  say "build: $(since "$t") s"
+  t=$(now)
+  (cd "$PACKAGE" && swift test --skip-build ${flags[@]+"${flags[@]}"}) 2>&1 | tee -a "$LOG"
+  say "test: $(since "$t") s; $(summary)"
+  say "total: $(since "$start") s"
+  exit 0
+fi
+
+# --- Linux: in the Swift 6 chroot ---------------------------------------------------------
+[ "$(id -u)" = 0 ] || die "the Swift chroot needs root (chroot, mount namespaces); run as root"
+MLXLIB=$(ldd "$LIB" | awk '$1 == "libmlx.so" { print $3 }')
+[ -n "$MLXLIB" ] && [ -f "$MLXLIB" ] ||
+  die "$LIB does not find libmlx.so (ldd: '${MLXLIB:-nothing}'); rebuild it after make bootstrap"
+
+# Paths outside the repository that the chroot must see at the same place: the library
+# folder and MLX's site-packages folder (libmlx and, beside it, mlx_cpu.libs with BLAS).
+binds=()
+for path in "$LIBDIR" "$(dirname "$(dirname "$(dirname "$MLXLIB")")")"; do
+  case "$path/" in "$ROOT"/*) ;; *) binds+=("$path") ;; esac
+done
+export SWIFT_RUN_BINDS
+SWIFT_RUN_BINDS=$(IFS=:; echo "${binds[*]-}")
+export SWIFT_RUN_ENV="MLXKERN_LIB_DIR"
+
+t=$(now)
+"$ROOT/scripts/swift-env.sh"
+say "Swift chroot ready: $(since "$t") s"
+
+run() { "$ROOT/scripts/swift-run.sh" "$ROOT" "$@"; }
+
+# Both libraries must resolve inside the root through their rpaths alone.
+unresolved=$(run ldd "$LIB" | grep 'not found' || true)
+[ -z "$unresolved" ] || die "inside the chroot, $LIB misses: $unresolved"
+
+t=$(now)
+run sh -c 'cd swift && swift build --build-tests' 2>&1 | tee "$LOG"
+say "build: $(since "$t") s"
+
+t=$(now)
+run sh -c 'cd swift && swift test --skip-build --disable-swift-testing' 2>&1 | tee -a "$LOG"
+say "test: $(since "$t") s; $(summary)"
+say "total: $(since "$start") s"

@@ -1,0 +1,86 @@
+import CMLXKern
+
+// Qwen3.5's linear attention (Gated DeltaNet): the gate, the recurrence, prefix replay.
+// Shapes use B (batch), T (tokens), Hk/Hv (key/value heads), Dk/Dv (key/value head width).
+
+extension MLXKern {
+    /// The decay gate `g = exp(-exp(aLog) * softplus(a + dtBias))`, mlx-lm's `compute_g`
+    /// bit for bit on the same device: `a + dtBias` and softplus in their promoted dtype
+    /// (bfloat16 for bfloat16 inputs), the product and the outer exp in float32.
+    ///
+    /// - Parameters:
+    ///   - aLog: `[Hv]`, float32 or bfloat16.
+    ///   - a: `[..., Hv]`, any float dtype.
+    ///   - dtBias: `[Hv]`, any float dtype.
+    /// - Returns: g, float32, shaped like `a`. Lazy.
+    /// - Throws: `MLXKError` `.shape` or `.dtype` naming the argument at fault.
+    public static func computeG(aLog: MLXKArray, a: MLXKArray, dtBias: MLXKArray) throws -> MLXKArray {
+        var g: OpaquePointer?
+        try withExtendedLifetime((aLog, a, dtBias)) {
+            try check(mlxk_compute_g(aLog.handle, a.handle, dtBias.handle, &g))
+        }
+        return MLXKArray.adopt(g, "mlxk_compute_g")
+    }
+
+    /// One Gated DeltaNet call (mlx-lm's `gated_delta_update`, with the Metal kernel's
+    /// arithmetic on every device): per token, `beta = sigmoid(b)`, `g = computeG(...)`, and per
+    /// value head h (reading key head `h / (Hv / Hk)`) and row dv, in float32:
+    /// `s *= g; kv = sum(s * k); delta = (v - kv) * beta; s += k * delta; y = sum(s * q)`.
+    ///
+    /// - Parameters:
+    ///   - q: `[B, T, Hk, Dk]`, already normalized (mlx-lm's `normalize_qk`; no scale here).
+    ///   - k: `[B, T, Hk, Dk]`, likewise; q's dtype. Dk is a multiple of 32 in [32, 256].
+    ///   - v: `[B, T, Hv, Dv]`, q's dtype; Hv a multiple of Hk.
+    ///   - a: `[B, T, Hv]`, any float dtype.
+    ///   - b: `[B, T, Hv]`, any float dtype.
+    ///   - aLog: `[Hv]`, float32 or bfloat16.
+    ///   - dtBias: `[Hv]`, any float dtype.
+    ///   - state: `[B, Hv, Dv, Dk]` float32, or nil for zeros.
+    ///   - mask: `[B, T]` bool (true: a real token), or nil for all real. A masked token
+    ///     leaves the state untouched and writes y = 0.
+    /// - Returns: `y` `[B, T, Hv, Dv]` in q's dtype and the new `state` `[B, Hv, Dv, Dk]`
+    ///   float32, both lazy.
+    /// - Throws: `MLXKError` `.shape` or `.dtype` naming the argument at fault.
+    ///
+    /// In a decode loop, drop the old state before evaluating the new one: with no other
+    /// owner left, the CPU kernel writes the new state into the old buffer.
+    public static func gatedDeltaUpdate(
+        q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
+        aLog: MLXKArray, dtBias: MLXKArray, state: MLXKArray? = nil, mask: MLXKArray? = nil
+    ) throws -> (y: MLXKArray, state: MLXKArray) {
+        var y: OpaquePointer?
+        var stateOut: OpaquePointer?
+        try withExtendedLifetime((q, k, v, a, b, aLog, dtBias, state, mask)) {
+            try check(mlxk_gated_delta_update(
+                q.handle, k.handle, v.handle, a.handle, b.handle, aLog.handle, dtBias.handle,
+                state?.handle, mask?.handle, &y, &stateOut))
+        }
+        return (MLXKArray.adopt(y, "mlxk_gated_delta_update"),
+                MLXKArray.adopt(stateOut, "mlxk_gated_delta_update"))
+    }
+
+    /// Prefix-state replay for speculative decoding: after a verify window of T draft tokens
+    /// of which row b accepted `acceptedLengths[b]`, recomputes each row's state from the
+    /// pre-verify `state` over exactly that prefix. Bit-identical to the state
+    /// `gatedDeltaUpdate` returns for those first tokens from the same start state.
+    ///
+    /// - Parameters: as `gatedDeltaUpdate` without q and mask; `acceptedLengths` holds B
+    ///   values, each in [0, T].
+    /// - Returns: the state `[B, Hv, Dv, Dk]` float32. Lazy.
+    /// - Throws: `MLXKError` `.shape` / `.dtype` naming the argument, `.invalidArgument`
+    ///   naming the row whose length is out of range.
+    public static func gatedDeltaState(
+        k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray, aLog: MLXKArray,
+        dtBias: MLXKArray, state: MLXKArray? = nil, acceptedLengths: [Int32]
+    ) throws -> MLXKArray {
+        var stateOut: OpaquePointer?
+        try withExtendedLifetime((k, v, a, b, aLog, dtBias, state)) {
+            try acceptedLengths.withUnsafeBufferPointer { lengths in
+                try check(mlxk_gated_delta_state(
+                    k.handle, v.handle, a.handle, b.handle, aLog.handle, dtBias.handle,
+                    state?.handle, lengths.baseAddress, lengths.count, &stateOut))
+            }
+        }
+        return MLXKArray.adopt(stateOut, "mlxk_gated_delta_state")
+    }
+}
