@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift clean
+.PHONY: bootstrap build header demo bench install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -57,6 +57,11 @@ test-metal-emu: build
 
 test-swift: build
 	MLXKERN_LIB_DIR=$(LIBDIR) ./scripts/test-swift.sh
+
+# Benchmarks: the C ABI against MLX's own CPU path, side by side (table, JSON and a PNG chart
+# in build/bench/). MLXK_BENCH_QUICK=1 for a short run.
+bench: build
+	CC=$(CC) LIBDIR=$(LIBDIR) ./scripts/bench.sh
 
 # Installs the library (with a private copy of MLX's libmlx), both headers and mlxkern.pc.
 PREFIX ?= /usr/local
