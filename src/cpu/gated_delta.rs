@@ -387,8 +387,7 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// Transposes the 4×4 blocks of each 128-bit half (an involution).
-    #[inline]
-    #[target_feature(enable = "avx2")]
+    #[inline(always)]
     unsafe fn transpose(r: [__m256; 4]) -> [__m256; 4] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
         let t1 = _mm256_unpacklo_ps(r[2], r[3]);
@@ -414,26 +413,33 @@ mod avx2 {
         ]
     }
 
-    #[target_feature(enable = "avx2")]
-    unsafe fn load(src: *const f32) -> [__m256; 16] {
-        let mut s = [_mm256_setzero_ps(); 16];
+    /// Loads a row (natural order) into lane layout.
+    #[inline(always)]
+    unsafe fn load(src: *const f32, s: *mut __m256) {
         for g in 0..4 {
             let p = src.add(32 * g);
-            let r = [
+            let r = transpose([
                 _mm256_loadu_ps(p),
                 _mm256_loadu_ps(p.add(8)),
                 _mm256_loadu_ps(p.add(16)),
                 _mm256_loadu_ps(p.add(24)),
-            ];
-            s[4 * g..4 * g + 4].copy_from_slice(&transpose(r));
+            ]);
+            for (i, v) in r.into_iter().enumerate() {
+                *s.add(4 * g + i) = v;
+            }
         }
-        s
     }
 
-    #[target_feature(enable = "avx2")]
-    unsafe fn store(s: &[__m256; 16], dst: *mut f32) {
+    /// Stores a row from lane layout back in natural order.
+    #[inline(always)]
+    unsafe fn store(s: *const __m256, dst: *mut f32) {
         for g in 0..4 {
-            let r = transpose([s[4 * g], s[4 * g + 1], s[4 * g + 2], s[4 * g + 3]]);
+            let r = transpose([
+                *s.add(4 * g),
+                *s.add(4 * g + 1),
+                *s.add(4 * g + 2),
+                *s.add(4 * g + 3),
+            ]);
             let p = dst.add(32 * g);
             _mm256_storeu_ps(p, r[0]);
             _mm256_storeu_ps(p.add(8), r[1]);
@@ -445,18 +451,24 @@ mod avx2 {
     /// Rewrites 128 values from natural order into lane layout, in place.
     #[target_feature(enable = "avx2")]
     pub unsafe fn to_lane_layout(x: &mut [f32]) {
-        let s = load(x.as_ptr());
+        let mut s = [_mm256_setzero_ps(); 16];
+        load(x.as_ptr(), s.as_mut_ptr());
         for (j, v) in s.iter().enumerate() {
             _mm256_storeu_ps(x.as_mut_ptr().add(8 * j), *v);
         }
     }
 
     /// The xor butterfly over the 32 lane partials held in lane layout by `acc[0..4]`.
-    #[inline]
-    #[target_feature(enable = "avx2")]
-    unsafe fn butterfly(acc: [__m256; 4]) -> f32 {
+    #[inline(always)]
+    unsafe fn butterfly(acc: *const __m256) -> f32 {
         // Level 1: lanes 2j and 2j+1 sit in the two halves of one register.
-        let l1 = acc.map(|a| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)));
+        let half = |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        let l1 = [
+            half(*acc),
+            half(*acc.add(1)),
+            half(*acc.add(2)),
+            half(*acc.add(3)),
+        ];
         // Levels 2-4: neighbouring pairs, as horizontal adds.
         let l2a = _mm_hadd_ps(l1[0], l1[1]);
         let l2b = _mm_hadd_ps(l1[2], l1[3]);
@@ -466,19 +478,16 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)))
     }
 
-    type Rows<const R: usize> = [[__m256; 16]; R];
-    type Partials<const R: usize> = [[__m256; 4]; R];
-
-    /// First half of a token: `s *= g; kv += s·k` (lane partials).
+    /// First half of a token for `R` rows (`s` holds 16·R vectors): `s *= g; kv += s·k`; the
+    /// lane partials of row r go to `kv[4r..4r+4]`.
     #[inline(always)]
     unsafe fn decay_and_read<const R: usize>(
-        s: &mut Rows<R>,
+        s: *mut __m256,
         g: f32,
         k: *const f32,
-    ) -> Partials<R> {
+        kv: *mut __m256,
+    ) {
         let g = _mm256_set1_ps(g);
-        let sp = s.as_mut_ptr() as *mut __m256;
-        let mut acc = [[_mm256_setzero_ps(); 4]; R];
         for group in 0..4 {
             // Lanes 8·group .. 8·group+8: element i of each lane, i = 0..3, in order.
             let mut a = [_mm256_setzero_ps(); R];
@@ -486,34 +495,33 @@ mod avx2 {
                 let j = 4 * group + i;
                 let kj = _mm256_loadu_ps(k.add(8 * j));
                 for r in 0..R {
-                    let x = _mm256_mul_ps(*sp.add(16 * r + j), g);
-                    *sp.add(16 * r + j) = x;
+                    let x = _mm256_mul_ps(*s.add(16 * r + j), g);
+                    *s.add(16 * r + j) = x;
                     a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(x, kj));
                 }
             }
             for r in 0..R {
-                acc[r][group] = a[r];
+                *kv.add(4 * r + group) = a[r];
             }
         }
-        acc
     }
 
     /// Second half of token t (`s += k·delta`, and `out += s·q` when `Q`), fused with the
     /// first half of the next token when `NEXT` (`s *= g'; kv' += s·k'`). Per element the
     /// operations, and each lane's accumulation order, are those of the halves run one after
     /// the other.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     unsafe fn update_and_next<const R: usize, const Q: bool, const NEXT: bool>(
-        s: &mut Rows<R>,
+        s: *mut __m256,
         delta: &[__m256; R],
         k: *const f32,
         q: *const f32,
         g_next: f32,
         k_next: *const f32,
-    ) -> (Partials<R>, Partials<R>) {
-        let sp = s.as_mut_ptr() as *mut __m256;
-        let mut out = [[_mm256_setzero_ps(); 4]; R];
-        let mut kv = [[_mm256_setzero_ps(); 4]; R];
+        out: *mut __m256,
+        kv: *mut __m256,
+    ) {
         let g_next = _mm256_set1_ps(g_next);
         for group in 0..4 {
             let mut o = [_mm256_setzero_ps(); R];
@@ -528,7 +536,7 @@ mod avx2 {
                     kj
                 };
                 for r in 0..R {
-                    let mut x = _mm256_add_ps(*sp.add(16 * r + j), _mm256_mul_ps(kj, delta[r]));
+                    let mut x = _mm256_add_ps(*s.add(16 * r + j), _mm256_mul_ps(kj, delta[r]));
                     if Q {
                         o[r] = _mm256_add_ps(o[r], _mm256_mul_ps(x, qj));
                     }
@@ -536,82 +544,95 @@ mod avx2 {
                         x = _mm256_mul_ps(x, g_next);
                         a[r] = _mm256_add_ps(a[r], _mm256_mul_ps(x, kn));
                     }
-                    *sp.add(16 * r + j) = x;
+                    *s.add(16 * r + j) = x;
                 }
             }
             for r in 0..R {
-                out[r][group] = o[r];
-                kv[r][group] = a[r];
+                if Q {
+                    *out.add(4 * r + group) = o[r];
+                }
+                if NEXT {
+                    *kv.add(4 * r + group) = a[r];
+                }
             }
         }
-        (out, kv)
     }
 
     /// `R` value rows over a tile, interleaved so that their dependency chains (each token's
     /// reduction feeds the next token) overlap. Arithmetic as `row_portable`.
     #[target_feature(enable = "avx2")]
     pub unsafe fn rows<T: Elem, const R: usize>(tile: &Tile, io: [RowIo<T>; R]) {
-        let mut s = [[_mm256_setzero_ps(); 16]; R];
+        let mut state = [[_mm256_setzero_ps(); 16]; R];
+        let mut kv = [[_mm256_setzero_ps(); 4]; R];
+        let mut out = [[_mm256_setzero_ps(); 4]; R];
+        let s = state.as_mut_ptr() as *mut __m256;
+        let kvp = kv.as_mut_ptr() as *mut __m256;
+        let outp = out.as_mut_ptr() as *mut __m256;
         for r in 0..R {
             if !io[r].src.is_null() {
-                s[r] = load(io[r].src);
+                load(io[r].src, s.add(16 * r));
             }
         }
-        let key = |t: usize| tile.k.as_ptr().add(t * 128);
-        // The kv partials of token t when its first half already ran (fused into t - 1).
-        let mut ready: Option<Partials<R>> = None;
+        let keys = tile.k.as_ptr();
+        let queries = tile.q.map_or(std::ptr::null(), |q| q.as_ptr());
+        let (gates, betas, active) = (tile.g.as_ptr(), tile.beta.as_ptr(), tile.active.as_ptr());
+        let v: [*const T; R] = std::array::from_fn(|r| io[r].v.as_ptr());
+        let y: [*mut T; R] = std::array::from_fn(|r| io[r].y);
+        let stride = io[0].stride;
+        // Whether token t's first half already ran (fused into token t - 1).
+        let mut ready = false;
         for t in 0..tile.len {
-            if !tile.active[t] {
-                for row in io.iter() {
-                    if !row.y.is_null() {
-                        *row.y.add(t * row.stride) = T::from_f32(0.0);
+            if !*active.add(t) {
+                if !queries.is_null() {
+                    for y in y {
+                        *y.add(t * stride) = T::from_f32(0.0);
                     }
                 }
                 continue;
             }
-            let kv = match ready.take() {
-                Some(kv) => kv,
-                None => decay_and_read(&mut s, tile.g[t], key(t)),
-            };
+            let k = keys.add(t * 128);
+            if !ready {
+                decay_and_read::<R>(s, *gates.add(t), k, kvp);
+            }
+            let beta = *betas.add(t);
             let mut delta = [_mm256_setzero_ps(); R];
             for r in 0..R {
-                let kv_mem = butterfly(kv[r]);
-                let d = (io[r].v[t * io[r].stride].to_f32() - kv_mem) * tile.beta[t];
-                delta[r] = _mm256_set1_ps(d);
+                let kv_mem = butterfly(kvp.add(4 * r));
+                delta[r] = _mm256_set1_ps(((*v[r].add(t * stride)).to_f32() - kv_mem) * beta);
             }
-            let next = t + 1 < tile.len && tile.active[t + 1];
-            let (g_next, k_next) = if next {
-                (tile.g[t + 1], key(t + 1))
+            ready = t + 1 < tile.len && *active.add(t + 1);
+            let (g_next, k_next) = if ready {
+                (*gates.add(t + 1), keys.add((t + 1) * 128))
             } else {
-                (1.0, key(t))
+                (1.0, k)
             };
-            let q = tile.q.map_or(std::ptr::null(), |q| q.as_ptr().add(t * 128));
-            let k = key(t);
-            let (out, kv_next) = match (tile.q.is_some(), next) {
+            let q = if queries.is_null() {
+                queries
+            } else {
+                queries.add(t * 128)
+            };
+            match (!queries.is_null(), ready) {
                 (true, true) => {
-                    update_and_next::<R, true, true>(&mut s, &delta, k, q, g_next, k_next)
+                    update_and_next::<R, true, true>(s, &delta, k, q, g_next, k_next, outp, kvp)
                 }
                 (true, false) => {
-                    update_and_next::<R, true, false>(&mut s, &delta, k, q, g_next, k_next)
+                    update_and_next::<R, true, false>(s, &delta, k, q, g_next, k_next, outp, kvp)
                 }
                 (false, true) => {
-                    update_and_next::<R, false, true>(&mut s, &delta, k, q, g_next, k_next)
+                    update_and_next::<R, false, true>(s, &delta, k, q, g_next, k_next, outp, kvp)
                 }
                 (false, false) => {
-                    update_and_next::<R, false, false>(&mut s, &delta, k, q, g_next, k_next)
+                    update_and_next::<R, false, false>(s, &delta, k, q, g_next, k_next, outp, kvp)
                 }
-            };
-            if next {
-                ready = Some(kv_next);
             }
-            if tile.q.is_some() {
+            if !queries.is_null() {
                 for r in 0..R {
-                    *io[r].y.add(t * io[r].stride) = T::from_f32(butterfly(out[r]));
+                    *y[r].add(t * stride) = T::from_f32(butterfly(outp.add(4 * r)));
                 }
             }
         }
         for r in 0..R {
-            store(&s[r], io[r].dst);
+            store(s.add(16 * r), io[r].dst);
         }
     }
 }
