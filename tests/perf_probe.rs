@@ -31,6 +31,7 @@ fn probe() {
     for round in 0..rounds {
         let t0 = Instant::now();
         let c0 = cpu_seconds();
+        let in_place = mlxkern::testing::in_place_updates();
         for _ in 0..30 {
             let (mut y, mut next) = (null_mut(), null_mut());
             ok(mlxk_gated_delta_update(
@@ -56,6 +57,7 @@ fn probe() {
             t0.elapsed().as_secs_f64() * 1e6 / 30.0,
             (cpu_seconds() - c0) * 1e6 / 30.0
         );
+        println!("  in-place updates: {}", mlxkern::testing::in_place_updates() - in_place);
     }
     if std::env::var_os("PROBE_DECODE_ONLY").is_some() {
         return;
