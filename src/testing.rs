@@ -86,3 +86,8 @@ pub fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_stat
         Ok(())
     })
 }
+
+/// Threads the CPU kernels use (the calling thread plus the pool's helpers).
+pub fn cpu_threads() -> usize {
+    crate::cpu::pool::threads()
+}

@@ -23,6 +23,7 @@ fn probe() {
     let r = Recurrence::random(&mut rng, dims, true, false);
     let mut state = r.state.unwrap();
     let [q, k, v, a, b, al, dt, _, _] = r.args();
+    println!("cpu threads: {}", mlxkern::testing::cpu_threads());
     let rounds = if std::env::var_os("PROBE_DECODE_ONLY").is_some() {
         40
     } else {
@@ -50,6 +51,9 @@ fn probe() {
             free(state);
             free(y);
             state = next;
+            if std::env::var_os("PROBE_EVAL_EACH").is_some() {
+                ok(mlxk_array_eval(state));
+            }
         }
         ok(mlxk_array_eval(state));
         println!(
@@ -78,4 +82,20 @@ fn probe() {
         free(y);
         free(s);
     }
+}
+
+#[test]
+#[ignore]
+fn subnormals_in_probe_state() {
+    let mut rng = Rng::seeded(7);
+    let r = Recurrence::random(&mut rng, [1, 64, 16, 32, 128, 128], false, false);
+    let (status, y, s) = r.run();
+    ok(status);
+    let v = read_f32(s);
+    let sub = v.iter().filter(|x| x.is_subnormal()).count();
+    let zero = v.iter().filter(|x| **x == 0.0).count();
+    let tiny = v.iter().filter(|x| x.abs() < 1e-30 && **x != 0.0).count();
+    println!("state: {} values, {sub} subnormal, {zero} zero, {tiny} below 1e-30", v.len());
+    free(y);
+    free(s);
 }
