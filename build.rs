@@ -120,7 +120,7 @@ fn generate_header(manifest_dir: &Path, out_dir: &Path) {
          * loaded library disagree on the C ABI. */\n\
          #define MLXK_ABI_VERSION {abi}\n"
     );
-    config.after_includes = Some(config.after_includes.unwrap_or_default() + &versions);
+    config.after_includes = Some(versions);
     println!("cargo:rustc-env=MLXK_ABI_VERSION={abi}");
     // The C surface lives in src/capi/, one file per header group; cbindgen follows the
     // `pub mod` lines of src/capi/mod.rs to the others.

@@ -26,12 +26,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#if defined(__GNUC__) || defined(__clang__)
-#define MLXK_MUST_USE __attribute__((warn_unused_result))
-#else
-#define MLXK_MUST_USE
-#endif
-
 /** The library version these declarations describe (from Cargo.toml). */
 #define MLXK_VERSION "0.1.0"
 #define MLXK_VERSION_MAJOR 0
