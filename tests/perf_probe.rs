@@ -99,3 +99,16 @@ fn subnormals_in_probe_state() {
     free(y);
     free(s);
 }
+
+#[test]
+#[ignore]
+fn prefill_only() {
+    let mut rng = Rng::seeded(9);
+    let t: usize = std::env::var("PROBE_T").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let p = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
+    let (status, y, s) = p.run();
+    ok(status);
+    ok(mlxk_array_eval(s));
+    free(y);
+    free(s);
+}
