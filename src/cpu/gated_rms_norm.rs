@@ -2,14 +2,26 @@
 //! threads per row; thread `tid` sums, for r = 0, 4·THREADS, ..., the squares of columns
 //! `r + 4·tid + i` (i = 0..3) in order; each 32-thread SIMD group meets in the xor butterfly;
 //! with more than 32 threads the group sums (zero-padded to 32) meet in a second butterfly.
+//!
+//! Rows are split over the worker pool in runs. With AVX2, FMA and F16C a vectorized kernel
+//! runs; elsewhere the portable one. Both compute identical bits. The vectorized kernel holds a
+//! SIMD group's 32 threads as four registers in lane layout, does the elementwise part eight
+//! columns at a time, and takes a bf16 or f16 gate's activation `g · sigmoid(g)` from a table
+//! of all 2^16 results (`simd::avx2::gate_table`; an f32 gate computes it).
+
+use std::ops::Range;
 
 use half::{bf16, f16};
 
 use super::elem::{round_to, Elem};
 use super::math::{rsqrt, sigmoid};
 use super::reduce::simd_sum;
-use super::{to_f32_vec, typed, typed_mut, Buffers};
+use super::simd::{self, Lanes, SharedMut};
+use super::{pool, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
+
+/// Work (columns) a job should have at least: below it a call runs on the calling thread.
+const JOB_COLUMNS: usize = 16384;
 
 /// The threads per row the Metal launch uses.
 pub fn threads(width: usize) -> usize {
@@ -47,8 +59,20 @@ pub fn inverse_rms(x: &[f32], eps: f32) -> f32 {
     rsqrt(total / width as f32 + eps)
 }
 
-/// `out = T(silu_f32(gate) · f32(T(w · T(x · inv))))` per row of `width` values.
-pub fn norm<T: Elem, G: Elem>(
+/// One call's inputs and output, shared by the jobs.
+struct Problem<'a, T, G> {
+    width: usize,
+    eps: f32,
+    x: &'a [T],
+    gate: &'a [G],
+    weight: &'a [T],
+    /// Each row is written by one job.
+    out: SharedMut<T>,
+}
+
+/// `out = T(silu_f32(gate) · f32(T(w · T(x · inv))))` per row of `width` values; the gate is
+/// read as f32 whatever its dtype (exact widening), like `float(gate[i])`.
+pub fn norm<T: Lanes, G: Lanes>(
     width: usize,
     eps: f32,
     x: &[T],
@@ -56,22 +80,233 @@ pub fn norm<T: Elem, G: Elem>(
     weight: &[T],
     out: &mut [T],
 ) {
+    if width == 0 {
+        return;
+    }
+    let rows = x.len() / width;
+    assert!(
+        gate.len() >= rows * width && weight.len() >= width && out.len() >= rows * width,
+        "gated_rms_norm: buffers too small for {rows} rows of {width}"
+    );
+    let p = Problem {
+        width,
+        eps,
+        x,
+        gate,
+        weight,
+        out: SharedMut(out.as_mut_ptr()),
+    };
+    let (jobs, per_job) = simd::jobs(rows, width, JOB_COLUMNS);
+    let vectorized = simd::enabled();
+    pool::run(jobs, &|job| {
+        let range = job * per_job..((job + 1) * per_job).min(rows);
+        if vectorized {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `simd::enabled()` checked AVX2, FMA and F16C; the buffer sizes were
+            // checked above and each job writes only its own rows.
+            unsafe {
+                avx2::rows(&p, range)
+            };
+        } else {
+            // SAFETY: as above.
+            unsafe { rows_portable(&p, range) };
+        }
+    });
+}
+
+/// The portable kernel over rows `rows`.
+///
+/// # Safety
+/// The buffers hold `rows`; no other job writes these rows.
+unsafe fn rows_portable<T: Elem, G: Elem>(p: &Problem<T, G>, rows: Range<usize>) {
+    let width = p.width;
     let mut row_f32 = vec![0f32; width];
-    for ((x_row, gate_row), out_row) in x
-        .chunks_exact(width)
-        .zip(gate.chunks_exact(width))
-        .zip(out.chunks_exact_mut(width))
-    {
+    for row in rows {
+        let x_row = &p.x[row * width..(row + 1) * width];
+        let gate_row = &p.gate[row * width..(row + 1) * width];
+        // SAFETY: this job's row, within the checked size.
+        let out_row = unsafe { std::slice::from_raw_parts_mut(p.out.0.add(row * width), width) };
         for (dst, src) in row_f32.iter_mut().zip(x_row) {
             *dst = src.to_f32();
         }
-        let inv = inverse_rms(&row_f32, eps);
+        let inv = inverse_rms(&row_f32, p.eps);
         for col in 0..width {
             let normalized =
-                round_to::<T>(weight[col].to_f32() * round_to::<T>(row_f32[col] * inv));
+                round_to::<T>(p.weight[col].to_f32() * round_to::<T>(row_f32[col] * inv));
             let g = gate_row[col].to_f32();
             let silu = g * sigmoid::<f32>(g);
             out_row[col] = T::from_f32(silu * normalized);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The vectorized kernel. A row is widened into a zero-padded f32 buffer (a multiple of 128
+    //! columns); SIMD group g's 32 threads sum the 128 columns `r + 128g ..` of each stride as
+    //! four registers in lane layout (`simd::avx2::add_squares`), then meet in the butterfly.
+
+    #![allow(unsafe_op_in_unsafe_fn)]
+
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::super::math::rsqrt;
+    use super::super::reduce::simd_sum;
+    use super::super::simd::avx2::{
+        add_squares, butterfly, gate_table, load_n, lookup, lookup8, sigmoid, store_n, Lanes,
+    };
+    use super::{threads, Problem};
+
+    /// As `rows_portable`.
+    ///
+    /// # Safety
+    /// As `rows_portable`; AVX2, FMA and F16C are available.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn rows<T: Lanes, G: Lanes>(p: &Problem<T, G>, rows: Range<usize>) {
+        // Qwen3.5 normalizes heads of 128: a copy of the kernel with the width known.
+        match (gate_table::<G>(), p.width == 128) {
+            (Some(table), true) => rows_with::<T, G, true, 128>(p, rows, table),
+            (Some(table), false) => rows_with::<T, G, true, 0>(p, rows, table),
+            (None, true) => rows_with::<T, G, false, 128>(p, rows, &[]),
+            (None, false) => rows_with::<T, G, false, 0>(p, rows, &[]),
+        }
+    }
+
+    /// The kernel; with `TABLE` the gate activation `g · sigmoid(g)` comes from `table` (its
+    /// value for every bit pattern of a 16-bit G), else it is computed. `WIDTH`, unless 0, is
+    /// the width.
+    #[inline(always)]
+    unsafe fn rows_with<T: Lanes, G: Lanes, const TABLE: bool, const WIDTH: usize>(
+        p: &Problem<T, G>,
+        rows: Range<usize>,
+        table: &[f32],
+    ) {
+        let width = if WIDTH > 0 { WIDTH } else { p.width };
+        let threads = threads(width);
+        let stride = 4 * threads;
+        let vectors = width.div_ceil(8);
+        let zero = _mm256_setzero_ps();
+        // Columns past the width stay +0 (each thread adds their squares, +0).
+        let mut row_f32 = vec![0f32; width.div_ceil(128) * 128];
+        let mut weight = vec![0f32; 8 * vectors];
+        for j in 0..vectors {
+            let w = load_n(p.weight.as_ptr().add(8 * j), width - 8 * j);
+            _mm256_storeu_ps(weight.as_mut_ptr().add(8 * j), w);
+        }
+        let mut activation = vec![0f32; if TABLE { 8 * vectors } else { 0 }];
+        let buf = row_f32.as_mut_ptr();
+        let weight = weight.as_ptr();
+        for row in rows {
+            let x = p.x.as_ptr().add(row * width);
+            for j in 0..vectors {
+                _mm256_storeu_ps(buf.add(8 * j), load_n(x.add(8 * j), width - 8 * j));
+            }
+            let mut group_sums = [0f32; 32];
+            for (g, group_sum) in group_sums.iter_mut().enumerate().take(threads / 32) {
+                let mut acc = [zero; 4];
+                let mut base = 128 * g;
+                // A block starting past the width would add only +0 to each thread's sum,
+                // which leaves it unchanged (the sums are +0, positive, +inf or NaN).
+                while base < width {
+                    for (s, a) in acc.iter_mut().enumerate() {
+                        let c = buf.add(base + 32 * s);
+                        let r = [0, 8, 16, 24].map(|o| _mm256_loadu_ps(c.add(o)));
+                        *a = add_squares(*a, r);
+                    }
+                    base += stride;
+                }
+                *group_sum = butterfly(acc);
+            }
+            let total = if threads > 32 {
+                simd_sum(&group_sums)
+            } else {
+                group_sums[0]
+            };
+            let inv = _mm256_set1_ps(rsqrt(total / width as f32 + p.eps));
+            let gate = p.gate.as_ptr().add(row * width);
+            // Full blocks of 32 columns read the table directly; the rest goes through
+            // `activation`.
+            let tail = 32 * (width / 32);
+            if TABLE && tail < width {
+                let (bits, dst) = (
+                    (gate as *const u16).add(tail),
+                    activation.as_mut_ptr().add(tail),
+                );
+                lookup(table.as_ptr(), bits, dst, width - tail);
+            }
+            let activation = activation.as_ptr();
+            let out = p.out.0.add(row * width);
+            let mut j = 0;
+            while 8 * (j + 4) <= width {
+                let src = (buf as *const f32, weight, gate, table.as_ptr(), activation);
+                finish::<T, G, 4, true, TABLE>(src, out, inv, j, width);
+                j += 4;
+            }
+            while j < vectors {
+                let src = (buf as *const f32, weight, gate, table.as_ptr(), activation);
+                finish::<T, G, 1, false, TABLE>(src, out, inv, j, width);
+                j += 1;
+            }
+        }
+    }
+
+    /// A row's x (f32), the weight (f32), the row's gate, the gate table and the row's gate
+    /// activations past the last full block of 32 (`TABLE` only).
+    type Sources<G> = (*const f32, *const f32, *const G, *const f32, *const f32);
+
+    /// The elementwise part for registers `j .. j + N` (columns `8j ..`, at most `width`;
+    /// all of them when `FULL`): `out = T(silu_f32(gate) · f32(T(w · T(x · inv))))`. With
+    /// `TABLE`, the gate activation comes from the table (`FULL`) or the row's activations.
+    #[inline(always)]
+    unsafe fn finish<T: Lanes, G: Lanes, const N: usize, const FULL: bool, const TABLE: bool>(
+        (x, weight, gate, table, activation): Sources<G>,
+        out: *mut T,
+        inv: __m256,
+        j: usize,
+        width: usize,
+    ) {
+        let mut g = [inv; N];
+        let mut normalized = [inv; N];
+        for i in 0..N {
+            let c = 8 * (j + i);
+            let scaled = T::round_inner(_mm256_mul_ps(_mm256_loadu_ps(x.add(c)), inv));
+            normalized[i] = T::round_inner(_mm256_mul_ps(_mm256_loadu_ps(weight.add(c)), scaled));
+            g[i] = if TABLE && FULL {
+                lookup8(table, gate.add(c) as *const u16)
+            } else if TABLE {
+                _mm256_loadu_ps(activation.add(c))
+            } else if FULL {
+                G::load(gate.add(c))
+            } else {
+                load_n(gate.add(c), width - c)
+            };
+        }
+        let mut y = g;
+        if TABLE {
+            for i in 0..N {
+                y[i] = _mm256_mul_ps(g[i], normalized[i]);
+            }
+        } else {
+            let s = sigmoid::<f32, N>(g);
+            for i in 0..N {
+                y[i] = _mm256_mul_ps(_mm256_mul_ps(g[i], s[i]), normalized[i]);
+            }
+        }
+        if FULL {
+            let mut i = 0;
+            while i + 2 <= N {
+                T::store2(out.add(8 * (j + i)), y[i], y[i + 1]);
+                i += 2;
+            }
+            if i < N {
+                T::store(out.add(8 * (j + i)), y[i]);
+            }
+        } else {
+            for (i, y) in y.into_iter().enumerate() {
+                let c = 8 * (j + i);
+                store_n(out.add(c), y, width - c);
+            }
         }
     }
 }
@@ -86,19 +321,33 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
     if width == 0 {
         return;
     }
-    // The gate is read as f32 whatever its dtype (exact widening), like `float(gate[i])`.
-    let gate: Vec<f32> = to_f32_vec(gate, gate_dtype);
     let out = &mut *buffers.outputs[0];
+    macro_rules! go {
+        ($t:ty, $g:ty) => {
+            norm::<$t, $g>(
+                width,
+                eps,
+                typed(x),
+                typed(gate),
+                typed(weight),
+                typed_mut(out),
+            )
+        };
+    }
+    macro_rules! gate {
+        ($t:ty) => {
+            match gate_dtype {
+                Dtype::Bfloat16 => go!($t, bf16),
+                Dtype::Float16 => go!($t, f16),
+                Dtype::Float32 => go!($t, f32),
+                other => panic!("gated_rms_norm: unsupported gate dtype {}", other.name()),
+            }
+        };
+    }
     match dtype {
-        Dtype::Bfloat16 => {
-            norm::<bf16, f32>(width, eps, typed(x), &gate, typed(weight), typed_mut(out))
-        }
-        Dtype::Float16 => {
-            norm::<f16, f32>(width, eps, typed(x), &gate, typed(weight), typed_mut(out))
-        }
-        Dtype::Float32 => {
-            norm::<f32, f32>(width, eps, typed(x), &gate, typed(weight), typed_mut(out))
-        }
+        Dtype::Bfloat16 => gate!(bf16),
+        Dtype::Float16 => gate!(f16),
+        Dtype::Float32 => gate!(f32),
         other => panic!("gated_rms_norm: unsupported dtype {}", other.name()),
     }
 }

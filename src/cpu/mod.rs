@@ -17,6 +17,7 @@ pub mod math;
 pub mod pool;
 pub mod reduce;
 pub mod silu_rms_heads;
+pub mod simd;
 
 /// Outputs that took over an input's buffer (for tests of the in-place state update).
 pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
