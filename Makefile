@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo bench install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift clean
+.PHONY: bootstrap build header demo bench install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -35,7 +35,7 @@ demo: build
 	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
-test: bootstrap test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift
+test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-bun test-metal-emu test-swift
 
 test-rust:
 	$(CARGO) test
@@ -62,6 +62,16 @@ test-swift: build
 # in build/bench/). MLXK_BENCH_QUICK=1 for a short run.
 bench: build
 	CC=$(CC) LIBDIR=$(LIBDIR) ./scripts/bench.sh
+
+# C clients under ASan/LSan and valgrind memcheck, 10 000 mixed calls, resident memory check.
+test-sanitizers: build
+	@mkdir -p $(BUILD)
+	CC=$(CC) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-sanitizers.sh
+
+# Long fuzzing under AddressSanitizer (FUZZ_SECONDS per target); `make test` replays the corpus.
+FUZZ_SECONDS ?= 600
+fuzz: bootstrap
+	./scripts/fuzz.sh $(FUZZ_SECONDS)
 
 # Installs the library (with a private copy of MLX's libmlx), both headers and mlxkern.pc.
 PREFIX ?= /usr/local

@@ -36,7 +36,10 @@ thread_local! {
 
 pub(crate) fn set_last_error(message: &str) {
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|slot| *slot.borrow_mut() = text);
+    // A call made while this thread is being torn down (from a thread-local destructor that
+    // runs after ours) finds the slot gone: the message is dropped rather than panicking
+    // across the C boundary, which would abort the caller's process.
+    let _ = LAST_ERROR.try_with(|slot| *slot.borrow_mut() = text);
 }
 
 /// The message of the last failed call on the calling thread ("" if none failed yet). It names
@@ -46,7 +49,9 @@ pub(crate) fn set_last_error(message: &str) {
 /// Copy it if you need it longer. Thread: each thread has its own message.
 #[no_mangle]
 pub extern "C" fn mlxk_last_error() -> *const c_char {
-    LAST_ERROR.with(|slot| slot.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|slot| slot.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The name of a status code, e.g. "MLXK_ERR_SHAPE"; "MLXK_UNKNOWN_STATUS" for other values.

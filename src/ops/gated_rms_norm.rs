@@ -53,7 +53,14 @@ pub fn check(x: &Inputs) -> Result<(Vec<i64>, Dtype, Dtype)> {
     }
     super::silu_rms_heads::check_eps(x.eps)?;
     memory::check_outputs(&[("out", &xi.shape, xi.dtype)])?;
-    let rows: i64 = xi.shape[..xi.shape.len() - 1].iter().product();
+    // An empty x may have leading dims whose product overflows i64 ([2^31-1, 2^31-1,
+    // 2^31-1, 0, D]); it has no rows. Otherwise the product is at most x's element count.
+    let leading = &xi.shape[..xi.shape.len() - 1];
+    let rows: i64 = if leading.contains(&0) {
+        0
+    } else {
+        leading.iter().fold(1i64, |n, &d| n.saturating_mul(d))
+    };
     if rows.saturating_mul(metal::gated_rms_norm_threads(width)) > i32::MAX as i64 {
         return Err(Error::InvalidArgument(format!(
             "x: {rows} rows of {width} values need more than 2^31-1 threads in one launch"

@@ -1,0 +1,10 @@
+//! libFuzzer target `glm52`: decodes the input into a sequence of C ABI calls (harness/glm52.rs)
+//! and checks every status, message, result shape and handle.
+#![no_main]
+
+#[path = "../harness/mod.rs"]
+mod harness;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    harness::run(harness::Target::Glm52, data);
+});

@@ -1,0 +1,357 @@
+//! Target `norms`: mlxk_silu_rms_heads and mlxk_gated_rms_norm with random head counts and
+//! widths (inside and outside [1, 128]), channel counts that do or do not add up, random
+//! dtypes, eps values (0, NaN, ±Inf, negative, subnormal, huge), aliased and NULL
+//! out-parameters, NULL / freed / foreign handles, empty arrays with huge other dims, and
+//! tight memory limits. Checked properties on success: documented shapes and dtypes; finite
+//! inputs of moderate size with eps > 0 give finite outputs; a zero gate gives a zero output.
+
+use std::ptr::null_mut;
+
+use super::*;
+
+const MAX_ROUNDS: usize = 4;
+const MAX_ELEMENTS: u128 = 1 << 18;
+
+struct Arr {
+    name: &'static str,
+    kind: Kind,
+    shape: Vec<i64>,
+    dtype: mlxk_dtype,
+    h: H,
+    bytes: Vec<u8>,
+    mode: DataMode,
+}
+
+struct Ctx {
+    dead: Vec<H>,
+    foreign: Foreign,
+}
+
+impl Ctx {
+    fn arr(
+        &mut self,
+        input: &mut Input,
+        name: &'static str,
+        mut shape: Vec<i64>,
+        mut dtype: mlxk_dtype,
+        mode: DataMode,
+    ) -> Arr {
+        let mut kind = Kind::Live;
+        if input.chance(14) {
+            let old = (shape.clone(), dtype);
+            match input.u8() % 7 {
+                0 => dtype = (input.u8() % 8) as mlxk_dtype,
+                1 => {
+                    shape.pop();
+                }
+                2 => shape.push(input.pick(&[1i64, 2])),
+                3 if !shape.is_empty() => {
+                    let axis = input.below(shape.len());
+                    let d = shape[axis];
+                    shape[axis] = (input.pick(&[0i64, 1, 2, d + 1, d * 2, d - 1])).min(i32::MAX as i64);
+                }
+                4 => kind = Kind::Null,
+                5 => kind = Kind::Dead,
+                _ => kind = Kind::Foreign,
+            }
+            if count(&shape).is_none_or(|n| n > MAX_ELEMENTS) {
+                (shape, dtype) = old;
+            }
+        }
+        let mut mode = mode;
+        if !is_float(dtype) && mode != DataMode::Zeros {
+            mode = if dtype == MLXK_DTYPE_BOOL { DataMode::Nice } else { DataMode::Raw };
+        }
+        let mut bytes = Vec::new();
+        let h = if kind == Kind::Live {
+            let mut fill = Fill::new(input.u16() as u64);
+            bytes = make_data(&mut fill, count_usize(&shape), dtype, mode);
+            new_array(&bytes, &shape, dtype)
+        } else {
+            handle_of(kind, null_mut(), &self.dead, &self.foreign, input)
+        };
+        Arr { name, kind, shape, dtype, h, bytes, mode }
+    }
+
+    fn release(&mut self, a: Arr) {
+        if a.kind == Kind::Live {
+            free_ok(a.h);
+            self.dead.push(a.h);
+        }
+    }
+}
+
+fn handles(e: &mut Expect, arrs: &[&Arr]) -> bool {
+    let mut usable = true;
+    for a in arrs {
+        expect_handle(e, a.name, a.kind, false);
+        usable &= a.kind == Kind::Live;
+    }
+    if !usable {
+        e.maybe(MLXK_ERR_SHAPE, "rules over an unusable handle");
+        e.maybe(MLXK_ERR_DTYPE, "rules over an unusable handle");
+    }
+    usable
+}
+
+fn pick_dtype(input: &mut Input) -> mlxk_dtype {
+    if input.chance(12) {
+        input.pick(&[MLXK_DTYPE_INT8, MLXK_DTYPE_BOOL, MLXK_DTYPE_UINT32, MLXK_DTYPE_INT32])
+    } else {
+        input.pick(&[MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32])
+    }
+}
+
+fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
+    let huge = input.chance(12);
+    let (b, s) = if huge {
+        (0i64, input.pick(&[1i64, 65536, i32::MAX as i64]))
+    } else {
+        (input.pick(&[1i64, 0, 1, 2, 3]), input.pick(&[1i64, 0, 1, 2, 3, 5]))
+    };
+    let mut hk = input.pick(&[1i64, 1, 2, 3]);
+    let mut hv = input.pick(&[1i64, 2, 3, 4]);
+    let mut dk = input.pick(&[1i64, 2, 3, 7, 16, 32, 64, 100, 128]);
+    let mut dv = input.pick(&[1i64, 2, 3, 4, 8, 16, 64, 128]);
+    if huge {
+        hk = input.pick(&[1i64, 1 << 20, 1 << 25]);
+        hv = input.pick(&[1i64, 1 << 20, 1 << 26]);
+        dk = input.pick(&[1i64, 128]);
+        dv = input.pick(&[1i64, 128]);
+    } else if input.chance(24) {
+        dk = input.pick(&[0i64, 129, 200]);
+    }
+    let channels = (2 * hk * dk + hv * dv).min(i32::MAX as i64);
+    let dtype = pick_dtype(input);
+    let mode = DataMode::pick(input);
+    let x = ctx.arr(input, "x", vec![b, s, channels], dtype, mode);
+    let q_scale = ctx.arr(input, "q_scale", vec![dk], dtype, mode);
+    let k_scale = ctx.arr(input, "k_scale", vec![dk], dtype, mode);
+    // Integer arguments: usually the ones x was built for.
+    let mut int_arg = |v: i64| -> i32 {
+        if input.chance(12) {
+            input.pick(&[0, -1, i32::MIN, i32::MAX, v as i32 + 1, 129, 1 << 20])
+        } else {
+            v as i32
+        }
+    };
+    let (key_heads, value_heads, value_width) = (int_arg(hk), int_arg(hv), int_arg(dv));
+    let eps = pick_eps(input, 1e-6 / dk.max(1) as f32);
+    let outs = 23 - input.u8() % 24;
+
+    let mut e = Expect::new();
+    match outs {
+        0 => e.fail(MLXK_ERR_NULL_POINTER, "q is NULL"),
+        1 => e.fail(MLXK_ERR_NULL_POINTER, "k is NULL"),
+        2 => e.fail(MLXK_ERR_NULL_POINTER, "v is NULL"),
+        3 | 4 => e.fail(MLXK_ERR_INVALID_ARGUMENT, "two out-parameters are the same pointer"),
+        _ => {}
+    }
+    let tight = tight_limit(input);
+    let mut dims = None;
+    if handles(&mut e, &[&x, &q_scale, &k_scale]) {
+        if x.shape.len() != 3 {
+            e.fail(MLXK_ERR_SHAPE, "x is not rank 3");
+        }
+        if !is_float(x.dtype) {
+            e.fail(MLXK_ERR_DTYPE, "x is not float");
+        }
+        for sc in [&q_scale, &k_scale] {
+            if sc.dtype != x.dtype {
+                e.fail(MLXK_ERR_DTYPE, format!("{} dtype differs from x", sc.name));
+            }
+        }
+        let dk_got = if q_scale.shape.len() == 1 { Some(q_scale.shape[0]) } else { None };
+        if dk_got.is_none() {
+            e.fail(MLXK_ERR_SHAPE, "q_scale is not [Dk]");
+        }
+        if k_scale.shape.len() != 1 || dk_got.is_some_and(|d| k_scale.shape[0] != d) {
+            e.fail(MLXK_ERR_SHAPE, "k_scale is not [Dk]");
+        }
+        if let Some(d) = dk_got {
+            if !(1..=128).contains(&d) {
+                e.fail(MLXK_ERR_SHAPE, format!("Dk {d}"));
+            }
+        }
+        let (hk, hv, dv) = (key_heads as i64, value_heads as i64, value_width as i64);
+        if hk < 1 {
+            e.fail(MLXK_ERR_INVALID_ARGUMENT, "key_heads < 1");
+        }
+        if hv < 1 {
+            e.fail(MLXK_ERR_INVALID_ARGUMENT, "value_heads < 1");
+        }
+        if !(1..=128).contains(&dv) {
+            e.fail(MLXK_ERR_INVALID_ARGUMENT, "value_width outside [1, 128]");
+        }
+        if !eps_valid(eps) {
+            e.fail(MLXK_ERR_INVALID_ARGUMENT, format!("eps {eps}"));
+        }
+        if let (Some(dk), true) = (dk_got, x.shape.len() == 3) {
+            let want = 2 * hk as i128 * dk as i128 + hv as i128 * dv as i128;
+            if x.shape[2] as i128 != want {
+                e.fail(MLXK_ERR_SHAPE, format!("x has {} channels, expected {want}", x.shape[2]));
+            }
+            if !e.must_fail() {
+                let (b, s) = (x.shape[0], x.shape[1]);
+                let size = dtype_size(x.dtype);
+                let qk = count(&[b, s, hk, dk]).unwrap();
+                let vv = count(&[b, s, hv, dv]).unwrap();
+                if qk > i32::MAX as u128 || vv > i32::MAX as u128 {
+                    e.fail(MLXK_ERR_INVALID_ARGUMENT, "an output above 2^31-1 elements");
+                } else if (2 * qk + vv) * size as u128 > current_limit(tight) {
+                    e.fail(MLXK_ERR_OUT_OF_MEMORY, "results above the limit");
+                }
+                if 32 * (2 * hk as i128 + hv as i128) > i32::MAX as i128 {
+                    e.fail(MLXK_ERR_INVALID_ARGUMENT, "too many heads for one launch");
+                }
+                dims = Some((b, s, hk, hv, dk, dv));
+            }
+        }
+    }
+    let (mut q, mut k, mut v) = (sentinel(), sentinel(), sentinel());
+    let qp: *mut H = if outs == 0 { null_mut() } else { &mut q };
+    let kp: *mut H = match outs {
+        1 => null_mut(),
+        3 => qp,
+        _ => &mut k,
+    };
+    let vp: *mut H = match outs {
+        2 => null_mut(),
+        4 => kp,
+        _ => &mut v,
+    };
+    let status = mlxk_silu_rms_heads(
+        x.h, q_scale.h, k_scale.h, key_heads, value_heads, value_width, eps, qp, kp, vp,
+    );
+    if tight.is_some() {
+        restore_limit();
+    }
+    e.check("mlxk_silu_rms_heads", status);
+    if status == MLXK_OK {
+        let (b, s, hk, hv, dk, dv) = dims.expect("a success has valid arguments");
+        let qb = check_result("q", q, &[b, s, hk, dk], x.dtype);
+        let kb = check_result("k", k, &[b, s, hk, dk], x.dtype);
+        let vb = check_result("v", v, &[b, s, hv, dv], x.dtype);
+        if x.mode == DataMode::Nice && q_scale.mode == DataMode::Nice && k_scale.mode == DataMode::Nice && eps > 0.0 {
+            assert!(all_finite(&qb, x.dtype), "q is not finite for finite moderate inputs");
+            assert!(all_finite(&kb, x.dtype), "k is not finite for finite moderate inputs");
+            assert!(all_finite(&vb, x.dtype), "v is not finite for finite moderate inputs");
+        }
+        for h in [q, k, v] {
+            free_ok(h);
+            ctx.dead.push(h);
+        }
+    } else {
+        assert!(q == sentinel() && k == sentinel() && v == sentinel(), "mlxk_silu_rms_heads wrote an out-parameter on failure");
+    }
+    for a in [x, q_scale, k_scale] {
+        ctx.release(a);
+    }
+}
+
+fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
+    let rank = input.pick(&[2usize, 1, 0, 2, 3, 4]);
+    let huge = input.chance(12);
+    let mut shape: Vec<i64> = (0..rank.saturating_sub(1)).map(|_| input.pick(&[1i64, 0, 2, 3])).collect();
+    if huge && !shape.is_empty() {
+        // Empty, with leading dims whose product overflows i64 on the way.
+        shape = vec![i32::MAX as i64, i32::MAX as i64, i32::MAX as i64, 0];
+        shape.truncate(input.pick(&[2usize, 4]));
+        if !shape.contains(&0) {
+            shape.push(0);
+        }
+    }
+    if rank > 0 {
+        shape.push(input.pick(&[8i64, 1, 2, 3, 5, 16, 100, 128, 129, 300]));
+        if input.chance(12) {
+            *shape.last_mut().unwrap() = 0;
+        }
+    }
+    let dtype = pick_dtype(input);
+    let mode = DataMode::pick(input);
+    let gate_mode = if input.chance(32) { DataMode::Zeros } else { DataMode::pick(input) };
+    let gate_dtype = input.pick(&FLOATS);
+    let width = shape.last().copied().unwrap_or(1);
+    let x = ctx.arr(input, "x", shape.clone(), dtype, mode);
+    let gate = ctx.arr(input, "gate", shape, gate_dtype, gate_mode);
+    let weight = ctx.arr(input, "weight", vec![width], dtype, mode);
+    let eps = pick_eps(input, 1e-6);
+    let out_null = input.chance(10);
+
+    let mut e = Expect::new();
+    if out_null {
+        e.fail(MLXK_ERR_NULL_POINTER, "out is NULL");
+    }
+    let tight = tight_limit(input);
+    if handles(&mut e, &[&x, &gate, &weight]) {
+        if x.shape.is_empty() {
+            e.fail(MLXK_ERR_SHAPE, "x is a scalar");
+        }
+        if !is_float(x.dtype) {
+            e.fail(MLXK_ERR_DTYPE, "x is not float");
+        }
+        let d = x.shape.last().copied();
+        if d.is_some_and(|d| d < 1) {
+            e.fail(MLXK_ERR_SHAPE, "D < 1");
+        }
+        if gate.shape != x.shape {
+            e.fail(MLXK_ERR_SHAPE, "gate's shape differs from x's");
+        }
+        if !is_float(gate.dtype) {
+            e.fail(MLXK_ERR_DTYPE, "gate is not float");
+        }
+        if weight.shape.len() != 1 || d.is_some_and(|d| weight.shape[0] != d) {
+            e.fail(MLXK_ERR_SHAPE, "weight is not [D]");
+        }
+        if weight.dtype != x.dtype {
+            e.fail(MLXK_ERR_DTYPE, "weight's dtype differs from x's");
+        }
+        if !eps_valid(eps) {
+            e.fail(MLXK_ERR_INVALID_ARGUMENT, format!("eps {eps}"));
+        }
+        if !e.must_fail() {
+            let bytes = count(&x.shape).unwrap() * dtype_size(x.dtype) as u128;
+            if bytes > current_limit(tight) {
+                e.fail(MLXK_ERR_OUT_OF_MEMORY, "result above the limit");
+            }
+        }
+    }
+    let mut out = sentinel();
+    let status = mlxk_gated_rms_norm(x.h, gate.h, weight.h, eps, if out_null { null_mut() } else { &mut out });
+    if tight.is_some() {
+        restore_limit();
+    }
+    e.check("mlxk_gated_rms_norm", status);
+    if status == MLXK_OK {
+        let ob = check_result("out", out, &x.shape, x.dtype);
+        let moderate = x.mode == DataMode::Nice && weight.mode == DataMode::Nice && eps > 0.0;
+        if moderate && gate.mode == DataMode::Nice {
+            assert!(all_finite(&ob, x.dtype), "out is not finite for finite moderate inputs");
+        }
+        if moderate && gate.mode == DataMode::Zeros {
+            let n = ob.len() / dtype_size(x.dtype);
+            assert!((0..n).all(|i| float_at(&ob, x.dtype, i) == 0.0), "a zero gate gave a non-zero output");
+        }
+        free_ok(out);
+        ctx.dead.push(out);
+    } else {
+        assert_eq!(out, sentinel(), "mlxk_gated_rms_norm wrote its out-parameter on failure");
+    }
+    for a in [x, gate, weight] {
+        ctx.release(a);
+    }
+}
+
+pub fn run(input: &mut Input) {
+    let mut ctx = Ctx { dead: Vec::new(), foreign: Foreign::new() };
+    for _ in 0..MAX_ROUNDS {
+        if input.exhausted() {
+            break;
+        }
+        if input.u8() % 2 == 0 {
+            silu_rms_heads(&mut ctx, input);
+        } else {
+            gated_rms_norm(&mut ctx, input);
+        }
+    }
+}
