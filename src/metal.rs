@@ -145,7 +145,12 @@ pub fn gated_rms_norm_threads(width: i64) -> i64 {
 /// The gated norm launch: one threadgroup of THREADS per row of `width` values.
 pub fn gated_rms_norm_launch(shape: &[i64], dtype: Dtype, eps: f32) -> MetalLaunch {
     let width = *shape.last().expect("rank >= 1");
-    let rows: i64 = shape[..shape.len() - 1].iter().product();
+    let leading = &shape[..shape.len() - 1];
+    let rows: i64 = if leading.contains(&0) {
+        0
+    } else {
+        leading.iter().fold(1i64, |n, &d| n.saturating_mul(d))
+    };
     let threads = gated_rms_norm_threads(width);
     MetalLaunch {
         name: "mlxk_gated_rms_norm".to_string(),
