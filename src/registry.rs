@@ -101,6 +101,10 @@ impl Mlx {
         match self.arrays.remove(&(handle as usize)) {
             Some(array) => {
                 drop(array);
+                if self.arrays.is_empty() {
+                    // Give the table back when the last handle goes (no lingering allocation).
+                    self.arrays.shrink_to_fit();
+                }
                 Ok(())
             }
             None => Err(Error::InvalidHandle(format!(
