@@ -10,6 +10,7 @@ use half::{bf16, f16};
 use crate::dtype::Dtype;
 use crate::error::KERNEL_PANIC_TAG;
 
+pub mod chunked;
 pub mod elem;
 pub mod gated_delta;
 pub mod gated_rms_norm;
