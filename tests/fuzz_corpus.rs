@@ -37,7 +37,11 @@ fn replay_one(target: Target, path: &Path) {
             .cloned()
             .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
             .unwrap_or_default();
-        panic!("fuzz input {} ({} bytes) fails: {msg}", path.display(), data.len());
+        panic!(
+            "fuzz input {} ({} bytes) fails: {msg}",
+            path.display(),
+            data.len()
+        );
     }
 }
 
@@ -90,13 +94,26 @@ fn corpus_glm52() {
 /// Replays one file given by MLXK_FUZZ_REPLAY (for debugging a crash artifact).
 #[test]
 fn replay_file_from_env() {
-    let Ok(path) = std::env::var("MLXK_FUZZ_REPLAY") else { return };
+    let Ok(path) = std::env::var("MLXK_FUZZ_REPLAY") else {
+        return;
+    };
     let path = PathBuf::from(path);
-    let folder = path.parent().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+    let folder = path
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned());
     let target = Target::ALL
         .into_iter()
-        .find(|t| folder.as_deref().is_some_and(|f| f == t.name() || f.starts_with(t.name())))
-        .or_else(|| std::env::var("MLXK_FUZZ_TARGET").ok().and_then(|n| Target::ALL.into_iter().find(|t| t.name() == n)))
+        .find(|t| {
+            folder
+                .as_deref()
+                .is_some_and(|f| f == t.name() || f.starts_with(t.name()))
+        })
+        .or_else(|| {
+            std::env::var("MLXK_FUZZ_TARGET")
+                .ok()
+                .and_then(|n| Target::ALL.into_iter().find(|t| t.name() == n))
+        })
         .expect("name the target: a folder named after it, or MLXK_FUZZ_TARGET");
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     replay_one(target, &path);

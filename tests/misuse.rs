@@ -35,14 +35,33 @@ fn sentinel() -> H {
 
 /// Checks a refusal: status, message naming `function` and every needle, and no handle made.
 #[track_caller]
-fn refused(status: mlxk_status, want: mlxk_status, function: &str, needles: &[&str], live_before: usize) {
+fn refused(
+    status: mlxk_status,
+    want: mlxk_status,
+    function: &str,
+    needles: &[&str],
+    live_before: usize,
+) {
     let msg = last_error();
-    assert_eq!(status, want, "{function}: expected {} got {} ({msg})", name(want), name(status));
-    assert!(msg.starts_with(&format!("{function}: ")), "message does not name {function}: {msg:?}");
+    assert_eq!(
+        status,
+        want,
+        "{function}: expected {} got {} ({msg})",
+        name(want),
+        name(status)
+    );
+    assert!(
+        msg.starts_with(&format!("{function}: ")),
+        "message does not name {function}: {msg:?}"
+    );
     for n in needles {
         assert!(msg.contains(n), "{function}: message {msg:?} lacks {n:?}");
     }
-    assert_eq!(live_handles(), live_before, "{function}: a refused call left a live handle");
+    assert_eq!(
+        live_handles(),
+        live_before,
+        "{function}: a refused call left a live handle"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -78,7 +97,15 @@ impl Fixture {
     }
 
     fn free(self) {
-        for h in [self.arr, self.x, self.gate, self.weight, self.sx, self.q_scale, self.k_scale] {
+        for h in [
+            self.arr,
+            self.x,
+            self.gate,
+            self.weight,
+            self.sx,
+            self.q_scale,
+            self.k_scale,
+        ] {
             free(h);
         }
         self.rec.free();
@@ -109,7 +136,9 @@ impl Fixture {
                 let st = unsafe { mlxk_array_nbytes(h[0], &mut n) };
                 (st, vec![], n == SENTINEL)
             }),
-            Entry::new("mlxk_array_eval", &[("array", self.arr)], |h| (mlxk_array_eval(h[0]), vec![], true)),
+            Entry::new("mlxk_array_eval", &[("array", self.arr)], |h| {
+                (mlxk_array_eval(h[0]), vec![], true)
+            }),
             Entry::new("mlxk_array_read", &[("array", self.arr)], |h| {
                 let mut buf = [0xA5u8; 24];
                 let st = unsafe { mlxk_array_read(h[0], buf.as_mut_ptr().cast(), 24) };
@@ -144,7 +173,9 @@ impl Fixture {
                 ],
                 |h| {
                     let (mut y, mut s) = (sentinel(), sentinel());
-                    let st = mlxk_gated_delta_update(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], &mut y, &mut s);
+                    let st = mlxk_gated_delta_update(
+                        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], &mut y, &mut s,
+                    );
                     (st, vec![y, s], y == sentinel() && s == sentinel())
                 },
             )
@@ -164,7 +195,18 @@ impl Fixture {
                     let mut s = sentinel();
                     let lengths = [3i32, 1];
                     let st = unsafe {
-                        mlxk_gated_delta_state(h[0], h[1], h[2], h[3], h[4], h[5], h[6], lengths.as_ptr(), 2, &mut s)
+                        mlxk_gated_delta_state(
+                            h[0],
+                            h[1],
+                            h[2],
+                            h[3],
+                            h[4],
+                            h[5],
+                            h[6],
+                            lengths.as_ptr(),
+                            2,
+                            &mut s,
+                        )
                     };
                     (st, vec![s], s == sentinel())
                 },
@@ -172,11 +214,17 @@ impl Fixture {
             .optional(&["state"]),
             Entry::new(
                 "mlxk_silu_rms_heads",
-                &[("x", self.sx), ("q_scale", self.q_scale), ("k_scale", self.k_scale)],
+                &[
+                    ("x", self.sx),
+                    ("q_scale", self.q_scale),
+                    ("k_scale", self.k_scale),
+                ],
                 |h| {
                     let (mut q, mut k, mut v) = (sentinel(), sentinel(), sentinel());
                     let [hk, hv, dv] = SPLIT;
-                    let st = mlxk_silu_rms_heads(h[0], h[1], h[2], hk, hv, dv, 1e-6, &mut q, &mut k, &mut v);
+                    let st = mlxk_silu_rms_heads(
+                        h[0], h[1], h[2], hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
+                    );
                     (st, vec![q, k, v], [q, k, v] == [sentinel(); 3])
                 },
             ),
@@ -210,7 +258,12 @@ impl Entry {
         args: &[(&'static str, H)],
         call: impl Fn(&[H]) -> (mlxk_status, Vec<H>, bool) + 'static,
     ) -> Entry {
-        Entry { function, args: args.to_vec(), optional: vec![], call: Box::new(call) }
+        Entry {
+            function,
+            args: args.to_vec(),
+            optional: vec![],
+            call: Box::new(call),
+        }
     }
 
     fn optional(mut self, names: &[&'static str]) -> Entry {
@@ -252,9 +305,22 @@ impl Entry {
             name(st)
         );
         assert!(msg.starts_with(&format!("{}: ", self.function)), "{msg:?}");
-        assert!(msg.contains(arg), "{} with {what} as {arg}: message {msg:?} does not name it", self.function);
-        assert!(untouched, "{} with {what} as {arg}: an out-parameter was written", self.function);
-        assert_eq!(live_handles(), before, "{} with {what} as {arg}: a handle was made", self.function);
+        assert!(
+            msg.contains(arg),
+            "{} with {what} as {arg}: message {msg:?} does not name it",
+            self.function
+        );
+        assert!(
+            untouched,
+            "{} with {what} as {arg}: an out-parameter was written",
+            self.function
+        );
+        assert_eq!(
+            live_handles(),
+            before,
+            "{} with {what} as {arg}: a handle was made",
+            self.function
+        );
     }
 }
 
@@ -272,12 +338,18 @@ fn foreign_pointers(live: H) -> Vec<(String, H)> {
         ("a stack address".to_string(), &local as *const u64 as H),
         ("a heap address".to_string(), &*heap as *const [u64; 8] as H),
         ("a dangling heap address".to_string(), dangling as H),
-        ("the address of a handle variable (&h for h)".to_string(), &handle_var as *const H as H),
+        (
+            "the address of a handle variable (&h for h)".to_string(),
+            &handle_var as *const H as H,
+        ),
         ("a host data pointer".to_string(), host.as_ptr() as H),
         ("an odd address".to_string(), 0x1001 as H),
         ("a small integer".to_string(), 8 as H),
         ("the highest address".to_string(), usize::MAX as H),
-        ("a forged token never handed out".to_string(), (live as usize + 8 * 1_000_000_000) as H),
+        (
+            "a forged token never handed out".to_string(),
+            (live as usize + 8 * 1_000_000_000) as H,
+        ),
     ];
     // The addresses stay meaningful (stack frame gone, heap box leaked on purpose is not
     // needed): the library compares values only.
@@ -293,10 +365,15 @@ fn every_handle_argument_refuses_freed_foreign_and_null_handles() {
     let freed = new_f32(&[1.0], &[1]);
     free(freed);
     let freed_elsewhere = new_f32(&[1.0], &[1]) as usize;
-    std::thread::spawn(move || free(freed_elsewhere as H)).join().unwrap();
+    std::thread::spawn(move || free(freed_elsewhere as H))
+        .join()
+        .unwrap();
     let mut cases: Vec<(String, H)> = vec![
         ("a freed handle".into(), freed),
-        ("a handle freed on another thread".into(), freed_elsewhere as H),
+        (
+            "a handle freed on another thread".into(),
+            freed_elsewhere as H,
+        ),
     ];
     cases.extend(foreign_pointers(fx.arr));
     let mut checked = 0;
@@ -312,7 +389,14 @@ fn every_handle_argument_refuses_freed_foreign_and_null_handles() {
                 let mut h = e.handles();
                 h[i] = null_mut();
                 let (st, outs, _) = (e.call)(&h);
-                assert_eq!(st, MLXK_OK, "{} with NULL {}: {}", e.function, e.args[i].0, last_error());
+                assert_eq!(
+                    st,
+                    MLXK_OK,
+                    "{} with NULL {}: {}",
+                    e.function,
+                    e.args[i].0,
+                    last_error()
+                );
                 outs.into_iter().for_each(free);
             } else {
                 e.refuses(i, null_mut(), MLXK_ERR_NULL_POINTER, "NULL");
@@ -334,7 +418,13 @@ fn double_free_and_free_of_foreign_pointers() {
     ok(mlxk_array_free(a));
     assert_eq!(live_handles(), before - 1);
     for _ in 0..3 {
-        refused(mlxk_array_free(a), MLXK_ERR_INVALID_HANDLE, "mlxk_array_free", &["array", "not a live"], before - 1);
+        refused(
+            mlxk_array_free(a),
+            MLXK_ERR_INVALID_HANDLE,
+            "mlxk_array_free",
+            &["array", "not a live"],
+            before - 1,
+        );
     }
     for (what, p) in foreign_pointers(a) {
         let n = live_handles();
@@ -345,10 +435,24 @@ fn double_free_and_free_of_foreign_pointers() {
     ok(mlxk_array_free(null_mut()));
     // A handle freed on another thread is dead here, and freeing it again here is refused.
     let b = new_f32(&[3.0], &[1]) as usize;
-    std::thread::spawn(move || ok(mlxk_array_free(b as H))).join().unwrap();
+    std::thread::spawn(move || ok(mlxk_array_free(b as H)))
+        .join()
+        .unwrap();
     let n = live_handles();
-    refused(mlxk_array_free(b as H), MLXK_ERR_INVALID_HANDLE, "mlxk_array_free", &["array"], n);
-    refused(mlxk_array_eval(b as H), MLXK_ERR_INVALID_HANDLE, "mlxk_array_eval", &["array"], n);
+    refused(
+        mlxk_array_free(b as H),
+        MLXK_ERR_INVALID_HANDLE,
+        "mlxk_array_free",
+        &["array"],
+        n,
+    );
+    refused(
+        mlxk_array_eval(b as H),
+        MLXK_ERR_INVALID_HANDLE,
+        "mlxk_array_eval",
+        &["array"],
+        n,
+    );
     // A handle made on one thread works on another.
     let c = new_f32(&[4.0, 5.0], &[2]) as usize;
     let read = std::thread::spawn(move || read_f32(c as H)).join().unwrap();
@@ -376,47 +480,221 @@ fn null_out_parameters_everywhere() {
     let shape = [2i32, 3];
     let data = [0f32; 6];
     let f = "mlxk_array_new";
-    refused(unsafe { mlxk_array_new(data.as_ptr().cast(), shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, null_mut()) }, MLXK_ERR_NULL_POINTER, f, &["out"], n);
-    refused(unsafe { mlxk_array_new(null(), shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, &mut null_mut()) }, MLXK_ERR_NULL_POINTER, f, &["data"], n);
-    refused(unsafe { mlxk_array_new(data.as_ptr().cast(), null(), 2, MLXK_DTYPE_FLOAT32, &mut null_mut()) }, MLXK_ERR_NULL_POINTER, f, &["shape"], n);
-    refused(unsafe { mlxk_array_zeros(shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_array_zeros", &["out"], n);
-    refused(unsafe { mlxk_array_zeros(null(), 2, MLXK_DTYPE_FLOAT32, &mut null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_array_zeros", &["shape"], n);
-    refused(unsafe { mlxk_array_ndim(fx.arr, null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_array_ndim", &["ndim"], n);
-    refused(unsafe { mlxk_array_shape(fx.arr, null_mut(), 2) }, MLXK_ERR_NULL_POINTER, "mlxk_array_shape", &["dims"], n);
-    refused(unsafe { mlxk_array_dtype(fx.arr, null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_array_dtype", &["dtype"], n);
-    refused(unsafe { mlxk_array_nbytes(fx.arr, null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_array_nbytes", &["nbytes"], n);
-    refused(unsafe { mlxk_array_read(fx.arr, null_mut(), 24) }, MLXK_ERR_NULL_POINTER, "mlxk_array_read", &["dst"], n);
-    refused(unsafe { mlxk_array_astype(fx.arr, MLXK_DTYPE_FLOAT16, null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_array_astype", &["out"], n);
-    refused(unsafe { mlxk_get_memory_limit(null_mut()) }, MLXK_ERR_NULL_POINTER, "mlxk_get_memory_limit", &["bytes"], n);
-    refused(mlxk_compute_g(r.a_log, r.a, r.dt_bias, null_mut()), MLXK_ERR_NULL_POINTER, "mlxk_compute_g", &["g"], n);
+    refused(
+        unsafe {
+            mlxk_array_new(
+                data.as_ptr().cast(),
+                shape.as_ptr(),
+                2,
+                MLXK_DTYPE_FLOAT32,
+                null_mut(),
+            )
+        },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["out"],
+        n,
+    );
+    refused(
+        unsafe {
+            mlxk_array_new(
+                null(),
+                shape.as_ptr(),
+                2,
+                MLXK_DTYPE_FLOAT32,
+                &mut null_mut(),
+            )
+        },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["data"],
+        n,
+    );
+    refused(
+        unsafe {
+            mlxk_array_new(
+                data.as_ptr().cast(),
+                null(),
+                2,
+                MLXK_DTYPE_FLOAT32,
+                &mut null_mut(),
+            )
+        },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["shape"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_zeros(shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_zeros",
+        &["out"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_zeros(null(), 2, MLXK_DTYPE_FLOAT32, &mut null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_zeros",
+        &["shape"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_ndim(fx.arr, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_ndim",
+        &["ndim"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_shape(fx.arr, null_mut(), 2) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_shape",
+        &["dims"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_dtype(fx.arr, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_dtype",
+        &["dtype"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_nbytes(fx.arr, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_nbytes",
+        &["nbytes"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_read(fx.arr, null_mut(), 24) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_read",
+        &["dst"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_astype(fx.arr, MLXK_DTYPE_FLOAT16, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_array_astype",
+        &["out"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_get_memory_limit(null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_get_memory_limit",
+        &["bytes"],
+        n,
+    );
+    refused(
+        mlxk_compute_g(r.a_log, r.a, r.dt_bias, null_mut()),
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_compute_g",
+        &["g"],
+        n,
+    );
     let [q, k, v, a, b, al, dt, s, m] = r.args();
     let mut h = sentinel();
     let f = "mlxk_gated_delta_update";
-    refused(mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, null_mut(), &mut h), MLXK_ERR_NULL_POINTER, f, &["y"], n);
-    refused(mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut h, null_mut()), MLXK_ERR_NULL_POINTER, f, &["state_out"], n);
+    refused(
+        mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, null_mut(), &mut h),
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["y"],
+        n,
+    );
+    refused(
+        mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut h, null_mut()),
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["state_out"],
+        n,
+    );
     assert_eq!(h, sentinel());
     let same: *mut H = &mut h;
-    refused(mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, same, same), MLXK_ERR_INVALID_ARGUMENT, f, &["y and state_out"], n);
+    refused(
+        mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, same, same),
+        MLXK_ERR_INVALID_ARGUMENT,
+        f,
+        &["y and state_out"],
+        n,
+    );
     assert_eq!(h, sentinel());
     let lengths = [1i32, 2];
     let f = "mlxk_gated_delta_state";
-    refused(unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s, lengths.as_ptr(), 2, null_mut()) }, MLXK_ERR_NULL_POINTER, f, &["state_out"], n);
-    refused(unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s, null(), 2, &mut h) }, MLXK_ERR_NULL_POINTER, f, &["accepted_lengths"], n);
+    refused(
+        unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s, lengths.as_ptr(), 2, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["state_out"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s, null(), 2, &mut h) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["accepted_lengths"],
+        n,
+    );
     let [hk, hv, dv] = SPLIT;
     let (mut o1, mut o2) = (sentinel(), sentinel());
     let f = "mlxk_silu_rms_heads";
     let (x, qs, ks) = (fx.sx, fx.q_scale, fx.k_scale);
-    refused(mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, null_mut(), &mut o1, &mut o2), MLXK_ERR_NULL_POINTER, f, &["q"], n);
-    refused(mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, null_mut(), &mut o2), MLXK_ERR_NULL_POINTER, f, &["k"], n);
-    refused(mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, &mut o2, null_mut()), MLXK_ERR_NULL_POINTER, f, &["v"], n);
+    refused(
+        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, null_mut(), &mut o1, &mut o2),
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["q"],
+        n,
+    );
+    refused(
+        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, null_mut(), &mut o2),
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["k"],
+        n,
+    );
+    refused(
+        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, &mut o2, null_mut()),
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["v"],
+        n,
+    );
     let p1: *mut H = &mut o1;
-    refused(mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, p1, &mut o2, p1), MLXK_ERR_INVALID_ARGUMENT, f, &["different"], n);
+    refused(
+        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, p1, &mut o2, p1),
+        MLXK_ERR_INVALID_ARGUMENT,
+        f,
+        &["different"],
+        n,
+    );
     assert_eq!((o1, o2), (sentinel(), sentinel()));
-    refused(mlxk_gated_rms_norm(fx.x, fx.gate, fx.weight, 1e-6, null_mut()), MLXK_ERR_NULL_POINTER, "mlxk_gated_rms_norm", &["out"], n);
+    refused(
+        mlxk_gated_rms_norm(fx.x, fx.gate, fx.weight, 1e-6, null_mut()),
+        MLXK_ERR_NULL_POINTER,
+        "mlxk_gated_rms_norm",
+        &["out"],
+        n,
+    );
     let f = "mlxk_glm52_layout_canonical";
-    refused(unsafe { mlxkern::capi::glm52::mlxk_glm52_layout_canonical(6144, 2048, 4, 64, null_mut()) }, MLXK_ERR_NULL_POINTER, f, &["out"], n);
+    refused(
+        unsafe { mlxkern::capi::glm52::mlxk_glm52_layout_canonical(6144, 2048, 4, 64, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["out"],
+        n,
+    );
     let f = "mlxk_glm52_layout_validate";
-    refused(unsafe { mlxkern::capi::glm52::mlxk_glm52_layout_validate(null(), 4, 64) }, MLXK_ERR_NULL_POINTER, f, &["layout"], n);
+    refused(
+        unsafe { mlxkern::capi::glm52::mlxk_glm52_layout_validate(null(), 4, 64) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["layout"],
+        n,
+    );
     fx.free();
 }
 
@@ -469,7 +747,9 @@ impl F32Rec {
             new_bool(&self.mask, &[b, t]),
         ];
         let (mut y, mut s) = (null_mut(), null_mut());
-        ok(mlxk_gated_delta_update(hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], hs[8], &mut y, &mut s));
+        ok(mlxk_gated_delta_update(
+            hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], hs[8], &mut y, &mut s,
+        ));
         let out = (read_f32(y), read_f32(s));
         hs.into_iter().chain([y, s]).for_each(free);
         out
@@ -487,7 +767,20 @@ impl F32Rec {
             new_f32(&self.state, &[b, hv, dv, dk]),
         ];
         let mut s = null_mut();
-        ok(unsafe { mlxk_gated_delta_state(hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], lengths.as_ptr(), lengths.len(), &mut s) });
+        ok(unsafe {
+            mlxk_gated_delta_state(
+                hs[0],
+                hs[1],
+                hs[2],
+                hs[3],
+                hs[4],
+                hs[5],
+                hs[6],
+                lengths.as_ptr(),
+                lengths.len(),
+                &mut s,
+            )
+        });
         let out = read_f32(s);
         hs.into_iter().chain([s]).for_each(free);
         out
@@ -520,11 +813,18 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
     nan_exactly("state_out", &s0, |_| false);
 
     // NaN in v[b=1, t=1, h=0, dv=2]: row dv=2 of head 0 in batch 1, from token 1 on.
-    let mut r = F32Rec { v: base.v.clone(), ..F32Rec::new(&mut rng, dims) };
+    let mut r = F32Rec {
+        v: base.v.clone(),
+        ..F32Rec::new(&mut rng, dims)
+    };
     r.v[y_index(1, 1, 0, 2)] = f32::NAN;
     let (y, s) = r.update();
-    nan_exactly("y (NaN in v)", &y, |i| (0..t).any(|tt| tt >= 1 && i == y_index(1, tt, 0, 2)));
-    nan_exactly("state_out (NaN in v)", &s, |i| s_row(i) == (hv + 0) * dv + 2);
+    nan_exactly("y (NaN in v)", &y, |i| {
+        (0..t).any(|tt| tt >= 1 && i == y_index(1, tt, 0, 2))
+    });
+    nan_exactly("state_out (NaN in v)", &s, |i| {
+        s_row(i) == (hv + 0) * dv + 2
+    });
     // The same token masked: no NaN anywhere, y 0 there, and the replay over the prefix
     // before it is finite while the one including it is not.
     r.mask[t + 1] = false;
@@ -534,7 +834,9 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
     nan_exactly("state_out (NaN in a masked v)", &s, |_| false);
     r.mask[t + 1] = true;
     nan_exactly("replay before the NaN token", &r.replay(&[4, 1]), |_| false);
-    nan_exactly("replay over the NaN token", &r.replay(&[0, 2]), |i| s_row(i) == (hv + 0) * dv + 2);
+    nan_exactly("replay over the NaN token", &r.replay(&[0, 2]), |i| {
+        s_row(i) == (hv + 0) * dv + 2
+    });
 
     // NaN in the gate a[b=0, t=2, h=1]: every row of head 1 in batch 0 from token 2 on.
     let mut r = F32Rec::new(&mut rng, dims);
@@ -545,7 +847,7 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
         b == 0 && h == 1 && tt >= 2
     });
     nan_exactly("state_out (NaN in a)", &s, |i| s_row(i) / dv == 1); // (b 0, h 1)
-    // NaN in b (beta) behaves the same.
+                                                                     // NaN in b (beta) behaves the same.
     let mut r = F32Rec::new(&mut rng, dims);
     r.b[(0 * t + 2) * hv + 1] = f32::NAN;
     let (_, s) = r.update();
@@ -560,7 +862,11 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
     r.mask = vec![false; dims[0] * t];
     let (y, s) = r.update();
     assert!(y.iter().all(|&v| v == 0.0), "masked tokens give y = 0");
-    assert_eq!(bits(&s), bits(&r.state), "all tokens masked: the state is returned untouched");
+    assert_eq!(
+        bits(&s),
+        bits(&r.state),
+        "all tokens masked: the state is returned untouched"
+    );
 
     // +Inf in q[b=0, t=1, key head 0]: y at that token is not finite (both value heads read key
     // head 0); the state never sees q.
@@ -632,11 +938,13 @@ fn nan_and_inf_in_the_norms() {
     let qs = new_f32(&[0.5; 4], &[4]);
     let ks = new_f32(&[0.5; 4], &[4]);
     let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-    ok(mlxk_silu_rms_heads(hx, qs, ks, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v));
+    ok(mlxk_silu_rms_heads(
+        hx, qs, ks, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
+    ));
     let (qv, kv, vv) = (read_f32(q), read_f32(k), read_f32(v));
     nan_exactly("q", &qv, |i| i / dk == hk + 1); // (s 1, head 1)
-    // +Inf in one k element: mean(silu^2) is Inf, rsqrt 0: that element NaN (Inf * 0), the
-    // rest of the head 0.
+                                                 // +Inf in one k element: mean(silu^2) is Inf, rsqrt 0: that element NaN (Inf * 0), the
+                                                 // rest of the head 0.
     for (i, &val) in kv.iter().enumerate() {
         match i {
             1 => assert!(val.is_nan(), "k[1] = {val}"),
@@ -656,7 +964,11 @@ fn nan_and_inf_in_the_norms() {
     x[8 + 2] = f32::NAN;
     x[16 + 5] = f32::INFINITY;
     gate[3] = f32::NAN;
-    let (hx, hg, hw) = (new_f32(&x, &[3, 8]), new_f32(&gate, &[3, 8]), new_f32(&rng.vec(8, 1.0), &[8]));
+    let (hx, hg, hw) = (
+        new_f32(&x, &[3, 8]),
+        new_f32(&gate, &[3, 8]),
+        new_f32(&rng.vec(8, 1.0), &[8]),
+    );
     let mut out = null_mut();
     ok(mlxk_gated_rms_norm(hx, hg, hw, 1e-6, &mut out));
     let o = read_f32(out);
@@ -680,7 +992,11 @@ fn empty_batches_and_sequences_for_every_kernel() {
     let _s = serial();
     let mut rng = Rng::fresh();
     // Recurrence: B = 0, and T = 0 (state returned bit for bit).
-    for dims in [[0usize, 3, 1, 2, 32, 4], [2, 0, 1, 2, 32, 4], [0, 0, 2, 4, 64, 8]] {
+    for dims in [
+        [0usize, 3, 1, 2, 32, 4],
+        [2, 0, 1, 2, 32, 4],
+        [0, 0, 2, 4, 64, 8],
+    ] {
         let [b, t, _, hv, dk, dv] = dims;
         let r = Recurrence::random(&mut rng, dims, true, true);
         let (st, y, s) = r.run();
@@ -688,7 +1004,11 @@ fn empty_batches_and_sequences_for_every_kernel() {
         assert_eq!(shape_of(y), [b, t, hv, dv].map(|d| d as i32));
         assert_eq!(shape_of(s), [b, hv, dv, dk].map(|d| d as i32));
         assert!(read_bytes(y).is_empty());
-        assert_eq!(read_bytes(s), read_bytes(r.state.unwrap()), "T = 0 or B = 0: state unchanged");
+        assert_eq!(
+            read_bytes(s),
+            read_bytes(r.state.unwrap()),
+            "T = 0 or B = 0: state unchanged"
+        );
         free(y);
         free(s);
         // compute_g on the empty a.
@@ -705,7 +1025,13 @@ fn empty_batches_and_sequences_for_every_kernel() {
         if b > 0 && t == 0 {
             let n = live_handles();
             let (st, _) = r.replay(&vec![1; b]);
-            refused(st, MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_state", &["accepted_lengths[0]", "T (0)"], n);
+            refused(
+                st,
+                MLXK_ERR_INVALID_ARGUMENT,
+                "mlxk_gated_delta_state",
+                &["accepted_lengths[0]", "T (0)"],
+                n,
+            );
         }
         if b == 0 {
             // n_lengths 0 with a NULL pointer is allowed.
@@ -723,7 +1049,9 @@ fn empty_batches_and_sequences_for_every_kernel() {
         let ks = new_bf16(&[0.5; 4], &[4]);
         let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
         let [hk, hv, dv] = SPLIT;
-        ok(mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v));
+        ok(mlxk_silu_rms_heads(
+            x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
+        ));
         assert_eq!(shape_of(q), [b, s, 1, 4]);
         assert_eq!(shape_of(v), [b, s, 2, 3]);
         assert!(read_bytes(k).is_empty());
@@ -748,7 +1076,13 @@ fn empty_batches_and_sequences_for_every_kernel() {
     let w = new_bf16(&[], &[0]);
     let n = live_handles();
     let mut out = sentinel();
-    refused(mlxk_gated_rms_norm(x, x, w, 1e-6, &mut out), MLXK_ERR_SHAPE, "mlxk_gated_rms_norm", &["x", "(D) is 0"], n);
+    refused(
+        mlxk_gated_rms_norm(x, x, w, 1e-6, &mut out),
+        MLXK_ERR_SHAPE,
+        "mlxk_gated_rms_norm",
+        &["x", "(D) is 0"],
+        n,
+    );
     assert_eq!(out, sentinel());
     free(x);
     free(w);
@@ -773,19 +1107,67 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let one = [0u8; 16]; // never read: the shape is refused first
     let max = i32::MAX;
     let cases: Vec<(Vec<i32>, mlxk_dtype, mlxk_status, &str)> = vec![
-        (vec![max, max, max], MLXK_DTYPE_FLOAT32, MLXK_ERR_INVALID_ARGUMENT, "2^31-1 elements"), // 2^93
-        (vec![max, max, max, max, 2], MLXK_DTYPE_UINT8, MLXK_ERR_INVALID_ARGUMENT, "2^31-1 elements"), // > 2^64
-        (vec![65536, 65536], MLXK_DTYPE_BOOL, MLXK_ERR_INVALID_ARGUMENT, "2^31-1 elements"), // 2^32
-        (vec![46341, 46341], MLXK_DTYPE_INT8, MLXK_ERR_INVALID_ARGUMENT, "2^31-1 elements"), // 2^31 + 9
-        (vec![1 << 16, 1 << 15], MLXK_DTYPE_UINT8, MLXK_ERR_INVALID_ARGUMENT, "2^31-1 elements"), // 2^31
-        (vec![-1, 4], MLXK_DTYPE_FLOAT32, MLXK_ERR_SHAPE, "dimension 0 is -1"),
-        (vec![4, i32::MIN], MLXK_DTYPE_FLOAT32, MLXK_ERR_SHAPE, "dimension 1"),
-        (vec![1; 17], MLXK_DTYPE_FLOAT32, MLXK_ERR_SHAPE, "MLXK_MAX_NDIM"),
+        (
+            vec![max, max, max],
+            MLXK_DTYPE_FLOAT32,
+            MLXK_ERR_INVALID_ARGUMENT,
+            "2^31-1 elements",
+        ), // 2^93
+        (
+            vec![max, max, max, max, 2],
+            MLXK_DTYPE_UINT8,
+            MLXK_ERR_INVALID_ARGUMENT,
+            "2^31-1 elements",
+        ), // > 2^64
+        (
+            vec![65536, 65536],
+            MLXK_DTYPE_BOOL,
+            MLXK_ERR_INVALID_ARGUMENT,
+            "2^31-1 elements",
+        ), // 2^32
+        (
+            vec![46341, 46341],
+            MLXK_DTYPE_INT8,
+            MLXK_ERR_INVALID_ARGUMENT,
+            "2^31-1 elements",
+        ), // 2^31 + 9
+        (
+            vec![1 << 16, 1 << 15],
+            MLXK_DTYPE_UINT8,
+            MLXK_ERR_INVALID_ARGUMENT,
+            "2^31-1 elements",
+        ), // 2^31
+        (
+            vec![-1, 4],
+            MLXK_DTYPE_FLOAT32,
+            MLXK_ERR_SHAPE,
+            "dimension 0 is -1",
+        ),
+        (
+            vec![4, i32::MIN],
+            MLXK_DTYPE_FLOAT32,
+            MLXK_ERR_SHAPE,
+            "dimension 1",
+        ),
+        (
+            vec![1; 17],
+            MLXK_DTYPE_FLOAT32,
+            MLXK_ERR_SHAPE,
+            "MLXK_MAX_NDIM",
+        ),
     ];
     for (shape, dtype, want, needle) in &cases {
         let arg = if shape.len() > 16 { "ndim" } else { "shape" };
         let mut out = sentinel();
-        let st = unsafe { mlxk_array_new(one.as_ptr().cast(), shape.as_ptr(), shape.len(), *dtype, &mut out) };
+        let st = unsafe {
+            mlxk_array_new(
+                one.as_ptr().cast(),
+                shape.as_ptr(),
+                shape.len(),
+                *dtype,
+                &mut out,
+            )
+        };
         refused(st, *want, "mlxk_array_new", &[arg, needle], n);
         assert_eq!(out, sentinel());
         let st = unsafe { mlxk_array_zeros(shape.as_ptr(), shape.len(), *dtype, &mut out) };
@@ -797,7 +1179,13 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let mut out = sentinel();
     let st = unsafe { mlxk_array_zeros([max].as_ptr(), 1, MLXK_DTYPE_BOOL, &mut out) };
     ok(mlxk_set_memory_limit(0));
-    refused(st, MLXK_ERR_OUT_OF_MEMORY, "mlxk_array_zeros", &["2147483647 bytes", "memory limit"], n);
+    refused(
+        st,
+        MLXK_ERR_OUT_OF_MEMORY,
+        "mlxk_array_zeros",
+        &["2147483647 bytes", "memory limit"],
+        n,
+    );
 
     // Empty arrays may carry huge dims (their products overflow i64 on the way); every kernel
     // takes them and gives empty results.
@@ -823,7 +1211,9 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let sc = z(&[4], MLXK_DTYPE_BFLOAT16);
     let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
     let [hk, hv, dv] = SPLIT;
-    ok(mlxk_silu_rms_heads(sx, sc, sc, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v));
+    ok(mlxk_silu_rms_heads(
+        sx, sc, sc, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
+    ));
     assert_eq!(shape_of(v), [0, max, 2, 3]);
     for h in [q, k, v, sx, sc, x, w, a_log] {
         free(h);
@@ -836,7 +1226,19 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let al = z(&[hv], MLXK_DTYPE_FLOAT32);
     let dt = z(&[hv], MLXK_DTYPE_BFLOAT16);
     let (mut y, mut s) = (null_mut(), null_mut());
-    ok(mlxk_gated_delta_update(q, q, v, a, a, al, dt, null(), null(), &mut y, &mut s));
+    ok(mlxk_gated_delta_update(
+        q,
+        q,
+        v,
+        a,
+        a,
+        al,
+        dt,
+        null(),
+        null(),
+        &mut y,
+        &mut s,
+    ));
     assert_eq!(shape_of(y), [b, t, hv, dv]);
     assert_eq!(shape_of(s), [b, hv, dv, dk]);
     assert!(read_bytes(s).is_empty());
@@ -861,11 +1263,24 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let n = live_handles();
     let (mut y, mut s) = (sentinel(), sentinel());
     let st = mlxk_gated_delta_update(q, q, v, a, a, al, dt, null(), null(), &mut y, &mut s);
-    refused(st, MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_update", &["state_out", "2^31-1 elements"], n);
+    refused(
+        st,
+        MLXK_ERR_INVALID_ARGUMENT,
+        "mlxk_gated_delta_update",
+        &["state_out", "2^31-1 elements"],
+        n,
+    );
     assert_eq!((y, s), (sentinel(), sentinel()));
     let lengths = [0i32];
-    let st = unsafe { mlxk_gated_delta_state(q, v, a, a, al, dt, null(), lengths.as_ptr(), 1, &mut s) };
-    refused(st, MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_state", &["state_out", "2^31-1 elements"], n);
+    let st =
+        unsafe { mlxk_gated_delta_state(q, v, a, a, al, dt, null(), lengths.as_ptr(), 1, &mut s) };
+    refused(
+        st,
+        MLXK_ERR_INVALID_ARGUMENT,
+        "mlxk_gated_delta_state",
+        &["state_out", "2^31-1 elements"],
+        n,
+    );
     for h in [q, v, a, al, dt] {
         free(h);
     }
@@ -877,13 +1292,26 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
     let fx = Fixture::new();
     // Every result of the fixture is more than 8 bytes.
     let entries = fx.entries();
-    let makers = ["mlxk_array_astype", "mlxk_compute_g", "mlxk_gated_delta_update", "mlxk_gated_delta_state", "mlxk_silu_rms_heads", "mlxk_gated_rms_norm"];
+    let makers = [
+        "mlxk_array_astype",
+        "mlxk_compute_g",
+        "mlxk_gated_delta_update",
+        "mlxk_gated_delta_state",
+        "mlxk_silu_rms_heads",
+        "mlxk_gated_rms_norm",
+    ];
     ok(mlxk_set_memory_limit(8));
     let mut refused_count = 0;
     for e in entries.iter().filter(|e| makers.contains(&e.function)) {
         let n = live_handles();
         let (st, _, untouched) = (e.call)(&e.handles());
-        refused(st, MLXK_ERR_OUT_OF_MEMORY, e.function, &["memory limit", "8 bytes"], n);
+        refused(
+            st,
+            MLXK_ERR_OUT_OF_MEMORY,
+            e.function,
+            &["memory limit", "8 bytes"],
+            n,
+        );
         assert!(untouched, "{}: out-parameter written", e.function);
         refused_count += 1;
     }
@@ -891,8 +1319,28 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
     let data = [0f32; 6];
     let n = live_handles();
     let mut out = sentinel();
-    refused(unsafe { mlxk_array_new(data.as_ptr().cast(), shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, &mut out) }, MLXK_ERR_OUT_OF_MEMORY, "mlxk_array_new", &["24 bytes"], n);
-    refused(unsafe { mlxk_array_zeros(shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, &mut out) }, MLXK_ERR_OUT_OF_MEMORY, "mlxk_array_zeros", &["24 bytes"], n);
+    refused(
+        unsafe {
+            mlxk_array_new(
+                data.as_ptr().cast(),
+                shape.as_ptr(),
+                2,
+                MLXK_DTYPE_FLOAT32,
+                &mut out,
+            )
+        },
+        MLXK_ERR_OUT_OF_MEMORY,
+        "mlxk_array_new",
+        &["24 bytes"],
+        n,
+    );
+    refused(
+        unsafe { mlxk_array_zeros(shape.as_ptr(), 2, MLXK_DTYPE_FLOAT32, &mut out) },
+        MLXK_ERR_OUT_OF_MEMORY,
+        "mlxk_array_zeros",
+        &["24 bytes"],
+        n,
+    );
     assert_eq!(out, sentinel());
     // Reading, evaluating and inspecting existing arrays is not limited.
     ok(mlxk_array_eval(fx.arr));
@@ -901,7 +1349,10 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
     for e in entries.iter().filter(|e| makers.contains(&e.function)) {
         e.succeeds();
     }
-    eprintln!("{} kernels + 2 constructors refused above the limit, then succeeded", refused_count);
+    eprintln!(
+        "{} kernels + 2 constructors refused above the limit, then succeeded",
+        refused_count
+    );
     fx.free();
 }
 
@@ -948,7 +1399,12 @@ fn teardown_child() {
 fn failing_call_during_thread_teardown_is_not_fatal() {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--exact", "teardown_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "teardown_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("MLXK_MISUSE_TEARDOWN_CHILD", "1")
         .output()
         .unwrap();

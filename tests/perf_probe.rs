@@ -61,7 +61,10 @@ fn probe() {
             t0.elapsed().as_secs_f64() * 1e6 / 30.0,
             (cpu_seconds() - c0) * 1e6 / 30.0
         );
-        println!("  in-place updates: {}", mlxkern::testing::in_place_updates() - in_place);
+        println!(
+            "  in-place updates: {}",
+            mlxkern::testing::in_place_updates() - in_place
+        );
     }
     if std::env::var_os("PROBE_DECODE_ONLY").is_some() {
         return;
@@ -95,7 +98,10 @@ fn subnormals_in_probe_state() {
     let sub = v.iter().filter(|x| x.is_subnormal()).count();
     let zero = v.iter().filter(|x| **x == 0.0).count();
     let tiny = v.iter().filter(|x| x.abs() < 1e-30 && **x != 0.0).count();
-    println!("state: {} values, {sub} subnormal, {zero} zero, {tiny} below 1e-30", v.len());
+    println!(
+        "state: {} values, {sub} subnormal, {zero} zero, {tiny} below 1e-30",
+        v.len()
+    );
     free(y);
     free(s);
 }
@@ -104,7 +110,10 @@ fn subnormals_in_probe_state() {
 #[ignore]
 fn prefill_only() {
     let mut rng = Rng::seeded(9);
-    let t: usize = std::env::var("PROBE_T").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let t: usize = std::env::var("PROBE_T")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
     let p = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
     let (status, y, s) = p.run();
     ok(status);

@@ -101,34 +101,68 @@ impl Worker {
 
     /// Records one call. A failure's message must name `function` and, when given, carry this
     /// thread's marker; it is checked again later, after other threads have failed too.
-    fn record(&mut self, step: usize, function: &'static str, status: mlxk_status, data: Vec<u8>, marker: Option<&str>) {
+    fn record(
+        &mut self,
+        step: usize,
+        function: &'static str,
+        status: mlxk_status,
+        data: Vec<u8>,
+        marker: Option<&str>,
+    ) {
         self.calls += 1;
         let message = if status == MLXK_OK {
             String::new()
         } else {
             let msg = last_error();
-            assert!(msg.starts_with(&format!("{function}: ")), "thread {}: {msg:?}", self.thread);
+            assert!(
+                msg.starts_with(&format!("{function}: ")),
+                "thread {}: {msg:?}",
+                self.thread
+            );
             if let Some(m) = marker {
-                assert!(msg.contains(m), "thread {}: message {msg:?} is not this thread's ({m})", self.thread);
+                assert!(
+                    msg.contains(m),
+                    "thread {}: message {msg:?} is not this thread's ({m})",
+                    self.thread
+                );
             }
             self.last_failure = Some(msg.clone());
             normalize(&msg)
         };
         assert_ne!(status, MLXK_ERR_PANIC);
-        self.log.push(Record { step, function, status, message, data });
+        self.log.push(Record {
+            step,
+            function,
+            status,
+            message,
+            data,
+        });
     }
 
     /// The message of this thread's last failure is still there (successes do not clear it,
     /// other threads' failures do not replace it).
     fn check_own_message(&self) {
         if let Some(want) = &self.last_failure {
-            assert_eq!(&last_error(), want, "thread {}: mlxk_last_error() changed under it", self.thread);
+            assert_eq!(
+                &last_error(),
+                want,
+                "thread {}: mlxk_last_error() changed under it",
+                self.thread
+            );
         }
     }
 
     fn new_array(&mut self, step: usize, bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
         let mut out = null_mut();
-        let st = unsafe { mlxk_array_new(bytes.as_ptr().cast(), shape.as_ptr(), shape.len(), dtype, &mut out) };
+        let st = unsafe {
+            mlxk_array_new(
+                bytes.as_ptr().cast(),
+                shape.as_ptr(),
+                shape.len(),
+                dtype,
+                &mut out,
+            )
+        };
         self.record(step, "mlxk_array_new", st, vec![], None);
         assert_eq!(st, MLXK_OK);
         out
@@ -207,7 +241,19 @@ impl Worker {
             2 | 3 => {
                 let (h, _) = self.recurrence(step);
                 let (mut y, mut s) = (null_mut(), null_mut());
-                let st = mlxk_gated_delta_update(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], null_mut(), &mut y, &mut s);
+                let st = mlxk_gated_delta_update(
+                    h[0],
+                    h[1],
+                    h[2],
+                    h[3],
+                    h[4],
+                    h[5],
+                    h[6],
+                    h[7],
+                    null_mut(),
+                    &mut y,
+                    &mut s,
+                );
                 self.record(step, "mlxk_gated_delta_update", st, vec![], None);
                 // The decode-loop pattern half the time: free the old state before evaluating.
                 if self.rng.below(2) == 0 {
@@ -225,9 +271,24 @@ impl Worker {
             }
             4 => {
                 let (h, d) = self.recurrence(step);
-                let lengths: Vec<i32> = (0..d[0]).map(|_| self.rng.below(d[1] as u64 + 1) as i32).collect();
+                let lengths: Vec<i32> = (0..d[0])
+                    .map(|_| self.rng.below(d[1] as u64 + 1) as i32)
+                    .collect();
                 let mut s = null_mut();
-                let st = unsafe { mlxk_gated_delta_state(h[1], h[2], h[3], h[4], h[5], h[6], h[7], lengths.as_ptr(), lengths.len(), &mut s) };
+                let st = unsafe {
+                    mlxk_gated_delta_state(
+                        h[1],
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        lengths.as_ptr(),
+                        lengths.len(),
+                        &mut s,
+                    )
+                };
                 self.record(step, "mlxk_gated_delta_state", st, vec![], None);
                 self.read(step, s);
                 self.free(step, s);
@@ -266,18 +327,54 @@ impl Worker {
             7 => {
                 let (h, d) = self.recurrence(step);
                 let [b, t, hk, _, _, _] = d;
-                let bad_k = self.bf16_array(step, (b * t * hk * marker_n) as usize, &[b, t, hk, marker_n]);
+                let bad_k = self.bf16_array(
+                    step,
+                    (b * t * hk * marker_n) as usize,
+                    &[b, t, hk, marker_n],
+                );
                 let (mut y, mut s) = (null_mut(), null_mut());
-                let st = mlxk_gated_delta_update(h[0], bad_k, h[2], h[3], h[4], h[5], h[6], h[7], null_mut(), &mut y, &mut s);
-                self.record(step, "mlxk_gated_delta_update", st, vec![], Some(&format!("is {marker_n}")));
+                let st = mlxk_gated_delta_update(
+                    h[0],
+                    bad_k,
+                    h[2],
+                    h[3],
+                    h[4],
+                    h[5],
+                    h[6],
+                    h[7],
+                    null_mut(),
+                    &mut y,
+                    &mut s,
+                );
+                self.record(
+                    step,
+                    "mlxk_gated_delta_update",
+                    st,
+                    vec![],
+                    Some(&format!("is {marker_n}")),
+                );
                 assert_eq!(st, MLXK_ERR_SHAPE);
                 self.free(step, bad_k);
                 h.into_iter().for_each(|x| self.free(step, x));
             }
             8 => {
                 let mut out = null_mut();
-                let st = unsafe { mlxk_array_new([0u8; 4].as_ptr().cast(), [1i32].as_ptr(), 1, marker_n, &mut out) };
-                self.record(step, "mlxk_array_new", st, vec![], Some(&marker_n.to_string()));
+                let st = unsafe {
+                    mlxk_array_new(
+                        [0u8; 4].as_ptr().cast(),
+                        [1i32].as_ptr(),
+                        1,
+                        marker_n,
+                        &mut out,
+                    )
+                };
+                self.record(
+                    step,
+                    "mlxk_array_new",
+                    st,
+                    vec![],
+                    Some(&marker_n.to_string()),
+                );
                 assert_eq!(st, MLXK_ERR_DTYPE);
             }
             9 => {
@@ -286,26 +383,57 @@ impl Worker {
                 let eps = -(marker_n as f32);
                 let mut out = null_mut();
                 let st = mlxk_gated_rms_norm(x, x, w, eps, &mut out);
-                self.record(step, "mlxk_gated_rms_norm", st, vec![], Some(&format!("eps is {eps}")));
+                self.record(
+                    step,
+                    "mlxk_gated_rms_norm",
+                    st,
+                    vec![],
+                    Some(&format!("eps is {eps}")),
+                );
                 assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
                 self.free(step, x);
                 self.free(step, w);
             }
             10 => {
                 // Use after free of one of this thread's own handles.
-                let dead = if self.freed.is_empty() { 8 as H } else { self.freed[self.rng.below(self.freed.len() as u64) as usize] as H };
+                let dead = if self.freed.is_empty() {
+                    8 as H
+                } else {
+                    self.freed[self.rng.below(self.freed.len() as u64) as usize] as H
+                };
                 let mut nd = 0usize;
                 let st = unsafe { mlxk_array_ndim(dead, &mut nd) };
-                self.record(step, "mlxk_array_ndim", st, vec![], Some(&format!("{dead:p}")));
+                self.record(
+                    step,
+                    "mlxk_array_ndim",
+                    st,
+                    vec![],
+                    Some(&format!("{dead:p}")),
+                );
                 assert_eq!(st, MLXK_ERR_INVALID_HANDLE);
                 let st = mlxk_array_free(dead);
-                self.record(step, "mlxk_array_free", st, vec![], Some(&format!("{dead:p}")));
+                self.record(
+                    step,
+                    "mlxk_array_free",
+                    st,
+                    vec![],
+                    Some(&format!("{dead:p}")),
+                );
                 assert_eq!(st, MLXK_ERR_INVALID_HANDLE);
             }
             _ => {
-                let layout = mlxk_glm52_layout { slot_bytes: marker_n as u64, ..Default::default() };
+                let layout = mlxk_glm52_layout {
+                    slot_bytes: marker_n as u64,
+                    ..Default::default()
+                };
                 let st = unsafe { mlxk_glm52_layout_validate(&layout, 4, 64) };
-                self.record(step, "mlxk_glm52_layout_validate", st, vec![], Some(&format!("slot bytes {marker_n}")));
+                self.record(
+                    step,
+                    "mlxk_glm52_layout_validate",
+                    st,
+                    vec![],
+                    Some(&format!("slot bytes {marker_n}")),
+                );
                 assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
             }
         }
@@ -327,9 +455,16 @@ impl Worker {
 }
 
 fn compare(thread: usize, alone: &[Record], together: &[Record]) {
-    assert_eq!(alone.len(), together.len(), "thread {thread}: call counts differ");
+    assert_eq!(
+        alone.len(),
+        together.len(),
+        "thread {thread}: call counts differ"
+    );
     for (a, b) in alone.iter().zip(together) {
-        assert_eq!(a, b, "thread {thread}: a call gave a different result with 8 threads");
+        assert_eq!(
+            a, b,
+            "thread {thread}: a call gave a different result with 8 threads"
+        );
     }
 }
 
@@ -393,7 +528,8 @@ fn freeing_and_using_the_same_handles_concurrently() {
                 .map(|i| new_f32(&[i as f32, -(i as f32), 0.5], &[3]) as usize)
                 .collect(),
         );
-        let freed: Arc<Vec<AtomicUsize>> = Arc::new((0..HANDLES).map(|_| AtomicUsize::new(0)).collect());
+        let freed: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..HANDLES).map(|_| AtomicUsize::new(0)).collect());
         let (uses_ok, uses_dead) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let barrier = Arc::new(Barrier::new(THREADS + 1));
         let mut threads = Vec::new();
@@ -423,7 +559,11 @@ fn freeing_and_using_the_same_handles_concurrently() {
                             let mut buf = [0f32; 3];
                             let st = unsafe { mlxk_array_read(h, buf.as_mut_ptr().cast(), 12) };
                             if st == MLXK_OK {
-                                assert_eq!(buf, [i as f32, -(i as f32), 0.5], "a stale handle read another array's data");
+                                assert_eq!(
+                                    buf,
+                                    [i as f32, -(i as f32), 0.5],
+                                    "a stale handle read another array's data"
+                                );
                             }
                             st
                         }
@@ -451,7 +591,11 @@ fn freeing_and_using_the_same_handles_concurrently() {
                     match st {
                         MLXK_OK => uses_ok.fetch_add(1, Ordering::Relaxed),
                         MLXK_ERR_INVALID_HANDLE => uses_dead.fetch_add(1, Ordering::Relaxed),
-                        other => panic!("a use racing a free returned {} ({})", name(other), last_error()),
+                        other => panic!(
+                            "a use racing a free returned {} ({})",
+                            name(other),
+                            last_error()
+                        ),
                     };
                 }
             }));

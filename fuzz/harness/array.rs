@@ -44,7 +44,11 @@ impl State {
             let i = input.below(self.live.len());
             (self.live[i].h, kind, Some(i))
         } else {
-            (handle_of(kind, null_mut(), &self.dead, &self.foreign, input), kind, None)
+            (
+                handle_of(kind, null_mut(), &self.dead, &self.foreign, input),
+                kind,
+                None,
+            )
         }
     }
 }
@@ -97,7 +101,10 @@ fn expect_new(
         e.fail(MLXK_ERR_NULL_POINTER, "out is NULL");
     }
     if shape.len() > MLXK_MAX_NDIM {
-        e.fail(MLXK_ERR_SHAPE, format!("ndim {} > MLXK_MAX_NDIM", shape.len()));
+        e.fail(
+            MLXK_ERR_SHAPE,
+            format!("ndim {} > MLXK_MAX_NDIM", shape.len()),
+        );
         return None;
     }
     if shape_null && !shape.is_empty() {
@@ -123,7 +130,10 @@ fn expect_new(
     }
     let bytes = n * dtype_size(dtype) as u128;
     if bytes > limit as u128 {
-        e.fail(MLXK_ERR_OUT_OF_MEMORY, format!("{bytes} bytes > limit {limit}"));
+        e.fail(
+            MLXK_ERR_OUT_OF_MEMORY,
+            format!("{bytes} bytes > limit {limit}"),
+        );
         return None;
     }
     Some(bytes)
@@ -156,7 +166,10 @@ fn op_new(st: &mut State, input: &mut Input, zeros: bool) {
                 } else {
                     if dtype == MLXK_DTYPE_BOOL {
                         if let Some(i) = bytes.iter().position(|&x| x > 1) {
-                            e.fail(MLXK_ERR_INVALID_ARGUMENT, format!("bool byte {} at {i}", bytes[i]));
+                            e.fail(
+                                MLXK_ERR_INVALID_ARGUMENT,
+                                format!("bool byte {} at {i}", bytes[i]),
+                            );
                         }
                     }
                     backing = vec![0u8; misalign];
@@ -174,22 +187,34 @@ fn op_new(st: &mut State, input: &mut Input, zeros: bool) {
         }
     }
     let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
-    let shape_ptr = if shape_null { std::ptr::null() } else { dims.as_ptr() };
+    let shape_ptr = if shape_null {
+        std::ptr::null()
+    } else {
+        dims.as_ptr()
+    };
     let mut out: H = sentinel();
     let out_ptr: *mut H = if out_null { null_mut() } else { &mut out };
     let (function, status) = if zeros {
-        ("mlxk_array_zeros", unsafe { mlxk_array_zeros(shape_ptr, dims.len(), dtype, out_ptr) })
+        ("mlxk_array_zeros", unsafe {
+            mlxk_array_zeros(shape_ptr, dims.len(), dtype, out_ptr)
+        })
     } else {
         let data = if data_null || backing.is_empty() {
             std::ptr::null()
         } else {
             backing[misalign..].as_ptr().cast()
         };
-        ("mlxk_array_new", unsafe { mlxk_array_new(data, shape_ptr, dims.len(), dtype, out_ptr) })
+        ("mlxk_array_new", unsafe {
+            mlxk_array_new(data, shape_ptr, dims.len(), dtype, out_ptr)
+        })
     };
     e.check(function, status);
     if status != MLXK_OK {
-        assert_eq!(out, sentinel(), "{function} wrote its out-parameter on failure");
+        assert_eq!(
+            out,
+            sentinel(),
+            "{function} wrote its out-parameter on failure"
+        );
         return;
     }
     let expected = if zeros {
@@ -198,8 +223,16 @@ fn op_new(st: &mut State, input: &mut Input, zeros: bool) {
         contents.expect("granted requests have contents")
     };
     let got = check_result(function, out, &shape, dtype);
-    assert!(got == expected, "{function}: contents read back differ from the data given");
-    st.live.push(Slot { h: out, shape, dtype, bytes: Some(expected) });
+    assert!(
+        got == expected,
+        "{function}: contents read back differ from the data given"
+    );
+    st.live.push(Slot {
+        h: out,
+        shape,
+        dtype,
+        bytes: Some(expected),
+    });
 }
 
 fn op_free(st: &mut State, input: &mut Input) {
@@ -250,7 +283,10 @@ fn op_query(st: &mut State, input: &mut Input) {
             let ndim = slot.map(|s| s.shape.len());
             if let Some(nd) = ndim {
                 if capacity < nd {
-                    e.fail(MLXK_ERR_BUFFER_TOO_SMALL, format!("capacity {capacity} < ndim {nd}"));
+                    e.fail(
+                        MLXK_ERR_BUFFER_TOO_SMALL,
+                        format!("capacity {capacity} < ndim {nd}"),
+                    );
                 } else if dims_null && nd > 0 {
                     e.fail(MLXK_ERR_NULL_POINTER, "dims is NULL");
                 }
@@ -259,7 +295,11 @@ fn op_query(st: &mut State, input: &mut Input) {
                 e.maybe(MLXK_ERR_NULL_POINTER, "dims is NULL with capacity > 0");
             }
             let mut dims = vec![-7i32; capacity];
-            let p = if dims_null { null_mut() } else { dims.as_mut_ptr() };
+            let p = if dims_null {
+                null_mut()
+            } else {
+                dims.as_mut_ptr()
+            };
             let status = unsafe { mlxk_array_shape(h, p, capacity) };
             e.check("mlxk_array_shape", status);
             let nd = match (slot, status) {
@@ -270,7 +310,10 @@ fn op_query(st: &mut State, input: &mut Input) {
                 }
                 _ => 0,
             };
-            assert!(dims[nd..].iter().all(|&d| d == -7), "mlxk_array_shape wrote past ndim or on failure");
+            assert!(
+                dims[nd..].iter().all(|&d| d == -7),
+                "mlxk_array_shape wrote past ndim or on failure"
+            );
         }
         2 => {
             if out_null {
@@ -319,7 +362,10 @@ fn op_read(st: &mut State, input: &mut Input) {
     expect_handle(&mut e, "array", kind, false);
     if let Some(nb) = nbytes {
         if dst_bytes < nb {
-            e.fail(MLXK_ERR_BUFFER_TOO_SMALL, format!("dst_bytes {dst_bytes} < {nb}"));
+            e.fail(
+                MLXK_ERR_BUFFER_TOO_SMALL,
+                format!("dst_bytes {dst_bytes} < {nb}"),
+            );
         } else if dst_null && nb > 0 {
             e.fail(MLXK_ERR_NULL_POINTER, "dst is NULL");
         }
@@ -328,21 +374,38 @@ fn op_read(st: &mut State, input: &mut Input) {
     }
     // With a NULL dst only sizes 0 and nbytes are announced (a NULL with a positive size is
     // refused, never written).
-    let dst_bytes = if dst_null { dst_bytes.min(n) } else { dst_bytes };
+    let dst_bytes = if dst_null {
+        dst_bytes.min(n)
+    } else {
+        dst_bytes
+    };
     let mut buf = vec![0xA5u8; dst_bytes];
-    let p = if dst_null { null_mut() } else { buf.as_mut_ptr() };
+    let p = if dst_null {
+        null_mut()
+    } else {
+        buf.as_mut_ptr()
+    };
     let status = unsafe { mlxk_array_read(h, p.cast(), dst_bytes) };
     e.check("mlxk_array_read", status);
     if status == MLXK_OK {
         if let (Some(i), false) = (index, dst_null) {
             let nb = nbytes.unwrap();
             if let Some(want) = &st.live[i].bytes {
-                assert!(buf[..nb] == want[..], "mlxk_array_read: contents differ from the model");
+                assert!(
+                    buf[..nb] == want[..],
+                    "mlxk_array_read: contents differ from the model"
+                );
             }
-            assert!(buf[nb..].iter().all(|&b| b == 0xA5), "mlxk_array_read wrote past nbytes");
+            assert!(
+                buf[nb..].iter().all(|&b| b == 0xA5),
+                "mlxk_array_read wrote past nbytes"
+            );
         }
     } else {
-        assert!(buf.iter().all(|&b| b == 0xA5), "mlxk_array_read wrote on failure");
+        assert!(
+            buf.iter().all(|&b| b == 0xA5),
+            "mlxk_array_read wrote on failure"
+        );
     }
 }
 
@@ -368,7 +431,10 @@ fn op_astype(st: &mut State, input: &mut Input) {
     if let (Some(i), true) = (index, dtype_valid(dtype)) {
         let bytes = count(&st.live[i].shape).unwrap() * dtype_size(dtype) as u128;
         if bytes > st.limit as u128 {
-            e.fail(MLXK_ERR_OUT_OF_MEMORY, format!("{bytes} bytes > limit {}", st.limit));
+            e.fail(
+                MLXK_ERR_OUT_OF_MEMORY,
+                format!("{bytes} bytes > limit {}", st.limit),
+            );
         }
     }
     let mut out = sentinel();
@@ -376,7 +442,11 @@ fn op_astype(st: &mut State, input: &mut Input) {
     let status = unsafe { mlxk_array_astype(h, dtype, p) };
     e.check("mlxk_array_astype", status);
     if status != MLXK_OK {
-        assert_eq!(out, sentinel(), "mlxk_array_astype wrote its out-parameter on failure");
+        assert_eq!(
+            out,
+            sentinel(),
+            "mlxk_array_astype wrote its out-parameter on failure"
+        );
         return;
     }
     let src = &st.live[index.unwrap()];
@@ -384,9 +454,17 @@ fn op_astype(st: &mut State, input: &mut Input) {
     let got = check_result("mlxk_array_astype", out, &shape, dtype);
     let same = dtype == src.dtype;
     if same {
-        assert!(Some(&got) == src.bytes.as_ref(), "astype to the same dtype changed the contents");
+        assert!(
+            Some(&got) == src.bytes.as_ref(),
+            "astype to the same dtype changed the contents"
+        );
     }
-    st.live.push(Slot { h: out, shape, dtype, bytes: Some(got) });
+    st.live.push(Slot {
+        h: out,
+        shape,
+        dtype,
+        bytes: Some(got),
+    });
 }
 
 fn op_limits(st: &mut State, input: &mut Input) {
@@ -420,9 +498,13 @@ fn op_limits(st: &mut State, input: &mut Input) {
             }
         }
         _ => {
-            let status = mlxk_set_default_device(input.pick(&[MLXK_DEVICE_CPU, MLXK_DEVICE_GPU, 2, -1]));
+            let status =
+                mlxk_set_default_device(input.pick(&[MLXK_DEVICE_CPU, MLXK_DEVICE_GPU, 2, -1]));
             check_status("mlxk_set_default_device", status);
-            assert!(matches!(status, MLXK_OK | MLXK_ERR_UNSUPPORTED | MLXK_ERR_INVALID_ARGUMENT));
+            assert!(matches!(
+                status,
+                MLXK_OK | MLXK_ERR_UNSUPPORTED | MLXK_ERR_INVALID_ARGUMENT
+            ));
             // Back to the CPU for the rest of the run (a no-op on a CPU-only build).
             assert_eq!(mlxk_set_default_device(MLXK_DEVICE_CPU), MLXK_OK);
         }
@@ -430,7 +512,12 @@ fn op_limits(st: &mut State, input: &mut Input) {
 }
 
 pub fn run(input: &mut Input) {
-    let mut st = State { live: Vec::new(), dead: Vec::new(), foreign: Foreign::new(), limit: 4 << 20 };
+    let mut st = State {
+        live: Vec::new(),
+        dead: Vec::new(),
+        foreign: Foreign::new(),
+        limit: 4 << 20,
+    };
     assert_eq!(mlxk_set_memory_limit(st.limit), MLXK_OK);
     for _ in 0..MAX_OPS {
         if input.exhausted() {

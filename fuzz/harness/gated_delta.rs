@@ -45,7 +45,11 @@ fn pick_dims(input: &mut Input) -> Dims {
     if input.chance(16) {
         // Empty arrays whose other dims are huge: the products must not overflow anywhere.
         let b = input.pick(&[0i64, 1]);
-        let t = if b == 0 { input.pick(&[0i64, 1, 65536, i32::MAX as i64]) } else { 0 };
+        let t = if b == 0 {
+            input.pick(&[0i64, 1, 65536, i32::MAX as i64])
+        } else {
+            0
+        };
         let hk = input.pick(&[1i64, 4096]);
         let hv = hk * input.pick(&[1i64, 2, 16]);
         let dk = input.pick(&[32i64, 256]);
@@ -55,7 +59,14 @@ fn pick_dims(input: &mut Input) -> Dims {
         } else {
             input.pick(&[1i64 << 26, i32::MAX as i64])
         };
-        return Dims { b, t, hk, hv, dk, dv };
+        return Dims {
+            b,
+            t,
+            hk,
+            hv,
+            dk,
+            dv,
+        };
     }
     let b = input.pick(&[1i64, 2, 3, 0, 1, 2]);
     let t = input.pick(&[1i64, 2, 3, 0, 1, 4, 5]);
@@ -72,7 +83,14 @@ fn pick_dims(input: &mut Input) -> Dims {
     if input.chance(16) {
         dv = 0;
     }
-    Dims { b, t, hk, hv, dk, dv }
+    Dims {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    }
 }
 
 /// Possibly perturbs an argument's shape, dtype or handle.
@@ -144,7 +162,14 @@ impl Ctx {
         } else {
             handle_of(kind, null_mut(), &self.dead, &self.foreign, input)
         };
-        Arg { name, kind, shape, dtype, h, bytes }
+        Arg {
+            name,
+            kind,
+            shape,
+            dtype,
+            h,
+            bytes,
+        }
     }
 
     fn release(&mut self, arg: &mut Arg) {
@@ -177,13 +202,19 @@ fn expect_handles(e: &mut Expect, required: &[&Arg], optional: &[&Arg]) -> bool 
 
 fn want_shape(e: &mut Expect, a: &Arg, shape: &[i64]) {
     if a.shape != shape {
-        e.fail(MLXK_ERR_SHAPE, format!("{}: shape {:?}, expected {shape:?}", a.name, a.shape));
+        e.fail(
+            MLXK_ERR_SHAPE,
+            format!("{}: shape {:?}, expected {shape:?}", a.name, a.shape),
+        );
     }
 }
 
 fn want_float(e: &mut Expect, a: &Arg) {
     if !is_float(a.dtype) {
-        e.fail(MLXK_ERR_DTYPE, format!("{}: dtype {} is not float", a.name, a.dtype));
+        e.fail(
+            MLXK_ERR_DTYPE,
+            format!("{}: dtype {} is not float", a.name, a.dtype),
+        );
     }
 }
 
@@ -192,16 +223,25 @@ fn expect_sizes(e: &mut Expect, outputs: &[(u128, usize)], internal: u128, limit
     let mut bytes: u128 = 0;
     for &(n, size) in outputs {
         if n > i32::MAX as u128 {
-            e.fail(MLXK_ERR_INVALID_ARGUMENT, format!("an output of {n} elements"));
+            e.fail(
+                MLXK_ERR_INVALID_ARGUMENT,
+                format!("an output of {n} elements"),
+            );
             e.maybe(MLXK_ERR_OUT_OF_MEMORY, "and its bytes");
             return;
         }
         bytes += n * size as u128;
     }
     if bytes > limit {
-        e.fail(MLXK_ERR_OUT_OF_MEMORY, format!("{bytes} bytes of results > limit {limit}"));
+        e.fail(
+            MLXK_ERR_OUT_OF_MEMORY,
+            format!("{bytes} bytes of results > limit {limit}"),
+        );
     } else if bytes + internal > limit {
-        e.maybe(MLXK_ERR_OUT_OF_MEMORY, "results plus the internal g and beta exceed the limit");
+        e.maybe(
+            MLXK_ERR_OUT_OF_MEMORY,
+            "results plus the internal g and beta exceed the limit",
+        );
     }
 }
 
@@ -220,7 +260,10 @@ fn expect_recurrence(
     state: &Arg,
 ) -> Option<Dims> {
     if base.shape.len() != 4 {
-        e.fail(MLXK_ERR_SHAPE, format!("{}: rank {}", base.name, base.shape.len()));
+        e.fail(
+            MLXK_ERR_SHAPE,
+            format!("{}: rank {}", base.name, base.shape.len()),
+        );
         e.maybe(MLXK_ERR_SHAPE, "later rules");
         e.maybe(MLXK_ERR_DTYPE, "later rules");
         return None;
@@ -272,7 +315,14 @@ fn expect_recurrence(
             e.fail(MLXK_ERR_DTYPE, "state is not float32");
         }
     }
-    Some(Dims { b: bsz, t, hk, hv, dk, dv })
+    Some(Dims {
+        b: bsz,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    })
 }
 
 fn is_zero(bytes: &[u8], dtype: mlxk_dtype, i: usize) -> bool {
@@ -307,7 +357,11 @@ fn round(ctx: &mut Ctx, input: &mut Input) {
     let d = pick_dims(input);
     let qdt = input.pick(&FLOATS);
     let (b, t, hk, hv, dk, dv) = (d.b, d.t, d.hk, d.hv, d.dk, d.dv);
-    let (adt, bdt, dtdt) = (input.pick(&FLOATS), input.pick(&FLOATS), input.pick(&FLOATS));
+    let (adt, bdt, dtdt) = (
+        input.pick(&FLOATS),
+        input.pick(&FLOATS),
+        input.pick(&FLOATS),
+    );
     let aldt = input.pick(&[MLXK_DTYPE_FLOAT32, MLXK_DTYPE_BFLOAT16]);
     let (with_state, with_mask) = (input.chance(128), input.chance(90));
     let mut r = Round {
@@ -318,7 +372,13 @@ fn round(ctx: &mut Ctx, input: &mut Input) {
         b: ctx.arg(input, "b", vec![b, t, hv], bdt, true),
         a_log: ctx.arg(input, "a_log", vec![hv], aldt, true),
         dt_bias: ctx.arg(input, "dt_bias", vec![hv], dtdt, true),
-        state: ctx.arg(input, "state", vec![b, hv, dv, dk], MLXK_DTYPE_FLOAT32, with_state),
+        state: ctx.arg(
+            input,
+            "state",
+            vec![b, hv, dv, dk],
+            MLXK_DTYPE_FLOAT32,
+            with_state,
+        ),
         mask: ctx.arg(input, "mask", vec![b, t], MLXK_DTYPE_BOOL, with_mask),
     };
 
@@ -331,7 +391,17 @@ fn round(ctx: &mut Ctx, input: &mut Input) {
         }
         ops /= 4;
     }
-    for arg in [&mut r.q, &mut r.k, &mut r.v, &mut r.a, &mut r.b, &mut r.a_log, &mut r.dt_bias, &mut r.state, &mut r.mask] {
+    for arg in [
+        &mut r.q,
+        &mut r.k,
+        &mut r.v,
+        &mut r.a,
+        &mut r.b,
+        &mut r.a_log,
+        &mut r.dt_bias,
+        &mut r.state,
+        &mut r.mask,
+    ] {
         ctx.release(arg);
     }
 }
@@ -347,12 +417,29 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
         e.fail(MLXK_ERR_NULL_POINTER, "state_out is NULL");
     }
     if same {
-        e.fail(MLXK_ERR_INVALID_ARGUMENT, "y and state_out are the same pointer");
+        e.fail(
+            MLXK_ERR_INVALID_ARGUMENT,
+            "y and state_out are the same pointer",
+        );
     }
     let tight = tight_limit(input);
     let mut dims = None;
-    if expect_handles(&mut e, &[&r.q, &r.k, &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias], &[&r.state, &r.mask]) {
-        dims = expect_recurrence(&mut e, &r.q, Some(&r.k), &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias, &r.state);
+    if expect_handles(
+        &mut e,
+        &[&r.q, &r.k, &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias],
+        &[&r.state, &r.mask],
+    ) {
+        dims = expect_recurrence(
+            &mut e,
+            &r.q,
+            Some(&r.k),
+            &r.v,
+            &r.a,
+            &r.b,
+            &r.a_log,
+            &r.dt_bias,
+            &r.state,
+        );
         if let (Some(d), true) = (dims, r.mask.live()) {
             want_shape(&mut e, &r.mask, &[d.b, d.t]);
             if r.mask.dtype != MLXK_DTYPE_BOOL {
@@ -364,7 +451,10 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
             expect_sizes(
                 &mut e,
                 &[
-                    (count(&[d.b, d.t, d.hv, d.dv]).unwrap(), dtype_size(r.q.dtype)),
+                    (
+                        count(&[d.b, d.t, d.hv, d.dv]).unwrap(),
+                        dtype_size(r.q.dtype),
+                    ),
                     (count(&[d.b, d.hv, d.dv, d.dk]).unwrap(), 4),
                 ],
                 bt_hv * (4 + dtype_size(r.b.dtype) as u128),
@@ -375,16 +465,35 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
     let state_given = r.state.clone();
     let (mut y, mut s) = (sentinel(), sentinel());
     let y_ptr: *mut H = if y_null { null_mut() } else { &mut y };
-    let s_ptr: *mut H = if s_null { null_mut() } else if same { y_ptr } else { &mut s };
+    let s_ptr: *mut H = if s_null {
+        null_mut()
+    } else if same {
+        y_ptr
+    } else {
+        &mut s
+    };
     let status = mlxk_gated_delta_update(
-        r.q.h, r.k.h, r.v.h, r.a.h, r.b.h, r.a_log.h, r.dt_bias.h, r.state.h, r.mask.h, y_ptr, s_ptr,
+        r.q.h,
+        r.k.h,
+        r.v.h,
+        r.a.h,
+        r.b.h,
+        r.a_log.h,
+        r.dt_bias.h,
+        r.state.h,
+        r.mask.h,
+        y_ptr,
+        s_ptr,
     );
     if tight.is_some() {
         restore_limit();
     }
     e.check("mlxk_gated_delta_update", status);
     if status != MLXK_OK {
-        assert!(y == sentinel() && s == sentinel(), "mlxk_gated_delta_update wrote an out-parameter on failure");
+        assert!(
+            y == sentinel() && s == sentinel(),
+            "mlxk_gated_delta_update wrote an out-parameter on failure"
+        );
         return;
     }
     let d = dims.expect("a success has valid dims");
@@ -406,7 +515,10 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
             if m == 0 {
                 none_masked = false;
                 for i in token * per_token..(token + 1) * per_token {
-                    assert!(is_zero(&yb, r.q.dtype, i), "y is not 0 at masked token {token}");
+                    assert!(
+                        is_zero(&yb, r.q.dtype, i),
+                        "y is not 0 at masked token {token}"
+                    );
                 }
             } else {
                 all_masked = false;
@@ -470,11 +582,21 @@ fn compute_g(ctx: &mut Ctx, input: &mut Input, r: &Round) {
         want_float(&mut e, a);
         want_float(&mut e, &r.dt_bias);
         if !e.must_fail() {
-            expect_sizes(&mut e, &[(count(&a.shape).unwrap(), 4)], 0, current_limit(tight));
+            expect_sizes(
+                &mut e,
+                &[(count(&a.shape).unwrap(), 4)],
+                0,
+                current_limit(tight),
+            );
         }
     }
     let mut g = sentinel();
-    let status = mlxk_compute_g(r.a_log.h, a.h, r.dt_bias.h, if out_null { null_mut() } else { &mut g });
+    let status = mlxk_compute_g(
+        r.a_log.h,
+        a.h,
+        r.dt_bias.h,
+        if out_null { null_mut() } else { &mut g },
+    );
     if tight.is_some() {
         restore_limit();
     }
@@ -483,12 +605,19 @@ fn compute_g(ctx: &mut Ctx, input: &mut Input, r: &Round) {
         let gb = check_result("g", g, &a.shape, MLXK_DTYPE_FLOAT32);
         for i in 0..gb.len() / 4 {
             let x = float_at(&gb, MLXK_DTYPE_FLOAT32, i);
-            assert!(x.is_nan() || (0.0..=1.0).contains(&x), "g[{i}] = {x} is outside [0, 1]");
+            assert!(
+                x.is_nan() || (0.0..=1.0).contains(&x),
+                "g[{i}] = {x} is outside [0, 1]"
+            );
         }
         free_ok(g);
         ctx.dead.push(g);
     } else {
-        assert_eq!(g, sentinel(), "mlxk_compute_g wrote its out-parameter on failure");
+        assert_eq!(
+            g,
+            sentinel(),
+            "mlxk_compute_g wrote its out-parameter on failure"
+        );
     }
     if let Some(mut arg) = extra {
         ctx.release(&mut arg);
@@ -503,7 +632,9 @@ fn replay(input: &mut Input, r: &Round, update_state: Option<&[u8]>) {
     let mut lengths: Vec<i32> = match mode {
         0 | 1 => vec![ti; bsz],
         2 => vec![0; bsz],
-        _ => (0..bsz).map(|_| input.below(ti as usize + 1) as i32).collect(),
+        _ => (0..bsz)
+            .map(|_| input.below(ti as usize + 1) as i32)
+            .collect(),
     };
     let mut lengths_null = false;
     match input.u8() % 16 {
@@ -528,11 +659,20 @@ fn replay(input: &mut Input, r: &Round, update_state: Option<&[u8]>) {
     }
     let tight = tight_limit(input);
     let mut dims = None;
-    if expect_handles(&mut e, &[&r.k, &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias], &[&r.state]) {
-        dims = expect_recurrence(&mut e, &r.k, None, &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias, &r.state);
+    if expect_handles(
+        &mut e,
+        &[&r.k, &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias],
+        &[&r.state],
+    ) {
+        dims = expect_recurrence(
+            &mut e, &r.k, None, &r.v, &r.a, &r.b, &r.a_log, &r.dt_bias, &r.state,
+        );
         if let Some(d) = dims {
             if lengths.len() as i64 != d.b {
-                e.fail(MLXK_ERR_INVALID_ARGUMENT, format!("n_lengths {} != B {}", lengths.len(), d.b));
+                e.fail(
+                    MLXK_ERR_INVALID_ARGUMENT,
+                    format!("n_lengths {} != B {}", lengths.len(), d.b),
+                );
             } else if lengths.iter().any(|&l| l < 0 || l as i64 > d.t) {
                 e.fail(MLXK_ERR_INVALID_ARGUMENT, "a length outside [0, T]");
             }
@@ -557,7 +697,11 @@ fn replay(input: &mut Input, r: &Round, update_state: Option<&[u8]>) {
             r.a_log.h,
             r.dt_bias.h,
             r.state.h,
-            if lengths_null { std::ptr::null() } else { lengths.as_ptr() },
+            if lengths_null {
+                std::ptr::null()
+            } else {
+                lengths.as_ptr()
+            },
             lengths.len(),
             if out_null { null_mut() } else { &mut s },
         )
@@ -567,7 +711,11 @@ fn replay(input: &mut Input, r: &Round, update_state: Option<&[u8]>) {
     }
     e.check("mlxk_gated_delta_state", status);
     if status != MLXK_OK {
-        assert_eq!(s, sentinel(), "mlxk_gated_delta_state wrote its out-parameter on failure");
+        assert_eq!(
+            s,
+            sentinel(),
+            "mlxk_gated_delta_state wrote its out-parameter on failure"
+        );
         return;
     }
     let d = dims.expect("a success has valid dims");
@@ -575,7 +723,10 @@ fn replay(input: &mut Input, r: &Round, update_state: Option<&[u8]>) {
     free_ok(s);
     if lengths.iter().all(|&l| l == 0) {
         if let Some(start) = start_state(&r.state, sb.len()) {
-            assert!(same_floats(&sb, &start, MLXK_DTYPE_FLOAT32), "replay over no token changed the state");
+            assert!(
+                same_floats(&sb, &start, MLXK_DTYPE_FLOAT32),
+                "replay over no token changed the state"
+            );
         }
     }
     if lengths.iter().all(|&l| l as i64 == d.t) {
@@ -589,7 +740,10 @@ fn replay(input: &mut Input, r: &Round, update_state: Option<&[u8]>) {
 }
 
 pub fn run(input: &mut Input) {
-    let mut ctx = Ctx { dead: Vec::new(), foreign: Foreign::new() };
+    let mut ctx = Ctx {
+        dead: Vec::new(),
+        foreign: Foreign::new(),
+    };
     for _ in 0..MAX_ROUNDS {
         if input.exhausted() {
             break;

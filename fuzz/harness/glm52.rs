@@ -109,7 +109,11 @@ fn oracle_canonical(h: u64, i: u64, bits: u32, group: u32) -> Option<mlxk_glm52_
     if !format_ok(bits, group) || !dim_ok(h, group) || !dim_ok(i, group) {
         return None;
     }
-    let probe = mlxk_glm52_layout { hidden_size: h, intermediate_size: i, ..Default::default() };
+    let probe = mlxk_glm52_layout {
+        hidden_size: h,
+        intermediate_size: i,
+        ..Default::default()
+    };
     let lengths = regions(&probe, bits, group).map(|(_, len)| len);
     let mut offsets = [0u128; 6];
     let mut end = 0u128;
@@ -135,8 +139,16 @@ fn oracle_canonical(h: u64, i: u64, bits: u32, group: u32) -> Option<mlxk_glm52_
 }
 
 fn pick_format(input: &mut Input) -> (u32, u32) {
-    let bits = if input.chance(16) { input.u32() } else { input.pick(&[4u32, 8]) };
-    let group = if input.chance(16) { input.u32() } else { input.pick(&[32u32, 64, 128]) };
+    let bits = if input.chance(16) {
+        input.u32()
+    } else {
+        input.pick(&[4u32, 8])
+    };
+    let group = if input.chance(16) {
+        input.u32()
+    } else {
+        input.pick(&[32u32, 64, 128])
+    };
     (bits, group)
 }
 
@@ -155,9 +167,14 @@ fn call_canonical(input: &mut Input) {
     let (bits, group) = pick_format(input);
     let (h, i) = (pick_dim(input, group), pick_dim(input, group));
     let null = input.chance(8);
-    let mut out = mlxk_glm52_layout { slot_bytes: 0xABCD, ..Default::default() };
+    let mut out = mlxk_glm52_layout {
+        slot_bytes: 0xABCD,
+        ..Default::default()
+    };
     let before = out;
-    let status = unsafe { mlxk_glm52_layout_canonical(h, i, bits, group, if null { null_mut() } else { &mut out }) };
+    let status = unsafe {
+        mlxk_glm52_layout_canonical(h, i, bits, group, if null { null_mut() } else { &mut out })
+    };
     check_status("mlxk_glm52_layout_canonical", status);
     let want = oracle_canonical(h, i, bits, group);
     if null {
@@ -166,14 +183,30 @@ fn call_canonical(input: &mut Input) {
     }
     match want {
         Some(l) => {
-            assert_eq!(status, MLXK_OK, "canonical({h}, {i}, {bits}, {group}) refused: {}", last_error());
-            assert_eq!(out, l, "canonical({h}, {i}, {bits}, {group}) differs from the oracle");
+            assert_eq!(
+                status,
+                MLXK_OK,
+                "canonical({h}, {i}, {bits}, {group}) refused: {}",
+                last_error()
+            );
+            assert_eq!(
+                out, l,
+                "canonical({h}, {i}, {bits}, {group}) differs from the oracle"
+            );
             let st = unsafe { mlxk_glm52_layout_validate(&out, bits, group) };
             check_status("mlxk_glm52_layout_validate", st);
-            assert_eq!(st, MLXK_OK, "a canonical layout fails validation: {}", last_error());
+            assert_eq!(
+                st,
+                MLXK_OK,
+                "a canonical layout fails validation: {}",
+                last_error()
+            );
         }
         None => {
-            assert_eq!(status, MLXK_ERR_INVALID_ARGUMENT, "canonical({h}, {i}, {bits}, {group}) accepted");
+            assert_eq!(
+                status, MLXK_ERR_INVALID_ARGUMENT,
+                "canonical({h}, {i}, {bits}, {group}) accepted"
+            );
             assert_eq!(out, before, "canonical wrote its out-parameter on failure");
         }
     }
@@ -234,19 +267,38 @@ fn call_validate(input: &mut Input) {
     }
     let valid = oracle_valid(&l, bits, group);
     if valid {
-        assert_eq!(status, MLXK_OK, "a safe layout was refused: {} ({l:?}, Q{bits}/{group})", last_error());
+        assert_eq!(
+            status,
+            MLXK_OK,
+            "a safe layout was refused: {} ({l:?}, Q{bits}/{group})",
+            last_error()
+        );
     } else {
-        assert_eq!(status, MLXK_ERR_INVALID_ARGUMENT, "an unsafe layout was accepted: {l:?}, Q{bits}/{group}");
+        assert_eq!(
+            status, MLXK_ERR_INVALID_ARGUMENT,
+            "an unsafe layout was accepted: {l:?}, Q{bits}/{group}"
+        );
     }
 }
 
 pub fn run(input: &mut Input) {
     // The documented GLM-5 example.
     let mut l = mlxk_glm52_layout::default();
-    assert_eq!(unsafe { mlxk_glm52_layout_canonical(6144, 2048, 4, 64, &mut l) }, MLXK_OK);
+    assert_eq!(
+        unsafe { mlxk_glm52_layout_canonical(6144, 2048, 4, 64, &mut l) },
+        MLXK_OK
+    );
     assert_eq!(Some(l), oracle_canonical(6144, 2048, 4, 64));
     assert_eq!(
-        (l.gate_weight_offset, l.up_weight_offset, l.down_weight_offset, l.gate_scale_offset, l.up_scale_offset, l.down_scale_offset, l.slot_bytes),
+        (
+            l.gate_weight_offset,
+            l.up_weight_offset,
+            l.down_weight_offset,
+            l.gate_scale_offset,
+            l.up_scale_offset,
+            l.down_scale_offset,
+            l.slot_bytes
+        ),
         (0, 6291456, 12582912, 18874368, 19267584, 19660800, 20054016)
     );
     for _ in 0..MAX_OPS {

@@ -59,7 +59,12 @@ pub enum Target {
 }
 
 impl Target {
-    pub const ALL: [Target; 4] = [Target::Array, Target::GatedDelta, Target::Norms, Target::Glm52];
+    pub const ALL: [Target; 4] = [
+        Target::Array,
+        Target::GatedDelta,
+        Target::Norms,
+        Target::Glm52,
+    ];
 
     /// The target's name: its fuzz_targets/<name>.rs and corpus/<name>/.
     pub fn name(self) -> &'static str {
@@ -96,7 +101,12 @@ pub fn run(target: Target, data: &[u8]) {
         Target::Glm52 => glm52::run(&mut input),
     }
     let after = mlxkern::capi::live_handles();
-    assert_eq!(before, after, "{}: live handles before and after one input", target.name());
+    assert_eq!(
+        before,
+        after,
+        "{}: live handles before and after one input",
+        target.name()
+    );
     let mut limit = 0usize;
     assert_eq!(unsafe { mlxk_get_memory_limit(&mut limit) }, MLXK_OK);
     assert_eq!(limit, MEMORY_LIMIT, "the harness restores the memory limit");
@@ -147,7 +157,10 @@ impl Expect {
     }
 
     pub fn allows(&self, status: mlxk_status) -> bool {
-        self.required.iter().chain(&self.optional).any(|(s, _)| *s == status)
+        self.required
+            .iter()
+            .chain(&self.optional)
+            .any(|(s, _)| *s == status)
     }
 
     fn describe(&self) -> String {
@@ -206,7 +219,12 @@ pub fn format_stats(stats: &BTreeMap<(String, mlxk_status), u64>) -> String {
             current = function;
         }
         let name = status_name(*status);
-        let _ = write!(out, " {}={n}", name.trim_start_matches("MLXK_ERR_").trim_start_matches("MLXK_"));
+        let _ = write!(
+            out,
+            " {}={n}",
+            name.trim_start_matches("MLXK_ERR_")
+                .trim_start_matches("MLXK_")
+        );
     }
     out
 }
@@ -223,11 +241,18 @@ pub fn check_status(function: &str, status: mlxk_status) {
         (MLXK_OK..=MLXK_ERR_INVALID_HANDLE).contains(&status),
         "{function} returned an unknown status {status}"
     );
-    assert_ne!(status, MLXK_ERR_PANIC, "{function} panicked: {}", last_error());
+    assert_ne!(
+        status,
+        MLXK_ERR_PANIC,
+        "{function} panicked: {}",
+        last_error()
+    );
     if status != MLXK_OK {
         let msg = last_error();
         assert!(
-            msg.starts_with(function) && msg[function.len()..].starts_with(": ") && msg.len() > function.len() + 2,
+            msg.starts_with(function)
+                && msg[function.len()..].starts_with(": ")
+                && msg.len() > function.len() + 2,
             "{function} failed with {} and the message does not name it: {msg:?}",
             status_name(status)
         );
@@ -305,7 +330,9 @@ fn element(fill: &mut Fill, dtype: mlxk_dtype, mode: DataMode, out: &mut Vec<u8>
             DataMode::Zeros => 0,
             _ => (r & 1) as u8,
         }),
-        MLXK_DTYPE_UINT8 | MLXK_DTYPE_INT8 => out.push(if mode == DataMode::Zeros { 0 } else { r as u8 }),
+        MLXK_DTYPE_UINT8 | MLXK_DTYPE_INT8 => {
+            out.push(if mode == DataMode::Zeros { 0 } else { r as u8 })
+        }
         MLXK_DTYPE_INT32 | MLXK_DTYPE_UINT32 => {
             let v = if mode == DataMode::Zeros { 0 } else { r as u32 };
             out.extend_from_slice(&v.to_ne_bytes())
@@ -318,8 +345,16 @@ fn element(fill: &mut Fill, dtype: mlxk_dtype, mode: DataMode, out: &mut Vec<u8>
                 DataMode::Zeros => 0,
                 DataMode::Nice => nice,
                 DataMode::Specials => match (r >> 48) % 8 {
-                    0 => [0x7FC0_0000, 0x7F80_0000, 0xFF80_0000, 0x8000_0000, 0, 0x7F7F_FFFF, 1, 0xFFC0_0001]
-                        [(r >> 56) as usize % 8],
+                    0 => [
+                        0x7FC0_0000,
+                        0x7F80_0000,
+                        0xFF80_0000,
+                        0x8000_0000,
+                        0,
+                        0x7F7F_FFFF,
+                        1,
+                        0xFFC0_0001,
+                    ][(r >> 56) as usize % 8],
                     _ => nice,
                 },
             };
@@ -440,7 +475,10 @@ impl Foreign {
         let gone = Box::new([0u64; 4]);
         let dangling = &*gone as *const [u64; 4] as usize;
         drop(gone);
-        Foreign { heap: Box::new([0; 4]), dangling }
+        Foreign {
+            heap: Box::new([0; 4]),
+            dangling,
+        }
     }
 
     pub fn pick(&self, input: &mut Input) -> H {
@@ -468,7 +506,8 @@ pub fn handle_of(kind: Kind, live: H, dead: &[H], foreign: &Foreign, input: &mut
             if dead.is_empty() {
                 // Make one: a fresh zeros array, freed at once.
                 let mut h: H = null_mut();
-                let st = unsafe { mlxk_array_zeros([1i32].as_ptr(), 1, MLXK_DTYPE_FLOAT32, &mut h) };
+                let st =
+                    unsafe { mlxk_array_zeros([1i32].as_ptr(), 1, MLXK_DTYPE_FLOAT32, &mut h) };
                 check_status("mlxk_array_zeros", st);
                 assert_eq!(st, MLXK_OK);
                 free_ok(h);
@@ -511,13 +550,25 @@ pub fn free_ok(h: H) {
 /// Makes an array that must be made (valid arguments, within the limit).
 #[track_caller]
 pub fn new_array(bytes: &[u8], shape: &[i64], dtype: mlxk_dtype) -> H {
-    assert!(shape.iter().all(|&d| (0..=i32::MAX as i64).contains(&d)), "harness: dims {shape:?}");
+    assert!(
+        shape.iter().all(|&d| (0..=i32::MAX as i64).contains(&d)),
+        "harness: dims {shape:?}"
+    );
     let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
     let mut h: H = null_mut();
-    let data = if bytes.is_empty() { std::ptr::null() } else { bytes.as_ptr().cast() };
+    let data = if bytes.is_empty() {
+        std::ptr::null()
+    } else {
+        bytes.as_ptr().cast()
+    };
     let st = unsafe { mlxk_array_new(data, dims.as_ptr(), dims.len(), dtype, &mut h) };
     check_status("mlxk_array_new", st);
-    assert_eq!(st, MLXK_OK, "mlxk_array_new {shape:?} {dtype}: {}", last_error());
+    assert_eq!(
+        st,
+        MLXK_OK,
+        "mlxk_array_new {shape:?} {dtype}: {}",
+        last_error()
+    );
     h
 }
 
@@ -526,10 +577,17 @@ pub fn new_array(bytes: &[u8], shape: &[i64], dtype: mlxk_dtype) -> H {
 pub fn check_result(what: &str, h: H, shape: &[i64], dtype: mlxk_dtype) -> Vec<u8> {
     assert!(!h.is_null(), "{what}: a success wrote a NULL handle");
     let mut nd = usize::MAX;
-    assert_eq!(unsafe { mlxk_array_ndim(h, &mut nd) }, MLXK_OK, "{what}: ndim");
+    assert_eq!(
+        unsafe { mlxk_array_ndim(h, &mut nd) },
+        MLXK_OK,
+        "{what}: ndim"
+    );
     assert_eq!(nd, shape.len(), "{what}: rank");
     let mut dims = vec![-7i32; nd + 1];
-    assert_eq!(unsafe { mlxk_array_shape(h, dims.as_mut_ptr(), dims.len()) }, MLXK_OK);
+    assert_eq!(
+        unsafe { mlxk_array_shape(h, dims.as_mut_ptr(), dims.len()) },
+        MLXK_OK
+    );
     let want: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
     assert_eq!(&dims[..nd], &want[..], "{what}: dims");
     assert_eq!(dims[nd], -7, "{what}: mlxk_array_shape wrote past ndim");

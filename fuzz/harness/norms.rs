@@ -48,7 +48,8 @@ impl Ctx {
                 3 if !shape.is_empty() => {
                     let axis = input.below(shape.len());
                     let d = shape[axis];
-                    shape[axis] = (input.pick(&[0i64, 1, 2, d + 1, d * 2, d - 1])).min(i32::MAX as i64);
+                    shape[axis] =
+                        (input.pick(&[0i64, 1, 2, d + 1, d * 2, d - 1])).min(i32::MAX as i64);
                 }
                 4 => kind = Kind::Null,
                 5 => kind = Kind::Dead,
@@ -60,7 +61,11 @@ impl Ctx {
         }
         let mut mode = mode;
         if !is_float(dtype) && mode != DataMode::Zeros {
-            mode = if dtype == MLXK_DTYPE_BOOL { DataMode::Nice } else { DataMode::Raw };
+            mode = if dtype == MLXK_DTYPE_BOOL {
+                DataMode::Nice
+            } else {
+                DataMode::Raw
+            };
         }
         let mut bytes = Vec::new();
         let h = if kind == Kind::Live {
@@ -70,7 +75,15 @@ impl Ctx {
         } else {
             handle_of(kind, null_mut(), &self.dead, &self.foreign, input)
         };
-        Arr { name, kind, shape, dtype, h, bytes, mode }
+        Arr {
+            name,
+            kind,
+            shape,
+            dtype,
+            h,
+            bytes,
+            mode,
+        }
     }
 
     fn release(&mut self, a: Arr) {
@@ -96,9 +109,19 @@ fn handles(e: &mut Expect, arrs: &[&Arr]) -> bool {
 
 fn pick_dtype(input: &mut Input) -> mlxk_dtype {
     if input.chance(12) {
-        input.pick(&[MLXK_DTYPE_INT8, MLXK_DTYPE_BOOL, MLXK_DTYPE_UINT32, MLXK_DTYPE_INT32])
+        input.pick(&[
+            MLXK_DTYPE_INT8,
+            MLXK_DTYPE_BOOL,
+            MLXK_DTYPE_UINT32,
+            MLXK_DTYPE_INT32,
+        ])
     } else {
-        input.pick(&[MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32])
+        input.pick(&[
+            MLXK_DTYPE_BFLOAT16,
+            MLXK_DTYPE_BFLOAT16,
+            MLXK_DTYPE_FLOAT16,
+            MLXK_DTYPE_FLOAT32,
+        ])
     }
 }
 
@@ -107,7 +130,10 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
     let (b, s) = if huge {
         (0i64, input.pick(&[1i64, 65536, i32::MAX as i64]))
     } else {
-        (input.pick(&[1i64, 0, 1, 2, 3]), input.pick(&[1i64, 0, 1, 2, 3, 5]))
+        (
+            input.pick(&[1i64, 0, 1, 2, 3]),
+            input.pick(&[1i64, 0, 1, 2, 3, 5]),
+        )
     };
     let mut hk = input.pick(&[1i64, 1, 2, 3]);
     let mut hv = input.pick(&[1i64, 2, 3, 4]);
@@ -144,7 +170,10 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
         0 => e.fail(MLXK_ERR_NULL_POINTER, "q is NULL"),
         1 => e.fail(MLXK_ERR_NULL_POINTER, "k is NULL"),
         2 => e.fail(MLXK_ERR_NULL_POINTER, "v is NULL"),
-        3 | 4 => e.fail(MLXK_ERR_INVALID_ARGUMENT, "two out-parameters are the same pointer"),
+        3 | 4 => e.fail(
+            MLXK_ERR_INVALID_ARGUMENT,
+            "two out-parameters are the same pointer",
+        ),
         _ => {}
     }
     let tight = tight_limit(input);
@@ -161,7 +190,11 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
                 e.fail(MLXK_ERR_DTYPE, format!("{} dtype differs from x", sc.name));
             }
         }
-        let dk_got = if q_scale.shape.len() == 1 { Some(q_scale.shape[0]) } else { None };
+        let dk_got = if q_scale.shape.len() == 1 {
+            Some(q_scale.shape[0])
+        } else {
+            None
+        };
         if dk_got.is_none() {
             e.fail(MLXK_ERR_SHAPE, "q_scale is not [Dk]");
         }
@@ -189,7 +222,10 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
         if let (Some(dk), true) = (dk_got, x.shape.len() == 3) {
             let want = 2 * hk as i128 * dk as i128 + hv as i128 * dv as i128;
             if x.shape[2] as i128 != want {
-                e.fail(MLXK_ERR_SHAPE, format!("x has {} channels, expected {want}", x.shape[2]));
+                e.fail(
+                    MLXK_ERR_SHAPE,
+                    format!("x has {} channels, expected {want}", x.shape[2]),
+                );
             }
             if !e.must_fail() {
                 let (b, s) = (x.shape[0], x.shape[1]);
@@ -221,7 +257,16 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
         _ => &mut v,
     };
     let status = mlxk_silu_rms_heads(
-        x.h, q_scale.h, k_scale.h, key_heads, value_heads, value_width, eps, qp, kp, vp,
+        x.h,
+        q_scale.h,
+        k_scale.h,
+        key_heads,
+        value_heads,
+        value_width,
+        eps,
+        qp,
+        kp,
+        vp,
     );
     if tight.is_some() {
         restore_limit();
@@ -232,17 +277,33 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
         let qb = check_result("q", q, &[b, s, hk, dk], x.dtype);
         let kb = check_result("k", k, &[b, s, hk, dk], x.dtype);
         let vb = check_result("v", v, &[b, s, hv, dv], x.dtype);
-        if x.mode == DataMode::Nice && q_scale.mode == DataMode::Nice && k_scale.mode == DataMode::Nice && eps > 0.0 {
-            assert!(all_finite(&qb, x.dtype), "q is not finite for finite moderate inputs");
-            assert!(all_finite(&kb, x.dtype), "k is not finite for finite moderate inputs");
-            assert!(all_finite(&vb, x.dtype), "v is not finite for finite moderate inputs");
+        if x.mode == DataMode::Nice
+            && q_scale.mode == DataMode::Nice
+            && k_scale.mode == DataMode::Nice
+            && eps > 0.0
+        {
+            assert!(
+                all_finite(&qb, x.dtype),
+                "q is not finite for finite moderate inputs"
+            );
+            assert!(
+                all_finite(&kb, x.dtype),
+                "k is not finite for finite moderate inputs"
+            );
+            assert!(
+                all_finite(&vb, x.dtype),
+                "v is not finite for finite moderate inputs"
+            );
         }
         for h in [q, k, v] {
             free_ok(h);
             ctx.dead.push(h);
         }
     } else {
-        assert!(q == sentinel() && k == sentinel() && v == sentinel(), "mlxk_silu_rms_heads wrote an out-parameter on failure");
+        assert!(
+            q == sentinel() && k == sentinel() && v == sentinel(),
+            "mlxk_silu_rms_heads wrote an out-parameter on failure"
+        );
     }
     for a in [x, q_scale, k_scale] {
         ctx.release(a);
@@ -252,7 +313,9 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
 fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
     let rank = input.pick(&[2usize, 1, 0, 2, 3, 4]);
     let huge = input.chance(12);
-    let mut shape: Vec<i64> = (0..rank.saturating_sub(1)).map(|_| input.pick(&[1i64, 0, 2, 3])).collect();
+    let mut shape: Vec<i64> = (0..rank.saturating_sub(1))
+        .map(|_| input.pick(&[1i64, 0, 2, 3]))
+        .collect();
     if huge && !shape.is_empty() {
         // Empty, with leading dims whose product overflows i64 on the way.
         shape = vec![i32::MAX as i64, i32::MAX as i64, i32::MAX as i64, 0];
@@ -269,7 +332,11 @@ fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
     }
     let dtype = pick_dtype(input);
     let mode = DataMode::pick(input);
-    let gate_mode = if input.chance(32) { DataMode::Zeros } else { DataMode::pick(input) };
+    let gate_mode = if input.chance(32) {
+        DataMode::Zeros
+    } else {
+        DataMode::pick(input)
+    };
     let gate_dtype = input.pick(&FLOATS);
     let width = shape.last().copied().unwrap_or(1);
     let x = ctx.arr(input, "x", shape.clone(), dtype, mode);
@@ -317,7 +384,13 @@ fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
         }
     }
     let mut out = sentinel();
-    let status = mlxk_gated_rms_norm(x.h, gate.h, weight.h, eps, if out_null { null_mut() } else { &mut out });
+    let status = mlxk_gated_rms_norm(
+        x.h,
+        gate.h,
+        weight.h,
+        eps,
+        if out_null { null_mut() } else { &mut out },
+    );
     if tight.is_some() {
         restore_limit();
     }
@@ -326,16 +399,26 @@ fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
         let ob = check_result("out", out, &x.shape, x.dtype);
         let moderate = x.mode == DataMode::Nice && weight.mode == DataMode::Nice && eps > 0.0;
         if moderate && gate.mode == DataMode::Nice {
-            assert!(all_finite(&ob, x.dtype), "out is not finite for finite moderate inputs");
+            assert!(
+                all_finite(&ob, x.dtype),
+                "out is not finite for finite moderate inputs"
+            );
         }
         if moderate && gate.mode == DataMode::Zeros {
             let n = ob.len() / dtype_size(x.dtype);
-            assert!((0..n).all(|i| float_at(&ob, x.dtype, i) == 0.0), "a zero gate gave a non-zero output");
+            assert!(
+                (0..n).all(|i| float_at(&ob, x.dtype, i) == 0.0),
+                "a zero gate gave a non-zero output"
+            );
         }
         free_ok(out);
         ctx.dead.push(out);
     } else {
-        assert_eq!(out, sentinel(), "mlxk_gated_rms_norm wrote its out-parameter on failure");
+        assert_eq!(
+            out,
+            sentinel(),
+            "mlxk_gated_rms_norm wrote its out-parameter on failure"
+        );
     }
     for a in [x, gate, weight] {
         ctx.release(a);
@@ -343,7 +426,10 @@ fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
 }
 
 pub fn run(input: &mut Input) {
-    let mut ctx = Ctx { dead: Vec::new(), foreign: Foreign::new() };
+    let mut ctx = Ctx {
+        dead: Vec::new(),
+        foreign: Foreign::new(),
+    };
     for _ in 0..MAX_ROUNDS {
         if input.exhausted() {
             break;

@@ -19,15 +19,17 @@
 //!
 //! Every value column evolves independently, so each 16-column panel of H runs the chunk's
 //! products on its own (the panel stays in L1); the per-chunk matrices are shared by the
-//! panels, and the Gram products `[K; Q] Kᵀ` by the value heads that read the same key head
-//! (a job is one batch row × one key head, or a column range of it when there are fewer such
-//! pairs than threads). All products go through one register-blocked kernel (6 rows × 16
-//! columns): with AVX2+FMA detected at run time it uses intrinsics, elsewhere a portable
-//! version of the same loops. Rows of q, k, v and y are strided in memory (`[B, T, H, D]`), so
-//! each chunk's rows are gathered into contiguous scratch; while a chunk's products run, the
-//! next chunk's rows are prefetched and the previous chunk's outputs written (non-temporal
-//! stores where aligned), a little after each product. Scratch is per thread and reused;
-//! nothing is allocated per chunk.
+//! panels, and the Gram products `[K; Q] Kᵀ` by the value heads that read the same key head.
+//! A job is one batch row and a range of key heads (or also a column range, when there are
+//! too few for the threads); it walks the chunks, and within a chunk the key heads (a "unit"
+//! is one chunk of one key head), so that neighbouring heads' rows, which share pages, are
+//! read together. All products go through one register-blocked kernel (6 rows × 16 columns):
+//! with AVX2+FMA detected at run time it uses intrinsics, elsewhere a portable version of the
+//! same loops. Rows of q, k, v and y are strided in memory (`[B, T, H, D]`), so each unit's
+//! rows are gathered into contiguous scratch; while a unit's products run, the next unit's rows
+//! are prefetched and the previous unit's outputs written (non-temporal stores where aligned),
+//! a little after each product. Scratch is per thread and reused; nothing is allocated per
+//! chunk.
 //!
 //! Per token and value head this costs about `3·Dk·Dv + C·(Dv + Dk)` multiply-adds (the
 //! sequential recurrence: `2·Dk·Dv`), almost all of them in the register-blocked products.
@@ -59,8 +61,8 @@ const MR: usize = 6;
 /// Rows of the triangular inversion's blocks.
 const TB: usize = 16;
 
-/// Tokens ahead that the gather prefetches (for the first chunk; later chunks' rows were
-/// prefetched during the previous chunk).
+/// Tokens ahead that the gather prefetches (for the first unit; later units' rows were
+/// prefetched during the unit before).
 const AHEAD: usize = 2;
 
 /// Knobs of the chunked kernel (tests and benchmarks vary them; callers use the default).
@@ -276,7 +278,7 @@ unsafe impl<T> Sync for Out<T> {}
 /// Per-thread scratch, grown per call and reused across chunks and jobs.
 #[derive(Default)]
 struct Scratch {
-    /// State panels: value head i, panel j is `[Dk, 16]` at `(i · np + j) · Dk · 16`.
+    /// State panels: the job's value head i, panel j is `[Dk, 16]` at `(i · np + j) · Dk · 16`.
     h: Vec<f32>,
     /// `[K; Q]` of the chunk, `[2·lp, Dk]` (Q from row lp).
     kq: Vec<f32>,
@@ -289,8 +291,9 @@ struct Scratch {
     pm: Vec<f32>,
     tm: Vec<f32>,
     tmb: Vec<f32>,
-    /// Two halves (alternate chunks) of, per value head, `[2·lp, vys]`: rows `0..lp` V, then
-    /// `V − γ K H`; rows `lp..` `γ Q H`, then Y (written out during the next chunk).
+    /// Two halves (alternate units), each per value head of the key head `[2·lp, vys]`: rows
+    /// `0..lp` V, then `V − γ K H`; rows `lp..` `γ Q H`, then Y (written out during the next
+    /// unit).
     vy: Vec<f32>,
     /// `Kᵀ diag(Γ(L-1, ·))` of one value head, like `kt`.
     ktd: Vec<f32>,
@@ -301,10 +304,10 @@ struct Scratch {
     /// Running row of `Γ(t, ·)`.
     decay: Vec<f32>,
     gamma: Vec<f32>,
-    /// Gates per value head of the group, `[group, lp]`.
+    /// Gates of the key head's value heads, `[group, C]`.
     g: Vec<f32>,
     beta: Vec<f32>,
-    /// Token index of each chunk row, two halves like `vy`.
+    /// Token index of each chunk row, two halves (alternate chunks).
     tok: Vec<usize>,
 }
 
