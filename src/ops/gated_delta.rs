@@ -257,22 +257,9 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
             take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
         }
         Backend::Metal { gpu } => {
-            let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
-            let beta = bridge::sigmoid(x.b, gpu)?;
-            let zeros;
-            let state = match x.state {
-                Some(s) => s,
-                None => {
-                    zeros = bridge::array_zeros(
-                        &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
-                        Dtype::Float32 as i32,
-                    )?;
-                    &zeros
-                }
-            };
-            let t_in =
-                bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?;
-            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, &g, &beta, state, &t_in];
+            let m = MetalInputs::new(d, x.a_log, x.a, x.dt_bias, x.b, x.state, gpu)?;
+            let (g, beta, state, t_in) = (&*m.g, &*m.beta, m.state(x.state), &*m.t_in);
+            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, g, beta, state, t_in];
             if let Some(m) = x.mask {
                 inputs.push(m);
             }
@@ -283,6 +270,51 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
     let state_out = outputs.pop().expect("two outputs");
     let y = outputs.pop().expect("two outputs");
     Ok((y, state_out))
+}
+
+/// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),
+/// a zero state when none is given, and T as a 1-element int32 input.
+struct MetalInputs {
+    g: UniquePtr<Array>,
+    beta: UniquePtr<Array>,
+    zeros: Option<UniquePtr<Array>>,
+    t_in: UniquePtr<Array>,
+}
+
+impl MetalInputs {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        d: Dims,
+        a_log: &Array,
+        a: &Array,
+        dt_bias: &Array,
+        b: &Array,
+        state: Option<&Array>,
+        gpu: bool,
+    ) -> Result<MetalInputs> {
+        let zeros = match state {
+            Some(_) => None,
+            None => Some(bridge::array_zeros(
+                &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+                Dtype::Float32 as i32,
+            )?),
+        };
+        Ok(MetalInputs {
+            g: bridge::compute_g(a_log, a, dt_bias, gpu)?,
+            beta: bridge::sigmoid(b, gpu)?,
+            zeros,
+            t_in: bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?,
+        })
+    }
+
+    /// The state input: the caller's, or zeros.
+    fn state<'a>(&'a self, given: Option<&'a Array>) -> &'a Array {
+        given.unwrap_or_else(|| {
+            self.zeros
+                .as_deref()
+                .expect("zeros made when no state is given")
+        })
+    }
 }
 
 /// The CPU kernels' leading parameters: dims, the q/k/v dtype, the gate input dtypes and
@@ -409,22 +441,9 @@ pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
             take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
         }
         Backend::Metal { gpu } => {
-            let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
-            let beta = bridge::sigmoid(x.b, gpu)?;
-            let zeros;
-            let state = match x.state {
-                Some(s) => s,
-                None => {
-                    zeros = bridge::array_zeros(
-                        &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
-                        Dtype::Float32 as i32,
-                    )?;
-                    &zeros
-                }
-            };
-            let t_in =
-                bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?;
-            let inputs: Vec<&Array> = vec![x.k, x.v, &g, &beta, state, &t_in, &lengths];
+            let m = MetalInputs::new(d, x.a_log, x.a, x.dt_bias, x.b, x.state, gpu)?;
+            let (g, beta, state, t_in) = (&*m.g, &*m.beta, m.state(x.state), &*m.t_in);
+            let inputs: Vec<&Array> = vec![x.k, x.v, g, beta, state, t_in, &lengths];
             let launch = metal::gated_delta_state_launch(d);
             take(&*bridge::metal_kernel_op(&launch, &list(&inputs), gpu)?)
         }
