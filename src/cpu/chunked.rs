@@ -174,9 +174,10 @@ pub fn chunked_recurrence_with<T: Elem>(
     let threads = pool::threads();
     // A job runs several key heads of one batch row, chunk by chunk and within a chunk head by
     // head: the rows of neighbouring heads share pages and cache lines, which a head-at-a-time
-    // walk over the strided [B, T, H, D] rows would touch once per head. Enough jobs for two
-    // per thread when the batch allows.
-    let splits = (2 * threads).div_ceil(d.b).clamp(1, d.hk);
+    // walk over the strided [B, T, H, D] rows would touch once per head. Enough jobs for four
+    // per thread when there are enough key heads (the pool hands jobs out as threads free up,
+    // so a thread slowed by other work does less of them).
+    let splits = (4 * threads).div_ceil(d.b).clamp(1, d.hk);
     let jobs = d.b * splits;
     // Still fewer jobs than the threads can share out evenly: split the value columns into
     // parts as well (each part repeats the per-chunk shared work, about a tenth of the total).
