@@ -52,6 +52,9 @@ pub const DEFAULT_CHUNK: usize = 32;
 /// Largest chunk the kernel accepts.
 pub const MAX_CHUNK: usize = 128;
 
+/// Smallest chunk the kernel accepts; every chunk size is a multiple of it.
+pub const MIN_CHUNK: usize = NR;
+
 /// Value columns per panel (two 8-wide vectors).
 const NR: usize = 16;
 

@@ -653,16 +653,32 @@ fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
 /// has_state, has_mask]`; inputs `q, k, v, a, b, a_log, dt_bias, [state], [mask]`; outputs
 /// `y, state_out`.
 pub(crate) fn run(params: &[i64], buffers: Buffers) {
-    run_any(params, buffers, true)
+    run_any(params, buffers, Mode::Exact)
+}
+
+/// Entry for the chunked update: the update's params plus the chunk size; same buffers.
+pub(crate) fn run_chunked(params: &[i64], buffers: Buffers) {
+    let chunk = params[13] as usize;
+    run_any(params, buffers, Mode::Chunked(chunk))
 }
 
 /// Entry for the replay: params `[B, T, Hk, Hv, Dk, Dv, kv, a, b, a_log, dt_bias dtypes,
 /// has_state]`; inputs `k, v, a, b, a_log, dt_bias, [state], lengths`; output `state_out`.
 pub(crate) fn run_replay(params: &[i64], buffers: Buffers) {
-    run_any(params, buffers, false)
+    run_any(params, buffers, Mode::Replay)
 }
 
-fn run_any(params: &[i64], mut buffers: Buffers, update: bool) {
+/// Which recurrence a node runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Exact,
+    /// The chunked (WY) form with this many tokens per chunk.
+    Chunked(usize),
+    Replay,
+}
+
+fn run_any(params: &[i64], mut buffers: Buffers, mode: Mode) {
+    let update = mode != Mode::Replay;
     let p: Vec<usize> = params.iter().map(|&x| x as usize).collect();
     let d = Dims {
         b: p[0],
@@ -717,7 +733,25 @@ fn run_any(params: &[i64], mut buffers: Buffers, update: bool) {
                 mask,
                 lengths,
             };
-            solve(&problem, typed_mut::<$t>(y_bytes), state)
+            match mode {
+                Mode::Chunked(chunk) => super::chunked::chunked_recurrence_with(
+                    d,
+                    problem.q.expect("the update has queries"),
+                    problem.k,
+                    problem.v,
+                    &g,
+                    &beta,
+                    state_in,
+                    mask,
+                    typed_mut::<$t>(y_bytes),
+                    state,
+                    super::chunked::ChunkedOptions {
+                        chunk,
+                        force_portable: FORCE_PORTABLE.load(Ordering::Relaxed),
+                    },
+                ),
+                _ => solve(&problem, typed_mut::<$t>(y_bytes), state),
+            }
         }};
     }
     match dtype {

@@ -32,6 +32,8 @@ pub enum CpuKernel {
     GatedDeltaState = 2,
     SiluRmsHeads = 3,
     GatedRmsNorm = 4,
+    /// The update in chunked (WY) form: same inputs and outputs, one more parameter.
+    GatedDeltaChunked = 5,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
@@ -89,6 +91,7 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
     match kernel {
         k if k == CpuKernel::GatedDelta as u32 => gated_delta::run(params, buffers),
         k if k == CpuKernel::GatedDeltaState as u32 => gated_delta::run_replay(params, buffers),
+        k if k == CpuKernel::GatedDeltaChunked as u32 => gated_delta::run_chunked(params, buffers),
         k if k == CpuKernel::SiluRmsHeads as u32 => silu_rms_heads::run(params, buffers),
         k if k == CpuKernel::GatedRmsNorm as u32 => gated_rms_norm::run(params, buffers),
         k if k == CpuKernel::PanicProbe as u32 => panic!("panic probe kernel ran"),

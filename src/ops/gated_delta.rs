@@ -224,38 +224,8 @@ pub fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
 /// Builds the recurrence: returns `(y, state_out)`, lazy.
 pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
     let (d, dtype) = check_update(x)?;
-    let mut outputs = match backend {
-        Backend::Cpu => {
-            // The CPU kernel computes g and beta itself (MLX's formulas, bit for bit).
-            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
-            let state_index = x.state.map(|s| {
-                inputs.push(s);
-                inputs.len() as i32 - 1
-            });
-            if let Some(m) = x.mask {
-                inputs.push(m);
-            }
-            let mut params = cpu_params(d, dtype, x.a, x.b, x.a_log, x.dt_bias, x.state.is_some());
-            params.push(x.mask.is_some() as i64);
-            let launch = CpuLaunch {
-                kernel: CpuKernel::GatedDelta as u32,
-                params,
-                output_dims: vec![
-                    d.b as i32,
-                    d.t as i32,
-                    d.hv as i32,
-                    d.dv as i32, // y
-                    d.b as i32,
-                    d.hv as i32,
-                    d.dv as i32,
-                    d.dk as i32, // state_out
-                ],
-                output_ndims: vec![4, 4],
-                output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],
-                donate_from: vec![-1, state_index.unwrap_or(-1)],
-            };
-            take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
-        }
+    let outputs = match backend {
+        Backend::Cpu => cpu_update(x, d, dtype, CpuKernel::GatedDelta, &[])?,
         Backend::Metal { gpu } => {
             let m = MetalInputs::new(d, x.a_log, x.a, x.dt_bias, x.b, x.state, gpu)?;
             let (g, beta, state, t_in) = (&*m.g, &*m.beta, m.state(x.state), &*m.t_in);
@@ -267,9 +237,91 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
             take(&*bridge::metal_kernel_op(&launch, &list(&inputs), gpu)?)
         }
     };
+    Ok(two_outputs(outputs))
+}
+
+/// Tokens per chunk of the chunked recurrence when the caller passes 0.
+pub const DEFAULT_CHUNK: i32 = crate::cpu::chunked::DEFAULT_CHUNK as i32;
+
+/// Validates the chunk size of `mlxk_gated_delta_update_chunked` (0 = the default).
+pub fn check_chunk(chunk: i32) -> Result<usize> {
+    let min = crate::cpu::chunked::MIN_CHUNK as i32;
+    let max = crate::cpu::chunked::MAX_CHUNK as i32;
+    match chunk {
+        0 => Ok(DEFAULT_CHUNK as usize),
+        c if (min..=max).contains(&c) && c % min == 0 => Ok(c as usize),
+        c => Err(Error::InvalidArgument(format!(
+            "chunk_size is {c}; expected 0 (the default, {DEFAULT_CHUNK}) or a multiple of \
+             {min} in [{min}, {max}]"
+        ))),
+    }
+}
+
+/// Builds the chunked (WY-form) recurrence on the CPU: returns `(y, state_out)`, lazy. The
+/// same arguments as `update` plus the chunk size (0 = default); no Metal form exists.
+pub fn update_chunked(
+    x: &Inputs,
+    chunk: i32,
+    gpu: bool,
+) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    let (d, dtype) = check_update(x)?;
+    let chunk = check_chunk(chunk)?;
+    if gpu {
+        return Err(Error::Unsupported(
+            "the chunked form runs on the CPU only and the default device is the GPU; use \
+             mlxk_gated_delta_update there (its Metal kernel is the fast path), or select \
+             MLXK_DEVICE_CPU"
+                .into(),
+        ));
+    }
+    let outputs = cpu_update(x, d, dtype, CpuKernel::GatedDeltaChunked, &[chunk as i64])?;
+    Ok(two_outputs(outputs))
+}
+
+fn two_outputs(mut outputs: Vec<UniquePtr<Array>>) -> (UniquePtr<Array>, UniquePtr<Array>) {
     let state_out = outputs.pop().expect("two outputs");
     let y = outputs.pop().expect("two outputs");
-    Ok((y, state_out))
+    (y, state_out)
+}
+
+/// The CPU primitive node of an update (exact or chunked). The kernel computes g and beta
+/// itself (MLX's formulas, bit for bit). `extra` follows the common parameters.
+fn cpu_update(
+    x: &Inputs,
+    d: Dims,
+    dtype: Dtype,
+    kernel: CpuKernel,
+    extra: &[i64],
+) -> Result<Vec<UniquePtr<Array>>> {
+    let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
+    let state_index = x.state.map(|s| {
+        inputs.push(s);
+        inputs.len() as i32 - 1
+    });
+    if let Some(m) = x.mask {
+        inputs.push(m);
+    }
+    let mut params = cpu_params(d, dtype, x.a, x.b, x.a_log, x.dt_bias, x.state.is_some());
+    params.push(x.mask.is_some() as i64);
+    params.extend_from_slice(extra);
+    let launch = CpuLaunch {
+        kernel: kernel as u32,
+        params,
+        output_dims: vec![
+            d.b as i32,
+            d.t as i32,
+            d.hv as i32,
+            d.dv as i32, // y
+            d.b as i32,
+            d.hv as i32,
+            d.dv as i32,
+            d.dk as i32, // state_out
+        ],
+        output_ndims: vec![4, 4],
+        output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],
+        donate_from: vec![-1, state_index.unwrap_or(-1)],
+    };
+    Ok(take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?))
 }
 
 /// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),

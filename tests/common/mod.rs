@@ -1,6 +1,6 @@
 //! Helpers shared by the C-ABI test suites: a PRNG, array construction through the C ABI,
 //! bf16 conversion, and error inspection.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
