@@ -521,6 +521,21 @@ struct DeltaUpdate {
   return result;
 }
 
+/** gated_delta_update in chunked (WY) form: the CPU's faster prefill, equal to the exact update
+ * up to float32 rounding (not bit for bit). `chunk_size`: 0 (default, 32) or a multiple of 16
+ * in [16, 128]. CPU only (MLXK_ERR_UNSUPPORTED with the GPU as default device). */
+[[nodiscard]] inline DeltaUpdate gated_delta_update_chunked(
+    const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
+    const Array &a_log, const Array &dt_bias, const Array *state = nullptr,
+    const Array *mask = nullptr, std::int32_t chunk_size = 0) {
+  DeltaUpdate result;
+  check(mlxk_gated_delta_update_chunked(q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(),
+                                        dt_bias.get(), detail::optional_handle(state),
+                                        detail::optional_handle(mask), chunk_size,
+                                        OutHandle(result.y), OutHandle(result.state)));
+  return result;
+}
+
 /** Prefix-state replay: row r's state after its first accepted_lengths[r] tokens of the
  * verify window, from the pre-verify `state` (nullptr: zeros). */
 [[nodiscard]] inline Array gated_delta_state(const Array &k, const Array &v, const Array &a,

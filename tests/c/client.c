@@ -852,10 +852,11 @@ static void test_compute_g(void) {
 }
 
 /* One update call against the reference; returns the library's state_out (caller frees) and
- * advances `ref_state` in place. */
-static mlxk_array *run_update(const Host *h, const Args *x, const mlxk_array *state,
-                              const uint8_t *mask, double *ref_state, double y_tol,
-                              double state_tol, int line) {
+ * advances `ref_state` in place. `chunk` < 0: mlxk_gated_delta_update; else the chunked form
+ * with that chunk size. */
+static mlxk_array *run_update_with(const Host *h, const Args *x, const mlxk_array *state,
+                                   const uint8_t *mask, double *ref_state, double y_tol,
+                                   double state_tol, int chunk, int line) {
     Dims d = h->d;
     mlxk_array *mask_array = NULL;
     if (mask != NULL) {
@@ -863,8 +864,13 @@ static mlxk_array *run_update(const Host *h, const Args *x, const mlxk_array *st
         OK(mlxk_array_new(mask, ms, 2, MLXK_DTYPE_BOOL, &mask_array));
     }
     mlxk_array *y = NULL, *s = NULL;
-    OK(mlxk_gated_delta_update(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias, state,
-                               mask_array, &y, &s));
+    if (chunk < 0) {
+        OK(mlxk_gated_delta_update(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias, state,
+                                   mask_array, &y, &s));
+    } else {
+        OK(mlxk_gated_delta_update_chunked(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias,
+                                           state, mask_array, chunk, &y, &s));
+    }
     free_ok(mask_array);
     int32_t ys[4] = {d.b, d.t, d.hv, d.dv}, ss[4] = {d.b, d.hv, d.dv, d.dk};
     check_shape(y, ys, 4, h->bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, line);
@@ -899,6 +905,50 @@ static mlxk_array *run_update(const Host *h, const Args *x, const mlxk_array *st
     free(s_got);
     free_ok(y);
     return s;
+}
+
+static mlxk_array *run_update(const Host *h, const Args *x, const mlxk_array *state,
+                              const uint8_t *mask, double *ref_state, double y_tol,
+                              double state_tol, int line) {
+    return run_update_with(h, x, state, mask, ref_state, y_tol, state_tol, -1, line);
+}
+
+/* The chunked form against the same float64 reference: a prefill longer than a chunk, then a
+ * second call with a mask carrying the state on; bad chunk sizes are refused by name. */
+static void test_gated_delta_update_chunked(void) {
+    Dims d = {2, 70, 2, 4, 64, 16};
+    double *ref_state = calloc(n_state(d), sizeof(double));
+    Host h1 = host_random(d, 0);
+    Args x1 = upload(&h1);
+    mlxk_array *s1 = run_update_with(&h1, &x1, NULL, NULL, ref_state, 1e-5, 1e-5, 0, __LINE__);
+    mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
+    int bad_chunks[4] = {8, -16, 24, 256};
+    for (int i = 0; i < 4; i++) {
+        mlxk_array *y = sentinel, *s = sentinel;
+        EXPECT_ERROR(mlxk_gated_delta_update_chunked(x1.q, x1.k, x1.v, x1.a, x1.b, x1.a_log,
+                                                     x1.dt_bias, NULL, NULL, bad_chunks[i], &y,
+                                                     &s),
+                     MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_update_chunked", "chunk_size");
+        CHECK(y == sentinel && s == sentinel);
+    }
+    free_args(&x1);
+    host_free(&h1);
+
+    Dims d2 = d;
+    d2.t = 40;
+    Host h2 = host_random(d2, 0);
+    Args x2 = upload(&h2);
+    uint8_t mask[80];
+    for (int i = 0; i < 80; i++) {
+        mask[i] = (uint8_t)(i % 7 != 3 && i < 75);
+    }
+    mlxk_array *s2 =
+        run_update_with(&h2, &x2, s1, mask, ref_state, 1e-5, 1e-5, 16, __LINE__);
+    free_ok(s1);
+    free_ok(s2);
+    free_args(&x2);
+    host_free(&h2);
+    free(ref_state);
 }
 
 static void test_gated_delta_update(void) {
@@ -1461,6 +1511,7 @@ int main(void) {
     test_memory_limit();
     test_compute_g();
     test_gated_delta_update();
+    test_gated_delta_update_chunked();
     test_gated_delta_errors();
     test_gated_delta_state();
     test_gated_rms_norm();

@@ -251,6 +251,29 @@ void test_gated_delta() {
   mlxk::DeltaUpdate from_zeros = mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias, &none);
   CHECK(from_zeros.y.to_vector<std::uint16_t>() == first.y.to_vector<std::uint16_t>());
 
+  // The chunked form agrees with the exact update to float32 rounding (y: 1 bf16 ulp).
+  for (std::int32_t chunk : {0, 16}) {
+    mlxk::DeltaUpdate chunked =
+        mlxk::gated_delta_update_chunked(q, k, v, a, b, a_log, dt_bias, &first.state, &mask, chunk);
+    const std::vector<float> cs = chunked.state.to_floats(), es = masked.state.to_floats();
+    const std::vector<float> cy = chunked.y.to_floats(), ey = y_masked;
+    float s_scale = 0, y_scale = 0;
+    for (float x : es) s_scale = std::max(s_scale, std::fabs(x));
+    for (float x : ey) y_scale = std::max(y_scale, std::fabs(x));
+    bool close = cs.size() == es.size() && cy.size() == ey.size();
+    for (std::size_t i = 0; close && i < cs.size(); ++i)
+      close = std::fabs(cs[i] - es[i]) <= 2e-5f * s_scale;
+    for (std::size_t i = 0; close && i < cy.size(); ++i)
+      close = std::fabs(cy[i] - ey[i]) <= std::fabs(ey[i]) / 128.0f + 2e-5f * y_scale;
+    CHECK(close);
+  }
+  {
+    std::string bad = EXPECT_ERROR(
+        MLXK_ERR_INVALID_ARGUMENT,
+        (void)mlxk::gated_delta_update_chunked(q, k, v, a, b, a_log, dt_bias, nullptr, nullptr, 8));
+    CHECK(bad.find("chunk_size") != std::string::npos);
+  }
+
   // compute_g: float32, a's shape, in (0, 1].
   mlxk::Array g = mlxk::compute_g(a_log, a, dt_bias);
   CHECK(g.dtype() == mlxk::Dtype::Float32 && (g.shape() == mlxk::Shape{B, T, Hv}));
