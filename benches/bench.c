@@ -534,13 +534,23 @@ static void copy_baselines(const char *prefix, const char *op, int batch, int to
 typedef struct {
     RecIn in;
     mlxk_array *mask; /* or NULL */
+    int chunk;        /* < 0: the exact update; else mlxk_gated_delta_update_chunked's chunk_size */
 } PrefillCtx;
+
+static void prefill_run(const PrefillCtx *c, mlxk_array **y, mlxk_array **s) {
+    if (c->chunk < 0) {
+        CHECK(mlxk_gated_delta_update(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr, dt_bias_arr,
+                                      NULL, c->mask, y, s));
+    } else {
+        CHECK(mlxk_gated_delta_update_chunked(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr,
+                                              dt_bias_arr, NULL, c->mask, c->chunk, y, s));
+    }
+}
 
 static void prefill_call(void *p) {
     PrefillCtx *c = p;
     mlxk_array *y, *s;
-    CHECK(mlxk_gated_delta_update(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr, dt_bias_arr,
-                                  NULL, c->mask, &y, &s));
+    prefill_run(c, &y, &s);
     CHECK(mlxk_array_eval(y));
     CHECK(mlxk_array_eval(s));
     CHECK(mlxk_array_free(y));
@@ -642,6 +652,51 @@ static void prefill_checksums(const RecIn *in) {
     CHECK(mlxk_array_free(s));
 }
 
+/* The chunked form against the exact update on the T = 4096 prefill's inputs: the largest
+ * difference of y and of the state, relative to the exact result's largest magnitude. */
+static double chunked_dy, chunked_ds;
+static int chunked_done;
+
+static void max_diff(const float *a, const float *b, size_t n, double *rel) {
+    double diff = 0.0, scale = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - (double)b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    *rel = scale > 0.0 ? diff / scale : diff;
+}
+
+static float *read_as_f32(mlxk_array *a, size_t n) {
+    mlxk_array *f;
+    CHECK(mlxk_array_astype(a, MLXK_DTYPE_FLOAT32, &f));
+    float *out = xmalloc(n * sizeof(float));
+    CHECK(mlxk_array_read(f, out, n * sizeof(float)));
+    CHECK(mlxk_array_free(f));
+    return out;
+}
+
+static void chunked_differences(const PrefillCtx *exact) {
+    PrefillCtx c = *exact;
+    mlxk_array *y[2], *s[2];
+    float *yv[2], *sv[2];
+    size_t ny = (size_t)c.in.batch * c.in.tokens * HV * DV, ns = (size_t)c.in.batch * STATE_ELEMS;
+    for (int i = 0; i < 2; i++) {
+        c.chunk = i == 0 ? -1 : 0;
+        prefill_run(&c, &y[i], &s[i]);
+        yv[i] = read_as_f32(y[i], ny);
+        sv[i] = read_as_f32(s[i], ns);
+        CHECK(mlxk_array_free(y[i]));
+        CHECK(mlxk_array_free(s[i]));
+    }
+    max_diff(yv[1], yv[0], ny, &chunked_dy);
+    max_diff(sv[1], sv[0], ns, &chunked_ds);
+    chunked_done = 1;
+    for (int i = 0; i < 2; i++) {
+        free(yv[i]);
+        free(sv[i]);
+    }
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* JSON                                                                                     */
 
@@ -697,12 +752,16 @@ static void write_json(const char *path, double total_s, double noop_us, double 
                "\"clock\": \"CLOCK_MONOTONIC\", \"stats\": \"seconds per unit over timed samples\"},\n",
             cfg.budget_s, cfg.max_case_s, cfg.min_reps, cfg.max_reps);
     fprintf(f, "  \"eval_noop_us\": %.4f,\n  \"eval_roundtrip_us\": %.4f,\n", noop_us, roundtrip_us);
+    fprintf(f, "  \"checks\": {");
     if (checks_done) {
-        fprintf(f, "  \"checks\": {\"prefill_T64_B1\": {\"y_abs_sum\": %.9g, \"state_abs_sum\": %.9g}},\n",
+        fprintf(f, "\"prefill_T64_B1\": {\"y_abs_sum\": %.9g, \"state_abs_sum\": %.9g}",
                 checks_y_abs_sum, checks_state_abs_sum);
-    } else {
-        fprintf(f, "  \"checks\": {},\n");
     }
+    if (chunked_done) {
+        fprintf(f, "%s\"chunked_vs_exact_T4096_B1\": {\"y_max_rel\": %.4g, \"state_max_rel\": %.4g}",
+                checks_done ? ", " : "", chunked_dy, chunked_ds);
+    }
+    fprintf(f, "},\n");
     fprintf(f, "  \"groups\": [");
     for (int i = 0, first = 1; i < N_GROUPS; i++) {
         if (selected[i]) {
@@ -793,7 +852,7 @@ static void bench_decode(int batch) {
 }
 
 static void bench_prefill(int tokens) {
-    PrefillCtx c = {make_rec_inputs(1, tokens, case_seed(KIND_PREFILL, 1, (uint64_t)tokens, 0)), NULL};
+    PrefillCtx c = {make_rec_inputs(1, tokens, case_seed(KIND_PREFILL, 1, (uint64_t)tokens, 0)), NULL, -1};
     char id[80];
     snprintf(id, sizeof id, "prefill_T%d_B1", tokens);
     if (tokens == 64) {
@@ -801,6 +860,13 @@ static void bench_prefill(int tokens) {
     }
     add_record(id, "prefill", "mlxkern", "call", 1, tokens, tokens, 0, measure(prefill_call, &c, 1),
                "no initial state, one call, one eval");
+    if (tokens == 4096) {
+        chunked_differences(&c);
+    }
+    c.chunk = 0;
+    snprintf(id, sizeof id, "prefill_chunked_T%d_B1", tokens);
+    add_record(id, "prefill_chunked", "mlxkern", "call", 1, tokens, tokens, 0, measure(prefill_call, &c, 1),
+               "mlxk_gated_delta_update_chunked (default chunk 32), no initial state, one call, one eval");
     free_rec_inputs(&c.in);
 }
 
@@ -808,7 +874,7 @@ static void bench_padded(void) {
     enum { B = 4, T = 128 };
     int32_t lengths[B] = {128, 96, 64, 32};
     PrefillCtx c = {make_rec_inputs(B, T, case_seed(KIND_PADDED, B, T, 0)),
-                    make_left_padded_mask(B, T, lengths)};
+                    make_left_padded_mask(B, T, lengths), -1};
     double real = 0;
     for (int b = 0; b < B; b++) {
         real += lengths[b];
@@ -816,6 +882,9 @@ static void bench_padded(void) {
     add_record("prefill_padded_T128_B4", "prefill_padded", "mlxkern", "call", B, T, real, 0,
                measure(prefill_call, &c, 1),
                "B=4, T=128, left-padded lengths 128/96/64/32 with a mask; tokens = real tokens (320)");
+    c.chunk = 0;
+    add_record("prefill_padded_chunked_T128_B4", "prefill_padded_chunked", "mlxkern", "call", B, T, real, 0,
+               measure(prefill_call, &c, 1), "as prefill_padded_T128_B4, mlxk_gated_delta_update_chunked");
     free_rec_inputs(&c.in);
     CHECK(mlxk_array_free(c.mask));
 }

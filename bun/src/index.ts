@@ -37,7 +37,7 @@ export {
 export type { Dtype, HostArray, HostArrays } from "./dtype";
 export { liveArrayCount, MlxArray, setLeakWarnings } from "./array";
 export type { ArrayInit } from "./array";
-export { computeG, gatedDeltaState, gatedDeltaUpdate, gatedRmsNorm, siluRmsHeads } from "./kernels";
+export { computeG, gatedDeltaState, gatedDeltaUpdate, gatedDeltaUpdateChunked, gatedRmsNorm, siluRmsHeads } from "./kernels";
 export type { GatedDeltaResult, HeadSplit } from "./kernels";
 export { GLM52_LAYOUT_KEYS, glm52Canonical, glm52Validate } from "./glm52";
 export type { Glm52Layout, U64 } from "./glm52";

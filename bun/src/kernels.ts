@@ -65,6 +65,55 @@ export function gatedDeltaUpdate(
 }
 
 /**
+ * The same update as gatedDeltaUpdate computed in chunked (WY / UT-transform) form: a faster
+ * prefill on the CPU. Tokens are taken chunkSize at a time and each chunk is solved with matrix
+ * products, so the results equal gatedDeltaUpdate's up to float32 rounding, not bit for bit.
+ * Use it for long prefills; decode (T = 1) and speculative verification, whose results must
+ * match other calls bit for bit, use gatedDeltaUpdate.
+ *
+ * Arguments, shapes, dtypes, mask, state reuse and results as gatedDeltaUpdate. chunkSize: 0
+ * for the default (32), or a multiple of 16 in [16, 128] (InvalidArgumentError otherwise).
+ * Without a mask, a prefill split into calls at multiples of the chunk size (each passing on
+ * the state) gives the same bits as one call. CPU only: with the GPU as the default device it
+ * throws UnsupportedError.
+ */
+export function gatedDeltaUpdateChunked(
+  q: MlxArray,
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null = null,
+  mask: MlxArray | null = null,
+  chunkSize = 0,
+): GatedDeltaResult {
+  const y = outSlot();
+  const stateOut = outSlot();
+  check(
+    lib.mlxk_gated_delta_update_chunked(
+      handleOf(q, "q"),
+      handleOf(k, "k"),
+      handleOf(v, "v"),
+      handleOf(a, "a"),
+      handleOf(b, "b"),
+      handleOf(aLog, "aLog"),
+      handleOf(dtBias, "dtBias"),
+      optionalHandle(state),
+      optionalHandle(mask),
+      int32Arg("chunkSize", chunkSize),
+      y,
+      stateOut,
+    ),
+  );
+  return {
+    y: adopt(y, "gatedDeltaUpdateChunked y"),
+    state: adopt(stateOut, "gatedDeltaUpdateChunked state"),
+  };
+}
+
+/**
  * Prefix-state replay for speculative decoding: the state after each row's first
  * acceptedLengths[b] tokens of the window, from `state` (null: zeros). Bit-identical to the
  * state gatedDeltaUpdate returns for the same prefix. One length per batch row, each in [0, T].

@@ -24,12 +24,19 @@
 //   MLX's rounding points, DESIGN §4); the same rare one-ulp flip of beta or softplus (2^-7)
 //   would move the state by up to ~2^-7 of an update, so the state bound there is
 //   2^-6 · max|ref| (measured: at most 1.9e-7; a wrong head mapping, gate or sign errs by O(1)).
+// - the chunked form against the exact update on the same inputs: the two differ only in
+//   float32 rounding (the header: each within about 1e-6 of the largest magnitude of a float64
+//   recurrence), so the state lies within 2e-5 · max|state| of the exact one, and y within one
+//   ulp of the output dtype (the two float32 sums may round to neighbouring bf16 values) plus
+//   2e-5 · max|y|. A wrong chunk boundary, gate product or mask errs by O(1).
 
 import { afterEach, describe, expect, test } from "bun:test";
 import {
   computeG,
   gatedDeltaState,
   gatedDeltaUpdate,
+  gatedDeltaUpdateChunked,
+  InvalidArgumentError,
   liveArrayCount,
   MlxArray,
 } from "../src/index";
@@ -319,6 +326,144 @@ describe("gatedDeltaState (prefix replay)", () => {
       assertBitwiseEqual("replay of the whole window", replayed.toFloat32Array(), updated.state.toFloat32Array());
     } finally {
       disposeAll(updated.y, updated.state, x);
+    }
+  });
+});
+
+/** One ulp of the float32 or bfloat16 value x (0 for 0). */
+function ulpOf(x: number, dtype: FloatDtype): number {
+  if (x === 0) return 0;
+  const exponent = ((new Uint32Array(Float32Array.of(x).buffer)[0]! >>> 23) & 0xff) - 127;
+  return 2 ** (exponent - (dtype === "bfloat16" ? 7 : 23));
+}
+
+describe("gatedDeltaUpdateChunked", () => {
+  // [name, dims, q/k/v dtype, gate dtype, state, mask, chunkSize]: T spans several chunks and
+  // ends in a partial one.
+  const cases: Array<[string, RecurrenceDims, FloatDtype, FloatDtype, boolean, boolean, number]> = [
+    ["bf16 q/k/v, state, default chunk (0), Hv/Hk = 2", { B: 2, T: 70, Hk: 2, Hv: 4, Dk: 64, Dv: 16 }, "bfloat16", "float32", true, false, 0],
+    ["f32 q/k/v, no state, chunk 16, Hv/Hk = 3", { B: 1, T: 37, Hk: 1, Hv: 3, Dk: 32, Dv: 8 }, "float32", "float32", false, false, 16],
+    ["bf16 everything, mask and state, chunk 48, Dk = 128", { B: 3, T: 50, Hk: 2, Hv: 4, Dk: 128, Dv: 8 }, "bfloat16", "bfloat16", true, true, 48],
+    ["f32 q/k/v, mask, no state, chunk 128 (one partial chunk)", { B: 2, T: 45, Hk: 1, Hv: 2, Dk: 96, Dv: 6 }, "float32", "float32", false, true, 128],
+  ];
+  for (const [name, d, qkvDtype, gateDtype, withState, withMask, chunkSize] of cases) {
+    test(`${name}: equals the exact update up to float32 rounding`, () => {
+      const rng = rngFor(`chunked ${name}`);
+      const p = makeProblem(rng, d, qkvDtype, gateDtype, withState, withMask);
+      const x = arraysOf(p);
+      const args = [x.q!, x.k!, x.v!, x.a!, x.b!, x.aLog!, x.dtBias!, x.state ?? null, x.mask ?? null] as const;
+      const exactOut = gatedDeltaUpdate(...args);
+      const chunked = gatedDeltaUpdateChunked(...args, chunkSize);
+      try {
+        expect(chunked.y.shape).toEqual([d.B, d.T, d.Hv, d.Dv]);
+        expect(chunked.y.dtype).toBe(qkvDtype);
+        expect(chunked.state.shape).toEqual([d.B, d.Hv, d.Dv, d.Dk]);
+        expect(chunked.state.dtype).toBe("float32");
+        const stateRef = read(exactOut.state);
+        const yRef = read(exactOut.y);
+        const yActual = read(chunked.y);
+        const stateBound = 2e-5 * maxAbs(stateRef);
+        const cs = assertClose(`${name}: chunked state`, read(chunked.state), stateRef, () => stateBound);
+        const ySlack = 2e-5 * maxAbs(yRef);
+        const cy = assertClose(
+          `${name}: chunked y`,
+          yActual,
+          yRef,
+          (e, i) => Math.max(ulpOf(e, qkvDtype), ulpOf(yActual[i]!, qkvDtype)) + ySlack,
+        );
+        report(`chunked ${name}`, {
+          stateMaxAbsErr: cs.maxAbsError,
+          stateMaxAbs: maxAbs(stateRef),
+          yMaxAbsErr: cy.maxAbsError,
+          yMaxAbs: maxAbs(yRef),
+        });
+        if (p.mask) {
+          // Masked tokens write exactly 0, as in the exact update.
+          const per = d.Hv * d.Dv;
+          for (let bt = 0; bt < d.B * d.T; bt++) {
+            if (p.mask[bt]) continue;
+            for (let i = 0; i < per; i++) expect(yActual[bt * per + i]).toBe(0);
+          }
+        }
+      } finally {
+        disposeAll(exactOut.y, exactOut.state, chunked.y, chunked.state, x);
+      }
+    });
+  }
+
+  test("chunkSize 0 is the default 32, bit for bit; a split at a chunk multiple gives one call's bits", () => {
+    const rng = rngFor("chunked default and split");
+    const d: RecurrenceDims = { B: 2, T: 64, Hk: 1, Hv: 2, Dk: 32, Dv: 4 };
+    const p = makeProblem(rng, d, "bfloat16", "float32", true, false);
+    const x = arraysOf(p);
+    const byDefault = gatedDeltaUpdateChunked(x.q!, x.k!, x.v!, x.a!, x.b!, x.aLog!, x.dtBias!, x.state!);
+    const explicit = gatedDeltaUpdateChunked(x.q!, x.k!, x.v!, x.a!, x.b!, x.aLog!, x.dtBias!, x.state!, null, 32);
+    const outputs = [byDefault, explicit];
+    try {
+      assertBitwiseEqual("chunkSize 0 vs 32: state", byDefault.state.toFloat32Array(), explicit.state.toFloat32Array());
+      assertBitwiseEqual("chunkSize 0 vs 32: y", byDefault.y.toFloat32Array(), explicit.y.toFloat32Array());
+
+      // The same prefill as two calls of 32 tokens, the first's state passed to the second.
+      const { B, T, Hk, Hv, Dk, Dv } = d;
+      const half = T / 2;
+      const part = (values: Float64Array, inner: number, from: number) => {
+        const out = new Float64Array(B * half * inner);
+        for (let b = 0; b < B; b++) {
+          out.set(values.subarray((b * T + from) * inner, (b * T + from + half) * inner), b * half * inner);
+        }
+        return out;
+      };
+      let state: MlxArray = x.state!;
+      const ys: Float32Array[] = [];
+      for (const from of [0, half]) {
+        using q = floatArray(part(p.q, Hk * Dk, from), [B, half, Hk, Dk], "bfloat16");
+        using k = floatArray(part(p.k, Hk * Dk, from), [B, half, Hk, Dk], "bfloat16");
+        using v = floatArray(part(p.v, Hv * Dv, from), [B, half, Hv, Dv], "bfloat16");
+        using a = floatArray(part(p.a, Hv, from), [B, half, Hv], "float32");
+        using b = floatArray(part(p.b, Hv, from), [B, half, Hv], "float32");
+        const step = gatedDeltaUpdateChunked(q, k, v, a, b, x.aLog!, x.dtBias!, state, null, 32);
+        outputs.push(step);
+        state = step.state;
+        ys.push(step.y.toFloat32Array());
+      }
+      assertBitwiseEqual("split prefill state", state.toFloat32Array(), byDefault.state.toFloat32Array());
+      const per = Hv * Dv;
+      const stitched = new Float32Array(B * T * per);
+      for (let i = 0; i < 2; i++) {
+        for (let b = 0; b < B; b++) {
+          stitched.set(ys[i]!.subarray(b * half * per, (b + 1) * half * per), (b * T + i * half) * per);
+        }
+      }
+      assertBitwiseEqual("split prefill y", stitched, byDefault.y.toFloat32Array());
+    } finally {
+      for (const o of outputs) disposeAll(o.y, o.state);
+      disposeAll(x);
+    }
+  });
+
+  test("a bad chunkSize throws InvalidArgumentError naming chunk_size", () => {
+    const rng = rngFor("chunked bad chunk");
+    const d: RecurrenceDims = { B: 1, T: 3, Hk: 1, Hv: 1, Dk: 32, Dv: 2 };
+    const x = arraysOf(makeProblem(rng, d, "float32", "float32", false, false));
+    try {
+      for (const chunkSize of [8, -16, 24, 144, 256]) {
+        let caught: unknown;
+        try {
+          const out = gatedDeltaUpdateChunked(x.q!, x.k!, x.v!, x.a!, x.b!, x.aLog!, x.dtBias!, null, null, chunkSize);
+          disposeAll(out.y, out.state);
+        } catch (e) {
+          caught = e;
+        }
+        expect(caught).toBeInstanceOf(InvalidArgumentError);
+        const e = caught as InvalidArgumentError;
+        expect(e.statusName).toBe("MLXK_ERR_INVALID_ARGUMENT");
+        expect(e.message).toContain("mlxk_gated_delta_update_chunked");
+        expect(e.message).toContain(`chunk_size is ${chunkSize}`);
+      }
+      // Not an int32: refused before the call.
+      expect(() => gatedDeltaUpdateChunked(x.q!, x.k!, x.v!, x.a!, x.b!, x.aLog!, x.dtBias!, null, null, 16.5)).toThrow(RangeError);
+    } finally {
+      disposeAll(x);
     }
   });
 });

@@ -68,6 +68,7 @@ pub struct GateInputs<'a> {
 }
 
 /// MLX's type promotion among the float dtypes.
+#[inline(always)]
 fn promote(x: Dtype, y: Dtype) -> Dtype {
     if x == y {
         x
@@ -76,6 +77,7 @@ fn promote(x: Dtype, y: Dtype) -> Dtype {
     }
 }
 
+#[inline(always)]
 fn value(bytes: &[u8], dtype: Dtype, i: usize) -> f32 {
     match dtype {
         Dtype::Float32 => typed::<f32>(bytes)[i],
@@ -85,6 +87,7 @@ fn value(bytes: &[u8], dtype: Dtype, i: usize) -> f32 {
     }
 }
 
+#[inline(always)]
 fn round(dtype: Dtype, x: f32) -> f32 {
     match dtype {
         Dtype::Float32 => x,
@@ -97,6 +100,7 @@ fn round(dtype: Dtype, x: f32) -> f32 {
 /// `g = exp(-exp(f32(A_log)) · softplus(a + dt_bias))` for element `i` of `a [.., Hv]`, with
 /// MLX's promotion: `a + dt_bias` and softplus in the promoted dtype of a and dt_bias, the
 /// product and the outer exp in f32.
+#[inline(always)]
 fn gate_g(x: &GateInputs, i: usize, hv: usize, decay: &[f32]) -> f32 {
     let sum_dtype = promote(x.a_dtype, x.dt_bias_dtype);
     let sum = round(
@@ -111,6 +115,7 @@ fn gate_g(x: &GateInputs, i: usize, hv: usize, decay: &[f32]) -> f32 {
     exp(decay[i % hv] * sp)
 }
 
+#[inline(always)]
 fn gate_beta(x: &GateInputs, i: usize) -> f32 {
     let b = value(x.b, x.b_dtype, i);
     match x.b_dtype {
@@ -120,14 +125,108 @@ fn gate_beta(x: &GateInputs, i: usize) -> f32 {
     }
 }
 
-/// g and beta for every `[B, T, Hv]` position, as f32.
+/// Gate positions per pool job.
+const GATE_BLOCK: usize = 4096;
+
+/// g and beta for every `[B, T, Hv]` position, as f32. Long inputs are split over the worker
+/// pool (the transcendental formulas cost ~100 ns a position); with FMA available the same
+/// formulas run with hardware fused multiply-adds (an FMA rounds once either way, so the
+/// results are the same bits). Not to be called from inside a pool job.
 pub fn gates(x: &GateInputs, count: usize, hv: usize) -> (Vec<f32>, Vec<f32>) {
     let decay: Vec<f32> = (0..hv)
         .map(|h| -exp(value(x.a_log, x.a_log_dtype, h)))
         .collect();
-    let g = (0..count).map(|i| gate_g(x, i, hv, &decay)).collect();
-    let beta = (0..count).map(|i| gate_beta(x, i)).collect();
+    let mut g = vec![0f32; count];
+    let mut beta = vec![0f32; count];
+    let out = GateOut {
+        g: g.as_mut_ptr(),
+        beta: beta.as_mut_ptr(),
+    };
+    let fma = use_fma();
+    let block = |job: usize| {
+        let range = job * GATE_BLOCK..((job + 1) * GATE_BLOCK).min(count);
+        // SAFETY: each job writes its own range of the two `count`-long buffers, which outlive
+        // the pool run; `fma` is only true when the CPU has FMA.
+        unsafe { gate_block(x, range, hv, &decay, out, fma) }
+    };
+    let blocks = count.div_ceil(GATE_BLOCK);
+    if blocks <= 1 {
+        (0..blocks).for_each(block);
+    } else {
+        pool::run(blocks, &block);
+    }
     (g, beta)
+}
+
+#[derive(Clone, Copy)]
+struct GateOut {
+    g: *mut f32,
+    beta: *mut f32,
+}
+// SAFETY: jobs write disjoint ranges; the pool joins before the buffers are used.
+unsafe impl Send for GateOut {}
+unsafe impl Sync for GateOut {}
+
+fn use_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// # Safety
+/// `out` holds two buffers with room for `range`, written by no one else meanwhile; `fma`
+/// only where the CPU supports FMA.
+unsafe fn gate_block(
+    x: &GateInputs,
+    range: std::ops::Range<usize>,
+    hv: usize,
+    decay: &[f32],
+    out: GateOut,
+    fma: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: FMA detected by the caller.
+        return unsafe { gate_block_fma(x, range, hv, decay, out) };
+    }
+    let _ = fma;
+    // SAFETY: the caller's contract.
+    unsafe { gate_block_any(x, range, hv, decay, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn gate_block_fma(
+    x: &GateInputs,
+    range: std::ops::Range<usize>,
+    hv: usize,
+    decay: &[f32],
+    out: GateOut,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { gate_block_any(x, range, hv, decay, out) }
+}
+
+#[inline(always)]
+unsafe fn gate_block_any(
+    x: &GateInputs,
+    range: std::ops::Range<usize>,
+    hv: usize,
+    decay: &[f32],
+    out: GateOut,
+) {
+    for i in range {
+        // SAFETY: i is inside this job's range of both buffers.
+        unsafe {
+            *out.g.add(i) = gate_g(x, i, hv, decay);
+            *out.beta.add(i) = gate_beta(x, i);
+        }
+    }
 }
 
 /// Raw output pointers shared by the jobs of one call; each job writes a disjoint part.

@@ -59,6 +59,37 @@ extension MLXKern {
                 MLXKArray.adopt(stateOut, "mlxk_gated_delta_update"))
     }
 
+    /// The same update as `gatedDeltaUpdate` computed in chunked (WY / UT-transform) form: a
+    /// faster prefill on the CPU. Tokens are taken `chunkSize` at a time and each chunk's
+    /// recurrence is solved with matrix products, so the results equal `gatedDeltaUpdate`'s up
+    /// to float32 rounding, not bit for bit. Use it for long prefills; decode (T = 1) and
+    /// speculative verification, whose results must match other calls bit for bit, use
+    /// `gatedDeltaUpdate`.
+    ///
+    /// - Parameters: as `gatedDeltaUpdate`, plus `chunkSize`: 0 for the default (32), or a
+    ///   multiple of 16 in [16, 128]. Without a mask, a prefill split into calls at multiples
+    ///   of the chunk size (each passing on the state) gives the same bits as one call.
+    /// - Returns: `y` `[B, T, Hv, Dv]` in q's dtype and the new `state` `[B, Hv, Dv, Dk]`
+    ///   float32, both lazy.
+    /// - Throws: `MLXKError` `.shape` or `.dtype` naming the argument at fault,
+    ///   `.invalidArgument` naming `chunk_size`, `.unsupported` when the default device is
+    ///   the GPU (this form runs on the CPU only).
+    public static func gatedDeltaUpdateChunked(
+        q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
+        aLog: MLXKArray, dtBias: MLXKArray, state: MLXKArray? = nil, mask: MLXKArray? = nil,
+        chunkSize: Int32 = 0
+    ) throws -> (y: MLXKArray, state: MLXKArray) {
+        var y: OpaquePointer?
+        var stateOut: OpaquePointer?
+        try withExtendedLifetime((q, k, v, a, b, aLog, dtBias, state, mask)) {
+            try check(mlxk_gated_delta_update_chunked(
+                q.handle, k.handle, v.handle, a.handle, b.handle, aLog.handle, dtBias.handle,
+                state?.handle, mask?.handle, chunkSize, &y, &stateOut))
+        }
+        return (MLXKArray.adopt(y, "mlxk_gated_delta_update_chunked"),
+                MLXKArray.adopt(stateOut, "mlxk_gated_delta_update_chunked"))
+    }
+
     /// Prefix-state replay for speculative decoding: after a verify window of T draft tokens
     /// of which row b accepted `acceptedLengths[b]`, recomputes each row's state from the
     /// pre-verify `state` over exactly that prefix. Bit-identical to the state

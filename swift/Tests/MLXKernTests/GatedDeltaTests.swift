@@ -297,6 +297,124 @@ final class GatedDeltaTests: XCTestCase {
                        "seed \(rng.seed)")
     }
 
+    // MARK: the chunked form
+
+    /// The chunked form against the exact update on the same inputs, over shapes whose T spans
+    /// several chunks and ends in a partial one. The two differ only in float32 rounding (each
+    /// lies within about 1e-6 of the largest magnitude of a float64 recurrence), so the state
+    /// must lie within 2e-5 of its scale, and y within one bfloat16 ulp (the two float32 sums
+    /// may round to neighbouring bfloat16 values) plus 2e-5 of its scale; float32 y within
+    /// 2e-5 of its scale. A wrong chunk boundary, gate product or mask errs by O(1).
+    func testChunkedEqualsExactUpdate() throws {
+        var rng = SeededGenerator()
+        let cases: [(batch: Int, tokens: Int, keyHeads: Int, valueHeads: Int, keyWidth: Int, valueWidth: Int,
+                     dtype: DType, gateDType: DType, withState: Bool, withMask: Bool, chunkSize: Int32)] = [
+            (2, 70, 2, 4, 64, 16, .bfloat16, .float32, true, false, 0),
+            (1, 37, 1, 3, 32, 8, .float32, .float32, false, false, 16),
+            (3, 50, 2, 4, 128, 8, .bfloat16, .bfloat16, true, true, 48),
+            (2, 45, 1, 2, 96, 6, .float32, .float32, false, true, 128),
+        ]
+        for c in cases {
+            let label = "\(c), seed \(rng.seed)"
+            let x = try RecurrenceInputs(rng: &rng, batch: c.batch, tokens: c.tokens, keyHeads: c.keyHeads,
+                                         valueHeads: c.valueHeads, keyWidth: c.keyWidth, valueWidth: c.valueWidth,
+                                         dtype: c.dtype, gateDType: c.gateDType,
+                                         withState: c.withState, withMask: c.withMask)
+            let exact = try MLXKern.gatedDeltaUpdate(q: x.q, k: x.k, v: x.v, a: x.a, b: x.b, aLog: x.aLog,
+                                                     dtBias: x.dtBias, state: x.state, mask: x.mask)
+            let chunked = try MLXKern.gatedDeltaUpdateChunked(q: x.q, k: x.k, v: x.v, a: x.a, b: x.b,
+                                                              aLog: x.aLog, dtBias: x.dtBias, state: x.state,
+                                                              mask: x.mask, chunkSize: c.chunkSize)
+            XCTAssertEqual(chunked.y.shape, [c.batch, c.tokens, c.valueHeads, c.valueWidth], label)
+            XCTAssertEqual(chunked.y.dtype, c.dtype, label)
+            XCTAssertEqual(chunked.state.shape, [c.batch, c.valueHeads, c.valueWidth, c.keyWidth], label)
+            XCTAssertEqual(chunked.state.dtype, .float32, label)
+
+            let exactState = try exact.state.toFloats().map(Double.init)
+            XCTAssertLessThan(scaledError(try chunked.state.toFloats(), exactState), 2e-5, "state, \(label)")
+            let y = try chunked.y.toFloats()
+            let exactY = try exact.y.toFloats().map(Double.init)
+            if c.dtype == .bfloat16 {
+                let (within, count) = withinOneULP(y, exactY, slack: 2e-5)
+                XCTAssertEqual(within, count, "y elements within one bfloat16 ulp, \(label)")
+            } else {
+                XCTAssertLessThan(scaledError(y, exactY), 2e-5, "y, \(label)")
+            }
+            if let maskValues = x.maskValues {
+                // Masked tokens write exactly 0, as in the exact update.
+                let perToken = c.valueHeads * c.valueWidth
+                for (i, real) in maskValues.enumerated() where !real {
+                    XCTAssertEqual(Array(y[i * perToken..<(i + 1) * perToken]),
+                                   [Float](repeating: 0, count: perToken), "masked token \(i), \(label)")
+                }
+            }
+        }
+    }
+
+    /// chunkSize 0 is the default, 32, bit for bit; and without a mask a prefill split into two
+    /// calls at a multiple of the chunk size, the first's state passed to the second, gives the
+    /// bits of one call.
+    func testChunkedDefaultAndSplitPrefill() throws {
+        var rng = SeededGenerator()
+        let x = try RecurrenceInputs(rng: &rng, batch: 2, tokens: 64, keyHeads: 1, valueHeads: 2,
+                                     keyWidth: 32, valueWidth: 4, dtype: .bfloat16, gateDType: .float32,
+                                     withState: true, withMask: false)
+        let byDefault = try MLXKern.gatedDeltaUpdateChunked(q: x.q, k: x.k, v: x.v, a: x.a, b: x.b, aLog: x.aLog,
+                                                            dtBias: x.dtBias, state: x.state)
+        let explicit = try MLXKern.gatedDeltaUpdateChunked(q: x.q, k: x.k, v: x.v, a: x.a, b: x.b, aLog: x.aLog,
+                                                           dtBias: x.dtBias, state: x.state, chunkSize: 32)
+        let wholeY = try byDefault.y.toUInt16Bits()
+        let wholeState = try byDefault.state.toFloats().map(\.bitPattern)
+        XCTAssertEqual(try explicit.y.toUInt16Bits(), wholeY, "seed \(rng.seed)")
+        XCTAssertEqual(try explicit.state.toFloats().map(\.bitPattern), wholeState, "seed \(rng.seed)")
+
+        let half = x.tokens / 2
+        func part(_ values: [Float], from: Int, _ perToken: [Int], _ dtype: DType) throws -> MLXKArray {
+            let n = perToken.reduce(1, *)
+            var slice: [Float] = []
+            for row in 0..<x.batch {
+                let start = (row * x.tokens + from) * n
+                slice += values[start..<start + half * n]
+            }
+            return try .floats(slice, shape: [x.batch, half] + perToken, dtype: dtype)
+        }
+        var state: MLXKArray = x.state!
+        var ys: [[UInt16]] = []
+        for from in [0, half] {
+            let step = try MLXKern.gatedDeltaUpdateChunked(
+                q: part(x.qValues, from: from, [x.keyHeads, x.keyWidth], .bfloat16),
+                k: part(x.kValues, from: from, [x.keyHeads, x.keyWidth], .bfloat16),
+                v: part(x.vValues, from: from, [x.valueHeads, x.valueWidth], .bfloat16),
+                a: part(x.aValues, from: from, [x.valueHeads], .float32),
+                b: part(x.bValues, from: from, [x.valueHeads], .float32),
+                aLog: x.aLog, dtBias: x.dtBias, state: state, chunkSize: 32)
+            state = step.state
+            ys.append(try step.y.toUInt16Bits())
+        }
+        XCTAssertEqual(try state.toFloats().map(\.bitPattern), wholeState, "seed \(rng.seed)")
+        let perToken = x.valueHeads * x.valueWidth
+        var stitched: [UInt16] = []
+        for row in 0..<x.batch {
+            for y in ys { stitched += y[row * half * perToken..<(row + 1) * half * perToken] }
+        }
+        XCTAssertEqual(stitched, wholeY, "seed \(rng.seed)")
+    }
+
+    /// A chunk size that is not 0 or a multiple of 16 in [16, 128] is refused with
+    /// `.invalidArgument`, naming `chunk_size`.
+    func testChunkedRejectsBadChunkSize() throws {
+        var rng = SeededGenerator()
+        let x = try RecurrenceInputs(rng: &rng, batch: 1, tokens: 3, keyHeads: 1, valueHeads: 1,
+                                     keyWidth: 32, valueWidth: 2, dtype: .float32, gateDType: .float32,
+                                     withState: false, withMask: false)
+        for chunkSize: Int32 in [8, -16, 24, 144, 256, .min] {
+            assertMLXKError(.invalidArgument, mentioning: "chunk_size is \(chunkSize)") {
+                try MLXKern.gatedDeltaUpdateChunked(q: x.q, k: x.k, v: x.v, a: x.a, b: x.b, aLog: x.aLog,
+                                                    dtBias: x.dtBias, chunkSize: chunkSize)
+            }
+        }
+    }
+
     // MARK: prefix replay
 
     /// The replayed state of each row's accepted prefix is bit-identical to the state the
