@@ -358,6 +358,31 @@ static void recurrence(void) {
     }
     release(y);
     release(s);
+    y = s = NULL;
+    /* The chunked form on the same inputs (a chunk size valid or not). */
+    {
+        static const int32_t chunks[] = {0, 16, 32, 128, 8, -16};
+        int32_t chunk = chunks[below(6)];
+        if (chunk == 8 || chunk == -16) {
+            EXPECT(mlxk_gated_delta_update_chunked(r.q, r.k, r.v, r.a, r.bb, r.a_log, r.dt_bias, r.state, r.mask,
+                                                   chunk, &y, &s),
+                   MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_update_chunked");
+            CHECK(y == NULL && s == NULL);
+        } else {
+            OK(mlxk_gated_delta_update_chunked(r.q, r.k, r.v, r.a, r.bb, r.a_log, r.dt_bias, r.state, r.mask, chunk,
+                                               &y, &s));
+            if (y != NULL && s != NULL) {
+                check_dims(y, ys, 4, __LINE__);
+                check_dims(s, ss, 4, __LINE__);
+                size_t n1, n2;
+                free(read_all(y, &n1));
+                free(read_all(s, &n2));
+            }
+            release(y);
+            release(s);
+            y = s = NULL;
+        }
+    }
     OK(mlxk_compute_g(r.a_log, r.a, r.dt_bias, &g));
     OK(mlxk_array_eval(g));
     release(g);
