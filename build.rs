@@ -35,6 +35,8 @@ fn main() {
     }
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libmlxkern.dylib");
+    } else {
+        set_soname(&manifest_dir, &out_dir);
     }
     println!("cargo:mlx_dir={}", mlx.display());
     println!("cargo:rustc-env=MLXK_MLX_DIR={}", mlx.display());
@@ -51,6 +53,27 @@ fn main() {
     println!("cargo:rerun-if-env-changed=MLX_DIR");
 
     generate_header(&manifest_dir, &out_dir);
+}
+
+/// ELF platforms: the shared library's SONAME carries the C ABI version
+/// (`libmlxkern.so.<abi>`), so programs linked against it record that name and a library with
+/// an incompatible ABI is never picked up in its place. In the build tree a link of that name
+/// next to the built `libmlxkern.so` (in `target/<profile>/`) lets such programs run from
+/// there, as installed copies do (`scripts/install.sh` installs the file under the SONAME).
+fn set_soname(manifest_dir: &Path, out_dir: &Path) {
+    let soname = format!("libmlxkern.so.{}", abi_version(manifest_dir));
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");
+    // OUT_DIR is target/<profile>/build/mlxkern-<hash>/out.
+    if let Some(profile_dir) = out_dir.ancestors().nth(3) {
+        let link = profile_dir.join(&soname);
+        if fs::read_link(&link).ok().as_deref() != Some(Path::new("libmlxkern.so")) {
+            let _ = fs::remove_file(&link);
+            #[cfg(unix)]
+            if let Err(e) = std::os::unix::fs::symlink("libmlxkern.so", &link) {
+                println!("cargo:warning=could not create {}: {e}", link.display());
+            }
+        }
+    }
 }
 
 /// MLX's pip package folder (it holds `include/mlx/` and `lib/libmlx.*`): `MLX_DIR` if set,

@@ -4,7 +4,8 @@
 #   scripts/install.sh PREFIX
 #
 #   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header and the C++ RAII layer
-#   PREFIX/lib/libmlxkern.so                    the cdylib built by `cargo build --lib`
+#   PREFIX/lib/libmlxkern.so.<ABI>              the cdylib built by `cargo build --lib`, under
+#                                               its SONAME; libmlxkern.so links to it
 #   PREFIX/lib/mlxkern/mlx/lib/libmlx.so        a private copy of the MLX the build linked
 #   PREFIX/lib/mlxkern/mlx_cpu.libs/            ... and of the BLAS/LAPACK libraries it bundles
 #   PREFIX/lib/pkgconfig/mlxkern.pc             Cflags/Libs, with an rpath to PREFIX/lib
@@ -219,8 +220,18 @@ if [ "$status" -ne 0 ]; then
     fail "could not set the RUNPATH of the installed library (install patchelf: apt-get install patchelf)"
   fi
 fi
-mv -f "$tmp" "$DEST_LIB/libmlxkern.so"
-got=$(readelf -d "$DEST_LIB/libmlxkern.so" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]$/\2/p')
+# The file goes under its SONAME (libmlxkern.so.<ABI>, what linked programs ask for), with the
+# development link libmlxkern.so -> it (what -lmlxkern finds).
+soname=$(readelf -d "$tmp" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')
+[ -n "$soname" ] || soname=libmlxkern.so
+if [ "$soname" != libmlxkern.so ]; then
+  rm -f "$DEST_LIB/libmlxkern.so"
+  mv -f "$tmp" "$DEST_LIB/$soname"
+  ln -s "$soname" "$DEST_LIB/libmlxkern.so"
+else
+  mv -f "$tmp" "$DEST_LIB/libmlxkern.so"
+fi
+got=$(readelf -d "$DEST_LIB/$soname" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\)\]$/\2/p')
 [ "$got" = "$NEW_RUNPATH" ] || fail "RUNPATH of the installed library is '$got', expected '$NEW_RUNPATH'"
 
 # 4. pkg-config file.

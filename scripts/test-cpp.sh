@@ -95,8 +95,15 @@ for file in include/mlxkern.h include/mlxkern.hpp lib/libmlxkern.so lib/pkgconfi
   lib/mlxkern/mlx/lib/libmlx.so; do
   [ -f "$PREFIX/$file" ] || fail "install: $file missing"
 done
-echo "PASS: scripts/install.sh: headers, lib, private MLX copy and pkg-config file in PREFIX" \
-  "[$(since "$start")]"
+# The library sits under its SONAME, libmlxkern.so.<C ABI version>, with libmlxkern.so -> it.
+abi=$(sed -n 's/^#define MLXK_ABI_VERSION \([0-9][0-9]*\)$/\1/p' "$ROOT/include/mlxkern.h")
+[ -n "$abi" ] || fail "MLXK_ABI_VERSION not found in include/mlxkern.h"
+[ -L "$PREFIX/lib/libmlxkern.so" ] && [ "$(readlink "$PREFIX/lib/libmlxkern.so")" = "libmlxkern.so.$abi" ] \
+  || fail "install: lib/libmlxkern.so is not a link to libmlxkern.so.$abi"
+soname=$(readelf -d "$PREFIX/lib/libmlxkern.so.$abi" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')
+[ "$soname" = "libmlxkern.so.$abi" ] || fail "install: SONAME is '$soname', expected libmlxkern.so.$abi"
+echo "PASS: scripts/install.sh: headers, lib (SONAME $soname), private MLX copy and pkg-config file" \
+  "in PREFIX [$(since "$start")]"
 
 # 5. Build and run the example against the installed copy, with pkg-config alone.
 start=$(now)
