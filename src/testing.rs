@@ -9,7 +9,10 @@ use crate::registry;
 
 /// Makes a lazy node whose CPU kernel panics when evaluated: evaluating it must give
 /// MLXK_ERR_PANIC and leave the process intact.
-pub fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_status {
+///
+/// # Safety
+/// `out` is NULL or valid for writing one handle.
+pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_status {
     boundary("panic_probe", || {
         let out = out_ptr(out, "out")?;
         let mut mlx = registry::lock();
@@ -76,7 +79,10 @@ pub fn fused_gates(
 }
 
 /// MLX's own `sigmoid` of an array, on the CPU (a new handle).
-pub fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_status {
+///
+/// # Safety
+/// `out` is NULL or valid for writing one handle.
+pub unsafe fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_status {
     boundary("mlx_sigmoid", || {
         let out = out_ptr(out, "out")?;
         let mut mlx = registry::lock();

@@ -343,7 +343,7 @@ fn devices() {
 fn a_panicking_kernel_is_an_error_at_eval_not_a_crash() {
     let x = new_f32(&[1.0], &[1]);
     let mut node = null_mut();
-    ok(mlxkern::testing::panic_probe(x, &mut node));
+    ok(unsafe { mlxkern::testing::panic_probe(x, &mut node) });
     expect_err(
         mlxk_array_eval(node),
         MLXK_ERR_PANIC,
@@ -367,7 +367,7 @@ fn a_panicking_kernel_is_an_error_at_eval_not_a_crash() {
 fn a_failed_node_stays_failed_and_its_outputs_are_nan() {
     let x = new_f32(&[1.0], &[1]);
     let mut node = null_mut();
-    ok(mlxkern::testing::panic_probe(x, &mut node));
+    ok(unsafe { mlxkern::testing::panic_probe(x, &mut node) });
     let mut derived = null_mut();
     ok(unsafe { mlxk_array_astype(node, MLXK_DTYPE_FLOAT32, &mut derived) });
     expect_err(mlxk_array_eval(node), MLXK_ERR_PANIC, &["panic probe"]);

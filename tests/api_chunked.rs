@@ -9,8 +9,9 @@ use std::ptr::null_mut;
 fn run_chunked(r: &Recurrence, chunk: i32) -> (mlxk_status, H, H) {
     let [q, k, v, a, b, al, dt, s, m] = r.args();
     let (mut y, mut st) = (null_mut(), null_mut());
-    let status =
-        mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, chunk, &mut y, &mut st);
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, chunk, &mut y, &mut st)
+    };
     (status, y, st)
 }
 
@@ -289,9 +290,7 @@ fn the_state_is_updated_in_place_when_the_old_handle_is_freed() {
     args[7] = copy;
     let [q, k, v, a, b, al, dt, s, m] = args;
     let (mut y, mut st) = (null_mut(), null_mut());
-    ok(mlxk_gated_delta_update_chunked(
-        q, k, v, a, b, al, dt, s, m, 0, &mut y, &mut st,
-    ));
+    ok(unsafe { mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, &mut st) });
     free(copy);
     let before = mlxkern::testing::in_place_updates();
     ok(mlxk_array_eval(st));
@@ -347,8 +346,9 @@ fn arguments_are_checked_and_named() {
 
     for bad in [-16, -1, 1, 8, 24, 136, 144, 256, i32::MIN, i32::MAX] {
         let (mut y, mut st) = (null_mut(), null_mut());
-        let status =
-            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, bad, &mut y, &mut st);
+        let status = unsafe {
+            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, bad, &mut y, &mut st)
+        };
         expect_err(
             status,
             MLXK_ERR_INVALID_ARGUMENT,
@@ -371,57 +371,68 @@ fn arguments_are_checked_and_named() {
 
     // The update's checks apply unchanged: NULL inputs, outputs, shapes, dtypes, handles.
     let (mut y, mut st) = (null_mut(), null_mut());
-    let status = mlxk_gated_delta_update_chunked(
-        std::ptr::null(),
-        k,
-        v,
-        a,
-        b,
-        al,
-        dt,
-        s,
-        m,
-        0,
-        &mut y,
-        &mut st,
-    );
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(
+            std::ptr::null(),
+            k,
+            v,
+            a,
+            b,
+            al,
+            dt,
+            s,
+            m,
+            0,
+            &mut y,
+            &mut st,
+        )
+    };
     expect_err(status, MLXK_ERR_NULL_POINTER, &["q"]);
     untouched(y, st);
-    let status =
-        mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, null_mut(), &mut st);
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, null_mut(), &mut st)
+    };
     expect_err(status, MLXK_ERR_NULL_POINTER, &["y"]);
-    let status =
-        mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, null_mut());
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, null_mut())
+    };
     expect_err(status, MLXK_ERR_NULL_POINTER, &["state_out"]);
-    let status = mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, &mut y);
+    let status =
+        unsafe { mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, &mut y) };
     expect_err(status, MLXK_ERR_INVALID_ARGUMENT, &["y and state_out"]);
     untouched(y, st);
     // k with the wrong T; v as int32.
     let wrong_t = new_bf16(&rng.vec(6 * 64, 1.0), &[1, 6, 1, 64]);
-    let status =
-        mlxk_gated_delta_update_chunked(q, wrong_t, v, a, b, al, dt, s, m, 0, &mut y, &mut st);
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(q, wrong_t, v, a, b, al, dt, s, m, 0, &mut y, &mut st)
+    };
     expect_err(status, MLXK_ERR_SHAPE, &["k", "dimension 1 (T)"]);
     free(wrong_t);
     let int_v = new_bytes(&[0u8; 5 * 2 * 8 * 4], &[1, 5, 2, 8], MLXK_DTYPE_INT32);
-    let status =
-        mlxk_gated_delta_update_chunked(q, k, int_v, a, b, al, dt, s, m, 0, &mut y, &mut st);
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(q, k, int_v, a, b, al, dt, s, m, 0, &mut y, &mut st)
+    };
     expect_err(status, MLXK_ERR_DTYPE, &["v"]);
     free(int_v);
     // A freed handle.
     let gone = new_f32(&[1.0; 2], &[2]);
     free(gone);
-    let status = mlxk_gated_delta_update_chunked(q, k, v, a, b, gone, dt, s, m, 0, &mut y, &mut st);
+    let status = unsafe {
+        mlxk_gated_delta_update_chunked(q, k, v, a, b, gone, dt, s, m, 0, &mut y, &mut st)
+    };
     expect_err(status, MLXK_ERR_INVALID_HANDLE, &["a_log"]);
     untouched(y, st);
 
     // With the GPU as the default device the chunked form refuses (it is CPU only).
-    let status = mlxkern::capi::gated_delta::gated_delta_update_chunked_as_if(
-        true,
-        r.args(),
-        0,
-        &mut y,
-        &mut st,
-    );
+    let status = unsafe {
+        mlxkern::capi::gated_delta::gated_delta_update_chunked_as_if(
+            true,
+            r.args(),
+            0,
+            &mut y,
+            &mut st,
+        )
+    };
     expect_err(
         status,
         MLXK_ERR_UNSUPPORTED,
@@ -432,13 +443,15 @@ fn arguments_are_checked_and_named() {
         ],
     );
     untouched(y, st);
-    let status = mlxkern::capi::gated_delta::gated_delta_update_chunked_as_if(
-        false,
-        r.args(),
-        0,
-        &mut y,
-        &mut st,
-    );
+    let status = unsafe {
+        mlxkern::capi::gated_delta::gated_delta_update_chunked_as_if(
+            false,
+            r.args(),
+            0,
+            &mut y,
+            &mut st,
+        )
+    };
     ok(status);
     free(y);
     free(st);

@@ -15,7 +15,7 @@ fn expect_arg_error(base: &Recurrence, slot: usize, bad: H, status: mlxk_status,
     args[slot] = bad;
     let [q, k, v, a, b, al, dt, s, m] = args;
     let (mut y, mut st) = (null_mut(), null_mut());
-    let got = mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st);
+    let got = unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) };
     expect_err(got, status, needles);
     assert!(y.is_null() && st.is_null(), "outputs untouched on failure");
 }
@@ -272,17 +272,17 @@ fn every_argument_is_checked_and_named() {
     let [q, k, v, a, b2, al, dt, s, m] = base.args();
     let mut y = null_mut();
     expect_err(
-        mlxk_gated_delta_update(q, k, v, a, b2, al, dt, s, m, &mut y, null_mut()),
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b2, al, dt, s, m, &mut y, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         &["state_out"],
     );
     expect_err(
-        mlxk_gated_delta_update(q, k, v, a, b2, al, dt, s, m, null_mut(), &mut y),
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b2, al, dt, s, m, null_mut(), &mut y) },
         MLXK_ERR_NULL_POINTER,
         &["y"],
     );
     expect_err(
-        mlxk_gated_delta_update(q, k, v, a, b2, al, dt, s, m, &mut y, &mut y),
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b2, al, dt, s, m, &mut y, &mut y) },
         MLXK_ERR_INVALID_ARGUMENT,
         &["same place"],
     );
@@ -446,19 +446,21 @@ fn decode_chain_equals_prefill_and_in_place_update_is_exact() {
                 MLXK_DTYPE_BFLOAT16,
             );
             let (mut y, mut next) = (null_mut(), null_mut());
-            ok(mlxk_gated_delta_update(
-                q,
-                k,
-                v,
-                a,
-                bb,
-                full.a_log,
-                full.dt_bias,
-                state,
-                null(),
-                &mut y,
-                &mut next,
-            ));
+            ok(unsafe {
+                mlxk_gated_delta_update(
+                    q,
+                    k,
+                    v,
+                    a,
+                    bb,
+                    full.a_log,
+                    full.dt_bias,
+                    state,
+                    null(),
+                    &mut y,
+                    &mut next,
+                )
+            });
             // The decode-loop pattern: free the old state before evaluating the new one.
             free(state);
             state = next;
@@ -543,7 +545,7 @@ fn compute_g_checks() {
     let a = new_bf16(&rng.vec(24, 2.0), &[2, 3, 4]);
     let dt = new_bf16(&rng.vec(4, 1.0), &[4]);
     let mut g = null_mut();
-    ok(mlxk_compute_g(a_log, a, dt, &mut g));
+    ok(unsafe { mlxk_compute_g(a_log, a, dt, &mut g) });
     assert_eq!(shape_of(g), vec![2, 3, 4]);
     assert_eq!(dtype_of(g), MLXK_DTYPE_FLOAT32);
     let gv = read_f32(g);
@@ -554,29 +556,29 @@ fn compute_g_checks() {
     free(g);
     let bad_dt = new_bf16(&rng.vec(5, 1.0), &[5]);
     expect_err(
-        mlxk_compute_g(a_log, a, bad_dt, &mut g),
+        unsafe { mlxk_compute_g(a_log, a, bad_dt, &mut g) },
         MLXK_ERR_SHAPE,
         &["dt_bias", "Hv"],
     );
     let scalar = new_f32(&[1.0], &[]);
     expect_err(
-        mlxk_compute_g(a_log, scalar, dt, &mut g),
+        unsafe { mlxk_compute_g(a_log, scalar, dt, &mut g) },
         MLXK_ERR_SHAPE,
         &["a", "rank >= 1"],
     );
     let int_a = new_bytes(&[0u8; 96], &[2, 3, 4], MLXK_DTYPE_INT32);
     expect_err(
-        mlxk_compute_g(a_log, int_a, dt, &mut g),
+        unsafe { mlxk_compute_g(a_log, int_a, dt, &mut g) },
         MLXK_ERR_DTYPE,
         &["a", "int32"],
     );
     expect_err(
-        mlxk_compute_g(null(), a, dt, &mut g),
+        unsafe { mlxk_compute_g(null(), a, dt, &mut g) },
         MLXK_ERR_NULL_POINTER,
         &["a_log"],
     );
     expect_err(
-        mlxk_compute_g(a_log, a, dt, null_mut()),
+        unsafe { mlxk_compute_g(a_log, a, dt, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         &["g"],
     );
@@ -593,12 +595,12 @@ fn metal_dispatch_is_built_and_reaches_mlx() {
     for masked in [false, true] {
         let r = Recurrence::random(&mut rng, [2, 3, 2, 4, 64, 8], masked, masked);
         let (mut y, mut s) = (null_mut(), null_mut());
-        let status = gated_delta_update_via_metal(false, r.args(), &mut y, &mut s);
+        let status = unsafe { gated_delta_update_via_metal(false, r.args(), &mut y, &mut s) };
         expect_err(status, MLXK_ERR_BACKEND, &["No Metal back-end"]);
         // Argument checks run before the launch on this path too.
         let mut args = r.args();
         args[0] = args[2];
-        let status = gated_delta_update_via_metal(false, args, &mut y, &mut s);
+        let status = unsafe { gated_delta_update_via_metal(false, args, &mut y, &mut s) };
         expect_err(status, MLXK_ERR_SHAPE, &["q"]);
         r.free();
     }

@@ -236,9 +236,11 @@ fn metal_replay_dispatch_is_built_and_reaches_mlx() {
     let w = host.window(0, 4);
     let [_, k, v, a, b, al, dt, s, _] = w.args();
     let mut out = null_mut();
-    let st = gated_delta_state_via_metal(false, [k, v, a, b, al, dt, s], &[2, 4], &mut out);
+    let st =
+        unsafe { gated_delta_state_via_metal(false, [k, v, a, b, al, dt, s], &[2, 4], &mut out) };
     expect_err(st, MLXK_ERR_BACKEND, &["No Metal back-end"]);
-    let st = gated_delta_state_via_metal(false, [k, v, a, b, al, dt, s], &[2, 5], &mut out);
+    let st =
+        unsafe { gated_delta_state_via_metal(false, [k, v, a, b, al, dt, s], &[2, 5], &mut out) };
     expect_err(st, MLXK_ERR_INVALID_ARGUMENT, &["accepted_lengths[1]"]);
     w.free();
 }

@@ -19,9 +19,11 @@ struct Split {
 
 fn split(x: H, qs: H, ks: H, heads: [i32; 3], eps: f32) -> (mlxk_status, Split) {
     let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-    let st = mlxk_silu_rms_heads(
-        x, qs, ks, heads[0], heads[1], heads[2], eps, &mut q, &mut k, &mut v,
-    );
+    let st = unsafe {
+        mlxk_silu_rms_heads(
+            x, qs, ks, heads[0], heads[1], heads[2], eps, &mut q, &mut k, &mut v,
+        )
+    };
     (st, Split { q, k, v })
 }
 
@@ -177,18 +179,20 @@ fn head_split_errors_name_the_argument() {
     );
     let (mut q, mut k) = (null_mut(), null_mut());
     expect_err(
-        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, null_mut()),
+        unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         &["v"],
     );
     expect_err(
-        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut q, &mut k),
+        unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut q, &mut k) },
         MLXK_ERR_INVALID_ARGUMENT,
         &["different places"],
     );
     let (mut a, mut b2, mut c2) = (null_mut(), null_mut(), null_mut());
     expect_err(
-        silu_rms_heads_via_metal(false, [x, qs, ks], heads, 1e-6, [&mut a, &mut b2, &mut c2]),
+        unsafe {
+            silu_rms_heads_via_metal(false, [x, qs, ks], heads, 1e-6, [&mut a, &mut b2, &mut c2])
+        },
         MLXK_ERR_BACKEND,
         &["No Metal back-end"],
     );
@@ -199,7 +203,8 @@ fn head_split_errors_name_the_argument() {
 
 fn gated(x: H, gate: H, weight: H, eps: f32) -> (mlxk_status, H) {
     let mut out = null_mut();
-    (mlxk_gated_rms_norm(x, gate, weight, eps, &mut out), out)
+    let status = unsafe { mlxk_gated_rms_norm(x, gate, weight, eps, &mut out) };
+    (status, out)
 }
 
 #[test]
@@ -283,7 +288,7 @@ fn gated_norm_errors_name_the_argument() {
         &["gate"],
     );
     expect_err(
-        mlxk_gated_rms_norm(x, z, w, 1e-6, null_mut()),
+        unsafe { mlxk_gated_rms_norm(x, z, w, 1e-6, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         &["out"],
     );
@@ -295,7 +300,7 @@ fn gated_norm_errors_name_the_argument() {
     );
     let mut out = null_mut();
     expect_err(
-        gated_rms_norm_via_metal(false, [x, z, w], 1e-6, &mut out),
+        unsafe { gated_rms_norm_via_metal(false, [x, z, w], 1e-6, &mut out) },
         MLXK_ERR_BACKEND,
         &["No Metal back-end"],
     );

@@ -53,14 +53,14 @@ fn fused_gates_equal_mlx_bit_for_bit() {
                     let dt = array_of(&random_gate_values(&mut rng, hv as usize), &[hv], dt_dtype);
                     let (g, beta) = mlxkern::testing::fused_gates(a, bb, a_log, dt);
                     let mut g_ref = null_mut();
-                    ok(mlxk_compute_g(a_log, a, dt, &mut g_ref));
+                    ok(unsafe { mlxk_compute_g(a_log, a, dt, &mut g_ref) });
                     let g_ref = {
                         let v = read_f32(g_ref);
                         free(g_ref);
                         v
                     };
                     let mut s = null_mut();
-                    ok(mlxkern::testing::mlx_sigmoid(bb, &mut s));
+                    ok(unsafe { mlxkern::testing::mlx_sigmoid(bb, &mut s) });
                     let mut s32 = null_mut();
                     ok(unsafe { mlxk_array_astype(s, MLXK_DTYPE_FLOAT32, &mut s32) });
                     let beta_ref = read_f32(s32);

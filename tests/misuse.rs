@@ -154,7 +154,7 @@ impl Fixture {
                 &[("a_log", r.a_log), ("a", r.a), ("dt_bias", r.dt_bias)],
                 |h| {
                     let mut g = sentinel();
-                    let st = mlxk_compute_g(h[0], h[1], h[2], &mut g);
+                    let st = unsafe { mlxk_compute_g(h[0], h[1], h[2], &mut g) };
                     (st, vec![g], g == sentinel())
                 },
             ),
@@ -173,9 +173,11 @@ impl Fixture {
                 ],
                 |h| {
                     let (mut y, mut s) = (sentinel(), sentinel());
-                    let st = mlxk_gated_delta_update(
-                        h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], &mut y, &mut s,
-                    );
+                    let st = unsafe {
+                        mlxk_gated_delta_update(
+                            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], &mut y, &mut s,
+                        )
+                    };
                     (st, vec![y, s], y == sentinel() && s == sentinel())
                 },
             )
@@ -222,9 +224,11 @@ impl Fixture {
                 |h| {
                     let (mut q, mut k, mut v) = (sentinel(), sentinel(), sentinel());
                     let [hk, hv, dv] = SPLIT;
-                    let st = mlxk_silu_rms_heads(
-                        h[0], h[1], h[2], hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
-                    );
+                    let st = unsafe {
+                        mlxk_silu_rms_heads(
+                            h[0], h[1], h[2], hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
+                        )
+                    };
                     (st, vec![q, k, v], [q, k, v] == [sentinel(); 3])
                 },
             ),
@@ -233,7 +237,7 @@ impl Fixture {
                 &[("x", self.x), ("gate", self.gate), ("weight", self.weight)],
                 |h| {
                     let mut out = sentinel();
-                    let st = mlxk_gated_rms_norm(h[0], h[1], h[2], 1e-6, &mut out);
+                    let st = unsafe { mlxk_gated_rms_norm(h[0], h[1], h[2], 1e-6, &mut out) };
                     (st, vec![out], out == sentinel())
                 },
             ),
@@ -589,7 +593,7 @@ fn null_out_parameters_everywhere() {
         n,
     );
     refused(
-        mlxk_compute_g(r.a_log, r.a, r.dt_bias, null_mut()),
+        unsafe { mlxk_compute_g(r.a_log, r.a, r.dt_bias, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         "mlxk_compute_g",
         &["g"],
@@ -599,14 +603,14 @@ fn null_out_parameters_everywhere() {
     let mut h = sentinel();
     let f = "mlxk_gated_delta_update";
     refused(
-        mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, null_mut(), &mut h),
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, null_mut(), &mut h) },
         MLXK_ERR_NULL_POINTER,
         f,
         &["y"],
         n,
     );
     refused(
-        mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut h, null_mut()),
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut h, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         f,
         &["state_out"],
@@ -615,7 +619,7 @@ fn null_out_parameters_everywhere() {
     assert_eq!(h, sentinel());
     let same: *mut H = &mut h;
     refused(
-        mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, same, same),
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, same, same) },
         MLXK_ERR_INVALID_ARGUMENT,
         f,
         &["y and state_out"],
@@ -643,21 +647,21 @@ fn null_out_parameters_everywhere() {
     let f = "mlxk_silu_rms_heads";
     let (x, qs, ks) = (fx.sx, fx.q_scale, fx.k_scale);
     refused(
-        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, null_mut(), &mut o1, &mut o2),
+        unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, null_mut(), &mut o1, &mut o2) },
         MLXK_ERR_NULL_POINTER,
         f,
         &["q"],
         n,
     );
     refused(
-        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, null_mut(), &mut o2),
+        unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, null_mut(), &mut o2) },
         MLXK_ERR_NULL_POINTER,
         f,
         &["k"],
         n,
     );
     refused(
-        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, &mut o2, null_mut()),
+        unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut o1, &mut o2, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         f,
         &["v"],
@@ -665,7 +669,7 @@ fn null_out_parameters_everywhere() {
     );
     let p1: *mut H = &mut o1;
     refused(
-        mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, p1, &mut o2, p1),
+        unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, p1, &mut o2, p1) },
         MLXK_ERR_INVALID_ARGUMENT,
         f,
         &["different"],
@@ -673,7 +677,7 @@ fn null_out_parameters_everywhere() {
     );
     assert_eq!((o1, o2), (sentinel(), sentinel()));
     refused(
-        mlxk_gated_rms_norm(fx.x, fx.gate, fx.weight, 1e-6, null_mut()),
+        unsafe { mlxk_gated_rms_norm(fx.x, fx.gate, fx.weight, 1e-6, null_mut()) },
         MLXK_ERR_NULL_POINTER,
         "mlxk_gated_rms_norm",
         &["out"],
@@ -747,9 +751,11 @@ impl F32Rec {
             new_bool(&self.mask, &[b, t]),
         ];
         let (mut y, mut s) = (null_mut(), null_mut());
-        ok(mlxk_gated_delta_update(
-            hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], hs[8], &mut y, &mut s,
-        ));
+        ok(unsafe {
+            mlxk_gated_delta_update(
+                hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], hs[8], &mut y, &mut s,
+            )
+        });
         let out = (read_f32(y), read_f32(s));
         hs.into_iter().chain([y, s]).for_each(free);
         out
@@ -903,7 +909,7 @@ fn nan_and_inf_in_compute_g() {
     let hl = new_f32(&a_log, &[hv as i32]);
     let hd = new_f32(&[0.0; 4], &[hv as i32]);
     let mut g = null_mut();
-    ok(mlxk_compute_g(hl, ha, hd, &mut g));
+    ok(unsafe { mlxk_compute_g(hl, ha, hd, &mut g) });
     let g = {
         let v = read_f32(g);
         free(g);
@@ -938,9 +944,11 @@ fn nan_and_inf_in_the_norms() {
     let qs = new_f32(&[0.5; 4], &[4]);
     let ks = new_f32(&[0.5; 4], &[4]);
     let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-    ok(mlxk_silu_rms_heads(
-        hx, qs, ks, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
-    ));
+    ok(unsafe {
+        mlxk_silu_rms_heads(
+            hx, qs, ks, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
+        )
+    });
     let (qv, kv, vv) = (read_f32(q), read_f32(k), read_f32(v));
     nan_exactly("q", &qv, |i| i / dk == hk + 1); // (s 1, head 1)
                                                  // +Inf in one k element: mean(silu^2) is Inf, rsqrt 0: that element NaN (Inf * 0), the
@@ -970,7 +978,7 @@ fn nan_and_inf_in_the_norms() {
         new_f32(&rng.vec(8, 1.0), &[8]),
     );
     let mut out = null_mut();
-    ok(mlxk_gated_rms_norm(hx, hg, hw, 1e-6, &mut out));
+    ok(unsafe { mlxk_gated_rms_norm(hx, hg, hw, 1e-6, &mut out) });
     let o = read_f32(out);
     for (i, &val) in o.iter().enumerate() {
         match i {
@@ -1013,7 +1021,7 @@ fn empty_batches_and_sequences_for_every_kernel() {
         free(s);
         // compute_g on the empty a.
         let mut g = null_mut();
-        ok(mlxk_compute_g(r.a_log, r.a, r.dt_bias, &mut g));
+        ok(unsafe { mlxk_compute_g(r.a_log, r.a, r.dt_bias, &mut g) });
         assert_eq!(shape_of(g), [b, t, hv].map(|d| d as i32));
         free(g);
         // Replay: lengths all 0 (the only valid ones when T = 0; none when B = 0).
@@ -1049,9 +1057,7 @@ fn empty_batches_and_sequences_for_every_kernel() {
         let ks = new_bf16(&[0.5; 4], &[4]);
         let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
         let [hk, hv, dv] = SPLIT;
-        ok(mlxk_silu_rms_heads(
-            x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
-        ));
+        ok(unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v) });
         assert_eq!(shape_of(q), [b, s, 1, 4]);
         assert_eq!(shape_of(v), [b, s, 2, 3]);
         assert!(read_bytes(k).is_empty());
@@ -1065,7 +1071,7 @@ fn empty_batches_and_sequences_for_every_kernel() {
         let g = new_bf16(&[], &shape);
         let w = new_bf16(&[1.0; 8], &[8]);
         let mut out = null_mut();
-        ok(mlxk_gated_rms_norm(x, g, w, 1e-6, &mut out));
+        ok(unsafe { mlxk_gated_rms_norm(x, g, w, 1e-6, &mut out) });
         assert_eq!(shape_of(out), shape);
         assert!(read_bytes(out).is_empty());
         for h in [x, g, w, out] {
@@ -1077,7 +1083,7 @@ fn empty_batches_and_sequences_for_every_kernel() {
     let n = live_handles();
     let mut out = sentinel();
     refused(
-        mlxk_gated_rms_norm(x, x, w, 1e-6, &mut out),
+        unsafe { mlxk_gated_rms_norm(x, x, w, 1e-6, &mut out) },
         MLXK_ERR_SHAPE,
         "mlxk_gated_rms_norm",
         &["x", "(D) is 0"],
@@ -1198,22 +1204,20 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let x = z(&[huge.as_slice(), &[8]].concat(), MLXK_DTYPE_BFLOAT16);
     let w = z(&[8], MLXK_DTYPE_BFLOAT16);
     let mut out = null_mut();
-    ok(mlxk_gated_rms_norm(x, x, w, 1e-6, &mut out));
+    ok(unsafe { mlxk_gated_rms_norm(x, x, w, 1e-6, &mut out) });
     assert_eq!(shape_of(out), [max, max, max, 0, 8]);
     assert!(read_bytes(out).is_empty());
     free(out);
     let a_log = z(&[8], MLXK_DTYPE_FLOAT32);
     let mut g = null_mut();
-    ok(mlxk_compute_g(a_log, x, w, &mut g));
+    ok(unsafe { mlxk_compute_g(a_log, x, w, &mut g) });
     assert_eq!(shape_of(g), [max, max, max, 0, 8]);
     free(g);
     let sx = z(&[0, max, 14], MLXK_DTYPE_BFLOAT16);
     let sc = z(&[4], MLXK_DTYPE_BFLOAT16);
     let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
     let [hk, hv, dv] = SPLIT;
-    ok(mlxk_silu_rms_heads(
-        sx, sc, sc, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
-    ));
+    ok(unsafe { mlxk_silu_rms_heads(sx, sc, sc, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v) });
     assert_eq!(shape_of(v), [0, max, 2, 3]);
     for h in [q, k, v, sx, sc, x, w, a_log] {
         free(h);
@@ -1226,19 +1230,7 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let al = z(&[hv], MLXK_DTYPE_FLOAT32);
     let dt = z(&[hv], MLXK_DTYPE_BFLOAT16);
     let (mut y, mut s) = (null_mut(), null_mut());
-    ok(mlxk_gated_delta_update(
-        q,
-        q,
-        v,
-        a,
-        a,
-        al,
-        dt,
-        null(),
-        null(),
-        &mut y,
-        &mut s,
-    ));
+    ok(unsafe { mlxk_gated_delta_update(q, q, v, a, a, al, dt, null(), null(), &mut y, &mut s) });
     assert_eq!(shape_of(y), [b, t, hv, dv]);
     assert_eq!(shape_of(s), [b, hv, dv, dk]);
     assert!(read_bytes(s).is_empty());
@@ -1262,7 +1254,8 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     let dt = z(&[hv], MLXK_DTYPE_BFLOAT16);
     let n = live_handles();
     let (mut y, mut s) = (sentinel(), sentinel());
-    let st = mlxk_gated_delta_update(q, q, v, a, a, al, dt, null(), null(), &mut y, &mut s);
+    let st =
+        unsafe { mlxk_gated_delta_update(q, q, v, a, a, al, dt, null(), null(), &mut y, &mut s) };
     refused(
         st,
         MLXK_ERR_INVALID_ARGUMENT,

@@ -268,9 +268,11 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
     let kh = array(kind, &ks, &[dk as i32]);
     let (portable, vectorized) = both(|| {
         let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-        ok(mlxk_silu_rms_heads(
-            xh, qh, kh, hk as i32, hv as i32, dv as i32, eps, &mut q, &mut k, &mut v,
-        ));
+        ok(unsafe {
+            mlxk_silu_rms_heads(
+                xh, qh, kh, hk as i32, hv as i32, dv as i32, eps, &mut q, &mut k, &mut v,
+            )
+        });
         let out = [read_bytes(q), read_bytes(k), read_bytes(v)];
         for h in [q, k, v] {
             free(h);
@@ -345,7 +347,7 @@ fn gated_norm_case(rng: &mut Rng, kind: Kind, gate_kind: Kind, rows: usize, widt
     let wh = array(kind, &weight, &[width as i32]);
     let (portable, vectorized) = both(|| {
         let mut out = null_mut();
-        ok(mlxk_gated_rms_norm(xh, gh, wh, eps, &mut out));
+        ok(unsafe { mlxk_gated_rms_norm(xh, gh, wh, eps, &mut out) });
         let bytes = read_bytes(out);
         free(out);
         bytes
@@ -471,9 +473,11 @@ fn timing() {
         let qs = new_bytes(as_bytes(&scale), &[dk as i32], MLXK_DTYPE_BFLOAT16);
         let api = per_call(iters, || {
             let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-            ok(mlxk_silu_rms_heads(
-                x, qs, qs, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
-            ));
+            ok(unsafe {
+                mlxk_silu_rms_heads(
+                    x, qs, qs, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
+                )
+            });
             ok(mlxk_array_eval(q));
             for h in [q, k, v] {
                 free(h);
@@ -521,7 +525,7 @@ fn timing() {
         let w = new_bytes(as_bytes(&ws), &[width as i32], MLXK_DTYPE_BFLOAT16);
         let api = per_call(iters, || {
             let mut out = null_mut();
-            ok(mlxk_gated_rms_norm(x, z, w, 1e-6, &mut out));
+            ok(unsafe { mlxk_gated_rms_norm(x, z, w, 1e-6, &mut out) });
             ok(mlxk_array_eval(out));
             free(out);
         });

@@ -35,19 +35,9 @@ fn probe() {
         let in_place = mlxkern::testing::in_place_updates();
         for _ in 0..30 {
             let (mut y, mut next) = (null_mut(), null_mut());
-            ok(mlxk_gated_delta_update(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                state,
-                null(),
-                &mut y,
-                &mut next,
-            ));
+            ok(unsafe {
+                mlxk_gated_delta_update(q, k, v, a, b, al, dt, state, null(), &mut y, &mut next)
+            });
             free(state);
             free(y);
             state = next;

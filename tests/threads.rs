@@ -232,7 +232,7 @@ impl Worker {
             1 => {
                 let (h, _) = self.recurrence(step);
                 let mut g = null_mut();
-                let st = mlxk_compute_g(h[5], h[3], h[6], &mut g);
+                let st = unsafe { mlxk_compute_g(h[5], h[3], h[6], &mut g) };
                 self.record(step, "mlxk_compute_g", st, vec![], None);
                 self.read(step, g);
                 self.free(step, g);
@@ -241,19 +241,21 @@ impl Worker {
             2 | 3 => {
                 let (h, _) = self.recurrence(step);
                 let (mut y, mut s) = (null_mut(), null_mut());
-                let st = mlxk_gated_delta_update(
-                    h[0],
-                    h[1],
-                    h[2],
-                    h[3],
-                    h[4],
-                    h[5],
-                    h[6],
-                    h[7],
-                    null_mut(),
-                    &mut y,
-                    &mut s,
-                );
+                let st = unsafe {
+                    mlxk_gated_delta_update(
+                        h[0],
+                        h[1],
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        null_mut(),
+                        &mut y,
+                        &mut s,
+                    )
+                };
                 self.record(step, "mlxk_gated_delta_update", st, vec![], None);
                 // The decode-loop pattern half the time: free the old state before evaluating.
                 if self.rng.below(2) == 0 {
@@ -302,7 +304,9 @@ impl Worker {
                 let qs = self.bf16_array(step, dk as usize, &[dk]);
                 let ks = self.bf16_array(step, dk as usize, &[dk]);
                 let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-                let st = mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v);
+                let st = unsafe {
+                    mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v)
+                };
                 self.record(step, "mlxk_silu_rms_heads", st, vec![], None);
                 for o in [q, k, v] {
                     self.read(step, o);
@@ -317,7 +321,7 @@ impl Worker {
                 let g = self.f32_array(step, (rows * d) as usize, &[rows, d]);
                 let w = self.bf16_array(step, d as usize, &[d]);
                 let mut out = null_mut();
-                let st = mlxk_gated_rms_norm(x, g, w, 1e-6, &mut out);
+                let st = unsafe { mlxk_gated_rms_norm(x, g, w, 1e-6, &mut out) };
                 self.record(step, "mlxk_gated_rms_norm", st, vec![], None);
                 self.read(step, out);
                 self.free(step, out);
@@ -333,19 +337,21 @@ impl Worker {
                     &[b, t, hk, marker_n],
                 );
                 let (mut y, mut s) = (null_mut(), null_mut());
-                let st = mlxk_gated_delta_update(
-                    h[0],
-                    bad_k,
-                    h[2],
-                    h[3],
-                    h[4],
-                    h[5],
-                    h[6],
-                    h[7],
-                    null_mut(),
-                    &mut y,
-                    &mut s,
-                );
+                let st = unsafe {
+                    mlxk_gated_delta_update(
+                        h[0],
+                        bad_k,
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        null_mut(),
+                        &mut y,
+                        &mut s,
+                    )
+                };
                 self.record(
                     step,
                     "mlxk_gated_delta_update",
@@ -382,7 +388,7 @@ impl Worker {
                 let w = self.bf16_array(step, 8, &[8]);
                 let eps = -(marker_n as f32);
                 let mut out = null_mut();
-                let st = mlxk_gated_rms_norm(x, x, w, eps, &mut out);
+                let st = unsafe { mlxk_gated_rms_norm(x, x, w, eps, &mut out) };
                 self.record(
                     step,
                     "mlxk_gated_rms_norm",
@@ -579,7 +585,7 @@ fn freeing_and_using_the_same_handles_concurrently() {
                             // x, gate and weight: the same handle three times, freed meanwhile
                             // perhaps; a result made stays valid after its input is freed.
                             let mut out = null_mut();
-                            let st = mlxk_gated_rms_norm(h, h, h, 1e-6, &mut out);
+                            let st = unsafe { mlxk_gated_rms_norm(h, h, h, 1e-6, &mut out) };
                             if st == MLXK_OK {
                                 let v = read_f32(out);
                                 assert_eq!(v.len(), 3);

@@ -472,19 +472,21 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
     } else {
         &mut s
     };
-    let status = mlxk_gated_delta_update(
-        r.q.h,
-        r.k.h,
-        r.v.h,
-        r.a.h,
-        r.b.h,
-        r.a_log.h,
-        r.dt_bias.h,
-        r.state.h,
-        r.mask.h,
-        y_ptr,
-        s_ptr,
-    );
+    let status = unsafe {
+        mlxk_gated_delta_update(
+            r.q.h,
+            r.k.h,
+            r.v.h,
+            r.a.h,
+            r.b.h,
+            r.a_log.h,
+            r.dt_bias.h,
+            r.state.h,
+            r.mask.h,
+            y_ptr,
+            s_ptr,
+        )
+    };
     if tight.is_some() {
         restore_limit();
     }
@@ -591,12 +593,14 @@ fn compute_g(ctx: &mut Ctx, input: &mut Input, r: &Round) {
         }
     }
     let mut g = sentinel();
-    let status = mlxk_compute_g(
-        r.a_log.h,
-        a.h,
-        r.dt_bias.h,
-        if out_null { null_mut() } else { &mut g },
-    );
+    let status = unsafe {
+        mlxk_compute_g(
+            r.a_log.h,
+            a.h,
+            r.dt_bias.h,
+            if out_null { null_mut() } else { &mut g },
+        )
+    };
     if tight.is_some() {
         restore_limit();
     }

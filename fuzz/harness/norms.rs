@@ -256,18 +256,20 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
         4 => kp,
         _ => &mut v,
     };
-    let status = mlxk_silu_rms_heads(
-        x.h,
-        q_scale.h,
-        k_scale.h,
-        key_heads,
-        value_heads,
-        value_width,
-        eps,
-        qp,
-        kp,
-        vp,
-    );
+    let status = unsafe {
+        mlxk_silu_rms_heads(
+            x.h,
+            q_scale.h,
+            k_scale.h,
+            key_heads,
+            value_heads,
+            value_width,
+            eps,
+            qp,
+            kp,
+            vp,
+        )
+    };
     if tight.is_some() {
         restore_limit();
     }
@@ -384,13 +386,15 @@ fn gated_rms_norm(ctx: &mut Ctx, input: &mut Input) {
         }
     }
     let mut out = sentinel();
-    let status = mlxk_gated_rms_norm(
-        x.h,
-        gate.h,
-        weight.h,
-        eps,
-        if out_null { null_mut() } else { &mut out },
-    );
+    let status = unsafe {
+        mlxk_gated_rms_norm(
+            x.h,
+            gate.h,
+            weight.h,
+            eps,
+            if out_null { null_mut() } else { &mut out },
+        )
+    };
     if tight.is_some() {
         restore_limit();
     }

@@ -18,7 +18,7 @@ use crate::registry;
 /// MLXK_ERR_INVALID_ARGUMENT (more than 2^31-1 elements), MLXK_ERR_OUT_OF_MEMORY.
 /// Thread: any. Lazy: computation errors surface at eval/read.
 #[no_mangle]
-pub extern "C" fn mlxk_compute_g(
+pub unsafe extern "C" fn mlxk_compute_g(
     a_log: *const mlxk_array,
     a: *const mlxk_array,
     dt_bias: *const mlxk_array,
@@ -48,8 +48,10 @@ enum Form {
     Chunked(i32, Option<bool>),
 }
 
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
 #[allow(clippy::too_many_arguments)]
-fn update(
+unsafe fn update(
     function: &str,
     form: Form,
     args: [*const mlxk_array; 9],
@@ -116,7 +118,7 @@ fn update(
 /// eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub extern "C" fn mlxk_gated_delta_update(
+pub unsafe extern "C" fn mlxk_gated_delta_update(
     q: *const mlxk_array,
     k: *const mlxk_array,
     v: *const mlxk_array,
@@ -129,13 +131,16 @@ pub extern "C" fn mlxk_gated_delta_update(
     y: *mut *mut mlxk_array,
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    update(
-        "mlxk_gated_delta_update",
-        Form::Exact(None),
-        [q, k, v, a, b, a_log, dt_bias, state, mask],
-        y,
-        state_out,
-    )
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update",
+            Form::Exact(None),
+            [q, k, v, a, b, a_log, dt_bias, state, mask],
+            y,
+            state_out,
+        )
+    }
 }
 
 /// The same update as mlxk_gated_delta_update computed in chunked (WY / UT-transform) form: an
@@ -161,7 +166,7 @@ pub extern "C" fn mlxk_gated_delta_update(
 /// Thread: any. Lazy: computation errors surface at eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub extern "C" fn mlxk_gated_delta_update_chunked(
+pub unsafe extern "C" fn mlxk_gated_delta_update_chunked(
     q: *const mlxk_array,
     k: *const mlxk_array,
     v: *const mlxk_array,
@@ -175,56 +180,74 @@ pub extern "C" fn mlxk_gated_delta_update_chunked(
     y: *mut *mut mlxk_array,
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    update(
-        "mlxk_gated_delta_update_chunked",
-        Form::Chunked(chunk_size, None),
-        [q, k, v, a, b, a_log, dt_bias, state, mask],
-        y,
-        state_out,
-    )
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update_chunked",
+            Form::Chunked(chunk_size, None),
+            [q, k, v, a, b, a_log, dt_bias, state, mask],
+            y,
+            state_out,
+        )
+    }
 }
 
 /// `mlxk_gated_delta_update_chunked` as if the default device were (`gpu = true`) or were not
 /// the GPU. Not part of the C ABI.
+///
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
 #[doc(hidden)]
-pub fn gated_delta_update_chunked_as_if(
+pub unsafe fn gated_delta_update_chunked_as_if(
     gpu: bool,
     args: [*const mlxk_array; 9],
     chunk_size: i32,
     y: *mut *mut mlxk_array,
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    update(
-        "mlxk_gated_delta_update_chunked",
-        Form::Chunked(chunk_size, Some(gpu)),
-        args,
-        y,
-        state_out,
-    )
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update_chunked",
+            Form::Chunked(chunk_size, Some(gpu)),
+            args,
+            y,
+            state_out,
+        )
+    }
 }
 
 /// `mlxk_gated_delta_update` forced through the Metal launch (`gpu = false`: on a CPU stream,
 /// where MLX refuses with "No Metal back-end"). Lets tests build and check the Metal dispatch
 /// on machines without Metal. Not part of the C ABI.
+///
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
-pub fn gated_delta_update_via_metal(
+pub unsafe fn gated_delta_update_via_metal(
     gpu: bool,
     args: [*const mlxk_array; 9],
     y: *mut *mut mlxk_array,
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    update(
-        "mlxk_gated_delta_update (Metal)",
-        Form::Exact(Some(Backend::Metal { gpu })),
-        args,
-        y,
-        state_out,
-    )
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update (Metal)",
+            Form::Exact(Some(Backend::Metal { gpu })),
+            args,
+            y,
+            state_out,
+        )
+    }
 }
 
+/// # Safety
+/// `accepted_lengths` is NULL or holds `n_lengths` readable int32 values; `state_out` is NULL or
+/// valid for writing one handle.
 #[allow(clippy::too_many_arguments)]
-fn replay(
+unsafe fn replay(
     function: &str,
     backend: Option<Backend>,
     args: [*const mlxk_array; 7],
@@ -286,31 +309,40 @@ pub unsafe extern "C" fn mlxk_gated_delta_state(
     n_lengths: usize,
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    replay(
-        "mlxk_gated_delta_state",
-        None,
-        [k, v, a, b, a_log, dt_bias, state],
-        accepted_lengths,
-        n_lengths,
-        state_out,
-    )
+    // SAFETY: forwarded contract on `accepted_lengths` and `state_out`.
+    unsafe {
+        replay(
+            "mlxk_gated_delta_state",
+            None,
+            [k, v, a, b, a_log, dt_bias, state],
+            accepted_lengths,
+            n_lengths,
+            state_out,
+        )
+    }
 }
 
 /// `mlxk_gated_delta_state` forced through the Metal launch (see
 /// [`gated_delta_update_via_metal`]). Not part of the C ABI.
+///
+/// # Safety
+/// `state_out` is NULL or valid for writing one handle.
 #[doc(hidden)]
-pub fn gated_delta_state_via_metal(
+pub unsafe fn gated_delta_state_via_metal(
     gpu: bool,
     args: [*const mlxk_array; 7],
     accepted_lengths: &[i32],
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    replay(
-        "mlxk_gated_delta_state (Metal)",
-        Some(Backend::Metal { gpu }),
-        args,
-        accepted_lengths.as_ptr(),
-        accepted_lengths.len(),
-        state_out,
-    )
+    // SAFETY: the lengths come from a slice; forwarded contract on `state_out`.
+    unsafe {
+        replay(
+            "mlxk_gated_delta_state (Metal)",
+            Some(Backend::Metal { gpu }),
+            args,
+            accepted_lengths.as_ptr(),
+            accepted_lengths.len(),
+            state_out,
+        )
+    }
 }

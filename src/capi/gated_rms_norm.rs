@@ -6,7 +6,9 @@ use crate::ops::device;
 use crate::ops::gated_rms_norm::{self as ops, Inputs};
 use crate::registry;
 
-fn norm(
+/// # Safety
+/// `out` is NULL or valid for writing one handle.
+unsafe fn norm(
     function: &str,
     gpu: Option<bool>,
     arrays: [*const mlxk_array; 3],
@@ -42,23 +44,28 @@ fn norm(
 /// MLXK_ERR_INVALID_ARGUMENT (eps, too many rows for one launch), MLXK_ERR_OUT_OF_MEMORY.
 /// Thread: any. Lazy.
 #[no_mangle]
-pub extern "C" fn mlxk_gated_rms_norm(
+pub unsafe extern "C" fn mlxk_gated_rms_norm(
     x: *const mlxk_array,
     gate: *const mlxk_array,
     weight: *const mlxk_array,
     eps: f32,
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    norm("mlxk_gated_rms_norm", None, [x, gate, weight], eps, out)
+    // SAFETY: forwarded contract on `out`.
+    unsafe { norm("mlxk_gated_rms_norm", None, [x, gate, weight], eps, out) }
 }
 
 /// `mlxk_gated_rms_norm` through the Metal launch. Not part of the C ABI.
+///
+/// # Safety
+/// `out` is NULL or valid for writing one handle.
 #[doc(hidden)]
-pub fn gated_rms_norm_via_metal(
+pub unsafe fn gated_rms_norm_via_metal(
     gpu: bool,
     arrays: [*const mlxk_array; 3],
     eps: f32,
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    norm("mlxk_gated_rms_norm (Metal)", Some(gpu), arrays, eps, out)
+    // SAFETY: forwarded contract on `out`.
+    unsafe { norm("mlxk_gated_rms_norm (Metal)", Some(gpu), arrays, eps, out) }
 }

@@ -6,8 +6,10 @@ use crate::ops::device;
 use crate::ops::silu_rms_heads::{self as ops, Inputs};
 use crate::registry;
 
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
 #[allow(clippy::too_many_arguments)]
-fn split(
+unsafe fn split(
     function: &str,
     gpu: Option<bool>,
     arrays: [*const mlxk_array; 3],
@@ -62,7 +64,7 @@ fn split(
 /// value_width, eps, the same out-pointer twice), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-pub extern "C" fn mlxk_silu_rms_heads(
+pub unsafe extern "C" fn mlxk_silu_rms_heads(
     x: *const mlxk_array,
     q_scale: *const mlxk_array,
     k_scale: *const mlxk_array,
@@ -74,32 +76,41 @@ pub extern "C" fn mlxk_silu_rms_heads(
     k: *mut *mut mlxk_array,
     v: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    split(
-        "mlxk_silu_rms_heads",
-        None,
-        [x, q_scale, k_scale],
-        [key_heads, value_heads, value_width],
-        eps,
-        [q, k, v],
-    )
+    // SAFETY: forwarded contract on `q`, `k` and `v`.
+    unsafe {
+        split(
+            "mlxk_silu_rms_heads",
+            None,
+            [x, q_scale, k_scale],
+            [key_heads, value_heads, value_width],
+            eps,
+            [q, k, v],
+        )
+    }
 }
 
 /// `mlxk_silu_rms_heads` through the Metal launch (`gpu = false`: a CPU stream, which MLX
 /// refuses). Not part of the C ABI.
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
 #[doc(hidden)]
-pub fn silu_rms_heads_via_metal(
+pub unsafe fn silu_rms_heads_via_metal(
     gpu: bool,
     arrays: [*const mlxk_array; 3],
     heads: [i32; 3],
     eps: f32,
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
-    split(
-        "mlxk_silu_rms_heads (Metal)",
-        Some(gpu),
-        arrays,
-        heads,
-        eps,
-        outs,
-    )
+    // SAFETY: forwarded contract on `outs`.
+    unsafe {
+        split(
+            "mlxk_silu_rms_heads (Metal)",
+            Some(gpu),
+            arrays,
+            heads,
+            eps,
+            outs,
+        )
+    }
 }

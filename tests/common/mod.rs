@@ -241,7 +241,8 @@ impl Recurrence {
     pub fn run(&self) -> (mlxk_status, H, H) {
         let [q, k, v, a, b, al, dt, s, m] = self.args();
         let (mut y, mut st) = (null_mut(), null_mut());
-        let status = mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st);
+        let status =
+            unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) };
         (status, y, st)
     }
 
