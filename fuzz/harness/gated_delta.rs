@@ -1,5 +1,5 @@
-//! Target `gated_delta`: mlxk_gated_delta_update, mlxk_compute_g and mlxk_gated_delta_state
-//! on small random dims (usually valid, sometimes not: Dk off the multiples of 32, Hv not a
+//! Target `gated_delta`: mlxk_gated_delta_update (and its chunked form), mlxk_compute_g and
+//! mlxk_gated_delta_state on small random dims (usually valid, sometimes not: Dk off the multiples of 32, Hv not a
 //! multiple of Hk, empty batches and sequences, empty arrays with huge other dims), random
 //! dtypes, optional state and mask, perturbed shapes, NULL / freed / foreign handles, random
 //! accepted lengths and tight memory limits. Checked properties on success: documented result
@@ -408,8 +408,23 @@ fn round(ctx: &mut Ctx, input: &mut Input) {
 
 fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Option<Vec<u8>>) {
     let mut e = Expect::new();
-    let outs = input.u8() % 16;
+    let byte = input.u8();
+    let outs = byte % 16;
     let (y_null, s_null, same) = (outs == 15, outs == 14, outs == 13);
+    // The high bits pick the form: mostly the exact update, else the chunked form with a chunk
+    // size valid (0 = default, multiples of 16 up to 128) or not.
+    const CHUNKS: [i32; 6] = [0, 16, 32, 128, 8, -16];
+    let chunk = (byte / 16 >= 10).then(|| CHUNKS[(byte / 16 - 10) as usize]);
+    let function = if chunk.is_some() {
+        "mlxk_gated_delta_update_chunked"
+    } else {
+        "mlxk_gated_delta_update"
+    };
+    if let Some(c) = chunk {
+        if !(c == 0 || ((16..=128).contains(&c) && c % 16 == 0)) {
+            e.fail(MLXK_ERR_INVALID_ARGUMENT, format!("chunk_size {c}"));
+        }
+    }
     if y_null {
         e.fail(MLXK_ERR_NULL_POINTER, "y is NULL");
     }
@@ -472,29 +487,50 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
     } else {
         &mut s
     };
-    let status = unsafe {
-        mlxk_gated_delta_update(
-            r.q.h,
-            r.k.h,
-            r.v.h,
-            r.a.h,
-            r.b.h,
-            r.a_log.h,
-            r.dt_bias.h,
-            r.state.h,
-            r.mask.h,
-            y_ptr,
-            s_ptr,
-        )
+    let status = match chunk {
+        // SAFETY: handles are tokens (any value is safe to pass); the out-pointers are NULL or
+        // point at the locals above.
+        None => unsafe {
+            mlxk_gated_delta_update(
+                r.q.h,
+                r.k.h,
+                r.v.h,
+                r.a.h,
+                r.b.h,
+                r.a_log.h,
+                r.dt_bias.h,
+                r.state.h,
+                r.mask.h,
+                y_ptr,
+                s_ptr,
+            )
+        },
+        // SAFETY: as above.
+        Some(c) => unsafe {
+            mlxk_gated_delta_update_chunked(
+                r.q.h,
+                r.k.h,
+                r.v.h,
+                r.a.h,
+                r.b.h,
+                r.a_log.h,
+                r.dt_bias.h,
+                r.state.h,
+                r.mask.h,
+                c,
+                y_ptr,
+                s_ptr,
+            )
+        },
     };
     if tight.is_some() {
         restore_limit();
     }
-    e.check("mlxk_gated_delta_update", status);
+    e.check(function, status);
     if status != MLXK_OK {
         assert!(
             y == sentinel() && s == sentinel(),
-            "mlxk_gated_delta_update wrote an out-parameter on failure"
+            "{function} wrote an out-parameter on failure"
         );
         return;
     }
@@ -535,7 +571,8 @@ fn update(ctx: &mut Ctx, input: &mut Input, r: &mut Round, update_state: &mut Op
             );
         }
     }
-    if none_masked {
+    // The replay must reproduce the exact update bit for bit (the chunked form only to rounding).
+    if none_masked && chunk.is_none() {
         *update_state = Some(sb);
     }
 }
