@@ -264,8 +264,9 @@ pub fn update_chunked(
     chunk: i32,
     gpu: bool,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
-    let (d, dtype) = check_update(x)?;
+    // The chunk size first: it is an argument, the memory check in check_update a resource.
     let chunk = check_chunk(chunk)?;
+    let (d, dtype) = check_update(x)?;
     if gpu {
         return Err(Error::Unsupported(
             "the chunked form runs on the CPU only and the default device is the GPU; use \
