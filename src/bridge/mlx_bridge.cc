@@ -2,6 +2,7 @@
 // launch, and the CPU primitive whose eval_cpu hands the buffers to a Rust kernel.
 #include "src/bridge/mlx_bridge.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -118,6 +119,18 @@ class RustCpuKernel : public mx::Primitive {
         out.set_data(mx::allocator::malloc(std::max<size_t>(out.nbytes(), 1)));
       }
     }
+    // What the dispatched task keeps alive: the inputs, except those whose buffer an output
+    // took over. Such a buffer lives on in that output (and, while this task is pending, MLX
+    // retains it for siblings that are not the evaluated array); holding the old input here
+    // too would keep the buffer's use count at 2 until the task has run, so a chained next
+    // step (built before the stream thread catches up) could not take it over in turn.
+    std::vector<mx::array> keep_alive;
+    keep_alive.reserve(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (std::find(aliased.begin(), aliased.end(), static_cast<int32_t>(i)) == aliased.end()) {
+        keep_alive.push_back(inputs[i]);
+      }
+    }
     auto& encoder = mx::cpu::get_command_encoder(stream());
     std::vector<size_t> in_ptrs, in_bytes, out_ptrs, out_bytes;
     for (const auto& in : inputs) {
@@ -134,7 +147,7 @@ class RustCpuKernel : public mx::Primitive {
                       params = std::vector<int64_t>(launch_.params.begin(), launch_.params.end()),
                       in_ptrs = std::move(in_ptrs), in_bytes = std::move(in_bytes),
                       out_ptrs = std::move(out_ptrs), out_bytes = std::move(out_bytes),
-                      aliased = std::move(aliased), keep_alive = inputs]() {
+                      aliased = std::move(aliased), keep_alive = std::move(keep_alive)]() {
       (void)keep_alive;  // the input buffers outlive the kernel whatever MLX's bookkeeping
       // A Rust error (or a caught panic) arrives as rust::Error, which MLX re-throws at eval.
       mlxk_cpu_kernel(kernel, rust::Slice<const int64_t>(params.data(), params.size()),
