@@ -10,7 +10,9 @@
 //! Work is split by (batch row, value head) over the worker pool. Within a head, tokens are
 //! processed in tiles; each value row keeps its state in registers/L1 across a tile. With AVX2
 //! and Dk = 128 a vectorized row kernel runs (8 lanes' partials per register, the butterfly as
-//! fixed shuffles); elsewhere the portable row kernel. Both compute identical bits.
+//! fixed shuffles); elsewhere the portable row kernel. A decode step (one real token from a
+//! given state) takes a single-token AVX2 kernel that leaves the state in its natural layout
+//! and moves only the products into lane layout. All compute identical bits.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +30,9 @@ const TILE: usize = 64;
 
 /// Value rows the vectorized kernel interleaves.
 const ROWS: usize = 4;
+
+/// Value rows the single-token (decode) kernel interleaves.
+const SINGLE_ROWS: usize = 2;
 
 /// Forces the portable row kernel (tests compare it with the vectorized one).
 pub(crate) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
@@ -303,6 +308,12 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
         d.t
     );
     let head_state = ((b * d.hv + hv) * d.dv) * d.dk;
+    // A decode step (one real token from a given state) takes the single-token kernel, which
+    // works on the state in its natural layout: no transposed copy of the state to keep.
+    let single = vectorized
+        && tokens == 1
+        && !matches!(p.state_in, StateIn::Zeros)
+        && p.mask.is_none_or(|m| m[b * d.t] != 0);
     SCRATCH.with(|scratch| {
         let s = &mut *scratch.borrow_mut();
         let mut t0 = 0;
@@ -316,9 +327,10 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
             for t in t0..t0 + len {
                 let qk = ((b * d.t + t) * d.hk + hk) * d.dk;
                 let dst = (t - t0) * d.dk;
-                widen(&p.k[qk..qk + d.dk], &mut s.k[dst..dst + d.dk], vectorized);
+                let lanes = vectorized && !single;
+                widen(&p.k[qk..qk + d.dk], &mut s.k[dst..dst + d.dk], lanes);
                 if let Some(q) = p.q {
-                    widen(&q[qk..qk + d.dk], &mut s.q[dst..dst + d.dk], vectorized);
+                    widen(&q[qk..qk + d.dk], &mut s.q[dst..dst + d.dk], lanes);
                 }
                 let gate = (b * d.t + t) * d.hv + hv;
                 s.g.push(p.g[gate]);
@@ -358,6 +370,33 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
                 }
             };
             let mut dv = 0;
+            #[cfg(target_arch = "x86_64")]
+            if single {
+                let (k, q) = (s.k.as_ptr(), s.q.as_ptr());
+                let (g, beta) = (s.g[0], s.beta[0]);
+                // SAFETY: `single` implies AVX2 and Dk = 128; k and q hold one token's 128
+                // values each; the rows are this job's (see `row_io`).
+                unsafe {
+                    while dv + SINGLE_ROWS <= d.dv {
+                        let io = std::array::from_fn(|r| row_io(dv + r));
+                        match p.q {
+                            Some(_) => {
+                                avx2::single_token::<T, SINGLE_ROWS, true>(k, q, g, beta, io)
+                            }
+                            None => avx2::single_token::<T, SINGLE_ROWS, false>(k, q, g, beta, io),
+                        }
+                        dv += SINGLE_ROWS;
+                    }
+                    while dv < d.dv {
+                        let io = [row_io(dv)];
+                        match p.q {
+                            Some(_) => avx2::single_token::<T, 1, true>(k, q, g, beta, io),
+                            None => avx2::single_token::<T, 1, false>(k, q, g, beta, io),
+                        }
+                        dv += 1;
+                    }
+                }
+            }
             while dv < d.dv {
                 if vectorized {
                     #[cfg(target_arch = "x86_64")]
@@ -653,6 +692,79 @@ mod avx2 {
                 if NEXT {
                     *kv.add(4 * r + group) = a[r];
                 }
+            }
+        }
+    }
+
+    /// One token for `R` value rows, the state in natural layout (a decode step). Arithmetic
+    /// as `rows`: the elementwise operations are the same (layout does not change them); each
+    /// lane's products are moved into lane layout (a 4×4 transpose of 8 products per
+    /// register) just before its sequential sum, so the state is read twice (recomputing the
+    /// decay, which gives the same bits) and written once, with no transposed copy of it.
+    /// `src` must not be null; `k` and `q` hold the token's 128 values in natural order (`q`
+    /// unused without `Q`).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn single_token<T: Elem, const R: usize, const Q: bool>(
+        k: *const f32,
+        q: *const f32,
+        g: f32,
+        beta: f32,
+        io: [RowIo<T>; R],
+    ) {
+        let gv = _mm256_set1_ps(g);
+        let zero = _mm256_setzero_ps();
+        // Each lane's partial: 0 + p0 + p1 + p2 + p3, in order (the kernel starts from 0).
+        let lane_sum = |p: [__m256; 4]| {
+            let t = transpose(p);
+            _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(zero, t[0]), t[1]), t[2]),
+                t[3],
+            )
+        };
+        // s *= g; kv = sum(s * k).
+        let mut kv = [[zero; 4]; R];
+        for group in 0..4 {
+            for r in 0..R {
+                let src = io[r].src.add(32 * group);
+                let kg = k.add(32 * group);
+                kv[r][group] = lane_sum(std::array::from_fn(|i| {
+                    let x = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), gv);
+                    _mm256_mul_ps(x, _mm256_loadu_ps(kg.add(8 * i)))
+                }));
+            }
+        }
+        let mut delta = [zero; R];
+        for r in 0..R {
+            let kv_mem = butterfly(kv[r].as_ptr());
+            delta[r] = _mm256_set1_ps(((*io[r].v.as_ptr()).to_f32() - kv_mem) * beta);
+        }
+        // s = s*g + k*delta (stored); out = sum(s * q).
+        let mut out = [[zero; 4]; R];
+        for group in 0..4 {
+            for r in 0..R {
+                let (src, dst) = (io[r].src.add(32 * group), io[r].dst.add(32 * group));
+                let kg = k.add(32 * group);
+                let x: [__m256; 4] = std::array::from_fn(|i| {
+                    let decayed = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), gv);
+                    _mm256_add_ps(
+                        decayed,
+                        _mm256_mul_ps(_mm256_loadu_ps(kg.add(8 * i)), delta[r]),
+                    )
+                });
+                for (i, x) in x.iter().enumerate() {
+                    _mm256_storeu_ps(dst.add(8 * i), *x);
+                }
+                if Q {
+                    let qg = q.add(32 * group);
+                    out[r][group] = lane_sum(std::array::from_fn(|i| {
+                        _mm256_mul_ps(x[i], _mm256_loadu_ps(qg.add(8 * i)))
+                    }));
+                }
+            }
+        }
+        if Q {
+            for r in 0..R {
+                *io[r].y = T::from_f32(butterfly(out[r].as_ptr()));
             }
         }
     }
