@@ -846,7 +846,7 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
 
     // NaN in the gate a[b=0, t=2, h=1]: every row of head 1 in batch 0 from token 2 on.
     let mut r = F32Rec::new(&mut rng, dims);
-    r.a[(0 * t + 2) * hv + 1] = f32::NAN;
+    r.a[2 * hv + 1] = f32::NAN;
     let (y, s) = r.update();
     nan_exactly("y (NaN in a)", &y, |i| {
         let (b, tt, h) = (i / (t * hv * dv), i / (hv * dv) % t, i / dv % hv);
@@ -855,7 +855,7 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
     nan_exactly("state_out (NaN in a)", &s, |i| s_row(i) / dv == 1); // (b 0, h 1)
                                                                      // NaN in b (beta) behaves the same.
     let mut r = F32Rec::new(&mut rng, dims);
-    r.b[(0 * t + 2) * hv + 1] = f32::NAN;
+    r.b[2 * hv + 1] = f32::NAN;
     let (_, s) = r.update();
     nan_exactly("state_out (NaN in b)", &s, |i| s_row(i) / dv == 1);
 
@@ -877,7 +877,7 @@ fn nan_and_inf_in_the_recurrence_propagate_exactly_and_never_past_a_mask() {
     // +Inf in q[b=0, t=1, key head 0]: y at that token is not finite (both value heads read key
     // head 0); the state never sees q.
     let mut r = F32Rec::new(&mut rng, dims);
-    r.q[(0 * t + 1) * dk + 5] = f32::INFINITY;
+    r.q[dk + 5] = f32::INFINITY;
     let (y, s) = r.update();
     for (i, v) in y.iter().enumerate() {
         let (b, tt) = (i / (t * hv * dv), i / (hv * dv) % t);

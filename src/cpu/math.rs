@@ -8,7 +8,8 @@ use super::elem::Elem;
 /// exponent bits) and a degree-6 polynomial (fused multiply-adds) for the fraction.
 #[inline(always)]
 pub fn exp(x_init: f32) -> f32 {
-    let x = x_init * 1.442695f32;
+    // MLX writes log2(e) as the literal 1.442695, which rounds to the same f32 as LOG2_E.
+    let x = x_init * std::f32::consts::LOG2_E;
     // MLX adds the double 0.5, so the rounding happens in double precision.
     let ipart = ((x as f64) + 0.5).floor() as f32;
     let fpart = x - ipart;
