@@ -9,7 +9,7 @@
 #   PREFIX/lib/mlxkern/mlx/lib/libmlx.so        a private copy of the MLX the build linked
 #   PREFIX/lib/mlxkern/mlx_cpu.libs/            ... and of the BLAS/LAPACK libraries it bundles
 #   PREFIX/lib/pkgconfig/mlxkern.pc             Cflags/Libs, with an rpath to PREFIX/lib
-#   PREFIX/share/doc/mlxkern/                   third-party notices and MLX's licenses
+#   PREFIX/share/doc/mlxkern/                   the license, third-party notices, MLX's licenses
 #
 # Why a private copy of MLX: the built library's RUNPATH points at the MLX pip package inside
 # the build's .venv, which an install must not depend on (the build tree may be moved or
@@ -97,8 +97,10 @@ for entry in "${mlx_entries[@]}"; do
   esac
 done
 
-# Licenses of what is redistributed (MLX, its bundled BLAS/LAPACK runtime).
-[ -f "$ROOT/THIRD_PARTY_NOTICES.md" ] && install -m 0644 "$ROOT/THIRD_PARTY_NOTICES.md" "$PREFIX/share/doc/mlxkern/"
+# The license, and those of what is redistributed (MLX, its bundled BLAS/LAPACK runtime).
+for doc in LICENSE THIRD_PARTY_NOTICES.md; do
+  if [ -f "$ROOT/$doc" ]; then install -m 0644 "$ROOT/$doc" "$PREFIX/share/doc/mlxkern/"; fi
+done
 site=$(dirname "$(dirname "$MLX_LIB")")  # the site-packages folder holding mlx/
 for info in "$site"/mlx-*.dist-info "$site"/mlx_cpu-*.dist-info; do
   [ -d "$info" ] || continue
