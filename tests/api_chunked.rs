@@ -457,3 +457,58 @@ fn arguments_are_checked_and_named() {
     free(st);
     r.free();
 }
+
+/// A NaN or inf in one value of v spreads as in the exact update: to that value row of that
+/// head, from that token on (y and the state), and nowhere else; in k, to every row of the heads
+/// reading that key head, from that token on. (Which values are not finite is compared: where
+/// infinities meet, the two forms may differ between inf and NaN.)
+#[test]
+fn nan_inputs_spread_as_in_the_exact_update() {
+    let mut rng = Rng::fresh();
+    let dims = [2, 40, 2, 4, 64, 8];
+    let [_, t, hk, hv, dk, dv] = dims;
+    // 0x7FC0: NaN; 0x7F80: +inf (bf16). Compared: which values are not finite.
+    for (what, token, bits) in [
+        ("v", 5usize, 0x7FC0u16),
+        ("v", 20, 0x7FC0),
+        ("k", 5, 0x7FC0),
+        ("k", 33, 0x7FC0),
+        ("v", 9, 0x7F80),
+        ("k", 17, 0x7F80),
+    ] {
+        let mut host = HostRecurrence::random(&mut rng, dims);
+        match what {
+            "v" => host.v[((t + token) * hv + 1) * dv + 2] = bits, // b 1, head 1, row 2
+            _ => host.k[((t + token) * hk + 1) * dk + 7] = bits,   // b 1, key head 1
+        }
+        let r = host.window(0, t);
+        let (status, ye, se) = r.run();
+        ok(status);
+        for chunk in [0, 16, 64] {
+            let (status, yc, sc) = run_chunked(&r, chunk);
+            ok(status);
+            let (ye_v, yc_v) = (read_y(ye), read_y(yc));
+            let (se_v, sc_v) = (read_f32(se), read_f32(sc));
+            for (i, (e, c)) in ye_v.iter().zip(&yc_v).enumerate() {
+                assert_eq!(
+                    e.is_finite(),
+                    c.is_finite(),
+                    "{what} {bits:#x} at {token}, chunk {chunk}: y[{i}] exact {e} chunked {c}"
+                );
+            }
+            for (i, (e, c)) in se_v.iter().zip(&sc_v).enumerate() {
+                assert_eq!(
+                    e.is_finite(),
+                    c.is_finite(),
+                    "{what} {bits:#x} at {token}, chunk {chunk}: state[{i}] exact {e} chunked {c}"
+                );
+            }
+            assert!(ye_v.iter().any(|x| !x.is_finite()) && ye_v.iter().any(|x| x.is_finite()));
+            free(yc);
+            free(sc);
+        }
+        free(ye);
+        free(se);
+        r.free_inputs();
+    }
+}

@@ -150,7 +150,9 @@ pub unsafe extern "C" fn mlxk_gated_delta_update(
 /// rounding, not bit for bit. Measured against a float64 recurrence at Qwen3.5 dims
 /// (Dk = Dv = 128, T up to 4096, gates g in (0.3, 1) to (0.999, 1)): y within 8.4e-7 and the
 /// state within 4.5e-7 of their largest magnitude, not growing with T (the exact kernel:
-/// 6.5e-7 / 1.2e-6 on the same cases). Use it for long prefills; decode (T = 1) and speculative
+/// 6.5e-7 / 1.2e-6 on the same cases). A NaN or infinity in an input makes the same outputs
+/// non-finite as in mlxk_gated_delta_update (its rows, from its token on; never an earlier
+/// token). Use it for long prefills; decode (T = 1) and speculative
 /// verification, whose results must match other calls bit for bit, use
 /// mlxk_gated_delta_update.
 ///

@@ -343,7 +343,8 @@ impl Epi {
 
 /// The register-blocked product `C[m, 16] = epi(C, A[m, kc] · B[kc, 16])`, A addressed as
 /// `a[r · a_rs + p]`, B as `b[p · b_rs + j]`, C as `c[r · c_rs + j]`. With `tri`, row block
-/// `[r0, r0 + mb)` sums only `p < r0 + mb` (A lower triangular with zeros above the diagonal).
+/// `[r0, r0 + mb)` sums `p <= r0` in the tile and row `r0 + i` adds `r0 < p <= r0 + i` in
+/// `triangle` (A lower triangular: its zeros above the diagonal are never multiplied in).
 trait Kernel {
     #[allow(clippy::too_many_arguments)]
     unsafe fn gemm(
@@ -413,6 +414,44 @@ fn row_blocks(m: usize, mut f: impl FnMut(usize, usize)) {
         f(r0 + first, last - first);
     } else if rem > 0 {
         f(r0, rem);
+    }
+}
+
+/// The rest of a triangular product's row block after its full steps `p < kc` (`kc` = the
+/// block's first row + 1): row r of the block adds `rs[r] · Σ A[r, p] B[p]` over
+/// `kc <= p <= first row + r` only. The zeros above A's diagonal are skipped, not multiplied:
+/// 0 · NaN or 0 · inf would otherwise reach tokens before the one that carries the NaN or inf.
+/// `a`, `c` and `rs` (null: 1) start at the block's first row.
+///
+/// # Safety
+/// The pointers address the block's rows and B's rows up to `kc + mb - 1`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn triangle(
+    mb: usize,
+    kc: usize,
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    b_rs: usize,
+    c: *mut f32,
+    c_rs: usize,
+    rs: *const f32,
+) {
+    for r in 1..mb {
+        let mut acc = [0f32; NR];
+        for p in kc..kc + r {
+            let x = *a.add(r * a_rs + p);
+            let bp = std::slice::from_raw_parts(b.add(p * b_rs), NR);
+            for (acc, &b) in acc.iter_mut().zip(bp) {
+                *acc += x * b;
+            }
+        }
+        let scale = if rs.is_null() { 1.0 } else { *rs.add(r) };
+        let cp = std::slice::from_raw_parts_mut(c.add(r * c_rs), NR);
+        for (c, &x) in cp.iter_mut().zip(&acc) {
+            *c += scale * x;
+        }
     }
 }
 
@@ -487,7 +526,7 @@ impl Kernel for Portable {
         epi: Epi,
     ) {
         row_blocks(m, |r0, mb| {
-            let kc = if tri { (r0 + mb).min(kc) } else { kc };
+            let kc = if tri { (r0 + 1).min(kc) } else { kc };
             let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
             let epi = Epi {
                 rs: if epi.rs.is_null() {
@@ -497,7 +536,10 @@ impl Kernel for Portable {
                 },
                 ..epi
             };
-            dispatch_rows!(mb, tile_portable, kc, a, a_rs, b, b_rs, c, c_rs, epi)
+            dispatch_rows!(mb, tile_portable, kc, a, a_rs, b, b_rs, c, c_rs, epi);
+            if tri {
+                triangle(mb, kc, a, a_rs, b, b_rs, c, c_rs, epi.rs);
+            }
         })
     }
 }
@@ -572,7 +614,7 @@ mod avx2 {
         epi: Epi,
     ) {
         row_blocks(m, |r0, mb| {
-            let kc = if tri { (r0 + mb).min(kc) } else { kc };
+            let kc = if tri { (r0 + 1).min(kc) } else { kc };
             let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
             let epi = Epi {
                 rs: if epi.rs.is_null() {
@@ -582,7 +624,10 @@ mod avx2 {
                 },
                 ..epi
             };
-            dispatch_rows!(mb, tile, kc, a, a_rs, b, b_rs, c, c_rs, epi)
+            dispatch_rows!(mb, tile, kc, a, a_rs, b, b_rs, c, c_rs, epi);
+            if tri {
+                triangle(mb, kc, a, a_rs, b, b_rs, c, c_rs, epi.rs);
+            }
         })
     }
 
