@@ -377,24 +377,27 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
                 // SAFETY: `single` implies AVX2 and Dk = 128; k and q hold one token's 128
                 // values each; the rows are this job's (see `row_io`).
                 unsafe {
-                    while dv + SINGLE_ROWS <= d.dv {
-                        let io = std::array::from_fn(|r| row_io(dv + r));
-                        match p.q {
-                            Some(_) => {
-                                avx2::single_token::<T, SINGLE_ROWS, true>(k, q, g, beta, io)
-                            }
-                            None => avx2::single_token::<T, SINGLE_ROWS, false>(k, q, g, beta, io),
-                        }
-                        dv += SINGLE_ROWS;
+                    let blocks = d.dv / SINGLE_ROWS;
+                    match p.q {
+                        Some(_) => avx2::single_token::<T, SINGLE_ROWS, true>(
+                            k, q, g, beta, blocks, &row_io,
+                        ),
+                        None => avx2::single_token::<T, SINGLE_ROWS, false>(
+                            k, q, g, beta, blocks, &row_io,
+                        ),
                     }
-                    while dv < d.dv {
-                        let io = [row_io(dv)];
-                        match p.q {
-                            Some(_) => avx2::single_token::<T, 1, true>(k, q, g, beta, io),
-                            None => avx2::single_token::<T, 1, false>(k, q, g, beta, io),
+                    // The rows left over, one at a time.
+                    let first = blocks * SINGLE_ROWS;
+                    let rest = |i: usize| row_io(first + i);
+                    match p.q {
+                        Some(_) => {
+                            avx2::single_token::<T, 1, true>(k, q, g, beta, d.dv - first, &rest)
                         }
-                        dv += 1;
+                        None => {
+                            avx2::single_token::<T, 1, false>(k, q, g, beta, d.dv - first, &rest)
+                        }
                     }
+                    dv = d.dv;
                 }
             }
             while dv < d.dv {
@@ -696,75 +699,121 @@ mod avx2 {
         }
     }
 
-    /// One token for `R` value rows, the state in natural layout (a decode step). Arithmetic
-    /// as `rows`: the elementwise operations are the same (layout does not change them); each
-    /// lane's products are moved into lane layout (a 4×4 transpose of 8 products per
-    /// register) just before its sequential sum, so the state is read twice (recomputing the
-    /// decay, which gives the same bits) and written once, with no transposed copy of it.
-    /// `src` must not be null; `k` and `q` hold the token's 128 values in natural order (`q`
-    /// unused without `Q`).
+    /// Each lane's partial of products held in natural layout: `0 + p0 + p1 + p2 + p3` in
+    /// order (the kernel's sums start from 0), after a transpose into lane layout.
+    #[inline(always)]
+    unsafe fn lane_sum(p: [__m256; 4]) -> __m256 {
+        let t = transpose(p);
+        let zero = _mm256_setzero_ps();
+        _mm256_add_ps(
+            _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(zero, t[0]), t[1]), t[2]),
+            t[3],
+        )
+    }
+
+    /// Group `group` (32 values) of the read pass: `s *= g`, its 8 lanes' partials of s·k.
+    #[inline(always)]
+    unsafe fn read_group(src: *const f32, k: *const f32, gv: __m256, group: usize) -> __m256 {
+        let (src, kg) = (src.add(32 * group), k.add(32 * group));
+        lane_sum(std::array::from_fn(|i| {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), gv);
+            _mm256_mul_ps(x, _mm256_loadu_ps(kg.add(8 * i)))
+        }))
+    }
+
+    /// Group `group` of the update pass: `s = s·g + k·delta`, stored; with `Q` its lanes'
+    /// partials of s·q.
+    #[inline(always)]
+    unsafe fn update_group<const Q: bool>(
+        src: *const f32,
+        dst: *mut f32,
+        k: *const f32,
+        q: *const f32,
+        gv: __m256,
+        delta: __m256,
+        group: usize,
+    ) -> __m256 {
+        let (src, dst, kg) = (src.add(32 * group), dst.add(32 * group), k.add(32 * group));
+        let x: [__m256; 4] = std::array::from_fn(|i| {
+            let decayed = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), gv);
+            _mm256_add_ps(
+                decayed,
+                _mm256_mul_ps(_mm256_loadu_ps(kg.add(8 * i)), delta),
+            )
+        });
+        for (i, x) in x.iter().enumerate() {
+            _mm256_storeu_ps(dst.add(8 * i), *x);
+        }
+        if Q {
+            let qg = q.add(32 * group);
+            lane_sum(std::array::from_fn(|i| {
+                _mm256_mul_ps(x[i], _mm256_loadu_ps(qg.add(8 * i)))
+            }))
+        } else {
+            _mm256_setzero_ps()
+        }
+    }
+
+    /// One token for `blocks · R` value rows (`row(i)` gives row i), the state in natural
+    /// layout (a decode step). Arithmetic as `rows`: the elementwise operations are the same
+    /// (layout does not change them); each lane's products are moved into lane layout (a 4×4
+    /// transpose of 8 products per register) just before its sequential sum, so the state is
+    /// read twice (recomputing the decay, which gives the same bits) and written once, with no
+    /// transposed copy of it. Software-pipelined: the read pass of the next R rows runs inside
+    /// the update pass of the current ones, so one block's reductions (the butterflies between
+    /// its two passes) overlap the other's arithmetic. Every `src` must be non-null; `k` and
+    /// `q` hold the token's 128 values in natural order (`q` unused without `Q`).
     #[target_feature(enable = "avx2")]
-    pub unsafe fn single_token<T: Elem, const R: usize, const Q: bool>(
+    pub unsafe fn single_token<'a, T: Elem + 'a, const R: usize, const Q: bool>(
         k: *const f32,
         q: *const f32,
         g: f32,
         beta: f32,
-        io: [RowIo<T>; R],
+        blocks: usize,
+        row: impl Fn(usize) -> RowIo<'a, T>,
     ) {
+        if blocks == 0 {
+            return;
+        }
         let gv = _mm256_set1_ps(g);
         let zero = _mm256_setzero_ps();
-        // Each lane's partial: 0 + p0 + p1 + p2 + p3, in order (the kernel starts from 0).
-        let lane_sum = |p: [__m256; 4]| {
-            let t = transpose(p);
-            _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(zero, t[0]), t[1]), t[2]),
-                t[3],
-            )
-        };
-        // s *= g; kv = sum(s * k).
+        let mut io: [RowIo<T>; R] = std::array::from_fn(&row);
         let mut kv = [[zero; 4]; R];
         for group in 0..4 {
             for r in 0..R {
-                let src = io[r].src.add(32 * group);
-                let kg = k.add(32 * group);
-                kv[r][group] = lane_sum(std::array::from_fn(|i| {
-                    let x = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), gv);
-                    _mm256_mul_ps(x, _mm256_loadu_ps(kg.add(8 * i)))
-                }));
+                kv[r][group] = read_group(io[r].src, k, gv, group);
             }
         }
-        let mut delta = [zero; R];
-        for r in 0..R {
-            let kv_mem = butterfly(kv[r].as_ptr());
-            delta[r] = _mm256_set1_ps(((*io[r].v.as_ptr()).to_f32() - kv_mem) * beta);
-        }
-        // s = s*g + k*delta (stored); out = sum(s * q).
-        let mut out = [[zero; 4]; R];
-        for group in 0..4 {
+        for block in 0..blocks {
+            let mut delta = [zero; R];
             for r in 0..R {
-                let (src, dst) = (io[r].src.add(32 * group), io[r].dst.add(32 * group));
-                let kg = k.add(32 * group);
-                let x: [__m256; 4] = std::array::from_fn(|i| {
-                    let decayed = _mm256_mul_ps(_mm256_loadu_ps(src.add(8 * i)), gv);
-                    _mm256_add_ps(
-                        decayed,
-                        _mm256_mul_ps(_mm256_loadu_ps(kg.add(8 * i)), delta[r]),
-                    )
-                });
-                for (i, x) in x.iter().enumerate() {
-                    _mm256_storeu_ps(dst.add(8 * i), *x);
+                let kv_mem = butterfly(kv[r].as_ptr());
+                delta[r] = _mm256_set1_ps(((*io[r].v.as_ptr()).to_f32() - kv_mem) * beta);
+            }
+            let next = (block + 1 < blocks).then(|| {
+                let next: [RowIo<T>; R] = std::array::from_fn(|r| row((block + 1) * R + r));
+                next
+            });
+            let mut out = [[zero; 4]; R];
+            for group in 0..4 {
+                for r in 0..R {
+                    out[r][group] =
+                        update_group::<Q>(io[r].src, io[r].dst, k, q, gv, delta[r], group);
                 }
-                if Q {
-                    let qg = q.add(32 * group);
-                    out[r][group] = lane_sum(std::array::from_fn(|i| {
-                        _mm256_mul_ps(x[i], _mm256_loadu_ps(qg.add(8 * i)))
-                    }));
+                if let Some(next) = &next {
+                    for r in 0..R {
+                        kv[r][group] = read_group(next[r].src, k, gv, group);
+                    }
                 }
             }
-        }
-        if Q {
-            for r in 0..R {
-                *io[r].y = T::from_f32(butterfly(out[r].as_ptr()));
+            if Q {
+                for r in 0..R {
+                    *io[r].y = T::from_f32(butterfly(out[r].as_ptr()));
+                }
+            }
+            match next {
+                Some(next) => io = next,
+                None => break,
             }
         }
     }
