@@ -386,7 +386,11 @@ fn masked_tokens_write_zero_and_keep_the_state() {
 #[test]
 fn decode_chain_equals_prefill_and_in_place_update_is_exact() {
     let mut rng = Rng::fresh();
-    for dims in [[1, 5, 2, 4, 128, 16], [3, 4, 1, 3, 64, 8]] {
+    for dims in [
+        [1, 5, 2, 4, 128, 16],
+        [3, 4, 1, 3, 64, 8],
+        [2, 3, 2, 4, 128, 7],
+    ] {
         let [b, t, hk, hv, dk, dv] = dims;
         let full = Recurrence::random(&mut rng, dims, true, false);
         let (status, y_full, s_full) = full.run();
