@@ -455,6 +455,42 @@ unsafe fn triangle(
     }
 }
 
+/// A product as row blocks: `tile(mb, kc, a, c, epi)` runs the register tile on each block
+/// (A, C and the row scales moved to its first row; for a triangular A only the steps up to
+/// the block's first diagonal element), then `triangle` adds the rest of a triangular block.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn blocks(
+    m: usize,
+    kc: usize,
+    tri: bool,
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    b_rs: usize,
+    c: *mut f32,
+    c_rs: usize,
+    epi: Epi,
+    mut tile: impl FnMut(usize, usize, *const f32, *mut f32, Epi),
+) {
+    row_blocks(m, |r0, mb| {
+        let kc = if tri { (r0 + 1).min(kc) } else { kc };
+        let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
+        let epi = Epi {
+            rs: if epi.rs.is_null() {
+                epi.rs
+            } else {
+                epi.rs.add(r0)
+            },
+            ..epi
+        };
+        tile(mb, kc, a, c, epi);
+        if tri {
+            triangle(mb, kc, a, a_rs, b, b_rs, c, c_rs, epi.rs);
+        }
+    })
+}
+
 /// Runs `tile::<R>` for the row count `mb` (1..=MR) of a block.
 macro_rules! dispatch_rows {
     ($mb:expr, $tile:ident, $($arg:expr),*) => {
@@ -525,22 +561,21 @@ impl Kernel for Portable {
         c_rs: usize,
         epi: Epi,
     ) {
-        row_blocks(m, |r0, mb| {
-            let kc = if tri { (r0 + 1).min(kc) } else { kc };
-            let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
-            let epi = Epi {
-                rs: if epi.rs.is_null() {
-                    epi.rs
-                } else {
-                    epi.rs.add(r0)
-                },
-                ..epi
-            };
-            dispatch_rows!(mb, tile_portable, kc, a, a_rs, b, b_rs, c, c_rs, epi);
-            if tri {
-                triangle(mb, kc, a, a_rs, b, b_rs, c, c_rs, epi.rs);
-            }
-        })
+        blocks(
+            m,
+            kc,
+            tri,
+            a,
+            a_rs,
+            b,
+            b_rs,
+            c,
+            c_rs,
+            epi,
+            |mb, kc, a, c, epi| {
+                dispatch_rows!(mb, tile_portable, kc, a, a_rs, b, b_rs, c, c_rs, epi)
+            },
+        )
     }
 }
 
@@ -613,22 +648,19 @@ mod avx2 {
         c_rs: usize,
         epi: Epi,
     ) {
-        row_blocks(m, |r0, mb| {
-            let kc = if tri { (r0 + 1).min(kc) } else { kc };
-            let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
-            let epi = Epi {
-                rs: if epi.rs.is_null() {
-                    epi.rs
-                } else {
-                    epi.rs.add(r0)
-                },
-                ..epi
-            };
-            dispatch_rows!(mb, tile, kc, a, a_rs, b, b_rs, c, c_rs, epi);
-            if tri {
-                triangle(mb, kc, a, a_rs, b, b_rs, c, c_rs, epi.rs);
-            }
-        })
+        blocks(
+            m,
+            kc,
+            tri,
+            a,
+            a_rs,
+            b,
+            b_rs,
+            c,
+            c_rs,
+            epi,
+            |mb, kc, a, c, epi| dispatch_rows!(mb, tile, kc, a, a_rs, b, b_rs, c, c_rs, epi),
+        )
     }
 
     impl Kernel for Avx2 {
