@@ -44,24 +44,46 @@ export function gatedDeltaUpdate(
   state: MlxArray | null = null,
   mask: MlxArray | null = null,
 ): GatedDeltaResult {
+  const inputs = updateInputs(q, k, v, a, b, aLog, dtBias, state, mask);
+  return updateResult("gatedDeltaUpdate", (y, stateOut) =>
+    lib.mlxk_gated_delta_update(...inputs, y, stateOut),
+  );
+}
+
+/** The handles of an update's nine inputs (each checked, named in errors). */
+function updateInputs(
+  q: MlxArray,
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null,
+  mask: MlxArray | null,
+) {
+  return [
+    handleOf(q, "q"),
+    handleOf(k, "k"),
+    handleOf(v, "v"),
+    handleOf(a, "a"),
+    handleOf(b, "b"),
+    handleOf(aLog, "aLog"),
+    handleOf(dtBias, "dtBias"),
+    optionalHandle(state),
+    optionalHandle(mask),
+  ] as const;
+}
+
+/** Runs an update entry (`call` fills the y and state slots) and adopts its two results. */
+function updateResult(
+  name: string,
+  call: (y: BigUint64Array, stateOut: BigUint64Array) => number,
+): GatedDeltaResult {
   const y = outSlot();
   const stateOut = outSlot();
-  check(
-    lib.mlxk_gated_delta_update(
-      handleOf(q, "q"),
-      handleOf(k, "k"),
-      handleOf(v, "v"),
-      handleOf(a, "a"),
-      handleOf(b, "b"),
-      handleOf(aLog, "aLog"),
-      handleOf(dtBias, "dtBias"),
-      optionalHandle(state),
-      optionalHandle(mask),
-      y,
-      stateOut,
-    ),
-  );
-  return { y: adopt(y, "gatedDeltaUpdate y"), state: adopt(stateOut, "gatedDeltaUpdate state") };
+  check(call(y, stateOut));
+  return { y: adopt(y, `${name} y`), state: adopt(stateOut, `${name} state`) };
 }
 
 /**
@@ -89,28 +111,11 @@ export function gatedDeltaUpdateChunked(
   mask: MlxArray | null = null,
   chunkSize = 0,
 ): GatedDeltaResult {
-  const y = outSlot();
-  const stateOut = outSlot();
-  check(
-    lib.mlxk_gated_delta_update_chunked(
-      handleOf(q, "q"),
-      handleOf(k, "k"),
-      handleOf(v, "v"),
-      handleOf(a, "a"),
-      handleOf(b, "b"),
-      handleOf(aLog, "aLog"),
-      handleOf(dtBias, "dtBias"),
-      optionalHandle(state),
-      optionalHandle(mask),
-      int32Arg("chunkSize", chunkSize),
-      y,
-      stateOut,
-    ),
+  const inputs = updateInputs(q, k, v, a, b, aLog, dtBias, state, mask);
+  const chunk = int32Arg("chunkSize", chunkSize);
+  return updateResult("gatedDeltaUpdateChunked", (y, stateOut) =>
+    lib.mlxk_gated_delta_update_chunked(...inputs, chunk, y, stateOut),
   );
-  return {
-    y: adopt(y, "gatedDeltaUpdateChunked y"),
-    state: adopt(stateOut, "gatedDeltaUpdateChunked state"),
-  };
 }
 
 /**
