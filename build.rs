@@ -150,10 +150,45 @@ fn generate_header(manifest_dir: &Path, out_dir: &Path) {
     for entry in fs::read_dir(manifest_dir.join("src/capi")).unwrap() {
         println!("cargo:rerun-if-changed={}", entry.unwrap().path().display());
     }
+    // Two items of the header live below src/capi/: the opaque handle (src/handle.rs) and the
+    // status codes, which src/error.rs writes once as rows of a macro cbindgen cannot expand.
+    let codes = out_dir.join("status_codes.rs");
+    fs::write(&codes, status_codes(&manifest_dir.join("src/error.rs"))).unwrap();
+    println!("cargo:rerun-if-changed=src/error.rs");
+    println!("cargo:rerun-if-changed=src/handle.rs");
     let header = cbindgen::Builder::new()
         .with_config(config)
         .with_src(manifest_dir.join("src/capi/mod.rs"))
+        .with_src(manifest_dir.join("src/handle.rs"))
+        .with_src(&codes)
         .generate()
         .expect("cbindgen failed to generate include/mlxkern.h");
     header.write_to_file(out_dir.join("mlxkern.h"));
+}
+
+/// The status constants as plain Rust items for cbindgen, from the rows of `statuses!` in
+/// src/error.rs: each `NAME = code [=> Variant];` with the `///` lines above it.
+fn status_codes(error_rs: &Path) -> String {
+    let text = fs::read_to_string(error_rs).unwrap();
+    let table = text
+        .split("\nstatuses! {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n}").next())
+        .expect("src/error.rs: the `statuses! { ... }` table");
+    let mut out = String::from("use crate::capi::status::mlxk_status;\n");
+    let mut docs = String::new();
+    let mut rows = 0;
+    for line in table.lines().map(str::trim) {
+        if let Some(doc) = line.strip_prefix("///") {
+            docs.push_str(&format!("///{doc}\n"));
+        } else if let Some((name, rest)) = line.split_once('=') {
+            let code = rest.trim_end_matches(';').split("=>").next().unwrap().trim();
+            let code: i32 = code.parse().expect("a status code is an integer literal");
+            out.push_str(&format!("{docs}pub const {}: mlxk_status = {code};\n", name.trim()));
+            docs.clear();
+            rows += 1;
+        }
+    }
+    assert!(rows > 0, "src/error.rs: no rows in the status table");
+    out
 }

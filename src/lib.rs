@@ -14,6 +14,7 @@ pub mod capi;
 pub mod cpu;
 mod dtype;
 mod error;
+mod handle;
 pub mod glm52;
 mod memory;
 pub mod metal;

@@ -11,7 +11,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use cxx::UniquePtr;
 
 use crate::bridge::Array;
-use crate::capi::mlxk_array;
+use crate::handle::mlxk_array;
 use crate::error::{Error, Result};
 
 // SAFETY: an MLX array is a reference-counted node (atomic shared_ptr); every use of one goes

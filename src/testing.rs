@@ -2,7 +2,7 @@
 
 use crate::bridge::{self, CpuLaunch};
 use crate::capi::status::mlxk_status;
-use crate::capi::{boundary, mlxk_array, out_ptr};
+use crate::capi::{boundary, mlxk_array, Out};
 use crate::cpu::CpuKernel;
 use crate::dtype::Dtype;
 use crate::registry;
@@ -14,7 +14,8 @@ use crate::registry;
 /// `out` is NULL or valid for writing one handle.
 pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_status {
     boundary("panic_probe", || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         let mut mlx = registry::lock();
         let a = mlx.get(input, "input")?;
         let launch = CpuLaunch {
@@ -28,8 +29,7 @@ pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -
         let list = crate::ops::gated_delta::list(&[a]);
         let outputs = crate::ops::gated_delta::take(&*bridge::cpu_kernel_op(&launch, &list)?);
         let node = outputs.into_iter().next().expect("one output");
-        // SAFETY: checked non-NULL.
-        unsafe { *out = mlx.insert(node) };
+        out.write(mlx.insert(node));
         Ok(())
     })
 }
@@ -84,11 +84,11 @@ pub fn fused_gates(
 /// `out` is NULL or valid for writing one handle.
 pub unsafe fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> mlxk_status {
     boundary("mlx_sigmoid", || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         let mut mlx = registry::lock();
         let result = bridge::sigmoid(mlx.get(x, "x")?, false)?;
-        // SAFETY: checked non-NULL.
-        unsafe { *out = mlx.insert(result) };
+        out.write(mlx.insert(result));
         Ok(())
     })
 }

@@ -3,7 +3,7 @@
 use std::ffi::c_void;
 
 use super::status::mlxk_status;
-use super::{boundary, in_slice, mlxk_array, out_ptr};
+use super::{boundary, in_slice, mlxk_array, out_slice, Out};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::ops::array as ops;
@@ -55,7 +55,8 @@ pub unsafe extern "C" fn mlxk_array_new(
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary("mlxk_array_new", || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         // SAFETY: documented contract on `shape`.
         let shape = unsafe { shape_arg(shape, ndim) }?;
         let dtype = Dtype::from_arg(dtype, "dtype")?;
@@ -72,8 +73,7 @@ pub unsafe extern "C" fn mlxk_array_new(
         }
         let mut mlx = registry::lock();
         let array = ops::from_bytes(bytes, shape, dtype)?;
-        // SAFETY: checked non-NULL above.
-        unsafe { *out = mlx.insert(array) };
+        out.write(mlx.insert(array));
         Ok(())
     })
 }
@@ -89,15 +89,15 @@ pub unsafe extern "C" fn mlxk_array_zeros(
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary("mlxk_array_zeros", || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         // SAFETY: documented contract on `shape`.
         let shape = unsafe { shape_arg(shape, ndim) }?;
         let dtype = Dtype::from_arg(dtype, "dtype")?;
         ops::check_new("shape", shape, dtype)?;
         let mut mlx = registry::lock();
         let array = ops::zeros(shape, dtype)?;
-        // SAFETY: checked non-NULL above.
-        unsafe { *out = mlx.insert(array) };
+        out.write(mlx.insert(array));
         Ok(())
     })
 }
@@ -127,11 +127,11 @@ pub unsafe extern "C" fn mlxk_array_ndim(
     ndim: *mut usize,
 ) -> mlxk_status {
     boundary("mlxk_array_ndim", || {
-        let ndim = out_ptr(ndim, "ndim")?;
+        // SAFETY: the documented contract on `ndim`.
+        let ndim = unsafe { Out::new(ndim, "ndim") }?;
         let mlx = registry::lock();
         let a = mlx.get(array, "array")?;
-        // SAFETY: checked non-NULL.
-        unsafe { *ndim = crate::bridge::array_ndim(a) };
+        ndim.write(ops::ndim(a));
         Ok(())
     })
 }
@@ -159,10 +159,10 @@ pub unsafe extern "C" fn mlxk_array_shape(
         if shape.is_empty() {
             return Ok(());
         }
-        let dims = out_ptr(dims, "dims")?;
-        for (i, d) in shape.iter().enumerate() {
-            // SAFETY: the caller promises `capacity` writable int32 values at `dims`.
-            unsafe { *dims.add(i) = *d as i32 };
+        // SAFETY: the documented contract: `capacity` (>= ndim) writable int32 values at `dims`.
+        let dims = unsafe { out_slice(dims, shape.len(), "dims") }?;
+        for (slot, &d) in dims.iter_mut().zip(&shape) {
+            *slot = d as i32;
         }
         Ok(())
     })
@@ -177,11 +177,11 @@ pub unsafe extern "C" fn mlxk_array_dtype(
     dtype: *mut mlxk_dtype,
 ) -> mlxk_status {
     boundary("mlxk_array_dtype", || {
-        let dtype = out_ptr(dtype, "dtype")?;
+        // SAFETY: the documented contract on `dtype`.
+        let dtype = unsafe { Out::new(dtype, "dtype") }?;
         let mlx = registry::lock();
         let a = mlx.get(array, "array")?;
-        // SAFETY: checked non-NULL.
-        unsafe { *dtype = crate::bridge::array_dtype(a) };
+        dtype.write(ops::dtype_code(a));
         Ok(())
     })
 }
@@ -195,11 +195,11 @@ pub unsafe extern "C" fn mlxk_array_nbytes(
     nbytes: *mut usize,
 ) -> mlxk_status {
     boundary("mlxk_array_nbytes", || {
-        let nbytes = out_ptr(nbytes, "nbytes")?;
+        // SAFETY: the documented contract on `nbytes`.
+        let nbytes = unsafe { Out::new(nbytes, "nbytes") }?;
         let mlx = registry::lock();
         let a = mlx.get(array, "array")?;
-        // SAFETY: checked non-NULL.
-        unsafe { *nbytes = crate::bridge::array_nbytes(a) };
+        nbytes.write(ops::nbytes(a));
         Ok(())
     })
 }
@@ -213,8 +213,7 @@ pub extern "C" fn mlxk_array_eval(array: *const mlxk_array) -> mlxk_status {
     boundary("mlxk_array_eval", || {
         let mut mlx = registry::lock();
         let a = mlx.get(array, "array")?;
-        if let Err(e) = crate::bridge::array_eval(a) {
-            let error = Error::from(e);
+        if let Err(error) = ops::eval(a) {
             mlx.mark_failed(array, &error);
             return Err(error);
         }
@@ -236,7 +235,7 @@ pub unsafe extern "C" fn mlxk_array_read(
     boundary("mlxk_array_read", || {
         let mut mlx = registry::lock();
         let a = mlx.get(array, "array")?;
-        let nbytes = crate::bridge::array_nbytes(a);
+        let nbytes = ops::nbytes(a);
         if dst_bytes < nbytes {
             return Err(Error::BufferTooSmall(format!(
                 "dst_bytes is {dst_bytes}; the array holds {nbytes} bytes"
@@ -245,11 +244,9 @@ pub unsafe extern "C" fn mlxk_array_read(
         if nbytes == 0 {
             return Ok(());
         }
-        let dst = out_ptr(dst as *mut u8, "dst")?;
-        // SAFETY: the caller promises `dst_bytes >= nbytes` writable bytes at `dst`.
-        let dst = unsafe { std::slice::from_raw_parts_mut(dst, nbytes) };
-        if let Err(e) = crate::bridge::array_read(a, dst) {
-            let error = Error::from(e);
+        // SAFETY: the documented contract: `dst_bytes` (>= nbytes) writable bytes at `dst`.
+        let dst = unsafe { out_slice(dst as *mut u8, nbytes, "dst") }?;
+        if let Err(error) = ops::read(a, dst) {
             mlx.mark_failed(array, &error);
             return Err(error);
         }
@@ -269,13 +266,13 @@ pub unsafe extern "C" fn mlxk_array_astype(
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary("mlxk_array_astype", || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         let dtype = Dtype::from_arg(dtype, "dtype")?;
         let mut mlx = registry::lock();
         let a = mlx.get(array, "array")?;
         let converted = ops::astype(a, dtype)?;
-        // SAFETY: checked non-NULL.
-        unsafe { *out = mlx.insert(converted) };
+        out.write(mlx.insert(converted));
         Ok(())
     })
 }

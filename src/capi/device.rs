@@ -1,6 +1,6 @@
 //! The default device, the GPU backend present, and memory limits.
 
-use super::boundary;
+use super::{boundary, Out};
 use super::status::mlxk_status;
 use crate::error::Error;
 use crate::ops::device;
@@ -36,7 +36,11 @@ pub extern "C" fn mlxk_set_default_device(device: mlxk_device) -> mlxk_status {
 pub extern "C" fn mlxk_gpu_backend() -> mlxk_gpu_backend_kind {
     let mut kind = MLXK_GPU_NONE;
     let _ = boundary("mlxk_gpu_backend", || {
-        kind = device::gpu_backend();
+        kind = match device::gpu_backend() {
+            device::GpuBackend::None => MLXK_GPU_NONE,
+            device::GpuBackend::Metal => MLXK_GPU_METAL,
+            device::GpuBackend::Cuda => MLXK_GPU_CUDA,
+        };
         Ok(())
     });
     kind
@@ -57,9 +61,9 @@ pub extern "C" fn mlxk_set_memory_limit(bytes: usize) -> mlxk_status {
 #[no_mangle]
 pub unsafe extern "C" fn mlxk_get_memory_limit(bytes: *mut usize) -> mlxk_status {
     boundary("mlxk_get_memory_limit", || {
-        let bytes = super::out_ptr(bytes, "bytes")?;
-        // SAFETY: checked non-NULL.
-        unsafe { *bytes = crate::memory::limit() };
+        // SAFETY: the documented contract on `bytes`.
+        let bytes = unsafe { Out::new(bytes, "bytes") }?;
+        bytes.write(crate::memory::limit());
         Ok(())
     })
 }
@@ -69,8 +73,7 @@ pub unsafe extern "C" fn mlxk_get_memory_limit(bytes: *mut usize) -> mlxk_status
 #[no_mangle]
 pub extern "C" fn mlxk_set_cache_limit(bytes: usize) -> mlxk_status {
     boundary("mlxk_set_cache_limit", || {
-        let _guard = crate::registry::lock();
-        crate::bridge::set_cache_limit(bytes);
+        device::set_cache_limit(bytes);
         Ok(())
     })
 }

@@ -2,7 +2,7 @@
 //! chunked form), `mlxk_gated_delta_state`.
 
 use super::status::mlxk_status;
-use super::{boundary, mlxk_array, out_ptr};
+use super::{boundary, mlxk_array, Out};
 use crate::ops::gated_delta::{self as ops, Backend, Inputs, ReplayInputs};
 use crate::registry;
 
@@ -25,15 +25,15 @@ pub unsafe extern "C" fn mlxk_compute_g(
     g: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary("mlxk_compute_g", || {
-        let g = out_ptr(g, "g")?;
+        // SAFETY: the documented contract on `g`.
+        let g = unsafe { Out::new(g, "g") }?;
         let mut mlx = registry::lock();
         let result = ops::compute_g(
             mlx.get(a_log, "a_log")?,
             mlx.get(a, "a")?,
             mlx.get(dt_bias, "dt_bias")?,
         )?;
-        // SAFETY: checked non-NULL.
-        unsafe { *g = mlx.insert(result) };
+        g.write(mlx.insert(result));
         Ok(())
     })
 }
@@ -59,9 +59,11 @@ unsafe fn update(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary(function, || {
-        let y = out_ptr(y, "y")?;
-        let state_out = out_ptr(state_out, "state_out")?;
-        if y == state_out {
+        // SAFETY: the documented contract on `y`.
+        let y = unsafe { Out::new(y, "y") }?;
+        // SAFETY: the documented contract on `state_out`.
+        let state_out = unsafe { Out::new(state_out, "state_out") }?;
+        if y.same_place(&state_out) {
             return Err(crate::Error::InvalidArgument(
                 "y and state_out point to the same place (two handles are returned)".into(),
             ));
@@ -87,11 +89,8 @@ unsafe fn update(
                 gpu.unwrap_or_else(|| Backend::current() != Backend::Cpu),
             )?,
         };
-        // SAFETY: both checked non-NULL.
-        unsafe {
-            *y = mlx.insert(y_array);
-            *state_out = mlx.insert(state_array);
-        }
+        y.write(mlx.insert(y_array));
+        state_out.write(mlx.insert(state_array));
         Ok(())
     })
 }
@@ -258,7 +257,8 @@ unsafe fn replay(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary(function, || {
-        let state_out = out_ptr(state_out, "state_out")?;
+        // SAFETY: the documented contract on `state_out`.
+        let state_out = unsafe { Out::new(state_out, "state_out") }?;
         // SAFETY: documented contract: `n_lengths` int32 values at `accepted_lengths`.
         let lengths = unsafe { super::in_slice(accepted_lengths, n_lengths, "accepted_lengths") }?;
         let mut mlx = registry::lock();
@@ -274,8 +274,7 @@ unsafe fn replay(
             accepted_lengths: lengths,
         };
         let result = ops::replay(&inputs, backend.unwrap_or_else(Backend::current))?;
-        // SAFETY: checked non-NULL.
-        unsafe { *state_out = mlx.insert(result) };
+        state_out.write(mlx.insert(result));
         Ok(())
     })
 }

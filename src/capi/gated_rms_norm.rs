@@ -1,7 +1,7 @@
 //! `mlxk_gated_rms_norm`: Qwen's RMSNormGated.
 
 use super::status::mlxk_status;
-use super::{boundary, mlxk_array, out_ptr};
+use super::{boundary, mlxk_array, Out};
 use crate::ops::device;
 use crate::ops::gated_rms_norm::{self as ops, Inputs};
 use crate::registry;
@@ -16,7 +16,8 @@ unsafe fn norm(
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary(function, || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         let mut mlx = registry::lock();
         let inputs = Inputs {
             x: mlx.get(arrays[0], "x")?,
@@ -26,8 +27,7 @@ unsafe fn norm(
         };
         let gpu = gpu.or_else(|| device::gpu().then_some(true));
         let result = ops::norm(&inputs, gpu)?;
-        // SAFETY: checked non-NULL.
-        unsafe { *out = mlx.insert(result) };
+        out.write(mlx.insert(result));
         Ok(())
     })
 }

@@ -1,7 +1,7 @@
 //! GLM-5.2 expert-slot layout: `mlxk_glm52_layout_canonical`, `mlxk_glm52_layout_validate`.
 
 use super::status::mlxk_status;
-use super::{boundary, out_ptr};
+use super::{boundary, Out};
 use crate::error::Error;
 use crate::glm52::{self, Format, Layout};
 
@@ -94,11 +94,11 @@ pub unsafe extern "C" fn mlxk_glm52_layout_canonical(
     out: *mut mlxk_glm52_layout,
 ) -> mlxk_status {
     boundary("mlxk_glm52_layout_canonical", || {
-        let out = out_ptr(out, "out")?;
+        // SAFETY: the documented contract on `out`.
+        let out = unsafe { Out::new(out, "out") }?;
         let format = Format::new(bits, group_size)?;
         let layout = glm52::canonical(hidden, intermediate, format)?;
-        // SAFETY: checked non-NULL; the caller promises a writable mlxk_glm52_layout.
-        unsafe { out.write_unaligned(layout.into()) };
+        out.write(layout.into());
         Ok(())
     })
 }

@@ -9,6 +9,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 
 use crate::error::{Error, Result};
 
@@ -22,12 +23,7 @@ pub mod status;
 
 use status::*;
 
-/// An MLX array owned by the caller. Opaque: made by the library (mlxk_array_new,
-/// mlxk_array_zeros, mlxk_array_astype and every kernel), released with mlxk_array_free().
-/// The value is a registry token, not an address: never dereference it.
-pub struct mlxk_array {
-    _private: [u8; 0],
-}
+pub use crate::handle::mlxk_array;
 
 #[doc(hidden)]
 /// Runs `f` as export `function`: catches panics, records the error for mlxk_last_error().
@@ -40,47 +36,86 @@ pub fn boundary(function: &str, f: impl FnOnce() -> Result<()>) -> mlxk_status {
             status
         }
         Err(payload) => {
-            let detail = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic payload".to_string());
+            let detail = crate::error::panic_message(&*payload);
             status::set_last_error(&format!("{function}: internal panic: {detail}"));
             MLXK_ERR_PANIC
         }
     }
 }
 
-#[doc(hidden)]
-/// Checks an out-parameter before any work is done.
-pub fn out_ptr<T>(out: *mut T, arg: &str) -> Result<*mut T> {
-    if out.is_null() {
-        Err(Error::NullPointer(format!(
-            "{arg} is NULL (expected a pointer to write the result to)"
-        )))
-    } else {
-        Ok(out)
+/// An out-parameter of an export (`T *out` in C): checked before any work is done, written
+/// once on success. Creating one is where the export's contract ("`out` is NULL or valid for
+/// writing one T") is relied on; writing it is then safe.
+pub struct Out<T> {
+    ptr: NonNull<T>,
+}
+
+impl<T> Out<T> {
+    /// Takes argument `arg`; NULL gives MLXK_ERR_NULL_POINTER naming it.
+    ///
+    /// # Safety
+    /// `ptr` is NULL or valid for writing one `T` until the export returns.
+    #[doc(hidden)]
+    pub unsafe fn new(ptr: *mut T, arg: &str) -> Result<Out<T>> {
+        NonNull::new(ptr).map(|ptr| Out { ptr }).ok_or_else(|| {
+            Error::NullPointer(format!(
+                "{arg} is NULL (expected a pointer to write the result to)"
+            ))
+        })
+    }
+
+    /// Whether two out-parameters point to the same place.
+    pub fn same_place(&self, other: &Out<T>) -> bool {
+        self.ptr == other.ptr
+    }
+
+    /// Writes the result (consumes the out-parameter: one write per call).
+    pub fn write(self, value: T) {
+        // SAFETY: `new`'s contract: valid for writing one T while the export runs.
+        unsafe { self.ptr.as_ptr().write_unaligned(value) }
     }
 }
 
-/// Borrows a caller's buffer of `len` elements, naming it in errors. NULL is allowed when empty.
-pub(crate) unsafe fn in_slice<'a, T>(ptr: *const T, len: usize, arg: &str) -> Result<&'a [T]> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
+/// Checks a caller's buffer of `len` elements (argument `arg`): NULL is allowed when empty.
+fn check_buffer<T>(ptr: *const T, len: usize, arg: &str) -> Result<()> {
+    if len != 0 && ptr.is_null() {
         return Err(Error::NullPointer(format!(
             "{arg} is NULL but {len} elements were announced"
         )));
     }
-    if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+    if len != 0 && !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::InvalidArgument(format!(
             "{arg} ({ptr:p}) is not aligned to {} bytes",
             std::mem::align_of::<T>()
         )));
     }
-    // SAFETY: the caller promises `len` readable elements at `ptr` (documented per function).
+    Ok(())
+}
+
+/// Borrows a caller's buffer of `len` elements, naming it in errors. NULL is allowed when empty.
+///
+/// # Safety
+/// `ptr` is NULL or holds `len` readable elements for the rest of the call.
+pub(crate) unsafe fn in_slice<'a, T>(ptr: *const T, len: usize, arg: &str) -> Result<&'a [T]> {
+    check_buffer(ptr, len, arg)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: checked non-NULL and aligned; the caller promises `len` readable elements.
     Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Borrows a caller's buffer of `len` elements for writing, naming it in errors.
+///
+/// # Safety
+/// `ptr` is NULL or holds `len` writable elements for the rest of the call.
+pub(crate) unsafe fn out_slice<'a, T>(ptr: *mut T, len: usize, arg: &str) -> Result<&'a mut [T]> {
+    check_buffer(ptr, len, arg)?;
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    // SAFETY: checked non-NULL and aligned; the caller promises `len` writable elements.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
 }
 
 /// Live handles in this process (tests use it to find leaks).

@@ -1,7 +1,7 @@
 //! `mlxk_silu_rms_heads`: the convolution output split into normalized q, k and activated v.
 
 use super::status::mlxk_status;
-use super::{boundary, mlxk_array, out_ptr};
+use super::{boundary, mlxk_array, Out};
 use crate::ops::device;
 use crate::ops::silu_rms_heads::{self as ops, Inputs};
 use crate::registry;
@@ -18,10 +18,15 @@ unsafe fn split(
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
     boundary(function, || {
-        let q = out_ptr(outs[0], "q")?;
-        let k = out_ptr(outs[1], "k")?;
-        let v = out_ptr(outs[2], "v")?;
-        if q == k || k == v || q == v {
+        // SAFETY: the documented contract on `q`, `k` and `v`.
+        let (q, k, v) = unsafe {
+            (
+                Out::new(outs[0], "q")?,
+                Out::new(outs[1], "k")?,
+                Out::new(outs[2], "v")?,
+            )
+        };
+        if q.same_place(&k) || k.same_place(&v) || q.same_place(&v) {
             return Err(crate::Error::InvalidArgument(
                 "q, k and v must point to three different places".into(),
             ));
@@ -38,12 +43,9 @@ unsafe fn split(
         };
         let gpu = gpu.or_else(|| device::gpu().then_some(true));
         let (qa, ka, va) = ops::split(&inputs, gpu)?;
-        // SAFETY: all three checked non-NULL.
-        unsafe {
-            *q = mlx.insert(qa);
-            *k = mlx.insert(ka);
-            *v = mlx.insert(va);
-        }
+        q.write(mlx.insert(qa));
+        k.write(mlx.insert(ka));
+        v.write(mlx.insert(va));
         Ok(())
     })
 }

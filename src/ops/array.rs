@@ -28,6 +28,29 @@ pub fn shape(array: &Array) -> Vec<i64> {
         .collect()
 }
 
+pub fn ndim(array: &Array) -> usize {
+    bridge::array_ndim(array)
+}
+
+/// The array's dtype as an `mlxk_dtype` code.
+pub fn dtype_code(array: &Array) -> i32 {
+    bridge::array_dtype(array)
+}
+
+pub fn nbytes(array: &Array) -> usize {
+    bridge::array_nbytes(array)
+}
+
+/// Computes the array now; MLX's error (a kernel's included) comes back as ours.
+pub fn eval(array: &Array) -> Result<()> {
+    Ok(bridge::array_eval(array)?)
+}
+
+/// Evaluates the array and copies its elements, row-major, into `dst` (exactly nbytes long).
+pub fn read(array: &Array, dst: &mut [u8]) -> Result<()> {
+    Ok(bridge::array_read(array, dst)?)
+}
+
 pub fn astype(array: &Array, dtype: Dtype) -> Result<UniquePtr<Array>> {
     memory::check_outputs(&[("out", &shape(array), dtype)])?;
     Ok(bridge::array_astype(

@@ -3,7 +3,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::bridge;
-use crate::capi::device::{MLXK_GPU_CUDA, MLXK_GPU_METAL, MLXK_GPU_NONE};
 use crate::error::{Error, Result};
 use crate::registry;
 
@@ -37,13 +36,27 @@ pub fn set_gpu(gpu: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn gpu_backend() -> i32 {
+/// The GPU backend of the loaded MLX.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuBackend {
+    None,
+    Metal,
+    Cuda,
+}
+
+pub fn gpu_backend() -> GpuBackend {
     let _mlx = registry::lock();
     if bridge::metal_available() {
-        MLXK_GPU_METAL
+        GpuBackend::Metal
     } else if bridge::cuda_available() {
-        MLXK_GPU_CUDA
+        GpuBackend::Cuda
     } else {
-        MLXK_GPU_NONE
+        GpuBackend::None
     }
+}
+
+/// Sets how many bytes of freed buffers MLX keeps cached for reuse.
+pub fn set_cache_limit(bytes: usize) {
+    let _mlx = registry::lock();
+    bridge::set_cache_limit(bytes);
 }
