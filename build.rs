@@ -182,9 +182,17 @@ fn status_codes(error_rs: &Path) -> String {
         if let Some(doc) = line.strip_prefix("///") {
             docs.push_str(&format!("///{doc}\n"));
         } else if let Some((name, rest)) = line.split_once('=') {
-            let code = rest.trim_end_matches(';').split("=>").next().unwrap().trim();
+            let code = rest
+                .trim_end_matches(';')
+                .split("=>")
+                .next()
+                .unwrap()
+                .trim();
             let code: i32 = code.parse().expect("a status code is an integer literal");
-            out.push_str(&format!("{docs}pub const {}: mlxk_status = {code};\n", name.trim()));
+            out.push_str(&format!(
+                "{docs}pub const {}: mlxk_status = {code};\n",
+                name.trim()
+            ));
             docs.clear();
             rows += 1;
         }

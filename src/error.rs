@@ -102,7 +102,10 @@ mod tests {
     fn every_error_maps_to_its_named_code() {
         let cases = [
             (Error::NullPointer(String::new()), "MLXK_ERR_NULL_POINTER"),
-            (Error::InvalidHandle(String::new()), "MLXK_ERR_INVALID_HANDLE"),
+            (
+                Error::InvalidHandle(String::new()),
+                "MLXK_ERR_INVALID_HANDLE",
+            ),
             (Error::Panic(String::new()), "MLXK_ERR_PANIC"),
         ];
         for (error, name) in cases {

@@ -14,10 +14,11 @@ pub mod capi;
 pub mod cpu;
 mod dtype;
 mod error;
-mod handle;
 pub mod glm52;
+mod handle;
 mod memory;
 pub mod metal;
+pub mod node;
 mod ops;
 mod registry;
 #[doc(hidden)]

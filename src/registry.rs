@@ -11,8 +11,8 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use cxx::UniquePtr;
 
 use crate::bridge::Array;
-use crate::handle::mlxk_array;
 use crate::error::{Error, Result};
+use crate::handle::mlxk_array;
 
 // SAFETY: an MLX array is a reference-counted node (atomic shared_ptr); every use of one goes
 // through the lock below, so moving the owning pointer between threads is sound.

@@ -1,10 +1,15 @@
-//! Hooks for the test suites; not part of the C ABI.
+//! Hooks for the test suites; not part of the C ABI. The `*_via_metal` entries run a kernel
+//! through its Metal launch whatever the default device (`gpu = false`: on a CPU stream, where
+//! MLX refuses with "No Metal back-end"), so tests build and check the Metal dispatch on
+//! machines without Metal.
 
-use crate::bridge::{self, CpuLaunch};
+use crate::bridge;
+use crate::capi::gated_delta::{self, Form};
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, mlxk_array, Out};
-use crate::cpu::CpuKernel;
 use crate::dtype::Dtype;
+use crate::node::{Kernel, Output};
+use crate::ops::Backend;
 use crate::registry;
 
 /// Makes a lazy node whose CPU kernel panics when evaluated: evaluating it must give
@@ -18,16 +23,11 @@ pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -
         let out = unsafe { Out::new(out, "out") }?;
         let mut mlx = registry::lock();
         let a = mlx.get(input, "input")?;
-        let launch = CpuLaunch {
-            kernel: CpuKernel::PanicProbe as u32,
-            params: vec![],
-            output_dims: vec![1],
-            output_ndims: vec![1],
-            output_dtypes: vec![Dtype::Float32 as i32],
-            donate_from: vec![-1],
+        let output = Output {
+            shape: vec![1],
+            dtype: Dtype::Float32,
         };
-        let list = crate::ops::gated_delta::list(&[a]);
-        let outputs = crate::ops::gated_delta::take(&*bridge::cpu_kernel_op(&launch, &list)?);
+        let outputs = crate::ops::cpu_node(Kernel::PanicProbe, vec![], &[output], vec![-1], &[a])?;
         let node = outputs.into_iter().next().expect("one output");
         out.write(mlx.insert(node));
         Ok(())
@@ -96,4 +96,133 @@ pub unsafe fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> ml
 /// Threads the CPU kernels use (the calling thread plus the pool's helpers).
 pub fn cpu_threads() -> usize {
     crate::cpu::pool::threads()
+}
+
+/// The backend a default device of GPU (`true`) or CPU would give.
+fn as_if(gpu: bool) -> Backend {
+    if gpu {
+        Backend::Metal { gpu: true }
+    } else {
+        Backend::Cpu
+    }
+}
+
+/// `mlxk_gated_delta_update_chunked` as if the default device were (`gpu = true`) or were not
+/// the GPU.
+///
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
+pub unsafe fn gated_delta_update_chunked_as_if(
+    gpu: bool,
+    args: [*const mlxk_array; 9],
+    chunk_size: i32,
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        gated_delta::update(
+            "mlxk_gated_delta_update_chunked",
+            Form::Chunked(chunk_size, Some(as_if(gpu))),
+            args,
+            y,
+            state_out,
+        )
+    }
+}
+
+/// `mlxk_gated_delta_update` forced through the Metal launch (`gpu = false`: on a CPU stream,
+/// where MLX refuses with "No Metal back-end"). Lets tests build and check the Metal dispatch
+/// on machines without Metal.
+///
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gated_delta_update_via_metal(
+    gpu: bool,
+    args: [*const mlxk_array; 9],
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        gated_delta::update(
+            "mlxk_gated_delta_update (Metal)",
+            Form::Exact(Some(Backend::Metal { gpu })),
+            args,
+            y,
+            state_out,
+        )
+    }
+}
+
+/// `mlxk_gated_delta_state` forced through the Metal launch (see
+/// [`gated_delta_update_via_metal`]).
+///
+/// # Safety
+/// `state_out` is NULL or valid for writing one handle.
+pub unsafe fn gated_delta_state_via_metal(
+    gpu: bool,
+    args: [*const mlxk_array; 7],
+    accepted_lengths: &[i32],
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: the lengths come from a slice; forwarded contract on `state_out`.
+    unsafe {
+        gated_delta::build_state(
+            "mlxk_gated_delta_state (Metal)",
+            Some(Backend::Metal { gpu }),
+            args,
+            accepted_lengths.as_ptr(),
+            accepted_lengths.len(),
+            state_out,
+        )
+    }
+}
+
+/// `mlxk_silu_rms_heads` through the Metal launch (`gpu = false`: a CPU stream, which MLX
+/// refuses).
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub unsafe fn silu_rms_heads_via_metal(
+    gpu: bool,
+    arrays: [*const mlxk_array; 3],
+    heads: [i32; 3],
+    eps: f32,
+    outs: [*mut *mut mlxk_array; 3],
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `outs`.
+    unsafe {
+        crate::capi::silu_rms_heads::split(
+            "mlxk_silu_rms_heads (Metal)",
+            Some(Backend::Metal { gpu }),
+            arrays,
+            heads,
+            eps,
+            outs,
+        )
+    }
+}
+
+/// `mlxk_gated_rms_norm` through the Metal launch.
+///
+/// # Safety
+/// `out` is NULL or valid for writing one handle.
+pub unsafe fn gated_rms_norm_via_metal(
+    gpu: bool,
+    arrays: [*const mlxk_array; 3],
+    eps: f32,
+    out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `out`.
+    unsafe {
+        crate::capi::gated_rms_norm::norm(
+            "mlxk_gated_rms_norm (Metal)",
+            Some(Backend::Metal { gpu }),
+            arrays,
+            eps,
+            out,
+        )
+    }
 }

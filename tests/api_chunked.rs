@@ -425,13 +425,7 @@ fn arguments_are_checked_and_named() {
 
     // With the GPU as the default device the chunked form refuses (it is CPU only).
     let status = unsafe {
-        mlxkern::capi::gated_delta::gated_delta_update_chunked_as_if(
-            true,
-            r.args(),
-            0,
-            &mut y,
-            &mut st,
-        )
+        mlxkern::testing::gated_delta_update_chunked_as_if(true, r.args(), 0, &mut y, &mut st)
     };
     expect_err(
         status,
@@ -444,13 +438,7 @@ fn arguments_are_checked_and_named() {
     );
     untouched(y, st);
     let status = unsafe {
-        mlxkern::capi::gated_delta::gated_delta_update_chunked_as_if(
-            false,
-            r.args(),
-            0,
-            &mut y,
-            &mut st,
-        )
+        mlxkern::testing::gated_delta_update_chunked_as_if(false, r.args(), 0, &mut y, &mut st)
     };
     ok(status);
     free(y);

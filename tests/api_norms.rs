@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use mlxkern::capi::gated_rms_norm::*;
 use mlxkern::capi::silu_rms_heads::*;
+use mlxkern::testing::{gated_rms_norm_via_metal, silu_rms_heads_via_metal};
 use std::ptr::{null, null_mut};
 
 fn silu64(x: f64) -> f64 {

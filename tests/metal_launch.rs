@@ -1,7 +1,27 @@
 //! The Metal launch descriptions: geometry, names and template arguments as mlx-lm's kernel.
 
 use mlxkern::metal::*;
+use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node};
+use mlxkern::node::{gated_rms_norm, silu_rms_heads};
 use mlxkern::Dtype;
+
+/// A gated-delta node of `form` with bf16 inputs and gates.
+fn node(dims: Dims, form: Form, has_mask: bool) -> Node {
+    let bf16 = Dtype::Bfloat16;
+    Node {
+        dims,
+        dtype: bf16,
+        gates: GateDtypes {
+            a: bf16,
+            b: bf16,
+            a_log: Dtype::Float32,
+            dt_bias: bf16,
+        },
+        has_state: true,
+        has_mask,
+        form,
+    }
+}
 
 #[test]
 fn recurrence_launch_matches_mlx_lm() {
@@ -14,7 +34,7 @@ fn recurrence_launch_matches_mlx_lm() {
         dv: 96,
     };
     for masked in [false, true] {
-        let l = gated_delta_launch(d, Dtype::Bfloat16, masked);
+        let l = gated_delta_launch(&node(d, Form::Exact, masked));
         assert_eq!(l.grid, [32, 96, 18]);
         assert_eq!(l.threadgroup, [32, 4, 1]);
         let mut inputs = vec!["q", "k", "v", "g", "beta", "state_in", "Tin"];
@@ -62,7 +82,7 @@ fn replay_head_split_and_gated_norm_launches() {
         dk: 128,
         dv: 128,
     };
-    let l = gated_delta_state_launch(d);
+    let l = gated_delta_launch(&node(d, Form::State, false));
     assert_eq!((l.grid, l.threadgroup), ([32, 128, 64], [32, 4, 1]));
     assert_eq!(
         l.input_names,
@@ -70,7 +90,7 @@ fn replay_head_split_and_gated_norm_launches() {
     );
     assert_eq!(l.source, GATED_DELTA_STATE_SOURCE);
 
-    let h = HeadSplitDims {
+    let h = silu_rms_heads::Dims {
         b: 2,
         s: 3,
         hk: 16,
@@ -78,7 +98,11 @@ fn replay_head_split_and_gated_norm_launches() {
         dk: 128,
         dv: 128,
     };
-    let l = silu_rms_heads_launch(h, Dtype::Bfloat16, 1e-6 / 128.0);
+    let l = silu_rms_heads_launch(&silu_rms_heads::Node {
+        dims: h,
+        dtype: Dtype::Bfloat16,
+        eps: 1e-6 / 128.0,
+    });
     assert_eq!((l.grid, l.threadgroup), ([32 * 64, 6, 1], [32, 1, 1]));
     assert_eq!(l.template_int_names, ["C", "HK", "HV", "DK", "DV", "EPS"]);
     assert_eq!(l.template_int_values[0], 2 * 16 * 128 + 32 * 128);
@@ -97,8 +121,13 @@ fn replay_head_split_and_gated_norm_launches() {
         (4096, 1024),
         (9000, 1024),
     ] {
-        assert_eq!(gated_rms_norm_threads(width), threads);
-        let l = gated_rms_norm_launch(&[3, 5, width], Dtype::Float16, 1e-6);
+        assert_eq!(gated_rms_norm::threads(width), threads);
+        let l = gated_rms_norm_launch(&gated_rms_norm::Node {
+            shape: vec![3, 5, width],
+            dtype: Dtype::Float16,
+            gate_dtype: Dtype::Float16,
+            eps: 1e-6,
+        });
         assert_eq!(l.grid, [(15 * threads) as i32, 1, 1]);
         assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
         assert_eq!(

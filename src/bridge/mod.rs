@@ -112,3 +112,19 @@ pub mod ffi {
 
 use crate::cpu::mlxk_cpu_kernel;
 pub use ffi::*;
+
+use cxx::UniquePtr;
+
+/// The arrays as an input list for a node.
+pub fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
+    let mut list = list_new();
+    for a in arrays {
+        list_push(list.pin_mut(), a);
+    }
+    list
+}
+
+/// A node's outputs, each as its own array.
+pub fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
+    (0..list_len(list)).map(|i| list_get(list, i)).collect()
+}

@@ -1,7 +1,7 @@
 //! The default device, the GPU backend present, and memory limits.
 
-use super::{boundary, Out};
 use super::status::mlxk_status;
+use super::{boundary, Out};
 use crate::error::Error;
 use crate::ops::device;
 

@@ -3,7 +3,8 @@
 
 use super::status::mlxk_status;
 use super::{boundary, mlxk_array, Out};
-use crate::ops::gated_delta::{self as ops, Backend, Inputs, ReplayInputs};
+use crate::ops::gated_delta::{self as ops, Inputs, StateInputs};
+use crate::ops::Backend;
 use crate::registry;
 
 /// g = exp(-exp(float32(a_log)) * softplus(a + dt_bias)), mlx-lm's `compute_g`, bit for bit on
@@ -38,20 +39,19 @@ pub unsafe extern "C" fn mlxk_compute_g(
     })
 }
 
-/// Which form of the update a call builds.
+/// Which form of the update a call builds, and where (None: the default device's backend;
+/// tests pass one to reach the Metal launch or the chunked form's GPU refusal without a GPU).
 #[derive(Clone, Copy)]
-enum Form {
-    /// The exact recurrence on this backend (None: the default device's).
+pub(crate) enum Form {
     Exact(Option<Backend>),
-    /// The chunked form with this chunk size (0 = default); `Some(gpu)` overrides whether the
-    /// default device counts as the GPU (tests reach the GPU refusal on machines without one).
-    Chunked(i32, Option<bool>),
+    /// The chunked form with this chunk size (0 = default).
+    Chunked(i32, Option<Backend>),
 }
 
 /// # Safety
 /// `y` and `state_out` are NULL or valid for writing one handle each.
 #[allow(clippy::too_many_arguments)]
-unsafe fn update(
+pub(crate) unsafe fn update(
     function: &str,
     form: Form,
     args: [*const mlxk_array; 9],
@@ -83,11 +83,9 @@ unsafe fn update(
         };
         let (y_array, state_array) = match form {
             Form::Exact(backend) => ops::update(&inputs, backend.unwrap_or_else(Backend::current))?,
-            Form::Chunked(chunk, gpu) => ops::update_chunked(
-                &inputs,
-                chunk,
-                gpu.unwrap_or_else(|| Backend::current() != Backend::Cpu),
-            )?,
+            Form::Chunked(chunk, backend) => {
+                ops::update_chunked(&inputs, chunk, backend.unwrap_or_else(Backend::current))?
+            }
         };
         y.write(mlx.insert(y_array));
         state_out.write(mlx.insert(state_array));
@@ -193,62 +191,11 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked(
     }
 }
 
-/// `mlxk_gated_delta_update_chunked` as if the default device were (`gpu = true`) or were not
-/// the GPU. Not part of the C ABI.
-///
-/// # Safety
-/// `y` and `state_out` are NULL or valid for writing one handle each.
-#[doc(hidden)]
-pub unsafe fn gated_delta_update_chunked_as_if(
-    gpu: bool,
-    args: [*const mlxk_array; 9],
-    chunk_size: i32,
-    y: *mut *mut mlxk_array,
-    state_out: *mut *mut mlxk_array,
-) -> mlxk_status {
-    // SAFETY: forwarded contract on `y` and `state_out`.
-    unsafe {
-        update(
-            "mlxk_gated_delta_update_chunked",
-            Form::Chunked(chunk_size, Some(gpu)),
-            args,
-            y,
-            state_out,
-        )
-    }
-}
-
-/// `mlxk_gated_delta_update` forced through the Metal launch (`gpu = false`: on a CPU stream,
-/// where MLX refuses with "No Metal back-end"). Lets tests build and check the Metal dispatch
-/// on machines without Metal. Not part of the C ABI.
-///
-/// # Safety
-/// `y` and `state_out` are NULL or valid for writing one handle each.
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn gated_delta_update_via_metal(
-    gpu: bool,
-    args: [*const mlxk_array; 9],
-    y: *mut *mut mlxk_array,
-    state_out: *mut *mut mlxk_array,
-) -> mlxk_status {
-    // SAFETY: forwarded contract on `y` and `state_out`.
-    unsafe {
-        update(
-            "mlxk_gated_delta_update (Metal)",
-            Form::Exact(Some(Backend::Metal { gpu })),
-            args,
-            y,
-            state_out,
-        )
-    }
-}
-
 /// # Safety
 /// `accepted_lengths` is NULL or holds `n_lengths` readable int32 values; `state_out` is NULL or
 /// valid for writing one handle.
 #[allow(clippy::too_many_arguments)]
-unsafe fn replay(
+pub(crate) unsafe fn build_state(
     function: &str,
     backend: Option<Backend>,
     args: [*const mlxk_array; 7],
@@ -263,7 +210,7 @@ unsafe fn replay(
         let lengths = unsafe { super::in_slice(accepted_lengths, n_lengths, "accepted_lengths") }?;
         let mut mlx = registry::lock();
         let [k, v, a, b, a_log, dt_bias, state] = args;
-        let inputs = ReplayInputs {
+        let inputs = StateInputs {
             k: mlx.get(k, "k")?,
             v: mlx.get(v, "v")?,
             a: mlx.get(a, "a")?,
@@ -273,7 +220,7 @@ unsafe fn replay(
             state: mlx.get_opt(state, "state")?,
             accepted_lengths: lengths,
         };
-        let result = ops::replay(&inputs, backend.unwrap_or_else(Backend::current))?;
+        let result = ops::state(&inputs, backend.unwrap_or_else(Backend::current))?;
         state_out.write(mlx.insert(result));
         Ok(())
     })
@@ -312,37 +259,12 @@ pub unsafe extern "C" fn mlxk_gated_delta_state(
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `accepted_lengths` and `state_out`.
     unsafe {
-        replay(
+        build_state(
             "mlxk_gated_delta_state",
             None,
             [k, v, a, b, a_log, dt_bias, state],
             accepted_lengths,
             n_lengths,
-            state_out,
-        )
-    }
-}
-
-/// `mlxk_gated_delta_state` forced through the Metal launch (see
-/// [`gated_delta_update_via_metal`]). Not part of the C ABI.
-///
-/// # Safety
-/// `state_out` is NULL or valid for writing one handle.
-#[doc(hidden)]
-pub unsafe fn gated_delta_state_via_metal(
-    gpu: bool,
-    args: [*const mlxk_array; 7],
-    accepted_lengths: &[i32],
-    state_out: *mut *mut mlxk_array,
-) -> mlxk_status {
-    // SAFETY: the lengths come from a slice; forwarded contract on `state_out`.
-    unsafe {
-        replay(
-            "mlxk_gated_delta_state (Metal)",
-            Some(Backend::Metal { gpu }),
-            args,
-            accepted_lengths.as_ptr(),
-            accepted_lengths.len(),
             state_out,
         )
     }

@@ -2,15 +2,15 @@
 
 use super::status::mlxk_status;
 use super::{boundary, mlxk_array, Out};
-use crate::ops::device;
 use crate::ops::gated_rms_norm::{self as ops, Inputs};
+use crate::ops::Backend;
 use crate::registry;
 
 /// # Safety
 /// `out` is NULL or valid for writing one handle.
-unsafe fn norm(
+pub(crate) unsafe fn norm(
     function: &str,
-    gpu: Option<bool>,
+    backend: Option<Backend>,
     arrays: [*const mlxk_array; 3],
     eps: f32,
     out: *mut *mut mlxk_array,
@@ -25,8 +25,7 @@ unsafe fn norm(
             weight: mlx.get(arrays[2], "weight")?,
             eps,
         };
-        let gpu = gpu.or_else(|| device::gpu().then_some(true));
-        let result = ops::norm(&inputs, gpu)?;
+        let result = ops::norm(&inputs, backend.unwrap_or_else(Backend::current))?;
         out.write(mlx.insert(result));
         Ok(())
     })
@@ -53,19 +52,4 @@ pub unsafe extern "C" fn mlxk_gated_rms_norm(
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `out`.
     unsafe { norm("mlxk_gated_rms_norm", None, [x, gate, weight], eps, out) }
-}
-
-/// `mlxk_gated_rms_norm` through the Metal launch. Not part of the C ABI.
-///
-/// # Safety
-/// `out` is NULL or valid for writing one handle.
-#[doc(hidden)]
-pub unsafe fn gated_rms_norm_via_metal(
-    gpu: bool,
-    arrays: [*const mlxk_array; 3],
-    eps: f32,
-    out: *mut *mut mlxk_array,
-) -> mlxk_status {
-    // SAFETY: forwarded contract on `out`.
-    unsafe { norm("mlxk_gated_rms_norm (Metal)", Some(gpu), arrays, eps, out) }
 }

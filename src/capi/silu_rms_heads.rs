@@ -2,16 +2,16 @@
 
 use super::status::mlxk_status;
 use super::{boundary, mlxk_array, Out};
-use crate::ops::device;
 use crate::ops::silu_rms_heads::{self as ops, Inputs};
+use crate::ops::Backend;
 use crate::registry;
 
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.
 #[allow(clippy::too_many_arguments)]
-unsafe fn split(
+pub(crate) unsafe fn split(
     function: &str,
-    gpu: Option<bool>,
+    backend: Option<Backend>,
     arrays: [*const mlxk_array; 3],
     heads: [i32; 3],
     eps: f32,
@@ -41,8 +41,7 @@ unsafe fn split(
             value_width: heads[2],
             eps,
         };
-        let gpu = gpu.or_else(|| device::gpu().then_some(true));
-        let (qa, ka, va) = ops::split(&inputs, gpu)?;
+        let (qa, ka, va) = ops::split(&inputs, backend.unwrap_or_else(Backend::current))?;
         q.write(mlx.insert(qa));
         k.write(mlx.insert(ka));
         v.write(mlx.insert(va));
@@ -87,32 +86,6 @@ pub unsafe extern "C" fn mlxk_silu_rms_heads(
             [key_heads, value_heads, value_width],
             eps,
             [q, k, v],
-        )
-    }
-}
-
-/// `mlxk_silu_rms_heads` through the Metal launch (`gpu = false`: a CPU stream, which MLX
-/// refuses). Not part of the C ABI.
-///
-/// # Safety
-/// Each of `outs` is NULL or valid for writing one handle.
-#[doc(hidden)]
-pub unsafe fn silu_rms_heads_via_metal(
-    gpu: bool,
-    arrays: [*const mlxk_array; 3],
-    heads: [i32; 3],
-    eps: f32,
-    outs: [*mut *mut mlxk_array; 3],
-) -> mlxk_status {
-    // SAFETY: forwarded contract on `outs`.
-    unsafe {
-        split(
-            "mlxk_silu_rms_heads (Metal)",
-            Some(gpu),
-            arrays,
-            heads,
-            eps,
-            outs,
         )
     }
 }

@@ -37,16 +37,8 @@ const SINGLE_ROWS: usize = 2;
 /// Forces the portable row kernel (tests compare it with the vectorized one).
 pub(crate) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
 
-/// Dimensions of one call, as usize.
-#[derive(Debug, Clone, Copy)]
-pub struct Dims {
-    pub b: usize,
-    pub t: usize,
-    pub hk: usize,
-    pub hv: usize,
-    pub dk: usize,
-    pub dv: usize,
-}
+pub use crate::node::gated_delta::Dims;
+use crate::node::gated_delta::{Form, Input, Node};
 
 /// Where the initial state comes from.
 #[derive(Clone, Copy)]
@@ -909,92 +901,56 @@ fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
     });
 }
 
-/// Entry for the update: params `[B, T, Hk, Hv, Dk, Dv, qkv, a, b, a_log, dt_bias dtypes,
-/// has_state, has_mask]`; inputs `q, k, v, a, b, a_log, dt_bias, [state], [mask]`; outputs
-/// `y, state_out`.
-pub(crate) fn run(params: &[i64], buffers: Buffers) {
-    run_any(params, buffers, Mode::Exact)
-}
-
-/// Entry for the chunked update: the update's params plus the chunk size; same buffers.
-pub(crate) fn run_chunked(params: &[i64], buffers: Buffers) {
-    let chunk = params[13] as usize;
-    run_any(params, buffers, Mode::Chunked(chunk))
-}
-
-/// Entry for the replay: params `[B, T, Hk, Hv, Dk, Dv, kv, a, b, a_log, dt_bias dtypes,
-/// has_state]`; inputs `k, v, a, b, a_log, dt_bias, [state], lengths`; output `state_out`.
-pub(crate) fn run_replay(params: &[i64], buffers: Buffers) {
-    run_any(params, buffers, Mode::Replay)
-}
-
-/// Which recurrence a node runs.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Exact,
-    /// The chunked (WY) form with this many tokens per chunk.
-    Chunked(usize),
-    Replay,
-}
-
-fn run_any(params: &[i64], mut buffers: Buffers, mode: Mode) {
-    let update = mode != Mode::Replay;
-    let p: Vec<usize> = params.iter().map(|&x| x as usize).collect();
-    let d = Dims {
-        b: p[0],
-        t: p[1],
-        hk: p[2],
-        hv: p[3],
-        dk: p[4],
-        dv: p[5],
-    };
-    let dtype = super::dtype_param(params[6]);
-    let has_state = params[11] != 0;
-    let first = if update { 1 } else { 0 }; // index of k
+/// Entry for every node of the family (`node::gated_delta::Node`): the update in exact or
+/// chunked form and the prefix-state replay. The node fixes the inputs' order (`cpu_inputs`)
+/// and the outputs: `y` (update forms), then `state_out`.
+pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
+    let node = Node::decode(params).unwrap_or_else(|e| panic!("{e}"));
+    let d = node.dims;
     let inputs = &buffers.inputs;
+    let input = |which: Input| node.cpu_slot(which).map(|slot| inputs[slot]);
+    let gate = |which: Input| input(which).expect("the gate inputs are always given");
     let gate_inputs = GateInputs {
-        a: inputs[first + 2],
-        a_dtype: super::dtype_param(params[7]),
-        b: inputs[first + 3],
-        b_dtype: super::dtype_param(params[8]),
-        a_log: inputs[first + 4],
-        a_log_dtype: super::dtype_param(params[9]),
-        dt_bias: inputs[first + 5],
-        dt_bias_dtype: super::dtype_param(params[10]),
+        a: gate(Input::A),
+        a_dtype: node.gates.a,
+        b: gate(Input::B),
+        b_dtype: node.gates.b,
+        a_log: gate(Input::ALog),
+        a_log_dtype: node.gates.a_log,
+        dt_bias: gate(Input::DtBias),
+        dt_bias_dtype: node.gates.dt_bias,
     };
     let (g, beta) = gates(&gate_inputs, d.b * d.t * d.hv, d.hv);
-    let state_output = if update { 1 } else { 0 };
-    let state_index = first + 6;
-    let state_in = match (has_state, buffers.aliased[state_output]) {
-        (false, _) => StateIn::Zeros,
-        (true, Some(_)) => StateIn::InPlace,
-        (true, None) => StateIn::Buffer(typed(inputs[state_index])),
+    let state_in = match (input(Input::State), buffers.aliased[node.state_output()]) {
+        (None, _) => StateIn::Zeros,
+        (Some(_), Some(_)) => StateIn::InPlace,
+        (Some(state), None) => StateIn::Buffer(typed(state)),
     };
-    let after_state = state_index + has_state as usize;
-    let mask = (update && params[12] != 0).then(|| inputs[after_state]);
-    let lengths: Option<&[i32]> = (!update).then(|| typed(inputs[after_state]));
+    let mask = input(Input::Mask);
+    let lengths: Option<&[i32]> = input(Input::Lengths).map(typed);
+    let q_bytes = input(Input::Q);
+    let (k_bytes, v_bytes) = (gate(Input::K), gate(Input::V));
     let mut outputs = std::mem::take(&mut buffers.outputs).into_iter();
-    let (y_bytes, state_bytes) = if update {
-        (outputs.next().unwrap(), outputs.next().unwrap())
-    } else {
-        (&mut [][..], outputs.next().unwrap())
+    let y_bytes = match node.form {
+        Form::State => &mut [][..],
+        _ => outputs.next().expect("y"),
     };
-    let state: &mut [f32] = typed_mut(state_bytes);
+    let state: &mut [f32] = typed_mut(outputs.next().expect("state_out"));
     macro_rules! go {
         ($t:ty) => {{
             let problem = Problem::<$t> {
                 d,
-                q: update.then(|| typed::<$t>(inputs[0])),
-                k: typed(inputs[first]),
-                v: typed(inputs[first + 1]),
+                q: q_bytes.map(typed::<$t>),
+                k: typed(k_bytes),
+                v: typed(v_bytes),
                 g: &g,
                 beta: &beta,
                 state_in,
                 mask,
                 lengths,
             };
-            match mode {
-                Mode::Chunked(chunk) => super::chunked::chunked_recurrence_with(
+            match node.form {
+                Form::Chunked { chunk } => super::chunked::chunked_recurrence_with(
                     d,
                     problem.q.expect("the update has queries"),
                     problem.k,
@@ -1014,7 +970,7 @@ fn run_any(params: &[i64], mut buffers: Buffers, mode: Mode) {
             }
         }};
     }
-    match dtype {
+    match node.dtype {
         Dtype::Bfloat16 => go!(bf16),
         Dtype::Float16 => go!(f16),
         Dtype::Float32 => go!(f32),

@@ -19,14 +19,12 @@ use super::reduce::simd_sum;
 use super::simd::{self, Lanes, SharedMut};
 use super::{pool, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
+use crate::node::gated_rms_norm::Node;
 
 /// Work (columns) a job should have at least: below it a call runs on the calling thread.
 const JOB_COLUMNS: usize = 16384;
 
-/// The threads per row the Metal launch uses.
-pub fn threads(width: usize) -> usize {
-    width.div_ceil(128).saturating_mul(32).min(1024)
-}
+pub use crate::node::gated_rms_norm::threads;
 
 /// `inv = rsqrt(sum(x²) / D + eps)` with the Metal kernel's reduction order.
 pub fn inverse_rms(x: &[f32], eps: f32) -> f32 {
@@ -311,12 +309,11 @@ mod avx2 {
     }
 }
 
-/// Params: `[width, dtype, gate dtype, eps bits]`; inputs `x, gate, weight`; output `out`.
+/// Entry for a `node::gated_rms_norm::Node`: inputs `x, gate, weight`; output `out`.
 pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
-    let width = params[0] as usize;
-    let dtype = super::dtype_param(params[1]);
-    let gate_dtype = super::dtype_param(params[2]);
-    let eps = f32::from_bits(params[3] as u32);
+    let node = Node::decode(params).unwrap_or_else(|e| panic!("{e}"));
+    let (width, eps) = (node.width(), node.eps);
+    let (dtype, gate_dtype) = (node.dtype, node.gate_dtype);
     let [x, gate, weight] = [buffers.inputs[0], buffers.inputs[1], buffers.inputs[2]];
     if width == 0 {
         return;

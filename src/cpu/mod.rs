@@ -5,10 +5,8 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use half::{bf16, f16};
-
-use crate::dtype::Dtype;
-use crate::error::KERNEL_PANIC_TAG;
+use crate::error::{panic_message, KERNEL_PANIC_TAG};
+use crate::node::Kernel;
 
 pub mod chunked;
 pub mod elem;
@@ -23,21 +21,6 @@ pub mod simd;
 /// Outputs that took over an input's buffer (for tests of the in-place state update).
 pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
-
-/// Which CPU kernel a primitive node runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum CpuKernel {
-    GatedDelta = 1,
-    GatedDeltaState = 2,
-    SiluRmsHeads = 3,
-    GatedRmsNorm = 4,
-    /// The update in chunked (WY) form: same inputs and outputs, one more parameter.
-    GatedDeltaChunked = 5,
-    /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
-    #[doc(hidden)]
-    PanicProbe = 0xFFFF,
-}
 
 /// One kernel call's buffers, as MLX handed them over.
 pub struct Buffers<'a> {
@@ -69,33 +52,15 @@ pub fn typed_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
     body
 }
 
-/// Widens any float buffer to f32 values.
-pub fn to_f32_vec(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
-    use elem::Elem;
-    match dtype {
-        Dtype::Float32 => typed::<f32>(bytes).to_vec(),
-        Dtype::Bfloat16 => typed::<bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
-        Dtype::Float16 => typed::<f16>(bytes)
-            .iter()
-            .map(|x| Elem::to_f32(*x))
-            .collect(),
-        other => panic!("to_f32_vec: {} is not a float dtype", other.name()),
-    }
-}
-
-fn dtype_param(code: i64) -> Dtype {
-    Dtype::from_code(code as i32).expect("valid dtype parameter")
-}
-
 fn run(kernel: u32, params: &[i64], buffers: Buffers) {
-    match kernel {
-        k if k == CpuKernel::GatedDelta as u32 => gated_delta::run(params, buffers),
-        k if k == CpuKernel::GatedDeltaState as u32 => gated_delta::run_replay(params, buffers),
-        k if k == CpuKernel::GatedDeltaChunked as u32 => gated_delta::run_chunked(params, buffers),
-        k if k == CpuKernel::SiluRmsHeads as u32 => silu_rms_heads::run(params, buffers),
-        k if k == CpuKernel::GatedRmsNorm as u32 => gated_rms_norm::run(params, buffers),
-        k if k == CpuKernel::PanicProbe as u32 => panic!("panic probe kernel ran"),
-        other => panic!("unknown CPU kernel {other}"),
+    match Kernel::from_code(kernel) {
+        Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked | Kernel::GatedDeltaState) => {
+            gated_delta::run(params, buffers)
+        }
+        Some(Kernel::SiluRmsHeads) => silu_rms_heads::run(params, buffers),
+        Some(Kernel::GatedRmsNorm) => gated_rms_norm::run(params, buffers),
+        Some(Kernel::PanicProbe) => panic!("panic probe kernel ran"),
+        None => panic!("unknown CPU kernel {kernel}"),
     }
 }
 
@@ -159,11 +124,6 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
                 unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xFF, len) };
             }
         }
-        let detail = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic payload".into());
-        format!("{KERNEL_PANIC_TAG}{detail}")
+        format!("{KERNEL_PANIC_TAG}{}", panic_message(&*payload))
     })
 }

@@ -19,6 +19,7 @@ use super::reduce::simd_sum;
 use super::simd::{self, Lanes, SharedMut};
 use super::{pool, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
+use crate::node::silu_rms_heads::Node;
 
 /// Work (columns) a job should have at least: below it a call runs on the calling thread.
 const JOB_COLUMNS: usize = 16384;
@@ -334,18 +335,18 @@ mod avx2 {
     }
 }
 
-/// Params: `[rows, Hk, Hv, Dk, Dv, dtype, eps bits]`; inputs `x, q_scale, k_scale`;
-/// outputs `q, k, v`.
+/// Entry for a `node::silu_rms_heads::Node`: inputs `x, q_scale, k_scale`; outputs `q, k, v`.
 pub(crate) fn run(params: &[i64], buffers: Buffers) {
+    let node = Node::decode(params).unwrap_or_else(|e| panic!("{e}"));
+    let n = node.dims;
     let d = Dims {
-        rows: params[0] as usize,
-        hk: params[1] as usize,
-        hv: params[2] as usize,
-        dk: params[3] as usize,
-        dv: params[4] as usize,
+        rows: n.rows(),
+        hk: n.hk,
+        hv: n.hv,
+        dk: n.dk,
+        dv: n.dv,
     };
-    let dtype = super::dtype_param(params[5]);
-    let eps = f32::from_bits(params[6] as u32);
+    let (dtype, eps) = (node.dtype, node.eps);
     if d.rows == 0 {
         return;
     }

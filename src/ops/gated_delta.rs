@@ -3,43 +3,13 @@
 use cxx::UniquePtr;
 
 use super::shape::ArgInfo;
-use crate::bridge::{self, Array, ArrayList, CpuLaunch};
-use crate::cpu::CpuKernel;
+use super::{cpu_node, metal_node, Backend};
+use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
-
-/// The dimensions of one recurrence call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dims {
-    pub b: i64,
-    pub t: i64,
-    pub hk: i64,
-    pub hv: i64,
-    pub dk: i64,
-    pub dv: i64,
-}
-
-/// Where the recurrence runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// The MLX primitive running the Rust kernel.
-    Cpu,
-    /// `mx::fast::metal_kernel`; `gpu = false` passes a CPU stream (only tests do that, to
-    /// reach the Metal launch on machines without Metal).
-    Metal { gpu: bool },
-}
-
-impl Backend {
-    pub fn current() -> Backend {
-        if super::device::gpu() {
-            Backend::Metal { gpu: true }
-        } else {
-            Backend::Cpu
-        }
-    }
-}
+use crate::node::gated_delta::{Dims, Form, GateDtypes, Input, Node};
 
 /// The arrays of one recurrence call (borrowed from the registry).
 pub struct Inputs<'a> {
@@ -91,7 +61,7 @@ pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<UniquePtr<
 }
 
 /// Validates every argument of `mlxk_gated_delta_update` (before any graph is built).
-pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
+pub fn check_update(x: &Inputs) -> Result<Node> {
     let q = ArgInfo::of("q", x.q)?;
     let k = ArgInfo::of("k", x.k)?;
     let v = ArgInfo::of("v", x.v)?;
@@ -123,21 +93,20 @@ pub fn check_update(x: &Inputs) -> Result<(Dims, Dtype)> {
     }
     check_gate(&a_log, &a, &dt_bias, hv)?;
     check_state_and_mask(x.state, x.mask, "q", bsz, t, hv, dv, dk)?;
-    let dims = Dims {
-        b: bsz,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-    };
     memory::check_outputs(&[
         ("y", &[bsz, t, hv, dv], q.dtype),
         ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
         ("g (internal)", &[bsz, t, hv], Dtype::Float32),
         ("beta (internal)", &[bsz, t, hv], b.dtype),
     ])?;
-    Ok((dims, q.dtype))
+    Ok(Node {
+        dims: dims(bsz, t, hk, hv, dk, dv),
+        dtype: q.dtype,
+        gates: gate_dtypes(&a, &b, &a_log, &dt_bias),
+        has_state: x.state.is_some(),
+        has_mask: x.mask.is_some(),
+        form: Form::Exact,
+    })
 }
 
 /// Head counts and widths every recurrence kernel needs.
@@ -207,198 +176,8 @@ pub fn check_state_and_mask(
     Ok(())
 }
 
-pub fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
-    let mut list = bridge::list_new();
-    for a in arrays {
-        bridge::list_push(list.pin_mut(), a);
-    }
-    list
-}
-
-pub fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
-    (0..bridge::list_len(list))
-        .map(|i| bridge::list_get(list, i))
-        .collect()
-}
-
-/// Builds the recurrence: returns `(y, state_out)`, lazy.
-pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
-    let (d, dtype) = check_update(x)?;
-    let outputs = match backend {
-        Backend::Cpu => cpu_update(x, d, dtype, CpuKernel::GatedDelta, &[])?,
-        Backend::Metal { gpu } => {
-            let m = MetalInputs::new(d, x.a_log, x.a, x.dt_bias, x.b, x.state, gpu)?;
-            let (g, beta, state, t_in) = (&*m.g, &*m.beta, m.state(x.state), &*m.t_in);
-            let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, g, beta, state, t_in];
-            if let Some(m) = x.mask {
-                inputs.push(m);
-            }
-            let launch = metal::gated_delta_launch(d, dtype, x.mask.is_some());
-            take(&*bridge::metal_kernel_op(&launch, &list(&inputs), gpu)?)
-        }
-    };
-    Ok(two_outputs(outputs))
-}
-
-/// Tokens per chunk of the chunked recurrence when the caller passes 0.
-pub const DEFAULT_CHUNK: i32 = crate::cpu::chunked::DEFAULT_CHUNK as i32;
-
-/// Validates the chunk size of `mlxk_gated_delta_update_chunked` (0 = the default).
-pub fn check_chunk(chunk: i32) -> Result<usize> {
-    let min = crate::cpu::chunked::MIN_CHUNK as i32;
-    let max = crate::cpu::chunked::MAX_CHUNK as i32;
-    match chunk {
-        0 => Ok(DEFAULT_CHUNK as usize),
-        c if (min..=max).contains(&c) && c % min == 0 => Ok(c as usize),
-        c => Err(Error::InvalidArgument(format!(
-            "chunk_size is {c}; expected 0 (the default, {DEFAULT_CHUNK}) or a multiple of \
-             {min} in [{min}, {max}]"
-        ))),
-    }
-}
-
-/// Builds the chunked (WY-form) recurrence on the CPU: returns `(y, state_out)`, lazy. The
-/// same arguments as `update` plus the chunk size (0 = default); no Metal form exists.
-pub fn update_chunked(
-    x: &Inputs,
-    chunk: i32,
-    gpu: bool,
-) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
-    // The chunk size first: it is an argument, the memory check in check_update a resource.
-    let chunk = check_chunk(chunk)?;
-    let (d, dtype) = check_update(x)?;
-    if gpu {
-        return Err(Error::Unsupported(
-            "the chunked form runs on the CPU only and the default device is the GPU; use \
-             mlxk_gated_delta_update there (its Metal kernel is the fast path), or select \
-             MLXK_DEVICE_CPU"
-                .into(),
-        ));
-    }
-    let outputs = cpu_update(x, d, dtype, CpuKernel::GatedDeltaChunked, &[chunk as i64])?;
-    Ok(two_outputs(outputs))
-}
-
-fn two_outputs(mut outputs: Vec<UniquePtr<Array>>) -> (UniquePtr<Array>, UniquePtr<Array>) {
-    let state_out = outputs.pop().expect("two outputs");
-    let y = outputs.pop().expect("two outputs");
-    (y, state_out)
-}
-
-/// The CPU primitive node of an update (exact or chunked). The kernel computes g and beta
-/// itself (MLX's formulas, bit for bit). `extra` follows the common parameters.
-fn cpu_update(
-    x: &Inputs,
-    d: Dims,
-    dtype: Dtype,
-    kernel: CpuKernel,
-    extra: &[i64],
-) -> Result<Vec<UniquePtr<Array>>> {
-    let mut inputs: Vec<&Array> = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
-    let state_index = x.state.map(|s| {
-        inputs.push(s);
-        inputs.len() as i32 - 1
-    });
-    if let Some(m) = x.mask {
-        inputs.push(m);
-    }
-    let mut params = cpu_params(d, dtype, x.a, x.b, x.a_log, x.dt_bias, x.state.is_some());
-    params.push(x.mask.is_some() as i64);
-    params.extend_from_slice(extra);
-    let launch = CpuLaunch {
-        kernel: kernel as u32,
-        params,
-        output_dims: vec![
-            d.b as i32,
-            d.t as i32,
-            d.hv as i32,
-            d.dv as i32, // y
-            d.b as i32,
-            d.hv as i32,
-            d.dv as i32,
-            d.dk as i32, // state_out
-        ],
-        output_ndims: vec![4, 4],
-        output_dtypes: vec![dtype as i32, Dtype::Float32 as i32],
-        donate_from: vec![-1, state_index.unwrap_or(-1)],
-    };
-    Ok(take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?))
-}
-
-/// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),
-/// a zero state when none is given, and T as a 1-element int32 input.
-struct MetalInputs {
-    g: UniquePtr<Array>,
-    beta: UniquePtr<Array>,
-    zeros: Option<UniquePtr<Array>>,
-    t_in: UniquePtr<Array>,
-}
-
-impl MetalInputs {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        d: Dims,
-        a_log: &Array,
-        a: &Array,
-        dt_bias: &Array,
-        b: &Array,
-        state: Option<&Array>,
-        gpu: bool,
-    ) -> Result<MetalInputs> {
-        let zeros = match state {
-            Some(_) => None,
-            None => Some(bridge::array_zeros(
-                &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
-                Dtype::Float32 as i32,
-            )?),
-        };
-        Ok(MetalInputs {
-            g: bridge::compute_g(a_log, a, dt_bias, gpu)?,
-            beta: bridge::sigmoid(b, gpu)?,
-            zeros,
-            t_in: bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?,
-        })
-    }
-
-    /// The state input: the caller's, or zeros.
-    fn state<'a>(&'a self, given: Option<&'a Array>) -> &'a Array {
-        given.unwrap_or_else(|| {
-            self.zeros
-                .as_deref()
-                .expect("zeros made when no state is given")
-        })
-    }
-}
-
-/// The CPU kernels' leading parameters: dims, the q/k/v dtype, the gate input dtypes and
-/// whether a state is given.
-fn cpu_params(
-    d: Dims,
-    dtype: Dtype,
-    a: &Array,
-    b: &Array,
-    a_log: &Array,
-    dt_bias: &Array,
-    has_state: bool,
-) -> Vec<i64> {
-    vec![
-        d.b,
-        d.t,
-        d.hk,
-        d.hv,
-        d.dk,
-        d.dv,
-        dtype as i64,
-        bridge::array_dtype(a) as i64,
-        bridge::array_dtype(b) as i64,
-        bridge::array_dtype(a_log) as i64,
-        bridge::array_dtype(dt_bias) as i64,
-        has_state as i64,
-    ]
-}
-
-/// The arrays of one prefix replay (borrowed from the registry) and the accepted lengths.
-pub struct ReplayInputs<'a> {
+/// The arrays of one prefix-state replay (borrowed from the registry) and the accepted lengths.
+pub struct StateInputs<'a> {
     pub k: &'a Array,
     pub v: &'a Array,
     pub a: &'a Array,
@@ -410,7 +189,7 @@ pub struct ReplayInputs<'a> {
 }
 
 /// Validates every argument of `mlxk_gated_delta_state`.
-pub fn check_replay(x: &ReplayInputs) -> Result<(Dims, Dtype)> {
+pub fn check_state(x: &StateInputs) -> Result<Node> {
     let k = ArgInfo::of("k", x.k)?;
     let v = ArgInfo::of("v", x.v)?;
     let a = ArgInfo::of("a", x.a)?;
@@ -450,56 +229,243 @@ pub fn check_replay(x: &ReplayInputs) -> Result<(Dims, Dtype)> {
             )));
         }
     }
-    let dims = Dims {
-        b: bsz,
-        t,
-        hk,
-        hv,
-        dk,
-        dv,
-    };
     memory::check_outputs(&[
         ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
         ("g (internal)", &[bsz, t, hv], Dtype::Float32),
         ("beta (internal)", &[bsz, t, hv], b.dtype),
     ])?;
-    Ok((dims, k.dtype))
+    Ok(Node {
+        dims: dims(bsz, t, hk, hv, dk, dv),
+        dtype: k.dtype,
+        gates: gate_dtypes(&a, &b, &a_log, &dt_bias),
+        has_state: x.state.is_some(),
+        has_mask: false,
+        form: Form::State,
+    })
+}
+
+/// The validated dimensions as the node carries them (all non-negative: they are checked
+/// array dimensions).
+fn dims(b: i64, t: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> Dims {
+    let u = |x: i64| x as usize;
+    Dims {
+        b: u(b),
+        t: u(t),
+        hk: u(hk),
+        hv: u(hv),
+        dk: u(dk),
+        dv: u(dv),
+    }
+}
+
+fn gate_dtypes(a: &ArgInfo, b: &ArgInfo, a_log: &ArgInfo, dt_bias: &ArgInfo) -> GateDtypes {
+    GateDtypes {
+        a: a.dtype,
+        b: b.dtype,
+        a_log: a_log.dtype,
+        dt_bias: dt_bias.dtype,
+    }
+}
+
+/// Builds the recurrence: returns `(y, state_out)`, lazy.
+pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    let node = check_update(x)?;
+    Ok(two_outputs(build(&node, &x.arrays(), backend)?))
+}
+
+/// Tokens per chunk of the chunked recurrence when the caller passes 0.
+pub const DEFAULT_CHUNK: i32 = crate::cpu::chunked::DEFAULT_CHUNK as i32;
+
+/// Validates the chunk size of `mlxk_gated_delta_update_chunked` (0 = the default).
+pub fn check_chunk(chunk: i32) -> Result<usize> {
+    let min = crate::cpu::chunked::MIN_CHUNK as i32;
+    let max = crate::cpu::chunked::MAX_CHUNK as i32;
+    match chunk {
+        0 => Ok(DEFAULT_CHUNK as usize),
+        c if (min..=max).contains(&c) && c % min == 0 => Ok(c as usize),
+        c => Err(Error::InvalidArgument(format!(
+            "chunk_size is {c}; expected 0 (the default, {DEFAULT_CHUNK}) or a multiple of \
+             {min} in [{min}, {max}]"
+        ))),
+    }
+}
+
+/// Builds the chunked (WY-form) recurrence on the CPU: returns `(y, state_out)`, lazy. The
+/// same arguments as `update` plus the chunk size (0 = default); no Metal form exists.
+pub fn update_chunked(
+    x: &Inputs,
+    chunk: i32,
+    backend: Backend,
+) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    // The chunk size first: it is an argument, the memory check in check_update a resource.
+    let chunk = check_chunk(chunk)?;
+    let mut node = check_update(x)?;
+    if backend != Backend::Cpu {
+        return Err(Error::Unsupported(
+            "the chunked form runs on the CPU only and the default device is the GPU; use \
+             mlxk_gated_delta_update there (its Metal kernel is the fast path), or select \
+             MLXK_DEVICE_CPU"
+                .into(),
+        ));
+    }
+    node.form = Form::Chunked { chunk };
+    Ok(two_outputs(build(&node, &x.arrays(), Backend::Cpu)?))
+}
+
+fn two_outputs(mut outputs: Vec<UniquePtr<Array>>) -> (UniquePtr<Array>, UniquePtr<Array>) {
+    let state_out = outputs.pop().expect("two outputs");
+    let y = outputs.pop().expect("two outputs");
+    (y, state_out)
 }
 
 /// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.
-pub fn replay(x: &ReplayInputs, backend: Backend) -> Result<UniquePtr<Array>> {
-    let (d, dtype) = check_replay(x)?;
+pub fn state(x: &StateInputs, backend: Backend) -> Result<UniquePtr<Array>> {
+    let node = check_state(x)?;
     let lengths: Vec<u8> = x
         .accepted_lengths
         .iter()
         .flat_map(|l| l.to_ne_bytes())
         .collect();
-    let lengths = bridge::array_from_bytes(&lengths, &[d.b as i32], Dtype::Int32 as i32)?;
-    let mut outputs = match backend {
+    let lengths = bridge::array_from_bytes(&lengths, &[node.dims.b as i32], Dtype::Int32 as i32)?;
+    let mut arrays = x.arrays();
+    arrays.lengths = Some(&lengths);
+    let mut outputs = build(&node, &arrays, backend)?;
+    Ok(outputs.pop().expect("one output"))
+}
+
+/// The caller's arrays of one call, by input (None: not given).
+#[derive(Default)]
+struct Arrays<'a> {
+    q: Option<&'a Array>,
+    k: Option<&'a Array>,
+    v: Option<&'a Array>,
+    a: Option<&'a Array>,
+    b: Option<&'a Array>,
+    a_log: Option<&'a Array>,
+    dt_bias: Option<&'a Array>,
+    state: Option<&'a Array>,
+    mask: Option<&'a Array>,
+    lengths: Option<&'a Array>,
+}
+
+impl Inputs<'_> {
+    fn arrays(&self) -> Arrays<'_> {
+        Arrays {
+            q: Some(self.q),
+            k: Some(self.k),
+            v: Some(self.v),
+            a: Some(self.a),
+            b: Some(self.b),
+            a_log: Some(self.a_log),
+            dt_bias: Some(self.dt_bias),
+            state: self.state,
+            mask: self.mask,
+            lengths: None,
+        }
+    }
+}
+
+impl StateInputs<'_> {
+    fn arrays(&self) -> Arrays<'_> {
+        Arrays {
+            k: Some(self.k),
+            v: Some(self.v),
+            a: Some(self.a),
+            b: Some(self.b),
+            a_log: Some(self.a_log),
+            dt_bias: Some(self.dt_bias),
+            state: self.state,
+            ..Arrays::default()
+        }
+    }
+}
+
+/// Builds `node` on `backend` from the caller's arrays, taking them in the order the node
+/// defines for that backend.
+fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Array>>> {
+    match backend {
         Backend::Cpu => {
-            let mut inputs: Vec<&Array> = vec![x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
-            let state_index = x.state.map(|s| {
-                inputs.push(s);
-                inputs.len() as i32 - 1
-            });
-            inputs.push(&lengths);
-            let launch = CpuLaunch {
-                kernel: CpuKernel::GatedDeltaState as u32,
-                params: cpu_params(d, dtype, x.a, x.b, x.a_log, x.dt_bias, x.state.is_some()),
-                output_dims: vec![d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
-                output_ndims: vec![4],
-                output_dtypes: vec![Dtype::Float32 as i32],
-                donate_from: vec![state_index.unwrap_or(-1)],
-            };
-            take(&*bridge::cpu_kernel_op(&launch, &list(&inputs))?)
+            let inputs = node
+                .cpu_inputs()
+                .into_iter()
+                .map(|input| caller_array(x, input))
+                .collect::<Vec<_>>();
+            cpu_node(
+                node.kernel(),
+                node.encode(),
+                &node.outputs(),
+                node.donations(),
+                &inputs,
+            )
         }
         Backend::Metal { gpu } => {
-            let m = MetalInputs::new(d, x.a_log, x.a, x.dt_bias, x.b, x.state, gpu)?;
-            let (g, beta, state, t_in) = (&*m.g, &*m.beta, m.state(x.state), &*m.t_in);
-            let inputs: Vec<&Array> = vec![x.k, x.v, g, beta, state, t_in, &lengths];
-            let launch = metal::gated_delta_state_launch(d);
-            take(&*bridge::metal_kernel_op(&launch, &list(&inputs), gpu)?)
+            let m = MetalInputs::new(node, x, gpu)?;
+            let inputs = node
+                .metal_inputs()
+                .into_iter()
+                .map(|input| match input {
+                    Input::G => &*m.g,
+                    Input::Beta => &*m.beta,
+                    Input::T => &*m.t_in,
+                    Input::State => x.state.unwrap_or_else(|| m.zeros()),
+                    other => caller_array(x, other),
+                })
+                .collect::<Vec<_>>();
+            metal_node(&metal::gated_delta_launch(node), &inputs, gpu)
         }
+    }
+}
+
+/// The caller's array for `input`; the node lists only inputs the call has.
+fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
+    let array = match input {
+        Input::Q => x.q,
+        Input::K => x.k,
+        Input::V => x.v,
+        Input::A => x.a,
+        Input::B => x.b,
+        Input::ALog => x.a_log,
+        Input::DtBias => x.dt_bias,
+        Input::State => x.state,
+        Input::Mask => x.mask,
+        Input::Lengths => x.lengths,
+        Input::G | Input::Beta | Input::T => None,
     };
-    Ok(outputs.pop().expect("one output"))
+    array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
+}
+
+/// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),
+/// a zero state when none is given, and T as a 1-element int32 input.
+struct MetalInputs {
+    g: UniquePtr<Array>,
+    beta: UniquePtr<Array>,
+    zeros: Option<UniquePtr<Array>>,
+    t_in: UniquePtr<Array>,
+}
+
+impl MetalInputs {
+    fn new(node: &Node, x: &Arrays, gpu: bool) -> Result<MetalInputs> {
+        let d = node.dims;
+        let zeros = match x.state {
+            Some(_) => None,
+            None => Some(bridge::array_zeros(
+                &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+                Dtype::Float32 as i32,
+            )?),
+        };
+        let gate = |input| caller_array(x, input);
+        Ok(MetalInputs {
+            g: bridge::compute_g(gate(Input::ALog), gate(Input::A), gate(Input::DtBias), gpu)?,
+            beta: bridge::sigmoid(gate(Input::B), gpu)?,
+            zeros,
+            t_in: bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?,
+        })
+    }
+
+    /// The zero state made when the call gives none.
+    fn zeros(&self) -> &Array {
+        self.zeros
+            .as_deref()
+            .expect("zeros made when no state is given")
+    }
 }

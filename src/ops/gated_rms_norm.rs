@@ -2,14 +2,13 @@
 
 use cxx::UniquePtr;
 
-use super::gated_delta::{list, take};
-use super::shape::ArgInfo;
-use crate::bridge::{self, Array, CpuLaunch};
-use crate::cpu::CpuKernel;
-use crate::dtype::Dtype;
+use super::shape::{check_eps, ArgInfo};
+use super::{cpu_node, metal_node, Backend};
+use crate::bridge::Array;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
+use crate::node::gated_rms_norm::Node;
 
 pub struct Inputs<'a> {
     pub x: &'a Array,
@@ -18,7 +17,7 @@ pub struct Inputs<'a> {
     pub eps: f32,
 }
 
-pub fn check(x: &Inputs) -> Result<(Vec<i64>, Dtype, Dtype)> {
+pub fn check(x: &Inputs) -> Result<Node> {
     let xi = ArgInfo::of("x", x.x)?;
     let gi = ArgInfo::of("gate", x.gate)?;
     let wi = ArgInfo::of("weight", x.weight)?;
@@ -51,50 +50,39 @@ pub fn check(x: &Inputs) -> Result<(Vec<i64>, Dtype, Dtype)> {
             xi.dtype.name()
         )));
     }
-    super::silu_rms_heads::check_eps(x.eps)?;
+    check_eps(x.eps)?;
     memory::check_outputs(&[("out", &xi.shape, xi.dtype)])?;
-    // An empty x may have leading dims whose product overflows i64 ([2^31-1, 2^31-1,
-    // 2^31-1, 0, D]); it has no rows. Otherwise the product is at most x's element count.
-    let leading = &xi.shape[..xi.shape.len() - 1];
-    let rows: i64 = if leading.contains(&0) {
-        0
-    } else {
-        leading.iter().fold(1i64, |n, &d| n.saturating_mul(d))
+    let node = Node {
+        shape: xi.shape.iter().map(|&d| d as usize).collect(),
+        dtype: xi.dtype,
+        gate_dtype: gi.dtype,
+        eps: x.eps,
     };
-    if rows.saturating_mul(metal::gated_rms_norm_threads(width)) > i32::MAX as i64 {
+    // An empty x may have leading dims whose product overflows ([2^31-1, 2^31-1, 2^31-1, 0,
+    // D]); it has no rows (Node::rows). Otherwise the product is at most x's element count.
+    if (node.rows() as u64).saturating_mul(node.threads() as u64) > i32::MAX as u64 {
         return Err(Error::InvalidArgument(format!(
-            "x: {rows} rows of {width} values need more than 2^31-1 threads in one launch"
+            "x: {} rows of {width} values need more than 2^31-1 threads in one launch",
+            node.rows()
         )));
     }
-    Ok((xi.shape.clone(), xi.dtype, gi.dtype))
+    Ok(node)
 }
 
 /// Builds the gated norm: returns `out`, lazy.
-pub fn norm(x: &Inputs, gpu: Option<bool>) -> Result<UniquePtr<Array>> {
-    let (shape, dtype, gate_dtype) = check(x)?;
-    let inputs = list(&[x.x, x.gate, x.weight]);
-    let width = *shape.last().unwrap();
-    let mut outputs = match gpu {
-        None => {
-            let launch = CpuLaunch {
-                kernel: CpuKernel::GatedRmsNorm as u32,
-                params: vec![
-                    width,
-                    dtype as i64,
-                    gate_dtype as i64,
-                    x.eps.to_bits() as i64,
-                ],
-                output_dims: shape.iter().map(|&d| d as i32).collect(),
-                output_ndims: vec![shape.len() as u32],
-                output_dtypes: vec![dtype as i32],
-                donate_from: vec![-1],
-            };
-            take(&*bridge::cpu_kernel_op(&launch, &inputs)?)
-        }
-        Some(gpu) => {
-            let launch = metal::gated_rms_norm_launch(&shape, dtype, x.eps);
-            take(&*bridge::metal_kernel_op(&launch, &inputs, gpu)?)
-        }
+pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
+    let node = check(x)?;
+    // The CPU node and the Metal launch take the inputs in one order (node::gated_rms_norm::INPUTS).
+    let inputs = [x.x, x.gate, x.weight];
+    let mut outputs = match backend {
+        Backend::Cpu => cpu_node(
+            node.kernel(),
+            node.encode(),
+            &node.outputs(),
+            vec![-1],
+            &inputs,
+        )?,
+        Backend::Metal { gpu } => metal_node(&metal::gated_rms_norm_launch(&node), &inputs, gpu)?,
     };
     Ok(outputs.pop().expect("one output"))
 }

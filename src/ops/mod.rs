@@ -1,5 +1,7 @@
-//! Validation and graph building, one module per kernel. Everything here runs under the MLX
-//! lock, called from the C ABI in `crate::capi`.
+//! Validation and graph building, one module per kernel (docs/DESIGN.md §2). Everything here
+//! runs under the MLX lock, called from the C ABI in `crate::capi`. Each kernel module checks
+//! its arguments (messages name the argument and what was expected), builds the kernel's typed
+//! node (`crate::node`) and hands it to the backend: the CPU primitive or the Metal launch.
 
 pub mod array;
 pub mod device;
@@ -7,3 +9,67 @@ pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod shape;
 pub mod silu_rms_heads;
+
+use cxx::UniquePtr;
+
+use crate::bridge::{self, Array, CpuLaunch, MetalLaunch};
+use crate::error::Result;
+use crate::node::{self, Kernel, Output};
+
+/// Where a kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The MLX primitive running the Rust kernel.
+    Cpu,
+    /// `mx::fast::metal_kernel`; `gpu = false` passes a CPU stream (only tests do that, to
+    /// reach the Metal launch on machines without Metal).
+    Metal { gpu: bool },
+}
+
+impl Backend {
+    /// The default device's backend.
+    pub fn current() -> Backend {
+        if device::gpu() {
+            Backend::Metal { gpu: true }
+        } else {
+            Backend::Cpu
+        }
+    }
+}
+
+/// Builds the lazy CPU primitive node running `kernel` with the node's parameter words; the
+/// outputs may take over the inputs named in `donate_from` (-1: none). Returns the outputs.
+pub(crate) fn cpu_node(
+    kernel: Kernel,
+    params: Vec<i64>,
+    outputs: &[Output],
+    donate_from: Vec<i32>,
+    inputs: &[&Array],
+) -> Result<Vec<UniquePtr<Array>>> {
+    let (output_dims, output_ndims, output_dtypes) = node::flatten(outputs);
+    let launch = CpuLaunch {
+        kernel: kernel as u32,
+        params,
+        output_dims,
+        output_ndims,
+        output_dtypes,
+        donate_from,
+    };
+    Ok(bridge::take(&*bridge::cpu_kernel_op(
+        &launch,
+        &bridge::list(inputs),
+    )?))
+}
+
+/// Builds the Metal launch on the given inputs (in the launch's input order).
+pub(crate) fn metal_node(
+    launch: &MetalLaunch,
+    inputs: &[&Array],
+    gpu: bool,
+) -> Result<Vec<UniquePtr<Array>>> {
+    Ok(bridge::take(&*bridge::metal_kernel_op(
+        launch,
+        &bridge::list(inputs),
+        gpu,
+    )?))
+}

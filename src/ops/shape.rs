@@ -83,3 +83,13 @@ impl ArgInfo {
         Ok(self)
     }
 }
+
+/// `eps` must be finite and non-negative.
+pub fn check_eps(eps: f32) -> Result<()> {
+    if !eps.is_finite() || eps < 0.0 {
+        return Err(Error::InvalidArgument(format!(
+            "eps is {eps}; expected a finite value >= 0"
+        )));
+    }
+    Ok(())
+}

@@ -2,27 +2,16 @@
 
 use cxx::UniquePtr;
 
-use super::gated_delta::{list, take};
-use super::shape::ArgInfo;
-use crate::bridge::{self, Array, CpuLaunch};
-use crate::cpu::CpuKernel;
-use crate::dtype::Dtype;
+use super::shape::{check_eps, ArgInfo};
+use super::{cpu_node, metal_node, Backend};
+use crate::bridge::Array;
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::metal::{self, HeadSplitDims};
+use crate::metal;
+use crate::node::silu_rms_heads::{Dims, Node};
 
 /// The widest head the kernel handles (32 lanes × 4 values).
 pub const MAX_HEAD_WIDTH: i64 = 128;
-
-/// `eps` must be finite and non-negative.
-pub fn check_eps(eps: f32) -> Result<()> {
-    if !eps.is_finite() || eps < 0.0 {
-        return Err(Error::InvalidArgument(format!(
-            "eps is {eps}; expected a finite value >= 0"
-        )));
-    }
-    Ok(())
-}
 
 pub struct Inputs<'a> {
     pub x: &'a Array,
@@ -34,7 +23,7 @@ pub struct Inputs<'a> {
     pub eps: f32,
 }
 
-pub fn check(x: &Inputs) -> Result<(HeadSplitDims, Dtype)> {
+pub fn check(x: &Inputs) -> Result<Node> {
     let xi = ArgInfo::of("x", x.x)?;
     let qs = ArgInfo::of("q_scale", x.q_scale)?;
     let ks = ArgInfo::of("k_scale", x.k_scale)?;
@@ -89,51 +78,38 @@ pub fn check(x: &Inputs) -> Result<(HeadSplitDims, Dtype)> {
             "key_heads {hk} and value_heads {hv}: too many heads for one launch"
         )));
     }
-    Ok((
-        HeadSplitDims {
-            b,
-            s,
-            hk,
-            hv,
-            dk,
-            dv,
+    let u = |x: i64| x as usize;
+    Ok(Node {
+        dims: Dims {
+            b: u(b),
+            s: u(s),
+            hk: u(hk),
+            hv: u(hv),
+            dk: u(dk),
+            dv: u(dv),
         },
-        xi.dtype,
-    ))
+        dtype: xi.dtype,
+        eps: x.eps,
+    })
 }
 
 /// Builds the head split: returns `(q, k, v)`, lazy.
 pub fn split(
     x: &Inputs,
-    gpu: Option<bool>,
+    backend: Backend,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>, UniquePtr<Array>)> {
-    let (d, dtype) = check(x)?;
-    let inputs = list(&[x.x, x.q_scale, x.k_scale]);
-    let mut outputs = match gpu {
-        None => {
-            let shape = |h: i64, w: i64| [d.b as i32, d.s as i32, h as i32, w as i32];
-            let launch = CpuLaunch {
-                kernel: CpuKernel::SiluRmsHeads as u32,
-                params: vec![
-                    d.b * d.s,
-                    d.hk,
-                    d.hv,
-                    d.dk,
-                    d.dv,
-                    dtype as i64,
-                    x.eps.to_bits() as i64,
-                ],
-                output_dims: [shape(d.hk, d.dk), shape(d.hk, d.dk), shape(d.hv, d.dv)].concat(),
-                output_ndims: vec![4, 4, 4],
-                output_dtypes: vec![dtype as i32; 3],
-                donate_from: vec![-1, -1, -1],
-            };
-            take(&*bridge::cpu_kernel_op(&launch, &inputs)?)
-        }
-        Some(gpu) => {
-            let launch = metal::silu_rms_heads_launch(d, dtype, x.eps);
-            take(&*bridge::metal_kernel_op(&launch, &inputs, gpu)?)
-        }
+    let node = check(x)?;
+    // The CPU node and the Metal launch take the inputs in one order (node::silu_rms_heads::INPUTS).
+    let inputs = [x.x, x.q_scale, x.k_scale];
+    let mut outputs = match backend {
+        Backend::Cpu => cpu_node(
+            node.kernel(),
+            node.encode(),
+            &node.outputs(),
+            vec![-1; 3],
+            &inputs,
+        )?,
+        Backend::Metal { gpu } => metal_node(&metal::silu_rms_heads_launch(&node), &inputs, gpu)?,
     };
     let v = outputs.pop().expect("three outputs");
     let k = outputs.pop().expect("three outputs");

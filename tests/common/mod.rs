@@ -10,6 +10,9 @@ pub use mlxkern::capi::device::*;
 pub use mlxkern::capi::gated_delta::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;
+pub use mlxkern::testing::{
+    gated_delta_state_via_metal, gated_delta_update_chunked_as_if, gated_delta_update_via_metal,
+};
 
 pub type H = *mut mlxk_array;
 

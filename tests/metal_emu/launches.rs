@@ -4,9 +4,10 @@
 //! Built with plain `rustc` (no Cargo, no dependencies) by scripts/test-metal-emu.sh. It compiles
 //! the library's own `src/metal.rs` and `src/dtype.rs` through `#[path]`, so the names, template
 //! arguments, grid and threadgroup come from the functions the library calls, not from a
-//! restatement. The three items `src/metal.rs` imports from modules that need MLX
-//! (`bridge::MetalLaunch`, `ops::gated_delta::Dims`) and `error` are declared here with the same
-//! fields; a field added there and missing here stops this build.
+//! restatement; the launches are built from the library's own typed nodes (`src/node/`, also
+//! compiled here), as `src/ops/*.rs` builds them. The two items `src/metal.rs` and `src/dtype.rs`
+//! import from modules that need MLX (`bridge::MetalLaunch`) and `error` are declared here with
+//! the same fields; a field added there and missing here stops this build.
 //!
 //! For each case it checks that the launch's source is the kernel file with the library's
 //! textual substitution (the token-active marker), records that substitution as a `#define`, and
@@ -51,26 +52,37 @@ mod bridge {
     }
 }
 
-mod ops {
-    pub mod gated_delta {
-        /// Same fields as `src/ops/gated_delta.rs`'s `Dims`.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub struct Dims {
-            pub b: i64,
-            pub t: i64,
-            pub hk: i64,
-            pub hv: i64,
-            pub dk: i64,
-            pub dv: i64,
-        }
-    }
+#[path = "../../src/node/mod.rs"]
+mod node;
+
+/// A recurrence case's dimensions (the library's node takes them as `usize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Dims {
+    b: i64,
+    t: i64,
+    hk: i64,
+    hv: i64,
+    dk: i64,
+    dv: i64,
+}
+
+/// A head-split case's dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeadSplitDims {
+    b: i64,
+    s: i64,
+    hk: i64,
+    hv: i64,
+    dk: i64,
+    dv: i64,
 }
 
 #[path = "../../src/metal.rs"]
 mod metal;
 
 use dtype::Dtype;
-use metal::{Dims, HeadSplitDims, MetalLaunch};
+use metal::MetalLaunch;
+use node::gated_delta::{self as gd, Form};
 
 const BF16: Dtype = Dtype::Bfloat16;
 const F16: Dtype = Dtype::Float16;
@@ -352,6 +364,31 @@ fn main() {
 
 type Inputs = Vec<(&'static str, Dtype, Vec<i64>)>;
 
+/// The gated-delta node the library builds for a case (b's dtype is the case's aux dtype).
+fn gated_delta_node(d: &Dims, c: &Case, form: Form, masked: bool, with_state: bool) -> gd::Node {
+    let u = |x: i64| x as usize;
+    gd::Node {
+        dims: gd::Dims {
+            b: u(d.b),
+            t: u(d.t),
+            hk: u(d.hk),
+            hv: u(d.hv),
+            dk: u(d.dk),
+            dv: u(d.dv),
+        },
+        dtype: c.dtype,
+        gates: gd::GateDtypes {
+            a: F32,
+            b: c.aux,
+            a_log: F32,
+            dt_bias: F32,
+        },
+        has_state: with_state,
+        has_mask: masked,
+        form,
+    }
+}
+
 /// The launch for a case (from src/metal.rs), its kind and label, the case dimensions, the
 /// inputs as the library's ops build them, and extra case lines. Also asserts the geometry of
 /// DESIGN.md §3, so a change of launch geometry is noticed here as well as emulated.
@@ -363,7 +400,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             masked,
             with_state,
         } => {
-            let l = metal::gated_delta_launch(*d, c.dtype, *masked);
+            let l = metal::gated_delta_launch(&gated_delta_node(d, c, Form::Exact, *masked, *with_state));
             assert_eq!(l.grid, [32, d.dv as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta.rs `update`, Backend::Metal: q, k, v, g (f32, compute_g),
@@ -419,10 +456,10 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             lengths,
         } => {
             assert_eq!(lengths.len() as i64, d.b);
-            let l = metal::gated_delta_state_launch(*d);
+            let l = metal::gated_delta_launch(&gated_delta_node(d, c, Form::State, false, *with_state));
             assert_eq!(l.grid, [32, d.dv as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
-            // src/ops/gated_delta.rs `replay`, Backend::Metal.
+            // src/ops/gated_delta.rs `state`, Backend::Metal.
             let inputs: Inputs = vec![
                 ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
                 ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
@@ -465,7 +502,19 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             )
         }
         Kind::HeadSplit { d } => {
-            let l = metal::silu_rms_heads_launch(*d, c.dtype, c.eps);
+            let u = |x: i64| x as usize;
+            let l = metal::silu_rms_heads_launch(&node::silu_rms_heads::Node {
+                dims: node::silu_rms_heads::Dims {
+                    b: u(d.b),
+                    s: u(d.s),
+                    hk: u(d.hk),
+                    hv: u(d.hv),
+                    dk: u(d.dk),
+                    dv: u(d.dv),
+                },
+                dtype: c.dtype,
+                eps: c.eps,
+            });
             assert_eq!(
                 l.grid,
                 [(32 * (2 * d.hk + d.hv)) as i32, (d.b * d.s) as i32, 1]
@@ -499,7 +548,12 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             )
         }
         Kind::GatedNorm { shape } => {
-            let l = metal::gated_rms_norm_launch(shape, c.dtype, c.eps);
+            let l = metal::gated_rms_norm_launch(&node::gated_rms_norm::Node {
+                shape: shape.iter().map(|&d| d as usize).collect(),
+                dtype: c.dtype,
+                gate_dtype: c.aux,
+                eps: c.eps,
+            });
             let width = *shape.last().unwrap();
             let rows: i64 = shape[..shape.len() - 1].iter().product();
             let threads = ((width + 127) / 128 * 32).min(1024);

@@ -1,0 +1,334 @@
+//! The gated-delta family: the update (exact or chunked form) and the prefix-state replay
+//! (`mlxk_gated_delta_state`). docs/DESIGN.md §3 gives the arithmetic, §4 the contract.
+
+use super::{Codec, Decoder, Encoder, Kernel, Output};
+use crate::dtype::Dtype;
+
+/// The dimensions of one call: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, state
+/// `[B, Hv, Dv, Dk]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Dims {
+    pub b: usize,
+    pub t: usize,
+    pub hk: usize,
+    pub hv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// Which computation a node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Form {
+    /// The recurrence in the Metal kernel's order (`mlxk_gated_delta_update`).
+    #[default]
+    Exact,
+    /// The chunked (WY) form, this many tokens per chunk (`mlxk_gated_delta_update_chunked`).
+    Chunked { chunk: usize },
+    /// The state after each row's accepted prefix (`mlxk_gated_delta_state`); no q, no y.
+    State,
+}
+
+/// The dtypes of the gate inputs (each is taken in its own dtype).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GateDtypes {
+    pub a: Dtype,
+    pub b: Dtype,
+    pub a_log: Dtype,
+    pub dt_bias: Dtype,
+}
+
+impl Default for GateDtypes {
+    fn default() -> Self {
+        GateDtypes {
+            a: Dtype::Float32,
+            b: Dtype::Float32,
+            a_log: Dtype::Float32,
+            dt_bias: Dtype::Float32,
+        }
+    }
+}
+
+/// One node of the family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub dims: Dims,
+    /// q, k and v's dtype (and y's).
+    pub dtype: Dtype,
+    pub gates: GateDtypes,
+    /// A state input is given (otherwise the recurrence starts from zeros).
+    pub has_state: bool,
+    /// A `[B, T]` bool mask is given (update forms only).
+    pub has_mask: bool,
+    pub form: Form,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node {
+            dims: Dims::default(),
+            dtype: Dtype::Float32,
+            gates: GateDtypes::default(),
+            has_state: false,
+            has_mask: false,
+            form: Form::Exact,
+        }
+    }
+}
+
+/// An input of a node, on either backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Input {
+    Q,
+    K,
+    V,
+    /// The gate inputs (CPU: the kernel computes g and beta itself).
+    A,
+    B,
+    ALog,
+    DtBias,
+    /// The state: the caller's; on Metal, zeros when none is given.
+    State,
+    Mask,
+    /// The accepted length of each row (`Form::State`), int32 `[B]`.
+    Lengths,
+    /// Metal only: g and beta computed by MLX ops, and T as a 1-element int32 array.
+    G,
+    Beta,
+    T,
+}
+
+impl Input {
+    /// The name the Metal kernels give this input.
+    pub fn name(self) -> &'static str {
+        match self {
+            Input::Q => "q",
+            Input::K => "k",
+            Input::V => "v",
+            Input::A => "a",
+            Input::B => "b",
+            Input::ALog => "a_log",
+            Input::DtBias => "dt_bias",
+            Input::State => "state_in",
+            Input::Mask => "mask",
+            Input::Lengths => "lengths",
+            Input::G => "g",
+            Input::Beta => "beta",
+            Input::T => "Tin",
+        }
+    }
+}
+
+impl Node {
+    /// The CPU kernel that runs this node.
+    pub fn kernel(&self) -> Kernel {
+        match self.form {
+            Form::Exact => Kernel::GatedDelta,
+            Form::Chunked { .. } => Kernel::GatedDeltaChunked,
+            Form::State => Kernel::GatedDeltaState,
+        }
+    }
+
+    fn updates(&self) -> bool {
+        self.form != Form::State
+    }
+
+    /// The CPU node's inputs, in order: `[q,] k, v, a, b, a_log, dt_bias, [state,]` then the
+    /// mask (if given) or the lengths (`Form::State`).
+    pub fn cpu_inputs(&self) -> Vec<Input> {
+        let mut inputs = Vec::with_capacity(9);
+        if self.updates() {
+            inputs.push(Input::Q);
+        }
+        inputs.extend([
+            Input::K,
+            Input::V,
+            Input::A,
+            Input::B,
+            Input::ALog,
+            Input::DtBias,
+        ]);
+        if self.has_state {
+            inputs.push(Input::State);
+        }
+        self.push_last(&mut inputs);
+        inputs
+    }
+
+    /// The Metal launch's inputs, in order: `[q,] k, v, g, beta, state_in, Tin,` then the mask
+    /// (if given) or the lengths.
+    pub fn metal_inputs(&self) -> Vec<Input> {
+        let mut inputs = Vec::with_capacity(8);
+        if self.updates() {
+            inputs.push(Input::Q);
+        }
+        inputs.extend([
+            Input::K,
+            Input::V,
+            Input::G,
+            Input::Beta,
+            Input::State,
+            Input::T,
+        ]);
+        self.push_last(&mut inputs);
+        inputs
+    }
+
+    fn push_last(&self, inputs: &mut Vec<Input>) {
+        if !self.updates() {
+            inputs.push(Input::Lengths);
+        } else if self.has_mask {
+            inputs.push(Input::Mask);
+        }
+    }
+
+    /// Where `input` sits among the CPU node's inputs.
+    pub fn cpu_slot(&self, input: Input) -> Option<usize> {
+        self.cpu_inputs().iter().position(|&i| i == input)
+    }
+
+    /// The outputs: y `[B, T, Hv, Dv]` in the input dtype (update forms), then the state
+    /// `[B, Hv, Dv, Dk]` float32.
+    pub fn outputs(&self) -> Vec<Output> {
+        let d = self.dims;
+        let mut outputs = Vec::with_capacity(2);
+        if self.updates() {
+            outputs.push(Output {
+                shape: vec![d.b, d.t, d.hv, d.dv],
+                dtype: self.dtype,
+            });
+        }
+        outputs.push(Output {
+            shape: vec![d.b, d.hv, d.dv, d.dk],
+            dtype: Dtype::Float32,
+        });
+        outputs
+    }
+
+    /// The index of the state among the outputs.
+    pub fn state_output(&self) -> usize {
+        self.updates() as usize
+    }
+
+    /// Per output, the CPU input whose buffer it may take over (the state, updated in place
+    /// when MLX says the caller's state is donatable), or -1.
+    pub fn donations(&self) -> Vec<i32> {
+        let mut donate = vec![-1; self.outputs().len()];
+        if let Some(slot) = self.cpu_slot(Input::State) {
+            donate[self.state_output()] = slot as i32;
+        }
+        donate
+    }
+
+    fn fields(&mut self, c: &mut impl Codec) {
+        let d = &mut self.dims;
+        for x in [
+            &mut d.b, &mut d.t, &mut d.hk, &mut d.hv, &mut d.dk, &mut d.dv,
+        ] {
+            c.usize(x);
+        }
+        c.dtype(&mut self.dtype);
+        let g = &mut self.gates;
+        for x in [&mut g.a, &mut g.b, &mut g.a_log, &mut g.dt_bias] {
+            c.dtype(x);
+        }
+        c.bool(&mut self.has_state);
+        c.bool(&mut self.has_mask);
+        let (mut code, mut chunk) = match self.form {
+            Form::Exact => (0, 0),
+            Form::Chunked { chunk } => (1, chunk),
+            Form::State => (2, 0),
+        };
+        c.usize(&mut code);
+        c.usize(&mut chunk);
+        self.form = match code {
+            0 => Form::Exact,
+            1 => Form::Chunked { chunk },
+            2 => Form::State,
+            other => {
+                c.fail(format!("unknown form {other}"));
+                Form::Exact
+            }
+        };
+    }
+
+    /// The node as parameter words.
+    pub fn encode(&self) -> Vec<i64> {
+        let mut e = Encoder(Vec::new());
+        let mut node = *self;
+        node.fields(&mut e);
+        e.0
+    }
+
+    /// The node back from `encode`'s words.
+    pub fn decode(words: &[i64]) -> Result<Node, String> {
+        let mut node = Node::default();
+        let mut d = Decoder::new(words);
+        node.fields(&mut d);
+        d.finish("gated delta")?;
+        Ok(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(form: Form, has_state: bool, has_mask: bool) -> Node {
+        Node {
+            dims: Dims {
+                b: 2,
+                t: 7,
+                hk: 2,
+                hv: 4,
+                dk: 64,
+                dv: 3,
+            },
+            dtype: Dtype::Bfloat16,
+            gates: GateDtypes {
+                a: Dtype::Float16,
+                b: Dtype::Bfloat16,
+                a_log: Dtype::Float32,
+                dt_bias: Dtype::Bfloat16,
+            },
+            has_state,
+            has_mask,
+            form,
+        }
+    }
+
+    #[test]
+    fn encode_then_decode_is_identity() {
+        for form in [Form::Exact, Form::Chunked { chunk: 48 }, Form::State] {
+            for (s, m) in [(false, false), (true, false), (false, true), (true, true)] {
+                let n = node(form, s, m);
+                assert_eq!(Node::decode(&n.encode()), Ok(n));
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_words_are_refused() {
+        let words = node(Form::Exact, true, true).encode();
+        assert!(Node::decode(&words[..words.len() - 1]).is_err());
+        let mut longer = words.clone();
+        longer.push(0);
+        assert!(Node::decode(&longer).is_err());
+        let mut bad = words.clone();
+        bad[6] = 99; // the dtype word
+        assert!(Node::decode(&bad).unwrap_err().contains("dtype"));
+    }
+
+    #[test]
+    fn input_orders() {
+        use Input::*;
+        let n = node(Form::Exact, true, true);
+        assert_eq!(n.cpu_inputs(), [Q, K, V, A, B, ALog, DtBias, State, Mask]);
+        assert_eq!(n.metal_inputs(), [Q, K, V, G, Beta, State, T, Mask]);
+        assert_eq!(n.donations(), [-1, 7]);
+        let r = node(Form::State, false, false);
+        assert_eq!(r.cpu_inputs(), [K, V, A, B, ALog, DtBias, Lengths]);
+        assert_eq!(r.metal_inputs(), [K, V, G, Beta, State, T, Lengths]);
+        assert_eq!(r.outputs().len(), 1);
+        assert_eq!(r.donations(), [-1]);
+    }
+}
