@@ -18,7 +18,6 @@
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
 #include "mlx/transforms.h"
-#include "mlx/version.h"
 #include "mlxkern/src/bridge/mod.rs.h"
 
 namespace mx = mlx::core;
@@ -187,7 +186,6 @@ std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dty
   return std::make_unique<Array>(std::move(a));
 }
 
-std::unique_ptr<Array> array_clone(const Array& a) { return std::make_unique<Array>(a); }
 size_t array_ndim(const Array& a) { return a.ndim(); }
 int32_t array_dim(const Array& a, size_t axis) { return a.shape()[axis]; }
 int32_t array_dtype(const Array& a) { return from_mlx(a.dtype()); }
@@ -274,14 +272,11 @@ std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const Arra
 
 bool metal_available() { return mx::metal::is_available(); }
 bool cuda_available() { return mx::cu::is_available(); }
-bool gpu_available() { return mx::is_available(mx::Device(mx::Device::gpu)); }
 
 void set_default_device(bool gpu) {
   mx::set_default_device(gpu ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu));
 }
 
 size_t set_cache_limit(size_t bytes) { return mx::set_cache_limit(bytes); }
-
-rust::String mlx_version() { return rust::String(mx::version()); }
 
 }  // namespace mlxk

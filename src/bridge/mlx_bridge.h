@@ -21,7 +21,6 @@ struct CpuLaunch;
 std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
                                         rust::Slice<const int32_t> shape, int32_t dtype);
 std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dtype);
-std::unique_ptr<Array> array_clone(const Array& a);
 size_t array_ndim(const Array& a);
 int32_t array_dim(const Array& a, size_t axis);
 int32_t array_dtype(const Array& a);
@@ -46,9 +45,7 @@ std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const Arra
 
 bool metal_available();
 bool cuda_available();
-bool gpu_available();
 void set_default_device(bool gpu);
 size_t set_cache_limit(size_t bytes);
-rust::String mlx_version();
 
 }  // namespace mlxk

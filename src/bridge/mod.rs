@@ -50,7 +50,6 @@ pub mod ffi {
 
         fn array_from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
         fn array_zeros(shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
-        fn array_clone(a: &Array) -> UniquePtr<Array>;
         fn array_ndim(a: &Array) -> usize;
         fn array_dim(a: &Array, axis: usize) -> i32;
         fn array_dtype(a: &Array) -> i32;
@@ -88,10 +87,8 @@ pub mod ffi {
 
         fn metal_available() -> bool;
         fn cuda_available() -> bool;
-        fn gpu_available() -> bool;
         fn set_default_device(gpu: bool) -> Result<()>;
         fn set_cache_limit(bytes: usize) -> usize;
-        fn mlx_version() -> String;
     }
 
     extern "Rust" {
