@@ -1,4 +1,4 @@
-//! The GLM-5.2 expert-slot layout through the C ABI: DESIGN §4's table, every kind of rejection
+//! The GLM-5.2 expert-slot layout through the C ABI: docs/DESIGN.md §4's table, every kind of rejection
 //! with its message, and a randomized comparison of mlxk_glm52_layout_validate() with a
 //! deliberately simple checker written here (loops over regions, u128 arithmetic).
 //!
@@ -169,7 +169,7 @@ fn reference_length(
     }
 }
 
-/// Accepts exactly the layouts DESIGN §4 allows. Written independently of the library: one
+/// Accepts exactly the layouts docs/DESIGN.md §4 allows. Written independently of the library: one
 /// pass per rule, every region against every other.
 fn reference_accepts(l: &mlxk_glm52_layout, bits: u32, group_size: u32) -> bool {
     if bits != 4 && bits != 8 {
@@ -210,7 +210,7 @@ fn reference_accepts(l: &mlxk_glm52_layout, bits: u32, group_size: u32) -> bool 
     true
 }
 
-/// The canonical layout as DESIGN §4 states it, or None where it must be refused.
+/// The canonical layout as docs/DESIGN.md §4 states it, or None where it must be refused.
 fn reference_canonical(
     hidden: u64,
     intermediate: u64,
@@ -243,7 +243,7 @@ fn reference_canonical(
     Some(from_fields(f))
 }
 
-// ---- DESIGN §4's table and canonical layouts ----------------------------------------------
+// ---- docs/DESIGN.md §4's table and canonical layouts ----------------------------------------------
 
 #[test]
 fn slot_alignment_constant() {
@@ -388,7 +388,7 @@ fn every_pair_of_overlapping_regions() {
             assert_rejected(&l, 4, 64, &expected);
         }
     }
-    // The example DESIGN §4 quotes.
+    // The example docs/DESIGN.md §4 quotes.
     let mut l = glm5(8, 64);
     l.up_scale_offset = l.down_weight_offset + 4096;
     assert_rejected(&l, 8, 64, "up scale overlaps down weight");

@@ -21,7 +21,7 @@
 //   rounding to the output dtype: + 2^-8 · |ref| for bfloat16, + u · |ref| for float32.
 //   Measured for bfloat16 over 25 seeds: max relative error 0.00386 < 2^-8 = 0.00391.
 // - bf16 a, b and dt_bias (the model's dtypes): beta = sigmoid(b) is bf16 too (emulated with
-//   MLX's rounding points, DESIGN §4); the same rare one-ulp flip of beta or softplus (2^-7)
+//   MLX's rounding points, docs/DESIGN.md §4); the same rare one-ulp flip of beta or softplus (2^-7)
 //   would move the state by up to ~2^-7 of an update, so the state bound there is
 //   2^-6 · max|ref| (measured: at most 1.9e-7; a wrong head mapping, gate or sign errs by O(1)).
 // - the chunked form against the exact update on the same inputs: the two differ only in

@@ -1,4 +1,4 @@
-// The GLM-5.2 expert-slot layout: DESIGN §4's table for GLM-5 dims, validation messages, and the
+// The GLM-5.2 expert-slot layout: docs/DESIGN.md §4's table for GLM-5 dims, validation messages, and the
 // number/bigint rule at the 2^53-1 boundary.
 
 import { describe, expect, test } from "bun:test";
@@ -33,7 +33,7 @@ function offsets(l: Glm52Layout): U[] {
   return [l.gateWeightOffset, l.upWeightOffset, l.downWeightOffset, l.gateScaleOffset, l.upScaleOffset, l.downScaleOffset];
 }
 
-describe("glm52Canonical (DESIGN §4, GLM-5: hidden 6144, intermediate 2048)", () => {
+describe("glm52Canonical (docs/DESIGN.md §4, GLM-5: hidden 6144, intermediate 2048)", () => {
   test("Q4 g64 offsets and slot bytes", () => {
     const l = glm52Canonical(HIDDEN, INTERMEDIATE, 4, 64);
     expect(offsets(l)).toEqual([0, 6291456, 12582912, 18874368, 19267584, 19660800]);

@@ -1,5 +1,5 @@
 // Float64 references for the kernels, written from the formulas in include/mlxkern.h and
-// DESIGN §4 (not from the library's code). Inputs are the exact values the library holds (bf16
+// docs/DESIGN.md §4 (not from the library's code). Inputs are the exact values the library holds (bf16
 // or f32 values, as float64). Where the library rounds an intermediate to the input dtype, the
 // reference can round at the same point (`round`), or not (`exact`), as each test chooses.
 
@@ -33,7 +33,7 @@ export function softplusIn(x: number, round: Rounding): number {
 }
 
 /**
- * sigmoid in a narrow dtype with MLX's rounding points (DESIGN §4): e = round(exp(|x|)),
+ * sigmoid in a narrow dtype with MLX's rounding points (docs/DESIGN.md §4): e = round(exp(|x|)),
  * y = 1 / (1 + e) in float32, round(x < 0 ? y : 1 - y).
  */
 export function sigmoidIn(x: number, round: Rounding): number {

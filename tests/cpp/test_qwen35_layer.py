@@ -23,7 +23,7 @@ Tolerance (why the two paths are not bit-identical, and by how much they may dif
     distance of a rounding boundary: rarely, and by exactly 1 bfloat16 ulp. Likewise the conv
     (4 taps, f32, rounded once).
   - The head split and gated norm follow the Metal reduction order (lane partials + butterfly);
-    MLX's CPU ops sum in order: <= 1 bfloat16 ulp, on a small fraction of values (DESIGN §3).
+    MLX's CPU ops sum in order: <= 1 bfloat16 ulp, on a small fraction of values (docs/DESIGN.md §3).
   - The recurrence's f32 reductions (Metal order vs MLX CPU ops) differ by a few f32 ulps; y is
     rounded to bfloat16, so again rare 1-ulp flips.
   Each flip perturbs downstream values by far less than one ulp of the output (one of

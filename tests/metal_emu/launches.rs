@@ -391,7 +391,7 @@ fn gated_delta_node(d: &Dims, c: &Case, form: Form, masked: bool, with_state: bo
 
 /// The launch for a case (from src/metal.rs), its kind and label, the case dimensions, the
 /// inputs as the library's ops build them, and extra case lines. Also asserts the geometry of
-/// DESIGN.md §3, so a change of launch geometry is noticed here as well as emulated.
+/// docs/DESIGN.md §3, so a change of launch geometry is noticed here as well as emulated.
 fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, String) {
     let name = |d: Dtype| d.name();
     match &c.kind {

@@ -1,4 +1,4 @@
-"""An independent numpy emulation of the Metal gated-delta kernel's arithmetic (DESIGN §3).
+"""An independent numpy emulation of the Metal gated-delta kernel's arithmetic (docs/DESIGN.md §3).
 
 Every operation is a float32 numpy elementwise operation (IEEE single, one rounding each, no
 FMA), written in the order the Metal text performs it:
@@ -24,7 +24,7 @@ Also emulated, in the same style:
                                 (n = T(x · inv)) followed by gated_norm_tail.
 Those two use MLX's CPU exp / sigmoid formulas (exp_f32, sigmoid, silu; fused multiply-adds
 emulated exactly by fma_f32) and rsqrt(x) = 1 / sqrt(x), as the library's CPU kernels do
-(DESIGN §3: bit-exact given identical transcendental results).
+(docs/DESIGN.md §3: bit-exact given identical transcendental results).
 """
 
 import numpy as np
@@ -204,7 +204,7 @@ def gated_delta_prefix_states(k, v, g, beta, state=None):
 # ---------------------------------------------------------------------------------------------
 # MLX's CPU transcendentals (backend/cpu/simd/math.h, unary_ops.h), for the head split and the
 # gated norm. Metal's exp is implementation-defined, so "the Metal order" uses MLX's CPU
-# formulas for the transcendentals (DESIGN §3); everything else is float32 numpy, one rounding
+# formulas for the transcendentals (docs/DESIGN.md §3); everything else is float32 numpy, one rounding
 # per operation.
 
 _F32 = np.float32

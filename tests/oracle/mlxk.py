@@ -16,7 +16,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# mlxk_status codes (DESIGN §5; stable).
+# mlxk_status codes (docs/DESIGN.md §5; stable).
 OK = 0
 ERR_NULL_POINTER = 1
 ERR_INVALID_ARGUMENT = 2
@@ -181,7 +181,7 @@ _ARR = ctypes.c_void_p  # mlxk_array * (an opaque token)
 _ARR_OUT = ctypes.POINTER(ctypes.c_void_p)
 _STATUS = ctypes.c_int32
 
-# name -> (restype, argtypes), following include/mlxkern.h and DESIGN §5.
+# name -> (restype, argtypes), following include/mlxkern.h and docs/DESIGN.md §5.
 _PROTOTYPES = {
     "mlxk_array_new": (_STATUS, [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32),
                                  ctypes.c_size_t, ctypes.c_int32, _ARR_OUT]),

@@ -1,4 +1,4 @@
-"""Oracle tests of mlxk_compute_g and mlxk_gated_delta_update (DESIGN §4, §6).
+"""Oracle tests of mlxk_compute_g and mlxk_gated_delta_update (docs/DESIGN.md §4, §6).
 
 Oracle 1: mlx-lm 0.32.2 on MLX CPU (`compute_g` bit for bit; the recurrence, which there runs
           the ops path, within a tolerance: its reductions are ordered differently).

@@ -1,4 +1,4 @@
-"""Oracle tests of mlxk_gated_rms_norm, Qwen's gated RMSNorm (DESIGN §3, §4).
+"""Oracle tests of mlxk_gated_rms_norm, Qwen's gated RMSNorm (docs/DESIGN.md §3, §4).
 
 The library computes, per row of width D,
 `out = T(silu_f32(gate) · f32(T(weight · T(x · rsqrt(mean(x²) + eps)))))`.

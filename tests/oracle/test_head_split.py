@@ -1,4 +1,4 @@
-"""Oracle tests of mlxk_silu_rms_heads, the Qwen3.5 head split (DESIGN §3, §4).
+"""Oracle tests of mlxk_silu_rms_heads, the Qwen3.5 head split (docs/DESIGN.md §3, §4).
 
 The library computes, per (row, head), `q = T(q_scale · T(silu · rsqrt(mean(silu²) + eps)))`
 (likewise k with k_scale) and `v = silu`, with silu = T(x · T(sigmoid(x))).

@@ -1,4 +1,4 @@
-"""Oracle tests of mlxk_gated_delta_state, the prefix-state replay (DESIGN §3, §4).
+"""Oracle tests of mlxk_gated_delta_state, the prefix-state replay (docs/DESIGN.md §3, §4).
 
 After a verify window of T draft tokens, row b keeps its first accepted_lengths[b] tokens; the
 replay recomputes each row's state from the pre-verify state over exactly that prefix.

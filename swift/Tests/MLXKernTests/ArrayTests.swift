@@ -25,7 +25,7 @@ final class ArrayTests: XCTestCase {
         XCTAssertEqual(GPUBackend.none.rawValue, MLXK_GPU_NONE)
         XCTAssertEqual(GPUBackend.metal.rawValue, MLXK_GPU_METAL)
         XCTAssertEqual(GPUBackend.cuda.rawValue, MLXK_GPU_CUDA)
-        // The contract's numbers (DESIGN §5), and the library's names for them.
+        // The contract's numbers (docs/DESIGN.md §5), and the library's names for them.
         let statuses: [(MLXKError.Status, Int32, String)] = [
             (.nullPointer, 1, "MLXK_ERR_NULL_POINTER"), (.invalidArgument, 2, "MLXK_ERR_INVALID_ARGUMENT"),
             (.shape, 3, "MLXK_ERR_SHAPE"), (.dtype, 4, "MLXK_ERR_DTYPE"),

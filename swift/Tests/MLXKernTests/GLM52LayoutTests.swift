@@ -1,7 +1,7 @@
 import XCTest
 import MLXKern
 
-/// The GLM-5.2 expert-slot layout: the canonical table of DESIGN §4 and the validator.
+/// The GLM-5.2 expert-slot layout: the canonical table of docs/DESIGN.md §4 and the validator.
 final class GLM52LayoutTests: XCTestCase {
     /// GLM-5: hidden 6144, intermediate 2048.
     private func glm5(bits: Int, groupSize: Int) throws -> GLM52Layout {

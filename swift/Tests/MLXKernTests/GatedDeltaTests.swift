@@ -65,7 +65,7 @@ struct RecurrenceInputs {
         stateValues = try state?.toFloats()
     }
 
-    /// The recurrence in float64, token by token (DESIGN §4), for the rows' first
+    /// The recurrence in float64, token by token (docs/DESIGN.md §4), for the rows' first
     /// `lengths[b]` tokens (all by default); masked tokens are skipped and give y = 0.
     func reference(lengths: [Int]? = nil) -> (y: [Double], state: [Double]) {
         let (bsz, t, hk, hv, dk, dv) = (batch, tokens, keyHeads, valueHeads, keyWidth, valueWidth)

@@ -2,14 +2,14 @@ import XCTest
 import MLXKern
 
 // The head split and the gated RMSNorm against float64 loops that round to bfloat16 exactly
-// where the contract says the kernels round (DESIGN §4, the header's comments), so that the
+// where the contract says the kernels round (docs/DESIGN.md §4, the header's comments), so that the
 // comparison is tight: between those points the kernels compute in float32 and the loops in
 // float64. What is left is float32-versus-float64 error (≈1e-7 relative) that, rarely, puts a
 // value on the other side of a bfloat16 rounding boundary: one ulp, in about 1 value in 10^4,
 // and two when two such roundings line up. Bounds: every element within 2 bfloat16 ulps of
 // the reference, and at least 99 % bit-exact.
 
-/// MLX's SiLU on a bfloat16 x (DESIGN §4): `e = T(exp(|x|))`, `y = 1/(1 + e)` in float32,
+/// MLX's SiLU on a bfloat16 x (docs/DESIGN.md §4): `e = T(exp(|x|))`, `y = 1/(1 + e)` in float32,
 /// `s = T(x < 0 ? y : 1 - y)`, `silu = T(x · s)`.
 func siluBFloat16(_ x: Float) -> Double {
     let e = Float(bf16(exp(abs(Double(x)))))
