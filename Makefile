@@ -32,7 +32,8 @@ header: bootstrap
 
 demo: build
 	@mkdir -p $(BUILD)
-	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude examples/c/demo.c $(LINK) -lm -o $(BUILD)/demo
+	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -Itests/common examples/c/demo.c \
+	  $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
 test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-bun test-metal-emu test-swift

@@ -24,7 +24,8 @@
  * both sides of each ratio are measured close together. Writes every figure to OUTPUT.json.
  * Environment: MLXK_BENCH_QUICK=1 for a short run (smaller time budget per case).
  *
- * Uses only include/mlxkern.h (and libc, pthreads). Built and run by scripts/bench.sh.
+ * Uses only include/mlxkern.h, the helpers the C programs share (tests/common/mlxk_test_util.h)
+ * and libc, pthreads. Built and run by scripts/bench.sh.
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -35,11 +36,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "inputs.h"
 #include "mlxkern.h"
+#include "mlxk_test_util.h"
 
 enum {
     HK = 16,
@@ -54,37 +55,6 @@ enum {
 #define STATE_ELEMS ((size_t)HV * DV * DK) /* one sequence, one layer: 2 MiB of float32 */
 #define NORM_EPS 1e-6f
 #define HEAD_SPLIT_EPS (1e-6f / (float)DK) /* mlx-lm 0.32.2 normalize_qk's rms eps */
-
-/* ---------------------------------------------------------------------------------------- */
-/* Errors, clock, memory                                                                    */
-
-static void fail(const char *what, mlxk_status status) {
-    fprintf(stderr, "bench: %s failed: %s: %s\n", what, mlxk_status_name(status), mlxk_last_error());
-    exit(1);
-}
-
-#define CHECK(call)                          \
-    do {                                     \
-        mlxk_status check_status_ = (call);  \
-        if (check_status_ != MLXK_OK) {      \
-            fail(#call, check_status_);      \
-        }                                    \
-    } while (0)
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (p == NULL) {
-        fprintf(stderr, "bench: out of host memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Keeps copies and stores from being optimized away. */
 static volatile uint32_t sink;
@@ -131,16 +101,16 @@ typedef void (*Body)(void *ctx);
  * body covers; the statistics are seconds per unit. Fast bodies are repeated `inner` times
  * per sample so that each sample lasts at least ~0.5 ms. */
 static Stats measure(Body body, void *ctx, double units) {
-    double t0 = now_seconds();
+    double t0 = mlxkt_now_seconds();
     body(ctx);
-    double t_one = now_seconds() - t0;
+    double t_one = mlxkt_now_seconds() - t0;
     if (t_one < 0.05) { /* a few more warm-up runs for cheap bodies */
         int extra = t_one < 0.005 ? 5 : 2;
-        t0 = now_seconds();
+        t0 = mlxkt_now_seconds();
         for (int i = 0; i < extra; i++) {
             body(ctx);
         }
-        t_one = (now_seconds() - t0) / extra;
+        t_one = (mlxkt_now_seconds() - t0) / extra;
     }
     int inner = 1;
     if (t_one < 5e-4) {
@@ -160,13 +130,13 @@ static Stats measure(Body body, void *ctx, double units) {
             reps = 1;
         }
     }
-    double *samples = xmalloc(sizeof(double) * (size_t)reps);
+    double *samples = mlxkt_xmalloc(sizeof(double) * (size_t)reps);
     for (int r = 0; r < reps; r++) {
-        double s0 = now_seconds();
+        double s0 = mlxkt_now_seconds();
         for (int i = 0; i < inner; i++) {
             body(ctx);
         }
-        samples[r] = (now_seconds() - s0) / ((double)inner * units);
+        samples[r] = (mlxkt_now_seconds() - s0) / ((double)inner * units);
     }
     qsort(samples, (size_t)reps, sizeof(double), cmp_double);
     Stats st;
@@ -235,12 +205,6 @@ static void add_record(const char *id, const char *op, const char *impl, const c
 /* ---------------------------------------------------------------------------------------- */
 /* Inputs                                                                                   */
 
-static mlxk_array *new_array(const void *data, const int32_t *shape, size_t ndim, mlxk_dtype dtype) {
-    mlxk_array *a = NULL;
-    CHECK(mlxk_array_new(data, shape, ndim, dtype, &a));
-    return a;
-}
-
 static mlxk_array *a_log_arr, *dt_bias_arr; /* shared by every layer */
 static float *state_pattern;                /* one sequence's state, reused for every row/layer */
 
@@ -254,31 +218,31 @@ static RecIn make_rec_inputs(int batch, int tokens, uint64_t cs) {
     size_t n_qk = (size_t)batch * tokens * HK * DK;
     size_t n_v = (size_t)batch * tokens * HV * DV;
     size_t n_ab = (size_t)batch * tokens * HV;
-    uint16_t *buf = xmalloc(sizeof(uint16_t) * n_v);
+    uint16_t *buf = mlxkt_xmalloc(sizeof(uint16_t) * n_v);
     int32_t qk_shape[4] = {batch, tokens, HK, DK};
     int32_t v_shape[4] = {batch, tokens, HV, DV};
     int32_t ab_shape[3] = {batch, tokens, HV};
 
     fill_unit_rows_bf16(buf, n_qk / DK, DK, tensor_seed(TAG_Q, cs), 1.0 / sqrt((double)DK));
-    in.q = new_array(buf, qk_shape, 4, MLXK_DTYPE_BFLOAT16);
+    in.q = mlxkt_new_array(buf, qk_shape, 4, MLXK_DTYPE_BFLOAT16);
     fill_unit_rows_bf16(buf, n_qk / DK, DK, tensor_seed(TAG_K, cs), 1.0);
-    in.k = new_array(buf, qk_shape, 4, MLXK_DTYPE_BFLOAT16);
+    in.k = mlxkt_new_array(buf, qk_shape, 4, MLXK_DTYPE_BFLOAT16);
     fill_normal_bf16(buf, n_v, tensor_seed(TAG_V, cs), 1.0);
-    in.v = new_array(buf, v_shape, 4, MLXK_DTYPE_BFLOAT16);
+    in.v = mlxkt_new_array(buf, v_shape, 4, MLXK_DTYPE_BFLOAT16);
     fill_normal_bf16(buf, n_ab, tensor_seed(TAG_A, cs), 1.0);
-    in.a = new_array(buf, ab_shape, 3, MLXK_DTYPE_BFLOAT16);
+    in.a = mlxkt_new_array(buf, ab_shape, 3, MLXK_DTYPE_BFLOAT16);
     fill_normal_bf16(buf, n_ab, tensor_seed(TAG_B, cs), 1.0);
-    in.b = new_array(buf, ab_shape, 3, MLXK_DTYPE_BFLOAT16);
+    in.b = mlxkt_new_array(buf, ab_shape, 3, MLXK_DTYPE_BFLOAT16);
     free(buf);
     return in;
 }
 
 static void free_rec_inputs(RecIn *in) {
-    CHECK(mlxk_array_free(in->q));
-    CHECK(mlxk_array_free(in->k));
-    CHECK(mlxk_array_free(in->v));
-    CHECK(mlxk_array_free(in->a));
-    CHECK(mlxk_array_free(in->b));
+    CHECK_OK(mlxk_array_free(in->q));
+    CHECK_OK(mlxk_array_free(in->k));
+    CHECK_OK(mlxk_array_free(in->v));
+    CHECK_OK(mlxk_array_free(in->a));
+    CHECK_OK(mlxk_array_free(in->b));
 }
 
 static void make_shared_inputs(void) {
@@ -290,10 +254,10 @@ static void make_shared_inputs(void) {
     }
     fill_normal_bf16(dt_bias, HV, tensor_seed(TAG_DT_BIAS, cs), 0.5);
     int32_t shape[1] = {HV};
-    a_log_arr = new_array(a_log, shape, 1, MLXK_DTYPE_FLOAT32);
-    dt_bias_arr = new_array(dt_bias, shape, 1, MLXK_DTYPE_BFLOAT16);
+    a_log_arr = mlxkt_new_array(a_log, shape, 1, MLXK_DTYPE_FLOAT32);
+    dt_bias_arr = mlxkt_new_array(dt_bias, shape, 1, MLXK_DTYPE_BFLOAT16);
 
-    state_pattern = xmalloc(sizeof(float) * STATE_ELEMS);
+    state_pattern = mlxkt_xmalloc(sizeof(float) * STATE_ELEMS);
     uint64_t seed = tensor_seed(TAG_STATE, cs);
     for (size_t i = 0; i < STATE_ELEMS; i++) {
         state_pattern[i] = (float)(normal_at(seed, i) * 0.05);
@@ -302,26 +266,26 @@ static void make_shared_inputs(void) {
 
 /* A [batch, Hv, Dv, Dk] float32 state: the shared pattern in every row. */
 static mlxk_array *make_state(int batch) {
-    float *buf = xmalloc(sizeof(float) * STATE_ELEMS * (size_t)batch);
+    float *buf = mlxkt_xmalloc(sizeof(float) * STATE_ELEMS * (size_t)batch);
     for (int b = 0; b < batch; b++) {
         memcpy(buf + (size_t)b * STATE_ELEMS, state_pattern, sizeof(float) * STATE_ELEMS);
     }
     int32_t shape[4] = {batch, HV, DV, DK};
-    mlxk_array *s = new_array(buf, shape, 4, MLXK_DTYPE_FLOAT32);
+    mlxk_array *s = mlxkt_new_array(buf, shape, 4, MLXK_DTYPE_FLOAT32);
     free(buf);
     return s;
 }
 
 /* A [batch, T] bool mask, left-padded: row b's last lengths[b] tokens are real. */
 static mlxk_array *make_left_padded_mask(int batch, int tokens, const int32_t *lengths) {
-    uint8_t *m = xmalloc((size_t)batch * tokens);
+    uint8_t *m = mlxkt_xmalloc((size_t)batch * tokens);
     for (int b = 0; b < batch; b++) {
         for (int t = 0; t < tokens; t++) {
             m[(size_t)b * tokens + t] = (uint8_t)(t >= tokens - lengths[b]);
         }
     }
     int32_t shape[2] = {batch, tokens};
-    mlxk_array *mask = new_array(m, shape, 2, MLXK_DTYPE_BOOL);
+    mlxk_array *mask = mlxkt_new_array(m, shape, 2, MLXK_DTYPE_BOOL);
     free(m);
     return mask;
 }
@@ -338,7 +302,8 @@ typedef struct {
 } DecodeCtx;
 
 static void step(const RecIn *t, mlxk_array *v, mlxk_array *state, mlxk_array **y, mlxk_array **s) {
-    CHECK(mlxk_gated_delta_update(t->q, t->k, v, t->a, t->b, a_log_arr, dt_bias_arr, state, NULL, y, s));
+    CHECK_OK(mlxk_gated_delta_update(t->q, t->k, v, t->a, t->b, a_log_arr, dt_bias_arr, state, NULL, y,
+                                     s));
 }
 
 /* 30 steps of one layer chained through the state handle, then one eval. */
@@ -348,13 +313,13 @@ static void decode_hot_chained(void *p) {
     for (int i = 0; i < LAYERS; i++) {
         mlxk_array *s;
         step(&c->tok[i], c->tok[i].v, c->state, &ys[i], &s);
-        CHECK(mlxk_array_free(c->state)); /* before eval: the kernel may update in place */
+        CHECK_OK(mlxk_array_free(c->state)); /* before eval: the kernel may update in place */
         c->state = s;
     }
-    CHECK(mlxk_array_eval(c->state));
+    CHECK_OK(mlxk_array_eval(c->state));
     for (int i = 0; i < LAYERS; i++) {
-        CHECK(mlxk_array_eval(ys[i]));
-        CHECK(mlxk_array_free(ys[i]));
+        CHECK_OK(mlxk_array_eval(ys[i]));
+        CHECK_OK(mlxk_array_free(ys[i]));
     }
 }
 
@@ -365,11 +330,11 @@ static void decode_hot_per_call(void *p) {
     c->next = (c->next + 1) % LAYERS;
     mlxk_array *y, *s;
     step(t, t->v, c->state, &y, &s);
-    CHECK(mlxk_array_free(c->state));
+    CHECK_OK(mlxk_array_free(c->state));
     c->state = s;
-    CHECK(mlxk_array_eval(s));
-    CHECK(mlxk_array_eval(y));
-    CHECK(mlxk_array_free(y));
+    CHECK_OK(mlxk_array_eval(s));
+    CHECK_OK(mlxk_array_eval(y));
+    CHECK_OK(mlxk_array_free(y));
 }
 
 /* One token through 30 layers, each with its own state; layer l+1's v is layer l's y (so the
@@ -381,16 +346,16 @@ static void decode_cold_chained(void *p) {
         mlxk_array *s;
         mlxk_array *v = l == 0 ? c->tok[0].v : ys[l - 1];
         step(&c->tok[l], v, c->states[l], &ys[l], &s);
-        CHECK(mlxk_array_free(c->states[l]));
+        CHECK_OK(mlxk_array_free(c->states[l]));
         c->states[l] = s;
     }
-    CHECK(mlxk_array_eval(ys[LAYERS - 1]));
+    CHECK_OK(mlxk_array_eval(ys[LAYERS - 1]));
     for (int l = 0; l < LAYERS; l++) {
-        CHECK(mlxk_array_eval(c->states[l]));
-        CHECK(mlxk_array_eval(ys[l]));
+        CHECK_OK(mlxk_array_eval(c->states[l]));
+        CHECK_OK(mlxk_array_eval(ys[l]));
     }
     for (int l = 0; l < LAYERS; l++) {
-        CHECK(mlxk_array_free(ys[l]));
+        CHECK_OK(mlxk_array_free(ys[l]));
     }
 }
 
@@ -401,11 +366,11 @@ static void decode_cold_per_call(void *p) {
     c->next = (c->next + 1) % LAYERS;
     mlxk_array *y, *s;
     step(&c->tok[l], c->tok[l].v, c->states[l], &y, &s);
-    CHECK(mlxk_array_free(c->states[l]));
+    CHECK_OK(mlxk_array_free(c->states[l]));
     c->states[l] = s;
-    CHECK(mlxk_array_eval(s));
-    CHECK(mlxk_array_eval(y));
-    CHECK(mlxk_array_free(y));
+    CHECK_OK(mlxk_array_eval(s));
+    CHECK_OK(mlxk_array_eval(y));
+    CHECK_OK(mlxk_array_free(y));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -481,8 +446,9 @@ static void copy_2t(void *p) { copy_2t_common(p, 0); }
 static void rmw_2t(void *p) { copy_2t_common(p, 1); }
 
 static CopyCtx copy_ctx_new(int n_bufs, size_t bytes_each) {
-    CopyCtx c = {n_bufs, bytes_each, xmalloc(sizeof(void *) * (size_t)n_bufs),
-                 xmalloc(sizeof(void *) * (size_t)n_bufs), xmalloc(sizeof(void *) * (size_t)n_bufs)};
+    size_t list_bytes = sizeof(void *) * (size_t)n_bufs;
+    CopyCtx c = {n_bufs, bytes_each, mlxkt_xmalloc(list_bytes), mlxkt_xmalloc(list_bytes),
+                 mlxkt_xmalloc(list_bytes)};
     for (int i = 0; i < n_bufs; i++) {
         c.src[i] = page_alloc(bytes_each);
         c.dst_base[i] = page_alloc(bytes_each + COPY_DST_OFFSET);
@@ -539,11 +505,11 @@ typedef struct {
 
 static void prefill_run(const PrefillCtx *c, mlxk_array **y, mlxk_array **s) {
     if (c->chunk < 0) {
-        CHECK(mlxk_gated_delta_update(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr, dt_bias_arr,
-                                      NULL, c->mask, y, s));
+        CHECK_OK(mlxk_gated_delta_update(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr,
+                                         dt_bias_arr, NULL, c->mask, y, s));
     } else {
-        CHECK(mlxk_gated_delta_update_chunked(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr,
-                                              dt_bias_arr, NULL, c->mask, c->chunk, y, s));
+        CHECK_OK(mlxk_gated_delta_update_chunked(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr,
+                                                 dt_bias_arr, NULL, c->mask, c->chunk, y, s));
     }
 }
 
@@ -551,10 +517,10 @@ static void prefill_call(void *p) {
     PrefillCtx *c = p;
     mlxk_array *y, *s;
     prefill_run(c, &y, &s);
-    CHECK(mlxk_array_eval(y));
-    CHECK(mlxk_array_eval(s));
-    CHECK(mlxk_array_free(y));
-    CHECK(mlxk_array_free(s));
+    CHECK_OK(mlxk_array_eval(y));
+    CHECK_OK(mlxk_array_eval(s));
+    CHECK_OK(mlxk_array_free(y));
+    CHECK_OK(mlxk_array_free(s));
 }
 
 typedef struct {
@@ -566,10 +532,10 @@ typedef struct {
 static void replay_call(void *p) {
     ReplayCtx *c = p;
     mlxk_array *s;
-    CHECK(mlxk_gated_delta_state(c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr, dt_bias_arr, c->state,
-                                 c->lengths, (size_t)c->in.batch, &s));
-    CHECK(mlxk_array_eval(s));
-    CHECK(mlxk_array_free(s));
+    CHECK_OK(mlxk_gated_delta_state(c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr, dt_bias_arr,
+                                    c->state, c->lengths, (size_t)c->in.batch, &s));
+    CHECK_OK(mlxk_array_eval(s));
+    CHECK_OK(mlxk_array_free(s));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -582,13 +548,13 @@ typedef struct {
 static void head_split_call(void *p) {
     HeadSplitCtx *c = p;
     mlxk_array *q, *k, *v;
-    CHECK(mlxk_silu_rms_heads(c->x, c->q_scale, c->k_scale, HK, HV, DV, HEAD_SPLIT_EPS, &q, &k, &v));
-    CHECK(mlxk_array_eval(q));
-    CHECK(mlxk_array_eval(k));
-    CHECK(mlxk_array_eval(v));
-    CHECK(mlxk_array_free(q));
-    CHECK(mlxk_array_free(k));
-    CHECK(mlxk_array_free(v));
+    CHECK_OK(mlxk_silu_rms_heads(c->x, c->q_scale, c->k_scale, HK, HV, DV, HEAD_SPLIT_EPS, &q, &k, &v));
+    CHECK_OK(mlxk_array_eval(q));
+    CHECK_OK(mlxk_array_eval(k));
+    CHECK_OK(mlxk_array_eval(v));
+    CHECK_OK(mlxk_array_free(q));
+    CHECK_OK(mlxk_array_free(k));
+    CHECK_OK(mlxk_array_free(v));
 }
 
 typedef struct {
@@ -598,9 +564,9 @@ typedef struct {
 static void gated_norm_call(void *p) {
     GatedNormCtx *c = p;
     mlxk_array *out;
-    CHECK(mlxk_gated_rms_norm(c->x, c->gate, c->weight, NORM_EPS, &out));
-    CHECK(mlxk_array_eval(out));
-    CHECK(mlxk_array_free(out));
+    CHECK_OK(mlxk_gated_rms_norm(c->x, c->gate, c->weight, NORM_EPS, &out));
+    CHECK_OK(mlxk_array_eval(out));
+    CHECK_OK(mlxk_array_free(out));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -610,15 +576,15 @@ static mlxk_array *probe_small;
 
 static void eval_noop(void *p) {
     (void)p;
-    CHECK(mlxk_array_eval(probe_small));
+    CHECK_OK(mlxk_array_eval(probe_small));
 }
 
 static void eval_roundtrip(void *p) {
     (void)p;
     mlxk_array *o;
-    CHECK(mlxk_array_astype(probe_small, MLXK_DTYPE_BFLOAT16, &o));
-    CHECK(mlxk_array_eval(o));
-    CHECK(mlxk_array_free(o));
+    CHECK_OK(mlxk_array_astype(probe_small, MLXK_DTYPE_BFLOAT16, &o));
+    CHECK_OK(mlxk_array_eval(o));
+    CHECK_OK(mlxk_array_free(o));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -629,18 +595,18 @@ static int checks_done;
 
 static void prefill_checksums(const RecIn *in) {
     mlxk_array *y, *s;
-    CHECK(mlxk_gated_delta_update(in->q, in->k, in->v, in->a, in->b, a_log_arr, dt_bias_arr, NULL,
-                                  NULL, &y, &s));
+    CHECK_OK(mlxk_gated_delta_update(in->q, in->k, in->v, in->a, in->b, a_log_arr, dt_bias_arr, NULL,
+                                     NULL, &y, &s));
     size_t ny = (size_t)in->batch * in->tokens * HV * DV;
     size_t ns = (size_t)in->batch * STATE_ELEMS;
-    uint16_t *yb = xmalloc(ny * sizeof(uint16_t));
-    float *sb = xmalloc(ns * sizeof(float));
-    CHECK(mlxk_array_read(y, yb, ny * sizeof(uint16_t)));
-    CHECK(mlxk_array_read(s, sb, ns * sizeof(float)));
+    uint16_t *yb = mlxkt_xmalloc(ny * sizeof(uint16_t));
+    float *sb = mlxkt_xmalloc(ns * sizeof(float));
+    CHECK_OK(mlxk_array_read(y, yb, ny * sizeof(uint16_t)));
+    CHECK_OK(mlxk_array_read(s, sb, ns * sizeof(float)));
     checks_done = 1;
     checks_y_abs_sum = 0.0;
     for (size_t i = 0; i < ny; i++) {
-        checks_y_abs_sum += fabs((double)bf16_value(yb[i]));
+        checks_y_abs_sum += fabs((double)mlxkt_bf16_to_float(yb[i]));
     }
     checks_state_abs_sum = 0.0;
     for (size_t i = 0; i < ns; i++) {
@@ -648,8 +614,8 @@ static void prefill_checksums(const RecIn *in) {
     }
     free(yb);
     free(sb);
-    CHECK(mlxk_array_free(y));
-    CHECK(mlxk_array_free(s));
+    CHECK_OK(mlxk_array_free(y));
+    CHECK_OK(mlxk_array_free(s));
 }
 
 /* The chunked form against the exact update on the T = 4096 prefill's inputs: the largest
@@ -666,15 +632,6 @@ static void max_diff(const float *a, const float *b, size_t n, double *rel) {
     *rel = scale > 0.0 ? diff / scale : diff;
 }
 
-static float *read_as_f32(mlxk_array *a, size_t n) {
-    mlxk_array *f;
-    CHECK(mlxk_array_astype(a, MLXK_DTYPE_FLOAT32, &f));
-    float *out = xmalloc(n * sizeof(float));
-    CHECK(mlxk_array_read(f, out, n * sizeof(float)));
-    CHECK(mlxk_array_free(f));
-    return out;
-}
-
 static void chunked_differences(const PrefillCtx *exact) {
     PrefillCtx c = *exact;
     mlxk_array *y[2], *s[2];
@@ -683,10 +640,10 @@ static void chunked_differences(const PrefillCtx *exact) {
     for (int i = 0; i < 2; i++) {
         c.chunk = i == 0 ? -1 : 0;
         prefill_run(&c, &y[i], &s[i]);
-        yv[i] = read_as_f32(y[i], ny);
-        sv[i] = read_as_f32(s[i], ns);
-        CHECK(mlxk_array_free(y[i]));
-        CHECK(mlxk_array_free(s[i]));
+        yv[i] = mlxkt_read_floats(y[i], ny);
+        sv[i] = mlxkt_read_floats(s[i], ns);
+        CHECK_OK(mlxk_array_free(y[i]));
+        CHECK_OK(mlxk_array_free(s[i]));
     }
     max_diff(yv[1], yv[0], ny, &chunked_dy);
     max_diff(sv[1], sv[0], ns, &chunked_ds);
@@ -800,7 +757,7 @@ static void write_json(const char *path, double total_s, double noop_us, double 
 
 static void bench_decode(int batch) {
     printf("decode B=%d\n", batch);
-    DecodeCtx *c = xmalloc(sizeof *c);
+    DecodeCtx *c = mlxkt_xmalloc(sizeof *c);
     memset(c, 0, sizeof *c);
     c->batch = batch;
     for (int l = 0; l < LAYERS; l++) {
@@ -817,7 +774,7 @@ static void bench_decode(int batch) {
     snprintf(id, sizeof id, "decode_hot_per_call_B%d", batch);
     add_record(id, "decode_hot_per_call", "mlxkern", "layer-step", batch, 1, tokens,
                0, measure(decode_hot_per_call, c, 1), "one layer's state, one eval per step");
-    CHECK(mlxk_array_free(c->state));
+    CHECK_OK(mlxk_array_free(c->state));
 
     for (int l = 0; l < LAYERS; l++) {
         c->states[l] = make_state(batch);
@@ -831,7 +788,7 @@ static void bench_decode(int batch) {
                0, measure(decode_cold_per_call, c, 1),
                "30 distinct layer states, one eval per layer (successive calls walk the layers)");
     for (int l = 0; l < LAYERS; l++) {
-        CHECK(mlxk_array_free(c->states[l]));
+        CHECK_OK(mlxk_array_free(c->states[l]));
         free_rec_inputs(&c->tok[l]);
     }
     free(c);
@@ -893,7 +850,7 @@ static void bench_padded(void) {
     add_record("prefill_padded_chunked_T128_B4", "prefill_padded_chunked", "mlxkern", "call", B, T, real, 0,
                measure(prefill_call, &c, 1), "as prefill_padded_T128_B4, mlxk_gated_delta_update_chunked");
     free_rec_inputs(&c.in);
-    CHECK(mlxk_array_free(c.mask));
+    CHECK_OK(mlxk_array_free(c.mask));
 }
 
 static void bench_replay(int batch, const int32_t *lengths) {
@@ -916,32 +873,32 @@ static void bench_replay(int batch, const int32_t *lengths) {
     snprintf(note, sizeof note, "prefix-state replay over a T=8 window, accepted lengths %s; tokens = accepted", lens);
     add_record(id, "replay", "mlxkern", "call", batch, T, real, 0, measure(replay_call, &c, 1), note);
     free_rec_inputs(&c.in);
-    CHECK(mlxk_array_free(c.state));
+    CHECK_OK(mlxk_array_free(c.state));
 }
 
 static void bench_head_split(int rows) {
     HeadSplitCtx c;
     size_t n = (size_t)rows * CONV_DIM;
-    uint16_t *buf = xmalloc(n * sizeof(uint16_t));
+    uint16_t *buf = mlxkt_xmalloc(n * sizeof(uint16_t));
     fill_normal_bf16(buf, n, tensor_seed(TAG_CONV_OUT, case_seed(KIND_HEAD_SPLIT, 1, (uint64_t)rows, 0)), 1.0);
     int32_t shape[3] = {1, rows, CONV_DIM};
-    c.x = new_array(buf, shape, 3, MLXK_DTYPE_BFLOAT16);
+    c.x = mlxkt_new_array(buf, shape, 3, MLXK_DTYPE_BFLOAT16);
     free(buf);
     uint16_t qs[DK], ks[DK];
     for (int i = 0; i < DK; i++) {
-        qs[i] = bf16_bits((float)(1.0 / DK));
-        ks[i] = bf16_bits((float)(1.0 / sqrt((double)DK)));
+        qs[i] = mlxkt_bf16_from_float((float)(1.0 / DK));
+        ks[i] = mlxkt_bf16_from_float((float)(1.0 / sqrt((double)DK)));
     }
     int32_t sshape[1] = {DK};
-    c.q_scale = new_array(qs, sshape, 1, MLXK_DTYPE_BFLOAT16);
-    c.k_scale = new_array(ks, sshape, 1, MLXK_DTYPE_BFLOAT16);
+    c.q_scale = mlxkt_new_array(qs, sshape, 1, MLXK_DTYPE_BFLOAT16);
+    c.k_scale = mlxkt_new_array(ks, sshape, 1, MLXK_DTYPE_BFLOAT16);
     char id[80];
     snprintf(id, sizeof id, "head_split_S%d", rows);
     add_record(id, "head_split", "mlxkern", "call", 1, rows, rows, 0, measure(head_split_call, &c, 1),
                "x [1, S, 8192] bf16 -> q, k [1, S, 16, 128], v [1, S, 32, 128]; tokens = S");
-    CHECK(mlxk_array_free(c.x));
-    CHECK(mlxk_array_free(c.q_scale));
-    CHECK(mlxk_array_free(c.k_scale));
+    CHECK_OK(mlxk_array_free(c.x));
+    CHECK_OK(mlxk_array_free(c.q_scale));
+    CHECK_OK(mlxk_array_free(c.k_scale));
     /* bytes: read S x 8192 bf16, write S x 8192 bf16 */
     double bytes = 2.0 * rows * CONV_DIM * sizeof(uint16_t);
     snprintf(id, sizeof id, "head_split_S%d", rows);
@@ -953,26 +910,27 @@ static void bench_gated_norm(int rows) {
     GatedNormCtx c;
     size_t n = (size_t)rows * HV * DV;
     uint64_t cs = case_seed(KIND_GATED_NORM, 1, (uint64_t)rows, 0);
-    uint16_t *buf = xmalloc(n * sizeof(uint16_t));
+    uint16_t *buf = mlxkt_xmalloc(n * sizeof(uint16_t));
     int32_t shape[4] = {1, rows, HV, DV};
     fill_normal_bf16(buf, n, tensor_seed(TAG_NORM_X, cs), 0.2);
-    c.x = new_array(buf, shape, 4, MLXK_DTYPE_BFLOAT16);
+    c.x = mlxkt_new_array(buf, shape, 4, MLXK_DTYPE_BFLOAT16);
     fill_normal_bf16(buf, n, tensor_seed(TAG_NORM_GATE, cs), 1.0);
-    c.gate = new_array(buf, shape, 4, MLXK_DTYPE_BFLOAT16);
+    c.gate = mlxkt_new_array(buf, shape, 4, MLXK_DTYPE_BFLOAT16);
     uint16_t w[DV];
     for (int i = 0; i < DV; i++) {
-        w[i] = bf16_bits((float)(1.0 + 0.1 * normal_at(tensor_seed(TAG_NORM_WEIGHT, cs), (uint64_t)i)));
+        double x = normal_at(tensor_seed(TAG_NORM_WEIGHT, cs), (uint64_t)i);
+        w[i] = mlxkt_bf16_from_float((float)(1.0 + 0.1 * x));
     }
     int32_t wshape[1] = {DV};
-    c.weight = new_array(w, wshape, 1, MLXK_DTYPE_BFLOAT16);
+    c.weight = mlxkt_new_array(w, wshape, 1, MLXK_DTYPE_BFLOAT16);
     free(buf);
     char id[80];
     snprintf(id, sizeof id, "gated_norm_S%d", rows);
     add_record(id, "gated_norm", "mlxkern", "call", 1, rows, rows, 0, measure(gated_norm_call, &c, 1),
                "x, gate [1, S, 32, 128] bf16, weight [128] bf16 -> out bf16 (S x 32 rows of 128); tokens = S");
-    CHECK(mlxk_array_free(c.x));
-    CHECK(mlxk_array_free(c.gate));
-    CHECK(mlxk_array_free(c.weight));
+    CHECK_OK(mlxk_array_free(c.x));
+    CHECK_OK(mlxk_array_free(c.gate));
+    CHECK_OK(mlxk_array_free(c.weight));
     /* bytes: read x and gate, write out */
     double bytes = 3.0 * rows * HV * DV * sizeof(uint16_t);
     copy_baselines(id, "copy", 1, rows, 1, bytes, 0,
@@ -1018,7 +976,7 @@ int main(int argc, char **argv) {
     } else {
         cfg = (Config){1.0, 3.0, 3, 200, 0};
     }
-    double t_start = now_seconds();
+    double t_start = mlxkt_now_seconds();
     read_loadavg(loadavg_start, sizeof loadavg_start);
     printf("mlxkern %s bench (%s): Hk %d, Hv %d, Dk %d, Dv %d, bf16 inputs, f32 state, %d layers\n",
            mlxk_version(), cfg.quick ? "quick" : "full", HK, HV, DK, DV, LAYERS);
@@ -1027,12 +985,12 @@ int main(int argc, char **argv) {
 
     float one = 1.0f;
     int32_t one_shape[1] = {1};
-    probe_small = new_array(&one, one_shape, 1, MLXK_DTYPE_FLOAT32);
+    probe_small = mlxkt_new_array(&one, one_shape, 1, MLXK_DTYPE_FLOAT32);
     Stats noop = measure(eval_noop, NULL, 1);
     Stats roundtrip = measure(eval_roundtrip, NULL, 1);
     printf("eval of an evaluated array: %.2f us; one tiny op built + evaluated: %.2f us\n",
            noop.median * 1e6, roundtrip.median * 1e6);
-    CHECK(mlxk_array_free(probe_small));
+    CHECK_OK(mlxk_array_free(probe_small));
 
     if (want("decode1")) {
         bench_decode(1);
@@ -1069,11 +1027,11 @@ int main(int argc, char **argv) {
         bench_gated_norm(512);
     }
 
-    CHECK(mlxk_array_free(a_log_arr));
-    CHECK(mlxk_array_free(dt_bias_arr));
+    CHECK_OK(mlxk_array_free(a_log_arr));
+    CHECK_OK(mlxk_array_free(dt_bias_arr));
     free(state_pattern);
 
-    double total = now_seconds() - t_start;
+    double total = mlxkt_now_seconds() - t_start;
     read_loadavg(loadavg_end, sizeof loadavg_end);
     write_json(argv[1], total, noop.median * 1e6, roundtrip.median * 1e6);
     printf("bench.c: %d records in %.1f s -> %s\n", n_records, total, argv[1]);

@@ -8,11 +8,9 @@
 #ifndef MLXKERN_BENCH_INPUTS_H
 #define MLXKERN_BENCH_INPUTS_H
 
-#include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-#define BENCH_GOLDEN 0x9E3779B97F4A7C15ull
+#include "mlxk_test_util.h" /* splitmix64, Box-Muller, bfloat16 */
 
 /* Tensor tags. */
 enum {
@@ -50,49 +48,23 @@ static inline uint64_t tensor_seed(uint64_t tag, uint64_t case_seed_value) {
 }
 
 static inline uint64_t splitmix_at(uint64_t seed, uint64_t i) {
-    uint64_t z = seed + (i + 1) * BENCH_GOLDEN;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return mlxkt_splitmix64(seed + (i + 1) * MLXKT_SPLITMIX64_GAMMA);
 }
 
 /* Uniform in [0, 1). */
 static inline double uniform_at(uint64_t seed, uint64_t i) {
-    return (double)(splitmix_at(seed, i) >> 11) * (1.0 / 9007199254740992.0);
+    return mlxkt_unit(splitmix_at(seed, i));
 }
 
 /* Standard normal (Box-Muller on draws 2i and 2i + 1). */
 static inline double normal_at(uint64_t seed, uint64_t i) {
-    double u1 = uniform_at(seed, 2 * i);
-    double u2 = uniform_at(seed, 2 * i + 1);
-    if (u1 < 1e-300) {
-        u1 = 1e-300;
-    }
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-/* float -> bfloat16 bits, round to nearest even. */
-static inline uint16_t bf16_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-        return (uint16_t)((u >> 16) | 0x0040u);
-    }
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static inline float bf16_value(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
+    return mlxkt_box_muller(uniform_at(seed, 2 * i), uniform_at(seed, 2 * i + 1));
 }
 
 /* n normals times scale, rounded to float32 then bfloat16. */
 static inline void fill_normal_bf16(uint16_t *dst, size_t n, uint64_t seed, double scale) {
     for (size_t i = 0; i < n; i++) {
-        dst[i] = bf16_bits((float)(normal_at(seed, i) * scale));
+        dst[i] = mlxkt_bf16_from_float((float)(normal_at(seed, i) * scale));
     }
 }
 
@@ -109,7 +81,7 @@ static inline void fill_unit_rows_bf16(uint16_t *dst, size_t rows, size_t width,
         }
         double inv = norm / sqrt(sum + 1e-12);
         for (size_t j = 0; j < width && j < 256; j++) {
-            dst[r * width + j] = bf16_bits((float)(x[j] * inv));
+            dst[r * width + j] = mlxkt_bf16_from_float((float)(x[j] * inv));
         }
     }
 }

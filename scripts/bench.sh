@@ -31,8 +31,8 @@ if ! "$PY" -c "import matplotlib" 2>/dev/null; then
 fi
 
 mkdir -p "$OUT"
-"$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" "$ROOT/benches/bench.c" \
-  -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -o "$OUT/bench"
+"$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/tests/common" \
+  "$ROOT/benches/bench.c" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -o "$OUT/bench"
 
 # One case group at a time, mlxkern then MLX, so that both sides of each ratio are measured
 # within seconds of each other (other work on the machine changes over minutes).

@@ -8,7 +8,10 @@
  * written here in C, so it doubles as an end-to-end check: the exit status is non-zero when an
  * error exceeds its bound.
  *
- * Only include/mlxkern.h is used. Build and run: `make demo`.
+ * The library is used through include/mlxkern.h alone. The few helpers that are not about the
+ * library (CHECK_OK, bfloat16 conversion, a seeded random stream, xmalloc, a clock) come from
+ * tests/common/mlxk_test_util.h, which the C tests and the bench share: see "Helpers" below.
+ * Build and run: `make demo` (it compiles with -Iinclude -Itests/common and links -lmlxkern -lm).
  */
 
 #define _POSIX_C_SOURCE 199309L
@@ -18,9 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "mlxkern.h"
+#include "mlxk_test_util.h"
 
 enum {
     HK = 16,
@@ -43,81 +46,17 @@ enum {
 #define G_BOUND_REL 1e-5
 
 /* ---------------------------------------------------------------------------------------- */
-/* Status checks                                                                            */
+/* Helpers                                                                                  */
 
-static void fail(const char *what, mlxk_status status) {
-    fprintf(stderr, "demo: %s failed: %s: %s\n", what, mlxk_status_name(status), mlxk_last_error());
-    exit(1);
-}
-
-#define CHECK(call)                          \
-    do {                                     \
-        mlxk_status check_status_ = (call);  \
-        if (check_status_ != MLXK_OK) {      \
-            fail(#call, check_status_);      \
-        }                                    \
-    } while (0)
-
-static void *xmalloc(size_t bytes) {
-    void *p = malloc(bytes);
-    if (p == NULL) {
-        fprintf(stderr, "demo: out of host memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-/* ---------------------------------------------------------------------------------------- */
-/* bfloat16 and random numbers                                                              */
-
-/* float -> bfloat16, round to nearest even (NaN stays a quiet NaN). */
-static uint16_t bf16_from_float(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-        return (uint16_t)((u >> 16) | 0x0040u);
-    }
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static float bf16_round(float f) { return bf16_to_float(bf16_from_float(f)); }
-
-/* splitmix64: small, fixed-seed, the same sequence everywhere. */
-static uint64_t rng_state = SEED;
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [0, 1). */
-static double rng_uniform(void) { return (double)(rng_next() >> 11) * (1.0 / 9007199254740992.0); }
-
-/* Standard normal (Box-Muller). */
-static double rng_normal(void) {
-    double u1 = rng_uniform();
-    double u2 = rng_uniform();
-    if (u1 < 1e-300) {
-        u1 = 1e-300;
-    }
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
+/* tests/common/mlxk_test_util.h provides:
+ *   CHECK_OK(call)      the call must return MLXK_OK, else the demo stops, printing the status
+ *                       and the library's message (mlxk_last_error())
+ *   mlxkt_bf16_*        float <-> bfloat16 bits (round to nearest even)
+ *   mlxkt_rng_*         splitmix64 random numbers: uniform in [0, 1), standard normal
+ *   mlxkt_xmalloc       malloc that stops the demo when out of memory
+ *   mlxkt_now_seconds   the monotonic clock
+ * The random stream has a fixed seed: every run sees the same inputs. */
+static mlxkt_rng rng = {SEED};
 
 /* ---------------------------------------------------------------------------------------- */
 /* Inputs                                                                                   */
@@ -137,28 +76,28 @@ static void normalized_head(uint16_t *bits, float *widened, double scale) {
     double x[DK];
     double norm2 = 0.0;
     for (int i = 0; i < DK; i++) {
-        x[i] = rng_normal();
+        x[i] = mlxkt_rng_normal(&rng);
         norm2 += x[i] * x[i];
     }
     double inv = scale / sqrt(norm2 + 1e-12);
     for (int i = 0; i < DK; i++) {
-        bits[i] = bf16_from_float((float)(x[i] * inv));
-        widened[i] = bf16_to_float(bits[i]);
+        bits[i] = mlxkt_bf16_from_float((float)(x[i] * inv));
+        widened[i] = mlxkt_bf16_to_float(bits[i]);
     }
 }
 
 static void make_inputs(Inputs *in) {
     size_t nqk = (size_t)TOTAL * HK * DK, nv = (size_t)TOTAL * HV * DV, ng = (size_t)TOTAL * HV;
-    in->q = xmalloc(nqk * sizeof *in->q);
-    in->k = xmalloc(nqk * sizeof *in->k);
-    in->v = xmalloc(nv * sizeof *in->v);
-    in->a = xmalloc(ng * sizeof *in->a);
-    in->b = xmalloc(ng * sizeof *in->b);
-    in->qf = xmalloc(nqk * sizeof *in->qf);
-    in->kf = xmalloc(nqk * sizeof *in->kf);
-    in->vf = xmalloc(nv * sizeof *in->vf);
-    in->af = xmalloc(ng * sizeof *in->af);
-    in->bf = xmalloc(ng * sizeof *in->bf);
+    in->q = mlxkt_xmalloc(nqk * sizeof *in->q);
+    in->k = mlxkt_xmalloc(nqk * sizeof *in->k);
+    in->v = mlxkt_xmalloc(nv * sizeof *in->v);
+    in->a = mlxkt_xmalloc(ng * sizeof *in->a);
+    in->b = mlxkt_xmalloc(ng * sizeof *in->b);
+    in->qf = mlxkt_xmalloc(nqk * sizeof *in->qf);
+    in->kf = mlxkt_xmalloc(nqk * sizeof *in->kf);
+    in->vf = mlxkt_xmalloc(nv * sizeof *in->vf);
+    in->af = mlxkt_xmalloc(ng * sizeof *in->af);
+    in->bf = mlxkt_xmalloc(ng * sizeof *in->bf);
 
     const double q_scale = 1.0 / sqrt((double)DK);
     for (size_t head = 0; head < (size_t)TOTAL * HK; head++) {
@@ -166,22 +105,22 @@ static void make_inputs(Inputs *in) {
         normalized_head(in->k + head * DK, in->kf + head * DK, 1.0);
     }
     for (size_t i = 0; i < nv; i++) {
-        in->v[i] = bf16_from_float((float)rng_normal());
-        in->vf[i] = bf16_to_float(in->v[i]);
+        in->v[i] = mlxkt_bf16_from_float((float)mlxkt_rng_normal(&rng));
+        in->vf[i] = mlxkt_bf16_to_float(in->v[i]);
     }
     for (size_t i = 0; i < ng; i++) {
-        in->a[i] = bf16_from_float((float)rng_normal());
-        in->af[i] = bf16_to_float(in->a[i]);
-        in->b[i] = bf16_from_float((float)rng_normal());
-        in->bf[i] = bf16_to_float(in->b[i]);
+        in->a[i] = mlxkt_bf16_from_float((float)mlxkt_rng_normal(&rng));
+        in->af[i] = mlxkt_bf16_to_float(in->a[i]);
+        in->b[i] = mlxkt_bf16_from_float((float)mlxkt_rng_normal(&rng));
+        in->bf[i] = mlxkt_bf16_to_float(in->b[i]);
     }
     for (int h = 0; h < HV; h++) {
         /* As the model initialises them: A ~ U(0, 16) (A_log = log A), dt in [1e-3, 1e-1]
          * with dt_bias = softplus^-1(dt). */
-        in->a_log[h] = (float)log(0.5 + 15.5 * rng_uniform());
-        double dt = exp(log(1e-3) + (log(1e-1) - log(1e-3)) * rng_uniform());
-        in->dt_bias[h] = bf16_from_float((float)(dt + log(-expm1(-dt))));
-        in->dt_bias_f[h] = bf16_to_float(in->dt_bias[h]);
+        in->a_log[h] = (float)log(0.5 + 15.5 * mlxkt_rng_uniform(&rng));
+        double dt = exp(log(1e-3) + (log(1e-1) - log(1e-3)) * mlxkt_rng_uniform(&rng));
+        in->dt_bias[h] = mlxkt_bf16_from_float((float)(dt + log(-expm1(-dt))));
+        in->dt_bias_f[h] = mlxkt_bf16_to_float(in->dt_bias[h]);
     }
 }
 
@@ -208,20 +147,20 @@ static TokenArrays upload_tokens(const Inputs *in, int t0, int t) {
     int32_t qk_shape[4] = {1, t, HK, DK};
     int32_t v_shape[4] = {1, t, HV, DV};
     int32_t g_shape[3] = {1, t, HV};
-    CHECK(mlxk_array_new(in->q + (size_t)t0 * HK * DK, qk_shape, 4, MLXK_DTYPE_BFLOAT16, &h.q));
-    CHECK(mlxk_array_new(in->k + (size_t)t0 * HK * DK, qk_shape, 4, MLXK_DTYPE_BFLOAT16, &h.k));
-    CHECK(mlxk_array_new(in->v + (size_t)t0 * HV * DV, v_shape, 4, MLXK_DTYPE_BFLOAT16, &h.v));
-    CHECK(mlxk_array_new(in->a + (size_t)t0 * HV, g_shape, 3, MLXK_DTYPE_BFLOAT16, &h.a));
-    CHECK(mlxk_array_new(in->b + (size_t)t0 * HV, g_shape, 3, MLXK_DTYPE_BFLOAT16, &h.b));
+    CHECK_OK(mlxk_array_new(in->q + (size_t)t0 * HK * DK, qk_shape, 4, MLXK_DTYPE_BFLOAT16, &h.q));
+    CHECK_OK(mlxk_array_new(in->k + (size_t)t0 * HK * DK, qk_shape, 4, MLXK_DTYPE_BFLOAT16, &h.k));
+    CHECK_OK(mlxk_array_new(in->v + (size_t)t0 * HV * DV, v_shape, 4, MLXK_DTYPE_BFLOAT16, &h.v));
+    CHECK_OK(mlxk_array_new(in->a + (size_t)t0 * HV, g_shape, 3, MLXK_DTYPE_BFLOAT16, &h.a));
+    CHECK_OK(mlxk_array_new(in->b + (size_t)t0 * HV, g_shape, 3, MLXK_DTYPE_BFLOAT16, &h.b));
     return h;
 }
 
 static void free_tokens(TokenArrays *h) {
-    CHECK(mlxk_array_free(h->q));
-    CHECK(mlxk_array_free(h->k));
-    CHECK(mlxk_array_free(h->v));
-    CHECK(mlxk_array_free(h->a));
-    CHECK(mlxk_array_free(h->b));
+    CHECK_OK(mlxk_array_free(h->q));
+    CHECK_OK(mlxk_array_free(h->k));
+    CHECK_OK(mlxk_array_free(h->v));
+    CHECK_OK(mlxk_array_free(h->a));
+    CHECK_OK(mlxk_array_free(h->b));
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -246,14 +185,14 @@ static void reference_gates(const Inputs *in, int exact, double *g, double *beta
             sp = (x > 0 ? x : 0.0) + log1p(exp(-fabs(x)));
             bt = 1.0 / (1.0 + exp(-(double)in->bf[i]));
         } else {
-            float x = bf16_round(in->af[i] + in->dt_bias_f[h]);
-            float e = bf16_round((float)exp(-fabs((double)x)));
-            float l = bf16_round((float)log1p((double)e));
-            sp = bf16_round((x > 0.0f ? x : 0.0f) + l);
+            float x = mlxkt_bf16_round(in->af[i] + in->dt_bias_f[h]);
+            float e = mlxkt_bf16_round((float)exp(-fabs((double)x)));
+            float l = mlxkt_bf16_round((float)log1p((double)e));
+            sp = mlxkt_bf16_round((x > 0.0f ? x : 0.0f) + l);
             float b = in->bf[i];
-            float eb = bf16_round((float)exp(fabs((double)b)));
+            float eb = mlxkt_bf16_round((float)exp(fabs((double)b)));
             float y = 1.0f / (1.0f + eb);
-            bt = bf16_round(b < 0.0f ? y : 1.0f - y);
+            bt = mlxkt_bf16_round(b < 0.0f ? y : 1.0f - y);
         }
         g[i] = exp(-exp((double)in->a_log[h]) * sp);
         beta[i] = bt;
@@ -377,72 +316,73 @@ int main(void) {
     /* Per-layer constants, made once. */
     mlxk_array *a_log, *dt_bias;
     int32_t hv_shape[1] = {HV};
-    CHECK(mlxk_array_new(in.a_log, hv_shape, 1, MLXK_DTYPE_FLOAT32, &a_log));
-    CHECK(mlxk_array_new(in.dt_bias, hv_shape, 1, MLXK_DTYPE_BFLOAT16, &dt_bias));
+    CHECK_OK(mlxk_array_new(in.a_log, hv_shape, 1, MLXK_DTYPE_FLOAT32, &a_log));
+    CHECK_OK(mlxk_array_new(in.dt_bias, hv_shape, 1, MLXK_DTYPE_BFLOAT16, &dt_bias));
 
     const size_t state_elems = (size_t)HV * DV * DK;
-    uint16_t *y_bits = xmalloc(sizeof(uint16_t) * TOTAL * HV * DV);
-    float *state_prefill = xmalloc(sizeof(float) * state_elems);
-    float *state_final = xmalloc(sizeof(float) * state_elems);
+    uint16_t *y_bits = mlxkt_xmalloc(sizeof(uint16_t) * TOTAL * HV * DV);
+    float *state_prefill = mlxkt_xmalloc(sizeof(float) * state_elems);
+    float *state_final = mlxkt_xmalloc(sizeof(float) * state_elems);
 
     /* Prefill: T = 512, no initial state. */
     TokenArrays x = upload_tokens(&in, 0, PREFILL);
     mlxk_array *y, *state;
-    double t0 = now_seconds();
-    CHECK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, a_log, dt_bias, NULL, NULL, &y, &state));
-    CHECK(mlxk_array_eval(y)); /* one primitive computes y and the state together */
-    CHECK(mlxk_array_read(y, y_bits, sizeof(uint16_t) * PREFILL * HV * DV));
-    double prefill_s = now_seconds() - t0;
-    CHECK(mlxk_array_free(y));
-    CHECK(mlxk_array_read(state, state_prefill, sizeof(float) * state_elems));
+    double t0 = mlxkt_now_seconds();
+    CHECK_OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, a_log, dt_bias, NULL, NULL, &y,
+                                     &state));
+    CHECK_OK(mlxk_array_eval(y)); /* one primitive computes y and the state together */
+    CHECK_OK(mlxk_array_read(y, y_bits, sizeof(uint16_t) * PREFILL * HV * DV));
+    double prefill_s = mlxkt_now_seconds() - t0;
+    CHECK_OK(mlxk_array_free(y));
+    CHECK_OK(mlxk_array_read(state, state_prefill, sizeof(float) * state_elems));
 
     /* The same prefill in chunked (WY) form: an explicit option, faster on the CPU for long
      * prompts, equal to the exact update up to float32 rounding. */
-    uint16_t *y_chunked_bits = xmalloc(sizeof(uint16_t) * PREFILL * HV * DV);
-    float *state_chunked = xmalloc(sizeof(float) * state_elems);
+    uint16_t *y_chunked_bits = mlxkt_xmalloc(sizeof(uint16_t) * PREFILL * HV * DV);
+    float *state_chunked = mlxkt_xmalloc(sizeof(float) * state_elems);
     mlxk_array *y_chunked, *s_chunked;
-    double tc = now_seconds();
-    CHECK(mlxk_gated_delta_update_chunked(x.q, x.k, x.v, x.a, x.b, a_log, dt_bias, NULL, NULL, 0,
-                                          &y_chunked, &s_chunked));
-    CHECK(mlxk_array_eval(y_chunked));
-    CHECK(mlxk_array_read(y_chunked, y_chunked_bits, sizeof(uint16_t) * PREFILL * HV * DV));
-    double chunked_s = now_seconds() - tc;
-    CHECK(mlxk_array_read(s_chunked, state_chunked, sizeof(float) * state_elems));
-    CHECK(mlxk_array_free(y_chunked));
-    CHECK(mlxk_array_free(s_chunked));
+    double tc = mlxkt_now_seconds();
+    CHECK_OK(mlxk_gated_delta_update_chunked(x.q, x.k, x.v, x.a, x.b, a_log, dt_bias, NULL, NULL, 0,
+                                             &y_chunked, &s_chunked));
+    CHECK_OK(mlxk_array_eval(y_chunked));
+    CHECK_OK(mlxk_array_read(y_chunked, y_chunked_bits, sizeof(uint16_t) * PREFILL * HV * DV));
+    double chunked_s = mlxkt_now_seconds() - tc;
+    CHECK_OK(mlxk_array_read(s_chunked, state_chunked, sizeof(float) * state_elems));
+    CHECK_OK(mlxk_array_free(y_chunked));
+    CHECK_OK(mlxk_array_free(s_chunked));
     free_tokens(&x);
 
     /* Decode: T = 1 per step, carrying the state handle. The old state handle is freed before
      * the new state is evaluated, so MLX holds the only reference and the CPU kernel writes the
      * new state into the old buffer. */
-    double t1 = now_seconds();
+    double t1 = mlxkt_now_seconds();
     for (int step = 0; step < DECODE; step++) {
         int t = PREFILL + step;
         TokenArrays xt = upload_tokens(&in, t, 1);
         mlxk_array *new_state;
-        CHECK(mlxk_gated_delta_update(xt.q, xt.k, xt.v, xt.a, xt.b, a_log, dt_bias, state, NULL, &y,
-                                      &new_state));
-        CHECK(mlxk_array_free(state));
+        CHECK_OK(mlxk_gated_delta_update(xt.q, xt.k, xt.v, xt.a, xt.b, a_log, dt_bias, state, NULL,
+                                         &y, &new_state));
+        CHECK_OK(mlxk_array_free(state));
         state = new_state;
         free_tokens(&xt);
-        CHECK(mlxk_array_read(y, y_bits + (size_t)t * HV * DV, sizeof(uint16_t) * HV * DV));
-        CHECK(mlxk_array_free(y));
+        CHECK_OK(mlxk_array_read(y, y_bits + (size_t)t * HV * DV, sizeof(uint16_t) * HV * DV));
+        CHECK_OK(mlxk_array_free(y));
     }
-    double decode_s = now_seconds() - t1;
-    CHECK(mlxk_array_read(state, state_final, sizeof(float) * state_elems));
-    CHECK(mlxk_array_free(state));
+    double decode_s = mlxkt_now_seconds() - t1;
+    CHECK_OK(mlxk_array_read(state, state_final, sizeof(float) * state_elems));
+    CHECK_OK(mlxk_array_free(state));
 
     /* The gate, through mlxk_compute_g, against the reference's (same rounding points). */
     mlxk_array *a_all, *g;
     int32_t g_shape[3] = {1, TOTAL, HV};
-    CHECK(mlxk_array_new(in.a, g_shape, 3, MLXK_DTYPE_BFLOAT16, &a_all));
-    CHECK(mlxk_compute_g(a_log, a_all, dt_bias, &g));
-    float *g_lib = xmalloc(sizeof(float) * TOTAL * HV);
-    CHECK(mlxk_array_read(g, g_lib, sizeof(float) * TOTAL * HV));
-    CHECK(mlxk_array_free(g));
-    CHECK(mlxk_array_free(a_all));
-    CHECK(mlxk_array_free(a_log));
-    CHECK(mlxk_array_free(dt_bias));
+    CHECK_OK(mlxk_array_new(in.a, g_shape, 3, MLXK_DTYPE_BFLOAT16, &a_all));
+    CHECK_OK(mlxk_compute_g(a_log, a_all, dt_bias, &g));
+    float *g_lib = mlxkt_xmalloc(sizeof(float) * TOTAL * HV);
+    CHECK_OK(mlxk_array_read(g, g_lib, sizeof(float) * TOTAL * HV));
+    CHECK_OK(mlxk_array_free(g));
+    CHECK_OK(mlxk_array_free(a_all));
+    CHECK_OK(mlxk_array_free(a_log));
+    CHECK_OK(mlxk_array_free(dt_bias));
 
     printf("prefill: %d tokens in %.1f ms = %.0f tokens/s (one call, eval, y read back)\n", PREFILL,
            prefill_s * 1e3, PREFILL / prefill_s);
@@ -453,14 +393,14 @@ int main(void) {
            DECODE, decode_s * 1e3, decode_s * 1e6 / DECODE, DECODE / decode_s);
 
     /* float64 reference, at the library's gate rounding points, and with exact gates. */
-    double *g_ref = xmalloc(sizeof(double) * TOTAL * HV);
-    double *beta_ref = xmalloc(sizeof(double) * TOTAL * HV);
-    double *y_ref = xmalloc(sizeof(double) * TOTAL * HV * DV);
-    double *s_ref_prefill = xmalloc(sizeof(double) * state_elems);
-    double *s_ref = xmalloc(sizeof(double) * state_elems);
-    float *y_got = xmalloc(sizeof(float) * TOTAL * HV * DV);
+    double *g_ref = mlxkt_xmalloc(sizeof(double) * TOTAL * HV);
+    double *beta_ref = mlxkt_xmalloc(sizeof(double) * TOTAL * HV);
+    double *y_ref = mlxkt_xmalloc(sizeof(double) * TOTAL * HV * DV);
+    double *s_ref_prefill = mlxkt_xmalloc(sizeof(double) * state_elems);
+    double *s_ref = mlxkt_xmalloc(sizeof(double) * state_elems);
+    float *y_got = mlxkt_xmalloc(sizeof(float) * TOTAL * HV * DV);
     for (size_t i = 0; i < (size_t)TOTAL * HV * DV; i++) {
-        y_got[i] = bf16_to_float(y_bits[i]);
+        y_got[i] = mlxkt_bf16_to_float(y_bits[i]);
     }
 
     reference_gates(&in, 0, g_ref, beta_ref);
@@ -484,9 +424,9 @@ int main(void) {
     ok &= report("y decode", compare(y_ref + prefill_y, decode_y, y_got + prefill_y), 0);
     ok &= report("state after prefill", compare(s_ref_prefill, state_elems, state_prefill), 1);
     ok &= report("state after decode", compare(s_ref, state_elems, state_final), 1);
-    float *y_chunked_f = xmalloc(sizeof(float) * PREFILL * HV * DV);
+    float *y_chunked_f = mlxkt_xmalloc(sizeof(float) * PREFILL * HV * DV);
     for (size_t i = 0; i < prefill_y; i++) {
-        y_chunked_f[i] = bf16_to_float(y_chunked_bits[i]);
+        y_chunked_f[i] = mlxkt_bf16_to_float(y_chunked_bits[i]);
     }
     ok &= report("y prefill, chunked", compare(y_ref, prefill_y, y_chunked_f), 0);
     ok &= report("state, chunked", compare(s_ref_prefill, state_elems, state_chunked), 1);

@@ -1,6 +1,7 @@
 /*
- * C client test of the mlxkern C ABI: compiled against include/mlxkern.h only, linked to the
- * cdylib, run under AddressSanitizer with LeakSanitizer (tests/c/run.sh, `make test-c`).
+ * C client test of the mlxkern C ABI: compiled against include/mlxkern.h only (and the helpers
+ * the C programs share, tests/common/mlxk_test_util.h), linked to the cdylib, run under
+ * AddressSanitizer with LeakSanitizer (tests/c/run.sh, `make test-c`).
  *
  * It calls every function of the header (run.sh checks that none is missed) on small random
  * inputs and checks the results (the kernels against a float64 reference written here), then
@@ -22,166 +23,44 @@
 #include <string.h>
 
 #include "mlxkern.h"
+#include "mlxk_test_util.h"
 
 /* ---------------------------------------------------------------------------------------- */
-/* Checks                                                                                   */
+/* Helpers (CHECK, CHECK_OK, EXPECT_ERROR, bfloat16, random numbers: tests/common/)         */
 
-static int passed, failed;
-
-static void check_at(int ok, const char *what, int line) {
-    if (ok) {
-        passed++;
-    } else {
-        failed++;
-        fprintf(stderr, "FAIL (client.c:%d): %s\n", line, what);
-    }
-}
-
-#define CHECK(cond) check_at((cond) ? 1 : 0, #cond, __LINE__)
-
-/* A call that must succeed; the test cannot go on without its result. */
-#define OK(call)                                                                             \
-    do {                                                                                     \
-        mlxk_status ok_status_ = (call);                                                     \
-        check_at(ok_status_ == MLXK_OK, #call, __LINE__);                                    \
-        if (ok_status_ != MLXK_OK) {                                                         \
-            fprintf(stderr, "  -> %s: %s\n", mlxk_status_name(ok_status_), mlxk_last_error()); \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
-
-/* A call that must fail with `want`, with a message that starts with `fn` and contains `arg`. */
-static void expect_error_at(mlxk_status got, mlxk_status want, const char *fn, const char *arg,
-                            const char *call, int line) {
-    const char *msg = mlxk_last_error();
-    char what[1024];
-    if (getenv("MLXK_CLIENT_VERBOSE") != NULL) {
-        printf("  %-26s %s\n", mlxk_status_name(got), msg);
-    }
-    int ok = got == want;
-    snprintf(what, sizeof what, "%s -> %s (expected %s)", call, mlxk_status_name(got),
-             mlxk_status_name(want));
-    check_at(ok, what, line);
-    if (!ok) {
-        fprintf(stderr, "  message: %s\n", msg);
-        return;
-    }
-    check_at(msg != NULL && msg[0] != '\0', "mlxk_last_error() is non-empty after a failure", line);
-    if (msg == NULL) {
-        return;
-    }
-    size_t n = strlen(fn);
-    ok = strncmp(msg, fn, n) == 0 && msg[n] == ':';
-    snprintf(what, sizeof what, "%s: message names the function %s: \"%s\"", call, fn, msg);
-    check_at(ok, what, line);
-    if (arg != NULL) {
-        snprintf(what, sizeof what, "%s: message names \"%s\": \"%s\"", call, arg, msg);
-        check_at(strstr(msg + n, arg) != NULL, what, line);
-    }
-}
-
-#define EXPECT_ERROR(call, want, fn, arg) expect_error_at((call), (want), (fn), (arg), #call, __LINE__)
-
-/* ---------------------------------------------------------------------------------------- */
-/* Helpers                                                                                  */
-
-static uint64_t rng_state = 0x5EED1234ABCDull;
-
-static uint64_t rng_next(void) {
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-1, 1). */
-static float rng_sym(void) { return (float)((double)(rng_next() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
-
-static uint16_t bf16_from_float(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-        return (uint16_t)((u >> 16) | 0x0040u);
-    }
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf16_to_float(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static float bf16_round(float f) { return bf16_to_float(bf16_from_float(f)); }
+static mlxkt_rng rng = {0x5EED1234ABCDull};
 
 static mlxk_array *new_f32(const float *data, const int32_t *shape, size_t ndim) {
-    mlxk_array *out = NULL;
-    OK(mlxk_array_new(data, shape, ndim, MLXK_DTYPE_FLOAT32, &out));
-    return out;
+    return mlxkt_new_array(data, shape, ndim, MLXK_DTYPE_FLOAT32);
 }
 
 static mlxk_array *new_bf16(const float *data, size_t n, const int32_t *shape, size_t ndim) {
-    uint16_t *bits = malloc(n * sizeof *bits);
-    if (bits == NULL) {
-        exit(1);
-    }
+    uint16_t *bits = mlxkt_xmalloc(n * sizeof *bits);
     for (size_t i = 0; i < n; i++) {
-        bits[i] = bf16_from_float(data[i]);
+        bits[i] = mlxkt_bf16_from_float(data[i]);
     }
-    mlxk_array *out = NULL;
-    OK(mlxk_array_new(bits, shape, ndim, MLXK_DTYPE_BFLOAT16, &out));
+    mlxk_array *out = mlxkt_new_array(bits, shape, ndim, MLXK_DTYPE_BFLOAT16);
     free(bits);
     return out;
 }
 
-static void free_ok(mlxk_array *a) { OK(mlxk_array_free(a)); }
+static void free_ok(mlxk_array *a) { CHECK_OK(mlxk_array_free(a)); }
 
 static void check_shape(const mlxk_array *a, const int32_t *want, size_t ndim, mlxk_dtype dtype,
                         int line) {
     size_t got_ndim = 99;
     int32_t dims[MLXK_MAX_NDIM];
     mlxk_dtype got_dtype = -1;
-    OK(mlxk_array_ndim(a, &got_ndim));
-    check_at(got_ndim == ndim, "result rank", line);
-    OK(mlxk_array_shape(a, dims, MLXK_MAX_NDIM));
+    CHECK_OK(mlxk_array_ndim(a, &got_ndim));
+    mlxkt_check_at(got_ndim == ndim, "result rank", __FILE__, line);
+    CHECK_OK(mlxk_array_shape(a, dims, MLXK_MAX_NDIM));
     int same = got_ndim == ndim;
     for (size_t i = 0; same && i < ndim; i++) {
         same = dims[i] == want[i];
     }
-    check_at(same, "result shape", line);
-    OK(mlxk_array_dtype(a, &got_dtype));
-    check_at(got_dtype == dtype, "result dtype", line);
-}
-
-/* Reads a float32 or bfloat16 array as floats. */
-static float *read_floats(const mlxk_array *a, size_t n) {
-    mlxk_dtype dtype;
-    size_t nbytes;
-    OK(mlxk_array_dtype(a, &dtype));
-    OK(mlxk_array_nbytes(a, &nbytes));
-    float *out = malloc(n * sizeof *out);
-    if (out == NULL) {
-        exit(1);
-    }
-    if (dtype == MLXK_DTYPE_FLOAT32) {
-        CHECK(nbytes == n * sizeof(float));
-        OK(mlxk_array_read(a, out, n * sizeof(float)));
-    } else {
-        CHECK(dtype == MLXK_DTYPE_BFLOAT16);
-        CHECK(nbytes == n * sizeof(uint16_t));
-        uint16_t *bits = malloc(n * sizeof *bits);
-        if (bits == NULL) {
-            exit(1);
-        }
-        OK(mlxk_array_read(a, bits, n * sizeof(uint16_t)));
-        for (size_t i = 0; i < n; i++) {
-            out[i] = bf16_to_float(bits[i]);
-        }
-        free(bits);
-    }
-    return out;
+    mlxkt_check_at(same, "result shape", __FILE__, line);
+    CHECK_OK(mlxk_array_dtype(a, &got_dtype));
+    mlxkt_check_at(got_dtype == dtype, "result dtype", __FILE__, line);
 }
 
 /* max |got - ref| / max(max |ref|, tiny) */
@@ -209,22 +88,22 @@ static double ref_softplus(float x, int bf16) {
         double xd = x;
         return (xd > 0 ? xd : 0.0) + log1p(exp(-fabs(xd)));
     }
-    float e = bf16_round((float)exp(-fabs((double)x)));
-    float l = bf16_round((float)log1p((double)e));
-    return bf16_round((x > 0.0f ? x : 0.0f) + l);
+    float e = mlxkt_bf16_round((float)exp(-fabs((double)x)));
+    float l = mlxkt_bf16_round((float)log1p((double)e));
+    return mlxkt_bf16_round((x > 0.0f ? x : 0.0f) + l);
 }
 
 static double ref_sigmoid(float b, int bf16) {
     if (!bf16) {
         return 1.0 / (1.0 + exp(-(double)b));
     }
-    float e = bf16_round((float)exp(fabs((double)b)));
+    float e = mlxkt_bf16_round((float)exp(fabs((double)b)));
     float y = 1.0f / (1.0f + e);
-    return bf16_round(b < 0.0f ? y : 1.0f - y);
+    return mlxkt_bf16_round(b < 0.0f ? y : 1.0f - y);
 }
 
 static double ref_g(float a_log, float a, float dt_bias, int bf16) {
-    float x = bf16 ? bf16_round(a + dt_bias) : a + dt_bias;
+    float x = bf16 ? mlxkt_bf16_round(a + dt_bias) : a + dt_bias;
     return exp(-exp((double)a_log) * ref_softplus(x, bf16));
 }
 
@@ -269,7 +148,7 @@ static Host host_random(Dims d, int bf16) {
             float *x = (which ? h.k : h.q) + head * (size_t)d.dk;
             double norm2 = 0.0;
             for (int i = 0; i < d.dk; i++) {
-                x[i] = rng_sym();
+                x[i] = mlxkt_rng_sym(&rng);
                 norm2 += (double)x[i] * x[i];
             }
             double scale = (which ? 1.0 : 1.0 / sqrt((double)d.dk)) / sqrt(norm2);
@@ -279,22 +158,22 @@ static Host host_random(Dims d, int bf16) {
         }
     }
     for (size_t i = 0; i < n_v(d); i++) {
-        h.v[i] = rng_sym();
+        h.v[i] = mlxkt_rng_sym(&rng);
     }
     for (size_t i = 0; i < n_gate(d); i++) {
-        h.a[i] = 2.0f * rng_sym();
-        h.b[i] = 3.0f * rng_sym();
+        h.a[i] = 2.0f * mlxkt_rng_sym(&rng);
+        h.b[i] = 3.0f * mlxkt_rng_sym(&rng);
     }
     for (int i = 0; i < d.hv; i++) {
-        h.a_log[i] = (float)log(1.0 + 4.0 * (1.0 + rng_sym()));
-        h.dt_bias[i] = -2.0f + rng_sym();
+        h.a_log[i] = (float)log(1.0 + 4.0 * (1.0 + mlxkt_rng_sym(&rng)));
+        h.dt_bias[i] = -2.0f + mlxkt_rng_sym(&rng);
     }
     if (bf16) {
         float *arrays[] = {h.q, h.k, h.v, h.a, h.b, h.dt_bias};
         size_t counts[] = {n_qk(d), n_qk(d), n_v(d), n_gate(d), n_gate(d), (size_t)d.hv};
         for (int j = 0; j < 6; j++) {
             for (size_t i = 0; i < counts[j]; i++) {
-                arrays[j][i] = bf16_round(arrays[j][i]);
+                arrays[j][i] = mlxkt_bf16_round(arrays[j][i]);
             }
         }
     }
@@ -436,20 +315,20 @@ static void test_device(void) {
     mlxk_gpu_backend_kind backend = mlxk_gpu_backend();
     CHECK(backend == MLXK_GPU_NONE || backend == MLXK_GPU_METAL || backend == MLXK_GPU_CUDA);
     if (backend == MLXK_GPU_METAL) {
-        OK(mlxk_set_default_device(MLXK_DEVICE_GPU));
+        CHECK_OK(mlxk_set_default_device(MLXK_DEVICE_GPU));
     } else {
         /* This machine: Linux, MLX's CPU build (or CUDA, which the kernels do not support). */
         EXPECT_ERROR(mlxk_set_default_device(MLXK_DEVICE_GPU), MLXK_ERR_UNSUPPORTED,
                      "mlxk_set_default_device", "MLXK_DEVICE_GPU");
     }
-    OK(mlxk_set_default_device(MLXK_DEVICE_CPU));
+    CHECK_OK(mlxk_set_default_device(MLXK_DEVICE_CPU));
     EXPECT_ERROR(mlxk_set_default_device(2), MLXK_ERR_INVALID_ARGUMENT, "mlxk_set_default_device",
                  ": device is 2");
     EXPECT_ERROR(mlxk_set_default_device(-1), MLXK_ERR_INVALID_ARGUMENT, "mlxk_set_default_device",
                  ": device is -1");
-    OK(mlxk_set_cache_limit((size_t)64 << 20));
-    OK(mlxk_set_cache_limit(0));
-    OK(mlxk_set_cache_limit((size_t)256 << 20));
+    CHECK_OK(mlxk_set_cache_limit((size_t)64 << 20));
+    CHECK_OK(mlxk_set_cache_limit(0));
+    CHECK_OK(mlxk_set_cache_limit((size_t)256 << 20));
 }
 
 static void test_arrays(void) {
@@ -467,19 +346,20 @@ static void test_arrays(void) {
         uint8_t data[24 * 4], back[24 * 4 + 8];
         size_t nbytes = 24 * dtypes[i].size;
         for (size_t j = 0; j < nbytes; j++) {
-            data[j] = (uint8_t)(rng_next() & (dtypes[i].dtype == MLXK_DTYPE_BOOL ? 1u : 0x3Fu));
+            uint64_t mask = dtypes[i].dtype == MLXK_DTYPE_BOOL ? 1u : 0x3Fu;
+            data[j] = (uint8_t)(mlxkt_rng_next(&rng) & mask);
         }
         mlxk_array *a = NULL;
-        OK(mlxk_array_new(data, shape, 3, dtypes[i].dtype, &a));
+        CHECK_OK(mlxk_array_new(data, shape, 3, dtypes[i].dtype, &a));
         CHECK(a != NULL);
         check_shape(a, shape, 3, dtypes[i].dtype, __LINE__);
         size_t got = 0;
-        OK(mlxk_array_nbytes(a, &got));
+        CHECK_OK(mlxk_array_nbytes(a, &got));
         CHECK(got == nbytes);
-        OK(mlxk_array_eval(a));
+        CHECK_OK(mlxk_array_eval(a));
         /* A longer buffer keeps its tail. */
         memset(back, 0xA5, sizeof back);
-        OK(mlxk_array_read(a, back, nbytes + 8));
+        CHECK_OK(mlxk_array_read(a, back, nbytes + 8));
         CHECK(memcmp(back, data, nbytes) == 0);
         CHECK(back[nbytes] == 0xA5 && back[nbytes + 7] == 0xA5);
         /* A short one gets nothing. */
@@ -492,11 +372,11 @@ static void test_arrays(void) {
 
     /* zeros */
     mlxk_array *z = NULL;
-    OK(mlxk_array_zeros(shape, 3, MLXK_DTYPE_FLOAT32, &z));
+    CHECK_OK(mlxk_array_zeros(shape, 3, MLXK_DTYPE_FLOAT32, &z));
     check_shape(z, shape, 3, MLXK_DTYPE_FLOAT32, __LINE__);
     float zf[24];
     memset(zf, 0xFF, sizeof zf);
-    OK(mlxk_array_read(z, zf, sizeof zf));
+    CHECK_OK(mlxk_array_read(z, zf, sizeof zf));
     int all_zero = 1;
     for (int i = 0; i < 24; i++) {
         all_zero &= zf[i] == 0.0f;
@@ -507,25 +387,25 @@ static void test_arrays(void) {
     /* A scalar: ndim 0, shape may be NULL, dims may be NULL with capacity 0. */
     float pi = 3.25f, back = 0.0f;
     mlxk_array *s = NULL;
-    OK(mlxk_array_new(&pi, NULL, 0, MLXK_DTYPE_FLOAT32, &s));
+    CHECK_OK(mlxk_array_new(&pi, NULL, 0, MLXK_DTYPE_FLOAT32, &s));
     size_t nd = 99, nb = 0;
-    OK(mlxk_array_ndim(s, &nd));
+    CHECK_OK(mlxk_array_ndim(s, &nd));
     CHECK(nd == 0);
-    OK(mlxk_array_shape(s, NULL, 0));
-    OK(mlxk_array_nbytes(s, &nb));
+    CHECK_OK(mlxk_array_shape(s, NULL, 0));
+    CHECK_OK(mlxk_array_nbytes(s, &nb));
     CHECK(nb == sizeof(float));
-    OK(mlxk_array_read(s, &back, sizeof back));
+    CHECK_OK(mlxk_array_read(s, &back, sizeof back));
     CHECK(back == 3.25f);
     free_ok(s);
 
     /* An empty array: data and dst may be NULL. */
     int32_t empty_shape[2] = {0, 5};
     mlxk_array *e = NULL;
-    OK(mlxk_array_new(NULL, empty_shape, 2, MLXK_DTYPE_INT32, &e));
-    OK(mlxk_array_nbytes(e, &nb));
+    CHECK_OK(mlxk_array_new(NULL, empty_shape, 2, MLXK_DTYPE_INT32, &e));
+    CHECK_OK(mlxk_array_nbytes(e, &nb));
     CHECK(nb == 0);
-    OK(mlxk_array_eval(e));
-    OK(mlxk_array_read(e, NULL, 0));
+    CHECK_OK(mlxk_array_eval(e));
+    CHECK_OK(mlxk_array_read(e, NULL, 0));
     check_shape(e, empty_shape, 2, MLXK_DTYPE_INT32, __LINE__);
     free_ok(e);
 
@@ -535,8 +415,8 @@ static void test_arrays(void) {
         ones[i] = 1;
     }
     mlxk_array *m = NULL;
-    OK(mlxk_array_zeros(ones, MLXK_MAX_NDIM, MLXK_DTYPE_UINT8, &m));
-    OK(mlxk_array_ndim(m, &nd));
+    CHECK_OK(mlxk_array_zeros(ones, MLXK_MAX_NDIM, MLXK_DTYPE_UINT8, &m));
+    CHECK_OK(mlxk_array_ndim(m, &nd));
     CHECK(nd == MLXK_MAX_NDIM);
     free_ok(m);
 
@@ -546,26 +426,26 @@ static void test_arrays(void) {
     int32_t eight[1] = {8};
     mlxk_array *f = new_f32(src, eight, 1);
     mlxk_array *h = NULL, *hf = NULL, *iv = NULL;
-    OK(mlxk_array_astype(f, MLXK_DTYPE_BFLOAT16, &h));
+    CHECK_OK(mlxk_array_astype(f, MLXK_DTYPE_BFLOAT16, &h));
     check_shape(h, eight, 1, MLXK_DTYPE_BFLOAT16, __LINE__);
     uint16_t hb[8];
-    OK(mlxk_array_read(h, hb, sizeof hb));
+    CHECK_OK(mlxk_array_read(h, hb, sizeof hb));
     int rne = 1;
     for (int i = 0; i < 8; i++) {
-        rne &= hb[i] == bf16_from_float(src[i]);
+        rne &= hb[i] == mlxkt_bf16_from_float(src[i]);
     }
     CHECK(rne);
-    OK(mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &hf));
+    CHECK_OK(mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &hf));
     float hfv[8];
-    OK(mlxk_array_read(hf, hfv, sizeof hfv));
+    CHECK_OK(mlxk_array_read(hf, hfv, sizeof hfv));
     int exact = 1;
     for (int i = 0; i < 8; i++) {
-        exact &= hfv[i] == bf16_to_float(hb[i]);
+        exact &= hfv[i] == mlxkt_bf16_to_float(hb[i]);
     }
     CHECK(exact);
-    OK(mlxk_array_astype(f, MLXK_DTYPE_INT32, &iv));
+    CHECK_OK(mlxk_array_astype(f, MLXK_DTYPE_INT32, &iv));
     int32_t ivv[8];
-    OK(mlxk_array_read(iv, ivv, sizeof ivv));
+    CHECK_OK(mlxk_array_read(iv, ivv, sizeof ivv));
     CHECK(ivv[0] == 1 && ivv[1] == -2 && ivv[2] == 0 && ivv[3] == 3 && ivv[7] == 65504);
     free_ok(f);
     free_ok(h);
@@ -677,7 +557,7 @@ static void test_array_errors(void) {
     /* The message stays until the next failure; successes do not clear it. */
     char saved[512];
     snprintf(saved, sizeof saved, "%s", mlxk_last_error());
-    OK(mlxk_array_eval(a));
+    CHECK_OK(mlxk_array_eval(a));
     CHECK(strcmp(saved, mlxk_last_error()) == 0);
 
     free_ok(a);
@@ -686,7 +566,7 @@ static void test_array_errors(void) {
 
 static void test_memory_limit(void) {
     size_t original = 0, now = 0;
-    OK(mlxk_get_memory_limit(&original));
+    CHECK_OK(mlxk_get_memory_limit(&original));
     CHECK(original > 0);
     EXPECT_ERROR(mlxk_get_memory_limit(NULL), MLXK_ERR_NULL_POINTER, "mlxk_get_memory_limit",
                  ": bytes is NULL");
@@ -694,7 +574,7 @@ static void test_memory_limit(void) {
     /* Arrays made before the limit stays usable. */
     float data[64];
     for (int i = 0; i < 64; i++) {
-        data[i] = rng_sym();
+        data[i] = mlxkt_rng_sym(&rng);
     }
     int32_t shape64[1] = {64};
     mlxk_array *small = new_f32(data, shape64, 1);
@@ -702,8 +582,8 @@ static void test_memory_limit(void) {
     mlxk_array *a_log = new_f32(data, hv, 1), *dt = new_f32(data + 4, hv, 1);
     mlxk_array *a = new_f32(data + 8, gshape, 3);
 
-    OK(mlxk_set_memory_limit(100));
-    OK(mlxk_get_memory_limit(&now));
+    CHECK_OK(mlxk_set_memory_limit(100));
+    CHECK_OK(mlxk_get_memory_limit(&now));
     CHECK(now == 100);
     mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
     mlxk_array *out = sentinel, *out2 = sentinel;
@@ -714,33 +594,34 @@ static void test_memory_limit(void) {
     /* 64 x 4 = 256 bytes of float32 do not fit; 64 bytes of int8 do. */
     EXPECT_ERROR(mlxk_array_astype(small, MLXK_DTYPE_FLOAT32, &out), MLXK_ERR_OUT_OF_MEMORY,
                  "mlxk_array_astype", ": out: the result needs 256 bytes");
-    OK(mlxk_array_astype(small, MLXK_DTYPE_INT8, &out));
+    CHECK_OK(mlxk_array_astype(small, MLXK_DTYPE_INT8, &out));
     free_ok(out);
     out = sentinel;
 
     /* Kernels: g needs 32 bytes, fine under 100; under 16 it is refused. */
-    OK(mlxk_compute_g(a_log, a, dt, &out));
+    CHECK_OK(mlxk_compute_g(a_log, a, dt, &out));
     free_ok(out);
     out = sentinel;
-    OK(mlxk_set_memory_limit(16));
+    CHECK_OK(mlxk_set_memory_limit(16));
     EXPECT_ERROR(mlxk_compute_g(a_log, a, dt, &out), MLXK_ERR_OUT_OF_MEMORY, "mlxk_compute_g",
                  ": g: the result needs 32 bytes");
 
     Dims d = {1, 2, 1, 2, 32, 4};
-    OK(mlxk_set_memory_limit(0)); /* restore, to upload */
+    CHECK_OK(mlxk_set_memory_limit(0)); /* restore, to upload */
     Host hst = host_random(d, 0);
     Args x = upload(&hst);
-    OK(mlxk_set_memory_limit(1024)); /* state alone is 1 x 2 x 4 x 32 x 4 = 1024 bytes */
+    CHECK_OK(mlxk_set_memory_limit(1024)); /* state alone is 1 x 2 x 4 x 32 x 4 = 1024 bytes */
     EXPECT_ERROR(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, NULL,
                                          &out, &out2),
                  MLXK_ERR_OUT_OF_MEMORY, "mlxk_gated_delta_update", ": y, state_out");
     CHECK(out == sentinel && out2 == sentinel);
 
-    OK(mlxk_set_memory_limit(0));
-    OK(mlxk_get_memory_limit(&now));
+    CHECK_OK(mlxk_set_memory_limit(0));
+    CHECK_OK(mlxk_get_memory_limit(&now));
     CHECK(now == original);
-    OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, NULL, &out, &out2));
-    OK(mlxk_array_eval(out2));
+    CHECK_OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, NULL, &out,
+                                     &out2));
+    CHECK_OK(mlxk_array_eval(out2));
     free_ok(out);
     free_ok(out2);
     free_args(&x);
@@ -755,29 +636,29 @@ static void test_compute_g(void) {
     enum { B = 2, T = 3, HV = 4 };
     float a[B * T * HV], a_log[HV], dt[HV];
     for (int i = 0; i < B * T * HV; i++) {
-        a[i] = 3.0f * rng_sym();
+        a[i] = 3.0f * mlxkt_rng_sym(&rng);
     }
     for (int i = 0; i < HV; i++) {
-        a_log[i] = (float)log(1.0 + 8.0 * (1.0 + rng_sym()));
-        dt[i] = -3.0f + 2.0f * rng_sym();
+        a_log[i] = (float)log(1.0 + 8.0 * (1.0 + mlxkt_rng_sym(&rng)));
+        dt[i] = -3.0f + 2.0f * mlxkt_rng_sym(&rng);
     }
     int32_t gs[3] = {B, T, HV}, hs[1] = {HV};
     for (int bf16 = 0; bf16 < 2; bf16++) {
         if (bf16) {
             for (int i = 0; i < B * T * HV; i++) {
-                a[i] = bf16_round(a[i]);
+                a[i] = mlxkt_bf16_round(a[i]);
             }
             for (int i = 0; i < HV; i++) {
-                dt[i] = bf16_round(dt[i]);
+                dt[i] = mlxkt_bf16_round(dt[i]);
             }
         }
         mlxk_array *la = new_f32(a_log, hs, 1);
         mlxk_array *aa = bf16 ? new_bf16(a, B * T * HV, gs, 3) : new_f32(a, gs, 3);
         mlxk_array *dd = bf16 ? new_bf16(dt, HV, hs, 1) : new_f32(dt, hs, 1);
         mlxk_array *g = NULL;
-        OK(mlxk_compute_g(la, aa, dd, &g));
+        CHECK_OK(mlxk_compute_g(la, aa, dd, &g));
         check_shape(g, gs, 3, MLXK_DTYPE_FLOAT32, __LINE__);
-        float *got = read_floats(g, B * T * HV);
+        float *got = mlxkt_read_floats(g, B * T * HV);
         double ref[B * T * HV];
         for (int i = 0; i < B * T * HV; i++) {
             ref[i] = ref_g(a_log[i % HV], a[i], dt[i % HV], bf16);
@@ -805,11 +686,11 @@ static void test_compute_g(void) {
             mlxk_array *len5 = new_f32(zeros, five, 1);
             mlxk_array *scalar = new_f32(zeros, NULL, 0);
             mlxk_array *int_hv = NULL;
-            OK(mlxk_array_new(ints, hs, 1, MLXK_DTYPE_INT32, &int_hv));
+            CHECK_OK(mlxk_array_new(ints, hs, 1, MLXK_DTYPE_INT32, &int_hv));
             mlxk_array *int_a = NULL;
-            OK(mlxk_array_astype(aa, MLXK_DTYPE_INT32, &int_a));
+            CHECK_OK(mlxk_array_astype(aa, MLXK_DTYPE_INT32, &int_a));
             mlxk_array *f16_log = NULL;
-            OK(mlxk_array_astype(la, MLXK_DTYPE_FLOAT16, &f16_log));
+            CHECK_OK(mlxk_array_astype(la, MLXK_DTYPE_FLOAT16, &f16_log));
             const char *fn = "mlxk_compute_g";
             EXPECT_ERROR(mlxk_compute_g(rank2, aa, dd, &out), MLXK_ERR_SHAPE, fn,
                          ": a_log: expected rank 1");
@@ -861,32 +742,32 @@ static mlxk_array *run_update_with(const Host *h, const Args *x, const mlxk_arra
     mlxk_array *mask_array = NULL;
     if (mask != NULL) {
         int32_t ms[2] = {d.b, d.t};
-        OK(mlxk_array_new(mask, ms, 2, MLXK_DTYPE_BOOL, &mask_array));
+        CHECK_OK(mlxk_array_new(mask, ms, 2, MLXK_DTYPE_BOOL, &mask_array));
     }
     mlxk_array *y = NULL, *s = NULL;
     if (chunk < 0) {
-        OK(mlxk_gated_delta_update(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias, state,
-                                   mask_array, &y, &s));
+        CHECK_OK(mlxk_gated_delta_update(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias, state,
+                                         mask_array, &y, &s));
     } else {
-        OK(mlxk_gated_delta_update_chunked(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias,
-                                           state, mask_array, chunk, &y, &s));
+        CHECK_OK(mlxk_gated_delta_update_chunked(x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias,
+                                                 state, mask_array, chunk, &y, &s));
     }
     free_ok(mask_array);
     int32_t ys[4] = {d.b, d.t, d.hv, d.dv}, ss[4] = {d.b, d.hv, d.dv, d.dk};
     check_shape(y, ys, 4, h->bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, line);
     check_shape(s, ss, 4, MLXK_DTYPE_FLOAT32, line);
 
-    double *y_ref = malloc(n_v(d) * sizeof *y_ref);
+    double *y_ref = mlxkt_xmalloc(n_v(d) * sizeof *y_ref);
     if (y_ref == NULL) {
         exit(1);
     }
     ref_update(h, mask, ref_state, y_ref);
-    float *y_got = read_floats(y, n_v(d));
-    float *s_got = read_floats(s, n_state(d));
+    float *y_got = mlxkt_read_floats(y, n_v(d));
+    float *s_got = mlxkt_read_floats(s, n_state(d));
     double ye = rel_error(y_got, y_ref, n_v(d));
     double se = rel_error(s_got, ref_state, n_state(d));
-    check_at(ye <= y_tol, "y matches the float64 reference", line);
-    check_at(se <= state_tol, "state_out matches the float64 reference", line);
+    mlxkt_check_at(ye <= y_tol, "y matches the float64 reference", __FILE__, line);
+    mlxkt_check_at(se <= state_tol, "state_out matches the float64 reference", __FILE__, line);
     if (ye > y_tol || se > state_tol) {
         fprintf(stderr, "  y error %.3e (tolerance %.1e), state error %.3e (tolerance %.1e)\n", ye,
                 y_tol, se, state_tol);
@@ -898,7 +779,7 @@ static mlxk_array *run_update_with(const Host *h, const Args *x, const mlxk_arra
                 zero &= y_got[bt * d.hv * d.dv + j] == 0.0f;
             }
         }
-        check_at(zero, "y is exactly 0 at masked tokens", line);
+        mlxkt_check_at(zero, "y is exactly 0 at masked tokens", __FILE__, line);
     }
     free(y_ref);
     free(y_got);
@@ -965,10 +846,10 @@ static void test_gated_delta_update(void) {
     Host h2 = host_random(d, 0);
     Args x2 = upload(&h2);
     uint8_t mask[10] = {0, 0, 1, 1, 1, 1, 1, 1, 1, 0};
-    float *s1_before = read_floats(s1, n_state(d));
+    float *s1_before = mlxkt_read_floats(s1, n_state(d));
     mlxk_array *s2 = run_update(&h2, &x2, s1, mask, ref_state, 1e-5, 1e-5, __LINE__);
     /* s1 is still a live handle, so the kernel must not have written into it. */
-    float *s1_after = read_floats(s1, n_state(d));
+    float *s1_after = mlxkt_read_floats(s1, n_state(d));
     CHECK(memcmp(s1_before, s1_after, n_state(d) * sizeof(float)) == 0);
     free(s1_before);
     free(s1_after);
@@ -984,16 +865,16 @@ static void test_gated_delta_update(void) {
         Host h = host_random(d1, 0);
         Args x = upload(&h);
         mlxk_array *y = NULL, *next = NULL;
-        OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, state, NULL, &y,
-                                   &next));
+        CHECK_OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, state, NULL,
+                                         &y, &next));
         free_ok(state);
         state = next;
         free_args(&x); /* lazy results keep what they need */
         double y_ref[2 * 4 * 16];
         ref_update(&h, NULL, ref_state, y_ref);
-        OK(mlxk_array_eval(state));
-        float *yg = read_floats(y, n_v(d1));
-        float *sg = read_floats(state, n_state(d1));
+        CHECK_OK(mlxk_array_eval(state));
+        float *yg = mlxkt_read_floats(y, n_v(d1));
+        float *sg = mlxkt_read_floats(state, n_state(d1));
         CHECK(rel_error(yg, y_ref, n_v(d1)) <= 1e-5);
         CHECK(rel_error(sg, ref_state, n_state(d1)) <= 1e-5);
         free(yg);
@@ -1042,15 +923,15 @@ static void test_gated_delta_errors(void) {
     mlxk_array *state_bad = new_f32(zeros, st_bad, 4);
     mlxk_array *mask_bad_shape = NULL, *mask_f32 = new_f32(zeros, m_ok, 2);
     uint8_t mbytes[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-    OK(mlxk_array_new(mbytes, m_bad, 2, MLXK_DTYPE_BOOL, &mask_bad_shape));
+    CHECK_OK(mlxk_array_new(mbytes, m_bad, 2, MLXK_DTYPE_BOOL, &mask_bad_shape));
     mlxk_array *state_ok = NULL, *state_bf16 = NULL, *k_bf16 = NULL, *b_int = NULL,
                *dt_int = NULL, *k_dk48 = NULL;
-    OK(mlxk_array_zeros(st_ok, 4, MLXK_DTYPE_FLOAT32, &state_ok));
-    OK(mlxk_array_astype(state_ok, MLXK_DTYPE_BFLOAT16, &state_bf16));
-    OK(mlxk_array_astype(x.k, MLXK_DTYPE_BFLOAT16, &k_bf16));
-    OK(mlxk_array_astype(x.b, MLXK_DTYPE_INT32, &b_int));
-    OK(mlxk_array_astype(x.dt_bias, MLXK_DTYPE_INT32, &dt_int));
-    OK(mlxk_array_astype(q_dk48, MLXK_DTYPE_FLOAT32, &k_dk48));
+    CHECK_OK(mlxk_array_zeros(st_ok, 4, MLXK_DTYPE_FLOAT32, &state_ok));
+    CHECK_OK(mlxk_array_astype(state_ok, MLXK_DTYPE_BFLOAT16, &state_bf16));
+    CHECK_OK(mlxk_array_astype(x.k, MLXK_DTYPE_BFLOAT16, &k_bf16));
+    CHECK_OK(mlxk_array_astype(x.b, MLXK_DTYPE_INT32, &b_int));
+    CHECK_OK(mlxk_array_astype(x.dt_bias, MLXK_DTYPE_INT32, &dt_int));
+    CHECK_OK(mlxk_array_astype(q_dk48, MLXK_DTYPE_FLOAT32, &k_dk48));
 
 #define UPD(q, k, v, a, b, al, dt, st, m) \
     mlxk_gated_delta_update((q), (k), (v), (a), (b), (al), (dt), (st), (m), &y, &s)
@@ -1119,8 +1000,8 @@ static void test_gated_delta_errors(void) {
     CHECK(y == sentinel && s == sentinel);
 
     /* Still works after all that. */
-    OK(UPD(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, state_ok, NULL));
-    OK(mlxk_array_eval(y));
+    CHECK_OK(UPD(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, state_ok, NULL));
+    CHECK_OK(mlxk_array_eval(y));
     free_ok(y);
     free_ok(s);
 #undef UPD
@@ -1152,29 +1033,31 @@ static void test_gated_delta_state(void) {
     Host h0 = host_random(d, 0), h = host_random(d, 0);
     Args x0 = upload(&h0), x = upload(&h);
     mlxk_array *y0 = NULL, *s0 = NULL;
-    OK(mlxk_gated_delta_update(x0.q, x0.k, x0.v, x0.a, x0.b, x0.a_log, x0.dt_bias, NULL, NULL, &y0,
-                               &s0));
+    CHECK_OK(mlxk_gated_delta_update(x0.q, x0.k, x0.v, x0.a, x0.b, x0.a_log, x0.dt_bias, NULL, NULL,
+                                     &y0, &s0));
     free_ok(y0);
 
     int32_t lengths[3] = {4, 0, 2};
     uint8_t mask[12] = {1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0, 0};
     int32_t ms[2] = {d.b, d.t};
     mlxk_array *mask_array = NULL, *y = NULL, *s_update = NULL, *s_replay = NULL;
-    OK(mlxk_array_new(mask, ms, 2, MLXK_DTYPE_BOOL, &mask_array));
-    OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, s0, mask_array, &y,
-                               &s_update));
-    OK(mlxk_gated_delta_state(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, s0, lengths, 3, &s_replay));
+    CHECK_OK(mlxk_array_new(mask, ms, 2, MLXK_DTYPE_BOOL, &mask_array));
+    CHECK_OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, s0, mask_array,
+                                     &y, &s_update));
+    CHECK_OK(mlxk_gated_delta_state(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, s0, lengths, 3,
+                                    &s_replay));
     int32_t ss[4] = {d.b, d.hv, d.dv, d.dk};
     check_shape(s_replay, ss, 4, MLXK_DTYPE_FLOAT32, __LINE__);
-    float *su = read_floats(s_update, n_state(d));
-    float *sr = read_floats(s_replay, n_state(d));
-    float *start = read_floats(s0, n_state(d));
+    float *su = mlxkt_read_floats(s_update, n_state(d));
+    float *sr = mlxkt_read_floats(s_replay, n_state(d));
+    float *start = mlxkt_read_floats(s0, n_state(d));
     CHECK(memcmp(su, sr, n_state(d) * sizeof(float)) == 0);
     size_t row = n_state(d) / (size_t)d.b;
     CHECK(memcmp(sr + row, start + row, row * sizeof(float)) == 0); /* length 0: untouched */
     CHECK(memcmp(sr, start, row * sizeof(float)) != 0);
     /* And against the float64 reference. */
-    double *ref = malloc(n_state(d) * sizeof *ref), *yref = malloc(n_v(d) * sizeof *yref);
+    double *ref = mlxkt_xmalloc(n_state(d) * sizeof *ref);
+    double *yref = mlxkt_xmalloc(n_v(d) * sizeof *yref);
     if (ref == NULL || yref == NULL) {
         exit(1);
     }
@@ -1195,8 +1078,9 @@ static void test_gated_delta_state(void) {
 
     /* No state: from zeros; all lengths 0 gives zeros. */
     int32_t none[3] = {0, 0, 0};
-    OK(mlxk_gated_delta_state(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, none, 3, &s_replay));
-    float *z = read_floats(s_replay, n_state(d));
+    CHECK_OK(mlxk_gated_delta_state(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, none, 3,
+                                    &s_replay));
+    float *z = mlxkt_read_floats(s_replay, n_state(d));
     int all_zero = 1;
     for (size_t i = 0; i < n_state(d); i++) {
         all_zero &= z[i] == 0.0f;
@@ -1228,7 +1112,7 @@ static void test_gated_delta_state(void) {
     EXPECT_ERROR(mlxk_gated_delta_state(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, x.q, lengths, 3, &out),
                  MLXK_ERR_SHAPE, fn, ": state:");
     mlxk_array *dead = NULL;
-    OK(mlxk_array_astype(x.b, MLXK_DTYPE_FLOAT16, &dead));
+    CHECK_OK(mlxk_array_astype(x.b, MLXK_DTYPE_FLOAT16, &dead));
     free_ok(dead);
     EXPECT_ERROR(mlxk_gated_delta_state(x.k, x.v, x.a, dead, x.a_log, x.dt_bias, s0, lengths, 3, &out),
                  MLXK_ERR_INVALID_HANDLE, fn, ": b (0x");
@@ -1250,28 +1134,28 @@ static void test_gated_rms_norm(void) {
     const float eps = 1e-6f;
     float x[ROWS * D], gate[ROWS * D], w[D];
     for (int i = 0; i < ROWS * D; i++) {
-        x[i] = 2.0f * rng_sym();
-        gate[i] = 3.0f * rng_sym();
+        x[i] = 2.0f * mlxkt_rng_sym(&rng);
+        gate[i] = 3.0f * mlxkt_rng_sym(&rng);
     }
     for (int i = 0; i < D; i++) {
-        w[i] = 1.0f + 0.5f * rng_sym();
+        w[i] = 1.0f + 0.5f * mlxkt_rng_sym(&rng);
     }
     int32_t xs[3] = {2, 3, D}, ws[1] = {D};
     for (int bf16 = 0; bf16 < 2; bf16++) {
         if (bf16) {
             for (int i = 0; i < ROWS * D; i++) {
-                x[i] = bf16_round(x[i]);
-                gate[i] = bf16_round(gate[i]);
+                x[i] = mlxkt_bf16_round(x[i]);
+                gate[i] = mlxkt_bf16_round(gate[i]);
             }
             for (int i = 0; i < D; i++) {
-                w[i] = bf16_round(w[i]);
+                w[i] = mlxkt_bf16_round(w[i]);
             }
         }
         mlxk_array *xa = bf16 ? new_bf16(x, ROWS * D, xs, 3) : new_f32(x, xs, 3);
         mlxk_array *ga = bf16 ? new_bf16(gate, ROWS * D, xs, 3) : new_f32(gate, xs, 3);
         mlxk_array *wa = bf16 ? new_bf16(w, D, ws, 1) : new_f32(w, ws, 1);
         mlxk_array *out = NULL;
-        OK(mlxk_gated_rms_norm(xa, ga, wa, eps, &out));
+        CHECK_OK(mlxk_gated_rms_norm(xa, ga, wa, eps, &out));
         check_shape(out, xs, 3, bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, __LINE__);
         double ref[ROWS * D];
         for (int r = 0; r < ROWS; r++) {
@@ -1284,7 +1168,7 @@ static void test_gated_rms_norm(void) {
                 ref[r * D + i] = ref_silu(gate[r * D + i]) * (w[i] * (x[r * D + i] * inv));
             }
         }
-        float *got = read_floats(out, ROWS * D);
+        float *got = mlxkt_read_floats(out, ROWS * D);
         /* float32: float32 rounding only; bfloat16: three roundings to bf16 on the way. */
         double err = rel_error(got, ref, ROWS * D), tol = bf16 ? 4.0 / 256 : 1e-5;
         CHECK(err <= tol);
@@ -1298,7 +1182,7 @@ static void test_gated_rms_norm(void) {
             mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
             mlxk_array *bad = sentinel, *w_bf16 = NULL, *short_w = NULL, *g2 = NULL;
             int32_t s2[2] = {ROWS, D}, s5[1] = {5};
-            OK(mlxk_array_astype(wa, MLXK_DTYPE_BFLOAT16, &w_bf16));
+            CHECK_OK(mlxk_array_astype(wa, MLXK_DTYPE_BFLOAT16, &w_bf16));
             short_w = new_f32(w, s5, 1);
             g2 = new_f32(gate, s2, 2);
             EXPECT_ERROR(mlxk_gated_rms_norm(xa, ga, w_bf16, eps, &bad), MLXK_ERR_DTYPE, fn,
@@ -1339,7 +1223,7 @@ static void test_silu_rms_heads(void) {
     const float eps = 1e-6f / DK;
     float x[B * S * C], qs[DK], ks[DK];
     for (int i = 0; i < B * S * C; i++) {
-        x[i] = 3.0f * rng_sym();
+        x[i] = 3.0f * mlxkt_rng_sym(&rng);
     }
     for (int i = 0; i < DK; i++) {
         qs[i] = 1.0f / DK;
@@ -1349,7 +1233,7 @@ static void test_silu_rms_heads(void) {
     int32_t qk_shape[4] = {B, S, HK, DK}, v_shape[4] = {B, S, HV, DV};
     mlxk_array *xa = new_f32(x, xs, 3), *qa = new_f32(qs, ss, 1), *ka = new_f32(ks, ss, 1);
     mlxk_array *q = NULL, *k = NULL, *v = NULL;
-    OK(mlxk_silu_rms_heads(xa, qa, ka, HK, HV, DV, eps, &q, &k, &v));
+    CHECK_OK(mlxk_silu_rms_heads(xa, qa, ka, HK, HV, DV, eps, &q, &k, &v));
     check_shape(q, qk_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
     check_shape(k, qk_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
     check_shape(v, v_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
@@ -1378,8 +1262,8 @@ static void test_silu_rms_heads(void) {
             vr[bs * HV * DV + i] = ref_silu(row[2 * HK * DK + i]);
         }
     }
-    float *qg = read_floats(q, B * S * HK * DK), *kg = read_floats(k, B * S * HK * DK);
-    float *vg = read_floats(v, B * S * HV * DV);
+    float *qg = mlxkt_read_floats(q, B * S * HK * DK), *kg = mlxkt_read_floats(k, B * S * HK * DK);
+    float *vg = mlxkt_read_floats(v, B * S * HV * DV);
     CHECK(rel_error(qg, qr, B * S * HK * DK) <= 1e-5);
     CHECK(rel_error(kg, kr, B * S * HK * DK) <= 1e-5);
     CHECK(rel_error(vg, vr, B * S * HV * DV) <= 1e-5);
@@ -1395,7 +1279,7 @@ static void test_silu_rms_heads(void) {
     mlxk_array *o1 = sentinel, *o2 = sentinel, *o3 = sentinel, *qs_bf16 = NULL, *x2 = NULL;
     int32_t x2s[2] = {B * S, C};
     x2 = new_f32(x, x2s, 2);
-    OK(mlxk_array_astype(qa, MLXK_DTYPE_BFLOAT16, &qs_bf16));
+    CHECK_OK(mlxk_array_astype(qa, MLXK_DTYPE_BFLOAT16, &qs_bf16));
     EXPECT_ERROR(mlxk_silu_rms_heads(x2, qa, ka, HK, HV, DV, eps, &o1, &o2, &o3), MLXK_ERR_SHAPE,
                  fn, ": x: expected rank 3");
     EXPECT_ERROR(mlxk_silu_rms_heads(xa, qa, ka, HK, HV, DV + 1, eps, &o1, &o2, &o3), MLXK_ERR_SHAPE,
@@ -1463,19 +1347,19 @@ static void test_glm52(void) {
     CHECK(MLXK_GLM52_EXPERT_SLOT_ALIGNMENT == 16384);
     mlxk_glm52_layout l;
     memset(&l, 0, sizeof l);
-    OK(mlxk_glm52_layout_canonical(6144, 2048, 4, 64, &l));
+    CHECK_OK(mlxk_glm52_layout_canonical(6144, 2048, 4, 64, &l));
     CHECK(l.hidden_size == 6144 && l.intermediate_size == 2048);
     CHECK(l.gate_weight_offset == 0 && l.up_weight_offset == 6291456 &&
           l.down_weight_offset == 12582912 && l.gate_scale_offset == 18874368 &&
           l.up_scale_offset == 19267584 && l.down_scale_offset == 19660800 &&
           l.slot_bytes == 20054016);
-    OK(mlxk_glm52_layout_validate(&l, 4, 64));
+    CHECK_OK(mlxk_glm52_layout_validate(&l, 4, 64));
     mlxk_glm52_layout q8;
-    OK(mlxk_glm52_layout_canonical(6144, 2048, 8, 64, &q8));
+    CHECK_OK(mlxk_glm52_layout_canonical(6144, 2048, 8, 64, &q8));
     CHECK(q8.slot_bytes == 38928384 && q8.up_weight_offset == 12582912);
-    OK(mlxk_glm52_layout_canonical(6144, 2048, 4, 32, &q8));
+    CHECK_OK(mlxk_glm52_layout_canonical(6144, 2048, 4, 32, &q8));
     CHECK(q8.slot_bytes == 21233664);
-    OK(mlxk_glm52_layout_canonical(6144, 2048, 8, 128, &q8));
+    CHECK_OK(mlxk_glm52_layout_canonical(6144, 2048, 8, 128, &q8));
     CHECK(q8.slot_bytes == 38338560);
 
     const char *canon = "mlxk_glm52_layout_canonical", *val = "mlxk_glm52_layout_validate";
@@ -1504,6 +1388,7 @@ static void test_glm52(void) {
 #endif
 
 int main(void) {
+    mlxkt_checks()->verbose = getenv("MLXK_CLIENT_VERBOSE") != NULL;
     test_versions_and_status_names();
     test_device();
     test_arrays();
@@ -1523,6 +1408,7 @@ int main(void) {
 #else
     const char *glm = " (GLM-5.2 layout not in this header)";
 #endif
-    printf("client: %d checks passed, %d failed%s\n", passed, failed, glm);
-    return failed == 0 ? 0 : 1;
+    const mlxkt_tally *checks = mlxkt_checks();
+    printf("client: %ld checks passed, %ld failed%s\n", checks->passed, checks->failed, glm);
+    return checks->failed == 0 ? 0 : 1;
 }

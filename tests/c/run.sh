@@ -26,7 +26,7 @@ if [ ! -f "$LIB" ]; then
   exit 1
 fi
 
-INCLUDE=(-I"$ROOT/include")
+INCLUDE=(-I"$ROOT/include" -I"$ROOT/tests/common")
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
 WARN=(-Wall -Wextra -Werror -pedantic -Wredundant-decls)
 

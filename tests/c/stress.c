@@ -31,20 +31,13 @@
 #include <unistd.h>
 
 #include "mlxkern.h"
+#include "mlxk_test_util.h"
 
 #define RSS_SLACK_KIB (2 * 1024)
 #define CACHE_LIMIT (4u << 20)
 
-static long calls, failures_expected, failed;
+static long calls, failures_expected;
 static long status_counts[16];
-
-static void fail_at(int line, const char *what) {
-    failed++;
-    fprintf(stderr, "FAIL (stress.c:%d): %s\n", line, what);
-    if (failed > 20) {
-        exit(1);
-    }
-}
 
 /* Every library call goes through here: counted, status tallied. */
 static mlxk_status counted(mlxk_status st) {
@@ -56,59 +49,17 @@ static mlxk_status counted(mlxk_status st) {
 }
 #define C(call) counted(call)
 
-/* A call that must succeed. */
-#define OK(call)                                                                              \
-    do {                                                                                      \
-        mlxk_status st_ = C(call);                                                            \
-        if (st_ != MLXK_OK) {                                                                 \
-            char what_[512];                                                                  \
-            snprintf(what_, sizeof what_, "%s -> %s: %s", #call, mlxk_status_name(st_),        \
-                     mlxk_last_error());                                                      \
-            fail_at(__LINE__, what_);                                                         \
-        }                                                                                     \
-    } while (0)
+/* A call that must succeed (a failure is counted, and the run goes on). */
+#define OK(call) mlxkt_check_status_at(C(call), #call, __FILE__, __LINE__)
 
 /* A call that must fail with `want`, and a message starting with "fn: ". */
-static void expect_at(mlxk_status got, mlxk_status want, const char *fn, const char *call, int line) {
-    failures_expected++;
-    const char *msg = mlxk_last_error();
-    size_t n = strlen(fn);
-    if (got != want || msg == NULL || strncmp(msg, fn, n) != 0 || msg[n] != ':') {
-        char what[768];
-        snprintf(what, sizeof what, "%s -> %s (expected %s): %s", call, mlxk_status_name(got),
-                 mlxk_status_name(want), msg ? msg : "(null)");
-        fail_at(line, what);
-    }
-}
-#define EXPECT(call, want, fn) expect_at(C(call), (want), (fn), #call, __LINE__)
-#define CHECK(cond)                                                                           \
-    do {                                                                                      \
-        if (!(cond)) fail_at(__LINE__, #cond);                                                \
-    } while (0)
+#define EXPECT(call, want, fn)                                                                \
+    (failures_expected++,                                                                     \
+     mlxkt_expect_error_at(C(call), (want), (fn), NULL, #call, __FILE__, __LINE__))
 
-static uint64_t rng = 0x5EED5EED12345ull;
-static uint64_t next(void) {
-    uint64_t z = (rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+static mlxkt_rng rng = {0x5EED5EED12345ull};
+static uint64_t next(void) { return mlxkt_rng_next(&rng); }
 static int below(int n) { return (int)(next() % (uint64_t)n); }
-static float unif(void) { return (float)((double)(next() >> 11) * (2.0 / 9007199254740992.0) - 1.0); }
-
-static uint16_t bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (p == NULL) exit(1);
-    return p;
-}
 
 static size_t dtype_size(mlxk_dtype d) {
     static const size_t sizes[] = {1, 1, 1, 4, 4, 2, 2, 4};
@@ -125,12 +76,12 @@ static size_t count(const int32_t *shape, size_t ndim) {
  * and -Inf at random places. */
 static mlxk_array *floats(const int32_t *shape, size_t ndim, mlxk_dtype dtype, float scale, int special) {
     size_t n = count(shape, ndim);
-    void *data = xmalloc(n * dtype_size(dtype));
+    void *data = mlxkt_xmalloc(n * dtype_size(dtype));
     for (size_t i = 0; i < n; i++) {
-        float v = unif() * scale;
+        float v = mlxkt_rng_sym(&rng) * scale;
         if (special && below(8) == 0) v = (float[]){NAN, INFINITY, -INFINITY}[below(3)];
         if (dtype == MLXK_DTYPE_BFLOAT16) {
-            ((uint16_t *)data)[i] = bf16(v);
+            ((uint16_t *)data)[i] = mlxkt_bf16_from_float(v);
         } else {
             ((float *)data)[i] = v;
         }
@@ -149,18 +100,18 @@ static void check_dims(const mlxk_array *a, const int32_t *want, size_t ndim, in
     size_t nd = 99;
     int32_t dims[MLXK_MAX_NDIM];
     if (C(mlxk_array_ndim(a, &nd)) != MLXK_OK || nd != ndim) {
-        fail_at(line, "result rank");
+        mlxkt_check_at(0, "result rank", __FILE__, line);
         return;
     }
     if (C(mlxk_array_shape(a, dims, MLXK_MAX_NDIM)) != MLXK_OK || (ndim && memcmp(dims, want, ndim * sizeof *dims) != 0)) {
-        fail_at(line, "result dims");
+        mlxkt_check_at(0, "result dims", __FILE__, line);
     }
 }
 
 /* Reads an array fully (evaluating it); returns the bytes (caller frees). */
 static uint8_t *read_all(const mlxk_array *a, size_t *nbytes) {
     OK(mlxk_array_nbytes(a, nbytes));
-    uint8_t *buf = xmalloc(*nbytes);
+    uint8_t *buf = mlxkt_xmalloc(*nbytes);
     OK(mlxk_array_read(a, buf, *nbytes));
     return buf;
 }
@@ -185,8 +136,8 @@ static mlxk_array *foreign(void) {
     static void *heap;
     static void *gone;
     if (heap == NULL) {
-        heap = xmalloc(64);
-        gone = xmalloc(64);
+        heap = mlxkt_xmalloc(64);
+        gone = mlxkt_xmalloc(64);
         free(gone); /* dangling: AddressSanitizer reports any read through it */
     }
     switch (below(6)) {
@@ -208,7 +159,7 @@ static void arrays(void) {
     for (size_t i = 0; i < ndim; i++) shape[i] = below(6);
     mlxk_dtype dtype = below(8);
     size_t n = count(shape, ndim), nbytes = n * dtype_size(dtype);
-    uint8_t *data = xmalloc(nbytes);
+    uint8_t *data = mlxkt_xmalloc(nbytes);
     for (size_t i = 0; i < nbytes; i++) data[i] = (uint8_t)(dtype == MLXK_DTYPE_BOOL ? next() & 1 : next());
     mlxk_array *a = NULL;
     OK(mlxk_array_new(data, shape, ndim, dtype, &a));
@@ -325,7 +276,7 @@ static Rec rec_new(int32_t b, int32_t t, int special) {
     r.mask = NULL;
     if (below(2)) {
         size_t n = (size_t)b * (size_t)t;
-        uint8_t *mask = xmalloc(n);
+        uint8_t *mask = mlxkt_xmalloc(n);
         for (size_t i = 0; i < n; i++) mask[i] = (uint8_t)(below(4) != 0);
         OK(mlxk_array_new(mask, m, 2, MLXK_DTYPE_BOOL, &r.mask));
         free(mask);
@@ -559,6 +510,7 @@ int main(int argc, char **argv) {
             target = atol(argv[i]);
         }
     }
+    mlxkt_checks()->max_failed = 20;
     long on_stack = 0;
     stack_address = &on_stack;
     OK(mlxk_set_cache_limit(CACHE_LIMIT));
@@ -591,13 +543,13 @@ int main(int argc, char **argv) {
     printf("stress: resident memory after warm-up (%ld calls) %ld KiB, at the end %ld KiB (%+ld KiB)\n",
            warm, rss_warm, rss_end, rss_end - rss_warm);
     if (rss_check && rss_end - rss_warm > RSS_SLACK_KIB) {
-        fail_at(__LINE__, "resident memory grew after warm-up");
+        mlxkt_check_at(0, "resident memory grew after warm-up", __FILE__, __LINE__);
     }
     if (status_counts[MLXK_ERR_PANIC] != 0) {
-        fail_at(__LINE__, "a call returned MLXK_ERR_PANIC");
+        mlxkt_check_at(0, "a call returned MLXK_ERR_PANIC", __FILE__, __LINE__);
     }
-    if (failed) {
-        fprintf(stderr, "stress: %ld check(s) failed\n", failed);
+    if (mlxkt_checks()->failed) {
+        fprintf(stderr, "stress: %ld check(s) failed\n", mlxkt_checks()->failed);
         return 1;
     }
     printf("stress: all checks passed\n");
