@@ -303,7 +303,7 @@ static void test_versions_and_status_names(void) {
     CHECK(strcmp(mlxk_status_name(11), "MLXK_UNKNOWN_STATUS") == 0);
     CHECK(strcmp(mlxk_status_name(-1), "MLXK_UNKNOWN_STATUS") == 0);
     CHECK(strcmp(mlxk_status_name(INT32_MAX), "MLXK_UNKNOWN_STATUS") == 0);
-    /* Values of the other enumerations (contract, DESIGN §5). */
+    /* Values of the other enumerations (contract, docs/DESIGN.md §5). */
     CHECK(MLXK_DTYPE_BOOL == 0 && MLXK_DTYPE_UINT8 == 1 && MLXK_DTYPE_INT8 == 2 &&
           MLXK_DTYPE_INT32 == 3 && MLXK_DTYPE_UINT32 == 4 && MLXK_DTYPE_FLOAT16 == 5 &&
           MLXK_DTYPE_BFLOAT16 == 6 && MLXK_DTYPE_FLOAT32 == 7);

@@ -1,6 +1,6 @@
 /*
  * include/mlxkern.h as a C11 translation unit sees it: self-contained (included first), safe to
- * include twice, and declaring the contract's signatures (DESIGN §5). Built by tests/c/run.sh
+ * include twice, and declaring the contract's signatures (docs/DESIGN.md §5). Built by tests/c/run.sh
  * with -std=c11 -Wall -Wextra -Werror -pedantic, linked to the library and run.
  */
 #include "mlxkern.h"

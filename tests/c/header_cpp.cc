@@ -1,6 +1,6 @@
 /*
  * include/mlxkern.h as a C++17 translation unit sees it: self-contained, safe to include twice,
- * extern "C" linkage, and the contract's signatures (DESIGN §5) checked exactly with
+ * extern "C" linkage, and the contract's signatures (docs/DESIGN.md §5) checked exactly with
  * std::is_same. Built by tests/c/run.sh with -std=c++17 -Wall -Wextra -Werror -pedantic
  * -Wold-style-cast, linked to the library and run.
  */
