@@ -692,7 +692,7 @@ fn error_versus_t() {
 /// (and bf16 at the default chunk). Not an assertion; prints the best of 7 calls, by wall
 /// clock and by process CPU time (the latter is the per-core rate when the machine is shared).
 /// The pool reads MLXK_NUM_THREADS once per process, so run once per thread count:
-/// `MLXK_NUM_THREADS=1 cargo test --test chunked -- --ignored --nocapture throughput`
+/// `MLXK_NUM_THREADS=1 cargo test --test gated_delta_update_chunked_kernel -- --ignored --nocapture throughput`
 /// (`CHUNKED_SIZES=32,64` picks the chunk sizes timed with f32 inputs).
 #[test]
 #[ignore]
