@@ -42,6 +42,7 @@
 use std::cell::RefCell;
 
 use super::elem::Elem;
+use super::features;
 use super::gated_delta::{Dims, StateIn};
 use super::pool;
 
@@ -204,7 +205,7 @@ pub fn chunked_recurrence_with<T: Elem>(
         y: y.as_mut_ptr(),
         state: state.as_mut_ptr(),
     };
-    let avx2 = !opts.force_portable && has_avx2_fma();
+    let avx2 = !opts.force_portable && features::cpu().avx2_fma();
     let problem = &problem;
     pool::run(jobs * parts, &|job| {
         let (row_split, part) = (job / parts, job % parts);
@@ -241,17 +242,6 @@ struct Span {
     kh1: usize,
     p0: usize,
     p1: usize,
-}
-
-fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 /// One call's inputs, shared read-only by the jobs.

@@ -15,11 +15,11 @@
 //! and moves only the products into lane layout. All compute identical bits.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use half::{bf16, f16};
 
 use super::elem::Elem;
+use super::features;
 use super::math::{exp, sigmoid, softplus};
 use super::reduce::simd_sum;
 use super::{pool, typed, typed_mut, Buffers};
@@ -33,9 +33,6 @@ const ROWS: usize = 4;
 
 /// Value rows the single-token (decode) kernel interleaves.
 const SINGLE_ROWS: usize = 2;
-
-/// Forces the portable row kernel (tests compare it with the vectorized one).
-pub(crate) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
 
 /// Dimensions of one call, as usize.
 #[derive(Debug, Clone, Copy)]
@@ -147,7 +144,8 @@ pub fn gates(x: &GateInputs, count: usize, hv: usize) -> (Vec<f32>, Vec<f32>) {
         g: g.as_mut_ptr(),
         beta: beta.as_mut_ptr(),
     };
-    let fma = use_fma();
+    // The CPU's FMA, whether or not the portable kernels are forced (the bits are the same).
+    let fma = features::cpu().fma;
     let block = |job: usize| {
         let range = job * GATE_BLOCK..((job + 1) * GATE_BLOCK).min(count);
         // SAFETY: each job writes its own range of the two `count`-long buffers, which outlive
@@ -171,17 +169,6 @@ struct GateOut {
 // SAFETY: jobs write disjoint ranges; the pool joins before the buffers are used.
 unsafe impl Send for GateOut {}
 unsafe impl Sync for GateOut {}
-
-fn use_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 /// # Safety
 /// `out` holds two buffers with room for `range`, written by no one else meanwhile; `fma`
@@ -281,20 +268,6 @@ struct Tile<'a> {
     g: &'a [f32],
     beta: &'a [f32],
     active: &'a [bool],
-}
-
-fn use_avx2(dk: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        dk == 128
-            && !FORCE_PORTABLE.load(Ordering::Relaxed)
-            && std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = dk;
-        false
-    }
 }
 
 /// Runs head (batch row `b`, value head `hv`): every value row over the row's tokens.
@@ -898,7 +871,7 @@ mod avx2 {
 }
 
 fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
-    let vectorized = use_avx2(p.d.dk);
+    let vectorized = p.d.dk == 128 && features::kernels().avx2;
     let out = Out {
         y: y.as_mut_ptr(),
         state: state.as_mut_ptr(),
@@ -1007,7 +980,7 @@ fn run_any(params: &[i64], mut buffers: Buffers, mode: Mode) {
                     state,
                     super::chunked::ChunkedOptions {
                         chunk,
-                        force_portable: FORCE_PORTABLE.load(Ordering::Relaxed),
+                        force_portable: features::portable_forced(),
                     },
                 ),
                 _ => solve(&problem, typed_mut::<$t>(y_bytes), state),

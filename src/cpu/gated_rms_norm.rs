@@ -14,6 +14,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use super::elem::{round_to, Elem};
+use super::features;
 use super::math::{rsqrt, sigmoid};
 use super::reduce::simd_sum;
 use super::simd::{self, Lanes, SharedMut};
@@ -97,12 +98,12 @@ pub fn norm<T: Lanes, G: Lanes>(
         out: SharedMut(out.as_mut_ptr()),
     };
     let (jobs, per_job) = simd::jobs(rows, width, JOB_COLUMNS);
-    let vectorized = simd::enabled();
+    let vectorized = features::kernels().avx2_fma_f16c();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(rows);
         if vectorized {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `simd::enabled()` checked AVX2, FMA and F16C; the buffer sizes were
+            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C; the buffer sizes were
             // checked above and each job writes only its own rows.
             unsafe {
                 avx2::rows(&p, range)

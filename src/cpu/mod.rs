@@ -12,6 +12,7 @@ use crate::error::KERNEL_PANIC_TAG;
 
 pub mod chunked;
 pub mod elem;
+pub mod features;
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod math;

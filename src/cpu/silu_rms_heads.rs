@@ -14,6 +14,7 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use super::elem::{round_to, Elem};
+use super::features;
 use super::math::{rsqrt, sigmoid};
 use super::reduce::simd_sum;
 use super::simd::{self, Lanes, SharedMut};
@@ -114,12 +115,12 @@ pub fn split<T: Lanes>(
     };
     let units = d.rows * d.heads();
     let (jobs, per_job) = simd::jobs(units, d.channels() / d.heads().max(1), JOB_COLUMNS);
-    let vectorized = simd::enabled();
+    let vectorized = features::kernels().avx2_fma_f16c();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(units);
         if vectorized {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `simd::enabled()` checked AVX2, FMA and F16C; the buffer sizes were
+            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C; the buffer sizes were
             // checked above and each unit writes only its own head.
             unsafe {
                 avx2::heads(&p, range);

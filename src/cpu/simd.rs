@@ -5,25 +5,6 @@
 //! computes (NaN payloads aside: NaNs stay NaN); the tests check the transcendental parts on
 //! every 16-bit value and on edge and random f32 values.
 
-use std::sync::atomic::Ordering;
-
-/// Whether the AVX2 kernels may run: the CPU has AVX2, FMA and F16C, and the process has not
-/// forced the portable kernels (`testing::force_portable_kernels`).
-pub fn enabled() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        !super::gated_delta::FORCE_PORTABLE.load(Ordering::Relaxed)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = Ordering::Relaxed;
-        false
-    }
-}
-
 /// The element types the kernels read and write; on x86-64 they also load and store eight at a
 /// time (`avx2::Lanes`).
 #[cfg(target_arch = "x86_64")]
@@ -61,7 +42,7 @@ unsafe impl<T> Sync for SharedMut<T> {}
 pub mod avx2 {
     //! Everything here is `#[inline(always)]` and meant to be inlined into functions compiled
     //! with `#[target_feature(enable = "avx2,fma,f16c")]`, which may only run when
-    //! `simd::enabled()` (or the CPU features themselves) said so. (A closure does not take
+    //! `features::kernels().avx2_fma_f16c()` (or the CPU features themselves) said so. (A closure does not take
     //! the features of the function it is written in: intrinsics go in named functions.)
 
     // The whole module is intrinsics on pointers whose validity the callers establish.
@@ -563,9 +544,7 @@ pub mod avx2 {
         use crate::cpu::reduce::simd_sum;
 
         fn available() -> bool {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
+            crate::cpu::features::cpu().avx2_fma_f16c()
         }
 
         struct Rng(u64);
