@@ -43,7 +43,7 @@ use std::cell::RefCell;
 
 use super::elem::Elem;
 use super::features;
-use super::gated_delta::{Dims, StateIn};
+use super::gated_delta::{Dims, Out, StateIn};
 use super::pool;
 
 /// Tokens per chunk unless the caller asks otherwise (32 measured faster than 64 on an AVX2
@@ -201,10 +201,7 @@ pub fn chunked_recurrence_with<T: Elem>(
         chunk: opts.chunk,
         group,
     };
-    let out = Out {
-        y: y.as_mut_ptr(),
-        state: state.as_mut_ptr(),
-    };
+    let out = Out::new(y, state);
     let avx2 = !opts.force_portable && features::cpu().avx2_fma();
     let problem = &problem;
     pool::run(jobs * parts, &|job| {
@@ -258,16 +255,6 @@ struct Problem<'a, T> {
     /// Value heads per key head.
     group: usize,
 }
-
-/// Raw output pointers shared by the jobs; each job writes a disjoint part.
-#[derive(Clone, Copy)]
-struct Out<T> {
-    y: *mut T,
-    state: *mut f32,
-}
-// SAFETY: jobs write disjoint blocks; the pool joins before the call returns.
-unsafe impl<T> Send for Out<T> {}
-unsafe impl<T> Sync for Out<T> {}
 
 /// Per-thread scratch, grown per call and reused across chunks and jobs.
 #[derive(Default)]
@@ -981,7 +968,7 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
         col1: (span.p1 * NR).min(dv),
         vys: padded(np * NR),
         kts: padded(c),
-        y: out.y,
+        y: out.y.0,
     };
     let (col0, col1) = (job.col0, job.col1);
     let heads = job.nkh * group;
@@ -1014,7 +1001,7 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
         let src: Option<*const f32> = match p.init {
             StateIn::Zeros => None,
             StateIn::Buffer(x) => Some(x.as_ptr().add(state_at(i))),
-            StateIn::InPlace => Some(out.state.add(state_at(i)) as *const f32),
+            StateIn::InPlace => Some(out.state.0.add(state_at(i)) as *const f32),
         };
         let hbuf = &mut s.h[i * h_len..(i + 1) * h_len];
         hbuf.fill(0.0);
@@ -1042,7 +1029,7 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
                 len += 1;
             } else {
                 for i in 0..heads {
-                    let y = out.y.add(job.vy_at(d, next, h0 + i));
+                    let y = out.y.0.add(job.vy_at(d, next, h0 + i));
                     for col in col0..col1 {
                         *y.add(col) = T::from_f32(0.0);
                     }
@@ -1094,7 +1081,7 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
     // The final states back in [Dv, Dk] rows.
     for i in 0..heads {
         let hbuf = &s.h[i * h_len..(i + 1) * h_len];
-        let dst = out.state.add(state_at(i));
+        let dst = out.state.0.add(state_at(i));
         for col in col0..col1 {
             let (pj, j) = ((col - col0) / NR, col % NR);
             let row = std::slice::from_raw_parts_mut(dst.add(col * dk), dk);

@@ -21,8 +21,9 @@ use half::{bf16, f16};
 use super::elem::Elem;
 use super::features;
 use super::math::{exp, sigmoid, softplus};
+use super::pool::{self, SharedMut};
 use super::reduce::simd_sum;
-use super::{pool, typed, typed_mut, Buffers};
+use super::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 
 /// Tokens per tile: a tile's keys and queries (2 · 64 · Dk f32) stay in L2.
@@ -43,6 +44,23 @@ pub struct Dims {
     pub hv: usize,
     pub dk: usize,
     pub dv: usize,
+}
+
+/// The update's outputs, y `[B, T, Hv, Dv]` and the state `[B, Hv, Dv, Dk]`, shared by the
+/// jobs of one call; each job writes a disjoint part.
+#[derive(Clone, Copy)]
+pub(crate) struct Out<T> {
+    pub(crate) y: SharedMut<T>,
+    pub(crate) state: SharedMut<f32>,
+}
+
+impl<T> Out<T> {
+    pub(crate) fn new(y: &mut [T], state: &mut [f32]) -> Self {
+        Out {
+            y: SharedMut(y.as_mut_ptr()),
+            state: SharedMut(state.as_mut_ptr()),
+        }
+    }
 }
 
 /// Where the initial state comes from.
@@ -141,8 +159,8 @@ pub fn gates(x: &GateInputs, count: usize, hv: usize) -> (Vec<f32>, Vec<f32>) {
     let mut g = vec![0f32; count];
     let mut beta = vec![0f32; count];
     let out = GateOut {
-        g: g.as_mut_ptr(),
-        beta: beta.as_mut_ptr(),
+        g: SharedMut(g.as_mut_ptr()),
+        beta: SharedMut(beta.as_mut_ptr()),
     };
     // The CPU's FMA, whether or not the portable kernels are forced (the bits are the same).
     let fma = features::cpu().fma;
@@ -161,14 +179,12 @@ pub fn gates(x: &GateInputs, count: usize, hv: usize) -> (Vec<f32>, Vec<f32>) {
     (g, beta)
 }
 
+/// g and beta, shared by the gate jobs; each job writes its own range of both.
 #[derive(Clone, Copy)]
 struct GateOut {
-    g: *mut f32,
-    beta: *mut f32,
+    g: SharedMut<f32>,
+    beta: SharedMut<f32>,
 }
-// SAFETY: jobs write disjoint ranges; the pool joins before the buffers are used.
-unsafe impl Send for GateOut {}
-unsafe impl Sync for GateOut {}
 
 /// # Safety
 /// `out` holds two buffers with room for `range`, written by no one else meanwhile; `fma`
@@ -215,21 +231,11 @@ unsafe fn gate_block_any(
     for i in range {
         // SAFETY: i is inside this job's range of both buffers.
         unsafe {
-            *out.g.add(i) = gate_g(x, i, hv, decay);
-            *out.beta.add(i) = gate_beta(x, i);
+            *out.g.0.add(i) = gate_g(x, i, hv, decay);
+            *out.beta.0.add(i) = gate_beta(x, i);
         }
     }
 }
-
-/// Raw output pointers shared by the jobs of one call; each job writes a disjoint part.
-#[derive(Clone, Copy)]
-struct Out<T> {
-    y: *mut T,
-    state: *mut f32,
-}
-// SAFETY: jobs write disjoint (batch row, head) blocks; the pool joins before the call ends.
-unsafe impl<T> Send for Out<T> {}
-unsafe impl<T> Sync for Out<T> {}
 
 /// One call's inputs, shared read-only by the jobs.
 struct Problem<'a, T> {
@@ -322,7 +328,7 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
                 let row = head_state + dv * d.dk;
                 // SAFETY: this job owns rows [head_state, head_state + Dv·Dk) of the state
                 // output and y[b, :, hv, :]; the pool joins before the buffers are released.
-                let dst = unsafe { out.state.add(row) };
+                let dst = unsafe { out.state.0.add(row) };
                 let src = match (t0, p.state_in) {
                     (0, StateIn::Zeros) => std::ptr::null(),
                     (0, StateIn::Buffer(s)) => s[row..row + d.dk].as_ptr(),
@@ -331,7 +337,7 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
                 let v_at = ((b * d.t + t0) * d.hv + hv) * d.dv + dv;
                 let y = match p.q {
                     // SAFETY: y has v's layout; see above.
-                    Some(_) => unsafe { out.y.add(v_at) },
+                    Some(_) => unsafe { out.y.0.add(v_at) },
                     None => std::ptr::null_mut(),
                 };
                 RowIo {
@@ -872,10 +878,7 @@ mod avx2 {
 
 fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
     let vectorized = p.d.dk == 128 && features::kernels().avx2;
-    let out = Out {
-        y: y.as_mut_ptr(),
-        state: state.as_mut_ptr(),
-    };
+    let out = Out::new(y, state);
     let jobs = p.d.b * p.d.hv;
     pool::run(jobs, &|job| {
         head(p, out, job / p.d.hv, job % p.d.hv, vectorized)

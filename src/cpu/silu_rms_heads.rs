@@ -16,9 +16,10 @@ use half::{bf16, f16};
 use super::elem::{round_to, Elem};
 use super::features;
 use super::math::{rsqrt, sigmoid};
+use super::pool::{self, SharedMut};
 use super::reduce::simd_sum;
-use super::simd::{self, Lanes, SharedMut};
-use super::{pool, typed, typed_mut, Buffers};
+use super::simd::Lanes;
+use super::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 
 /// Work (columns) a job should have at least: below it a call runs on the calling thread.
@@ -114,7 +115,7 @@ pub fn split<T: Lanes>(
         v: SharedMut(v.as_mut_ptr()),
     };
     let units = d.rows * d.heads();
-    let (jobs, per_job) = simd::jobs(units, d.channels() / d.heads().max(1), JOB_COLUMNS);
+    let (jobs, per_job) = pool::jobs(units, d.channels() / d.heads().max(1), JOB_COLUMNS);
     let vectorized = features::kernels().avx2_fma_f16c();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(units);

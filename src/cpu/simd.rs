@@ -19,25 +19,6 @@ impl Lanes for half::bf16 {}
 #[cfg(not(target_arch = "x86_64"))]
 impl Lanes for half::f16 {}
 
-/// Splits `units` items into jobs of about `min_work` work each (`work_per_unit` per item):
-/// returns (jobs, items per job).
-pub fn jobs(units: usize, work_per_unit: usize, min_work: usize) -> (usize, usize) {
-    if units == 0 {
-        return (0, 1);
-    }
-    let total = units.saturating_mul(work_per_unit.max(1));
-    let jobs = (total / min_work.max(1)).clamp(1, units);
-    let per_job = units.div_ceil(jobs);
-    (units.div_ceil(per_job), per_job)
-}
-
-/// A raw output pointer shared by the jobs of one call, each writing a disjoint part.
-#[derive(Clone, Copy)]
-pub struct SharedMut<T>(pub *mut T);
-// SAFETY: jobs write disjoint elements; the pool joins before the buffer's borrow ends.
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
-
 #[cfg(target_arch = "x86_64")]
 pub mod avx2 {
     //! Everything here is `#[inline(always)]` and meant to be inlined into functions compiled
