@@ -495,43 +495,18 @@ unsafe fn row_portable<T: Elem>(tile: &Tile, io: RowIo<T>, dk: usize) {
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! The Dk = 128 row kernel with AVX2. Each group of 32 elements (8 lanes × 4) sits in four
-    //! registers; a 4×4 transpose within each 128-bit half turns them into "lane layout":
-    //! register i of group g holds element i of lanes (8g, 8g+2, 8g+4, 8g+6 | 8g+1, ..., 8g+7).
-    //! Each lane's sequential sum is then a vertical add chain, and the butterfly over the 32
-    //! partials is extract/add and three horizontal adds.
+    //! registers; a 4×4 transpose within each 128-bit half (`simd::avx2::transpose`) turns them
+    //! into "lane layout": register i of group g holds element i of lanes (8g, 8g+2, 8g+4, 8g+6
+    //! | 8g+1, ..., 8g+7). Each lane's sequential sum is then a vertical add chain, and the
+    //! butterfly over the 32 partials (`simd::avx2::butterfly`) is extract/add and three
+    //! horizontal adds.
 
     // The whole module is intrinsics on pointers whose validity the callers establish.
     #![allow(unsafe_op_in_unsafe_fn)]
 
+    use super::super::simd::avx2::{butterfly, transpose};
     use super::{Elem, RowIo, Tile};
     use std::arch::x86_64::*;
-
-    /// Transposes the 4×4 blocks of each 128-bit half (an involution).
-    #[inline(always)]
-    unsafe fn transpose(r: [__m256; 4]) -> [__m256; 4] {
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t2 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        [
-            _mm256_castpd_ps(_mm256_unpacklo_pd(
-                _mm256_castps_pd(t0),
-                _mm256_castps_pd(t1),
-            )),
-            _mm256_castpd_ps(_mm256_unpackhi_pd(
-                _mm256_castps_pd(t0),
-                _mm256_castps_pd(t1),
-            )),
-            _mm256_castpd_ps(_mm256_unpacklo_pd(
-                _mm256_castps_pd(t2),
-                _mm256_castps_pd(t3),
-            )),
-            _mm256_castpd_ps(_mm256_unpackhi_pd(
-                _mm256_castps_pd(t2),
-                _mm256_castps_pd(t3),
-            )),
-        ]
-    }
 
     /// Loads a row (natural order) into lane layout.
     #[inline(always)]
@@ -576,26 +551,6 @@ mod avx2 {
         for (j, v) in s.iter().enumerate() {
             _mm256_storeu_ps(x.as_mut_ptr().add(8 * j), *v);
         }
-    }
-
-    /// The xor butterfly over the 32 lane partials held in lane layout by `acc[0..4]`.
-    #[inline(always)]
-    unsafe fn butterfly(acc: *const __m256) -> f32 {
-        // Level 1: lanes 2j and 2j+1 sit in the two halves of one register.
-        let half = |a: __m256| _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-        let l1 = [
-            half(*acc),
-            half(*acc.add(1)),
-            half(*acc.add(2)),
-            half(*acc.add(3)),
-        ];
-        // Levels 2-4: neighbouring pairs, as horizontal adds.
-        let l2a = _mm_hadd_ps(l1[0], l1[1]);
-        let l2b = _mm_hadd_ps(l1[2], l1[3]);
-        let l3 = _mm_hadd_ps(l2a, l2b);
-        let l4 = _mm_hadd_ps(l3, l3);
-        // Level 5.
-        _mm_cvtss_f32(_mm_add_ss(l4, _mm_movehdup_ps(l4)))
     }
 
     /// First half of a token for `R` rows (`s` holds 16·R vectors): `s *= g; kv += s·k`; the
@@ -766,7 +721,7 @@ mod avx2 {
         for block in 0..blocks {
             let mut delta = [zero; R];
             for r in 0..R {
-                let kv_mem = butterfly(kv[r].as_ptr());
+                let kv_mem = butterfly(kv[r]);
                 delta[r] = _mm256_set1_ps(((*io[r].v.as_ptr()).to_f32() - kv_mem) * beta);
             }
             let next = (block + 1 < blocks).then(|| {
@@ -787,7 +742,7 @@ mod avx2 {
             }
             if Q {
                 for r in 0..R {
-                    *io[r].y = T::from_f32(butterfly(out[r].as_ptr()));
+                    *io[r].y = T::from_f32(butterfly(out[r]));
                 }
             }
             match next {
@@ -836,7 +791,7 @@ mod avx2 {
             let beta = *betas.add(t);
             let mut delta = [_mm256_setzero_ps(); R];
             for r in 0..R {
-                let kv_mem = butterfly(kvp.add(4 * r));
+                let kv_mem = butterfly(*kvp.add(4 * r).cast::<[__m256; 4]>());
                 delta[r] = _mm256_set1_ps(((*v[r].add(t * stride)).to_f32() - kv_mem) * beta);
             }
             ready = t + 1 < tile.len && *active.add(t + 1);
@@ -866,7 +821,8 @@ mod avx2 {
             }
             if !queries.is_null() {
                 for r in 0..R {
-                    *y[r].add(t * stride) = T::from_f32(butterfly(outp.add(4 * r)));
+                    *y[r].add(t * stride) =
+                        T::from_f32(butterfly(*outp.add(4 * r).cast::<[__m256; 4]>()));
                 }
             }
         }

@@ -23,7 +23,9 @@ impl Lanes for half::f16 {}
 pub mod avx2 {
     //! Everything here is `#[inline(always)]` and meant to be inlined into functions compiled
     //! with `#[target_feature(enable = "avx2,fma,f16c")]`, which may only run when
-    //! `features::kernels().avx2_fma_f16c()` (or the CPU features themselves) said so. (A closure does not take
+    //! `features::kernels().avx2_fma_f16c()` (or the CPU features themselves) said so;
+    //! `transpose` and `butterfly` need only AVX2 (the exact recurrence's row kernels, compiled
+    //! for AVX2 alone, use them too). (A closure does not take
     //! the features of the function it is written in: intrinsics go in named functions.)
 
     // The whole module is intrinsics on pointers whose validity the callers establish.
@@ -466,7 +468,7 @@ pub mod avx2 {
     /// i holds element i of lanes (0, 2, 4, 6 | 1, 3, 5, 7).
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available.
+    /// AVX2 is available.
     #[inline(always)]
     pub unsafe fn transpose(r: [__m256; 4]) -> [__m256; 4] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
@@ -502,7 +504,7 @@ pub mod avx2 {
     /// `acc` (lanes 8g..8g+8 in `acc[g]`).
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available.
+    /// AVX2 is available.
     #[inline(always)]
     pub unsafe fn butterfly(acc: [__m256; 4]) -> f32 {
         // Level 1: lanes 2j and 2j+1 sit in the two halves of one register.
