@@ -5,8 +5,6 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use half::{bf16, f16};
-
 use crate::dtype::Dtype;
 use crate::error::KERNEL_PANIC_TAG;
 
@@ -68,20 +66,6 @@ pub fn typed_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
         "misaligned or ragged kernel buffer"
     );
     body
-}
-
-/// Widens any float buffer to f32 values.
-pub fn to_f32_vec(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
-    use elem::Elem;
-    match dtype {
-        Dtype::Float32 => typed::<f32>(bytes).to_vec(),
-        Dtype::Bfloat16 => typed::<bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
-        Dtype::Float16 => typed::<f16>(bytes)
-            .iter()
-            .map(|x| Elem::to_f32(*x))
-            .collect(),
-        other => panic!("to_f32_vec: {} is not a float dtype", other.name()),
-    }
 }
 
 fn dtype_param(code: i64) -> Dtype {
