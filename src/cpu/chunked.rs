@@ -318,24 +318,28 @@ impl Epi {
     };
 }
 
-/// The register-blocked product `C[m, 16] = epi(C, A[m, kc] · B[kc, 16])`, A addressed as
-/// `a[r · a_rs + p]`, B as `b[p · b_rs + j]`, C as `c[r · c_rs + j]`. With `tri`, row block
-/// `[r0, r0 + mb)` sums `p <= r0` in the tile and row `r0 + i` adds `r0 < p <= r0 + i` in
-/// `triangle` (A lower triangular: its zeros above the diagonal are never multiplied in).
+/// One product `C[m, 16] = epi(C, A[m, kc] · B[kc, 16])`, A addressed as `a[r · a_rs + p]`,
+/// B as `b[p · b_rs + j]`, C as `c[r · c_rs + j]`. With `tri`, row block `[r0, r0 + mb)` sums
+/// `p <= r0` in the tile and row `r0 + i` adds `r0 < p <= r0 + i` in `triangle` (A lower
+/// triangular: its zeros above the diagonal are never multiplied in).
+#[derive(Clone, Copy)]
+struct Product {
+    m: usize,
+    kc: usize,
+    tri: bool,
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    b_rs: usize,
+    c: *mut f32,
+    c_rs: usize,
+    epi: Epi,
+}
+
+/// The register-blocked product kernel (`gemm` runs a `Product`), and the stores and the
+/// transpose that go with it.
 trait Kernel {
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
-        m: usize,
-        kc: usize,
-        tri: bool,
-        a: *const f32,
-        a_rs: usize,
-        b: *const f32,
-        b_rs: usize,
-        c: *mut f32,
-        c_rs: usize,
-        epi: Epi,
-    );
+    unsafe fn gemm(p: Product);
 
     /// Writes `src` rounded to T at `dst` (an output row nobody reads soon).
     #[inline(always)]
@@ -398,23 +402,25 @@ fn row_blocks(m: usize, mut f: impl FnMut(usize, usize)) {
 /// block's first row + 1): row r of the block adds `rs[r] · Σ A[r, p] B[p]` over
 /// `kc <= p <= first row + r` only. The zeros above A's diagonal are skipped, not multiplied:
 /// 0 · NaN or 0 · inf would otherwise reach tokens before the one that carries the NaN or inf.
-/// `a`, `c` and `rs` (null: 1) start at the block's first row.
+/// `block` is the row block (`m` = mb rows): `a`, `c` and `epi.rs` (null: 1) start at its
+/// first row.
 ///
 /// # Safety
 /// The pointers address the block's rows and B's rows up to `kc + mb - 1`.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn triangle(
-    mb: usize,
-    kc: usize,
-    a: *const f32,
-    a_rs: usize,
-    b: *const f32,
-    b_rs: usize,
-    c: *mut f32,
-    c_rs: usize,
-    rs: *const f32,
-) {
+unsafe fn triangle(block: Product) {
+    let Product {
+        m: mb,
+        kc,
+        a,
+        a_rs,
+        b,
+        b_rs,
+        c,
+        c_rs,
+        ..
+    } = block;
+    let rs = block.epi.rs;
     for r in 1..mb {
         let mut acc = [0f32; NR];
         for p in kc..kc + r {
@@ -432,25 +438,22 @@ unsafe fn triangle(
     }
 }
 
-/// A product as row blocks: `tile(mb, kc, a, c, epi)` runs the register tile on each block
-/// (A, C and the row scales moved to its first row; for a triangular A only the steps up to
+/// A product as row blocks: `tile(block)` runs the register tile on each block (`m` its rows;
+/// A, C and the row scales moved to its first row; for a triangular A only the steps up to
 /// the block's first diagonal element), then `triangle` adds the rest of a triangular block.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn blocks(
-    m: usize,
-    kc: usize,
-    tri: bool,
-    a: *const f32,
-    a_rs: usize,
-    b: *const f32,
-    b_rs: usize,
-    c: *mut f32,
-    c_rs: usize,
-    epi: Epi,
-    mut tile: impl FnMut(usize, usize, *const f32, *mut f32, Epi),
-) {
-    row_blocks(m, |r0, mb| {
+unsafe fn blocks(p: Product, mut tile: impl FnMut(Product)) {
+    let Product {
+        kc,
+        tri,
+        a,
+        a_rs,
+        c,
+        c_rs,
+        epi,
+        ..
+    } = p;
+    row_blocks(p.m, |r0, mb| {
         let kc = if tri { (r0 + 1).min(kc) } else { kc };
         let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
         let epi = Epi {
@@ -461,9 +464,17 @@ unsafe fn blocks(
             },
             ..epi
         };
-        tile(mb, kc, a, c, epi);
+        let block = Product {
+            m: mb,
+            kc,
+            a,
+            c,
+            epi,
+            ..p
+        };
+        tile(block);
         if tri {
-            triangle(mb, kc, a, a_rs, b, b_rs, c, c_rs, epi.rs);
+            triangle(block);
         }
     })
 }
@@ -485,18 +496,20 @@ macro_rules! dispatch_rows {
 /// The portable product kernel (plain loops; the compiler vectorizes what it can).
 struct Portable;
 
+/// One R×16 register tile (`block.m` = R rows).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_portable<const R: usize>(
-    kc: usize,
-    a: *const f32,
-    a_rs: usize,
-    b: *const f32,
-    b_rs: usize,
-    c: *mut f32,
-    c_rs: usize,
-    epi: Epi,
-) {
+unsafe fn tile_portable<const R: usize>(block: Product) {
+    let Product {
+        kc,
+        a,
+        a_rs,
+        b,
+        b_rs,
+        c,
+        c_rs,
+        epi,
+        ..
+    } = block;
     let mut acc = [[0f32; NR]; R];
     for p in 0..kc {
         let bp = std::slice::from_raw_parts(b.add(p * b_rs), NR);
@@ -526,33 +539,8 @@ unsafe fn tile_portable<const R: usize>(
 
 impl Kernel for Portable {
     #[inline(always)]
-    unsafe fn gemm(
-        m: usize,
-        kc: usize,
-        tri: bool,
-        a: *const f32,
-        a_rs: usize,
-        b: *const f32,
-        b_rs: usize,
-        c: *mut f32,
-        c_rs: usize,
-        epi: Epi,
-    ) {
-        blocks(
-            m,
-            kc,
-            tri,
-            a,
-            a_rs,
-            b,
-            b_rs,
-            c,
-            c_rs,
-            epi,
-            |mb, kc, a, c, epi| {
-                dispatch_rows!(mb, tile_portable, kc, a, a_rs, b, b_rs, c, c_rs, epi)
-            },
-        )
+    unsafe fn gemm(p: Product) {
+        blocks(p, |block| dispatch_rows!(block.m, tile_portable, block))
     }
 }
 
@@ -566,19 +554,20 @@ mod avx2 {
     pub struct Avx2;
 
     /// One R×16 register tile: 2·R accumulators; per step two loads of B and R broadcasts of
-    /// A (one pointer per row, indexed by the step).
+    /// A (one pointer per row, indexed by the step); `block.m` = R.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize>(
-        kc: usize,
-        a: *const f32,
-        a_rs: usize,
-        b: *const f32,
-        b_rs: usize,
-        c: *mut f32,
-        c_rs: usize,
-        epi: Epi,
-    ) {
+    unsafe fn tile<const R: usize>(block: Product) {
+        let Product {
+            kc,
+            a,
+            a_rs,
+            b,
+            b_rs,
+            c,
+            c_rs,
+            epi,
+            ..
+        } = block;
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let rows: [*const f32; R] = std::array::from_fn(|r| a.add(r * a_rs));
         let mut bp = b;
@@ -612,49 +601,14 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm_avx2(
-        m: usize,
-        kc: usize,
-        tri: bool,
-        a: *const f32,
-        a_rs: usize,
-        b: *const f32,
-        b_rs: usize,
-        c: *mut f32,
-        c_rs: usize,
-        epi: Epi,
-    ) {
-        blocks(
-            m,
-            kc,
-            tri,
-            a,
-            a_rs,
-            b,
-            b_rs,
-            c,
-            c_rs,
-            epi,
-            |mb, kc, a, c, epi| dispatch_rows!(mb, tile, kc, a, a_rs, b, b_rs, c, c_rs, epi),
-        )
+    unsafe fn gemm_avx2(p: Product) {
+        blocks(p, |block| dispatch_rows!(block.m, tile, block))
     }
 
     impl Kernel for Avx2 {
         #[inline(always)]
-        unsafe fn gemm(
-            m: usize,
-            kc: usize,
-            tri: bool,
-            a: *const f32,
-            a_rs: usize,
-            b: *const f32,
-            b_rs: usize,
-            c: *mut f32,
-            c_rs: usize,
-            epi: Epi,
-        ) {
-            gemm_avx2(m, kc, tri, a, a_rs, b, b_rs, c, c_rs, epi)
+        unsafe fn gemm(p: Product) {
+            gemm_avx2(p)
         }
 
         /// Non-temporal stores when the row is whole 16-byte blocks at a 16-byte aligned
@@ -1184,18 +1138,18 @@ unsafe fn unit_run<K: Kernel, T: Elem>(
         for part in 0..2 {
             for j in 0..lp / NR {
                 let r0 = j * NR;
-                K::gemm(
-                    lp - r0,
-                    dk,
-                    false,
-                    kq.add((part * lp + r0) * dk),
-                    dk,
-                    kt.add(j * NR),
-                    kts,
-                    gram.add((part * lp + r0) * lp + j * NR),
-                    lp,
-                    Epi::SET,
-                );
+                K::gemm(Product {
+                    m: lp - r0,
+                    kc: dk,
+                    tri: false,
+                    a: kq.add((part * lp + r0) * dk),
+                    a_rs: dk,
+                    b: kt.add(j * NR),
+                    b_rs: kts,
+                    c: gram.add((part * lp + r0) * lp + j * NR),
+                    c_rs: lp,
+                    epi: Epi::SET,
+                });
             }
         }
     }
@@ -1308,18 +1262,18 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         for t0 in (0..lp).step_by(TB) {
             for j in 0..t0 / NR {
                 let c0 = j * NR;
-                K::gemm(
-                    TB,
-                    t0 - c0,
-                    false,
-                    an.add(t0 * lp + c0),
-                    lp,
-                    tm.add(c0 * lp + c0),
-                    lp,
-                    tm.add(t0 * lp + c0),
-                    lp,
-                    Epi::SET,
-                );
+                K::gemm(Product {
+                    m: TB,
+                    kc: t0 - c0,
+                    tri: false,
+                    a: an.add(t0 * lp + c0),
+                    a_rs: lp,
+                    b: tm.add(c0 * lp + c0),
+                    b_rs: lp,
+                    c: tm.add(t0 * lp + c0),
+                    c_rs: lp,
+                    epi: Epi::SET,
+                });
             }
             for t in t0..t0 + TB {
                 let row = std::slice::from_raw_parts_mut(tm.add(t * lp), lp);
@@ -1352,57 +1306,68 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         let vyp = s.vy.as_mut_ptr().add(vy0 + pj * NR);
         let up = s.u.as_mut_ptr();
         // [V - γ K H; γ Q H].
-        K::gemm(
-            2 * lp,
-            dk,
-            false,
-            s.kq.as_ptr(),
-            dk,
-            hp,
-            NR,
-            vyp,
-            vys,
-            Epi {
+        K::gemm(Product {
+            m: 2 * lp,
+            kc: dk,
+            tri: false,
+            a: s.kq.as_ptr(),
+            a_rs: dk,
+            b: hp,
+            b_rs: NR,
+            c: vyp,
+            c_rs: vys,
+            epi: Epi {
                 load: true,
                 c_scale: 1.0,
                 rs: s.rs.as_ptr(),
             },
-        );
+        });
         overlap.step();
         // U = Tm diag(β) (V - γ K H).
-        K::gemm(lp, lp, true, s.tmb.as_ptr(), lp, vyp, vys, up, NR, Epi::SET);
+        K::gemm(Product {
+            m: lp,
+            kc: lp,
+            tri: true,
+            a: s.tmb.as_ptr(),
+            a_rs: lp,
+            b: vyp,
+            b_rs: vys,
+            c: up,
+            c_rs: NR,
+            epi: Epi::SET,
+        });
         overlap.step();
         // Y = γ Q H + P U.
-        K::gemm(
-            lp,
-            lp,
-            true,
-            s.pm.as_ptr(),
-            lp,
-            up,
-            NR,
-            vyp.add(lp * vys),
-            vys,
-            Epi::ADD,
-        );
+        K::gemm(Product {
+            m: lp,
+            kc: lp,
+            tri: true,
+            a: s.pm.as_ptr(),
+            a_rs: lp,
+            b: up,
+            b_rs: NR,
+            c: vyp.add(lp * vys),
+            c_rs: vys,
+            epi: Epi::ADD,
+        });
         overlap.step();
         // H = γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U.
-        K::gemm(
-            dk,
-            lp,
-            false,
-            s.ktd.as_ptr(),
-            kts,
-            up,
-            NR,
-            hp,
-            NR,
-            Epi {
+        K::gemm(Product {
+            m: dk,
+            kc: lp,
+            tri: false,
+            a: s.ktd.as_ptr(),
+            a_rs: kts,
+            b: up,
+            b_rs: NR,
+            c: hp,
+            c_rs: NR,
+            epi: Epi {
                 load: true,
                 c_scale: gamma_last,
                 rs: std::ptr::null(),
             },
-        );
+        });
         overlap.step();
     }
 }
