@@ -74,9 +74,13 @@ fn dtype_param(code: i64) -> Dtype {
 
 fn run(kernel: u32, params: &[i64], buffers: Buffers) {
     match kernel {
-        k if k == CpuKernel::GatedDelta as u32 => gated_delta::run(params, buffers),
-        k if k == CpuKernel::GatedDeltaState as u32 => gated_delta::run_replay(params, buffers),
-        k if k == CpuKernel::GatedDeltaChunked as u32 => gated_delta::run_chunked(params, buffers),
+        k if k == CpuKernel::GatedDelta as u32 => gated_delta::node::run(params, buffers),
+        k if k == CpuKernel::GatedDeltaState as u32 => {
+            gated_delta::node::run_replay(params, buffers)
+        }
+        k if k == CpuKernel::GatedDeltaChunked as u32 => {
+            gated_delta::node::run_chunked(params, buffers)
+        }
         k if k == CpuKernel::SiluRmsHeads as u32 => silu_rms_heads::run(params, buffers),
         k if k == CpuKernel::GatedRmsNorm as u32 => gated_rms_norm::run(params, buffers),
         k if k == CpuKernel::PanicProbe as u32 => panic!("panic probe kernel ran"),
