@@ -42,7 +42,7 @@ pub fn in_place_updates() -> usize {
 /// Makes the CPU kernels use their portable (non-SIMD) row code (`true`) or pick the fastest
 /// the machine supports (`false`). Process-wide; tests that flip it run in their own binary.
 pub fn force_portable_kernels(portable: bool) {
-    crate::cpu::gated_delta::FORCE_PORTABLE.store(portable, std::sync::atomic::Ordering::Relaxed);
+    crate::cpu::features::FORCE_PORTABLE.store(portable, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The gates the CPU recurrence computes internally (g, beta as f32), for comparison with

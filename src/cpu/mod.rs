@@ -1,6 +1,6 @@
 //! The CPU kernels, in safe Rust over slices, and the one entry MLX's stream thread calls.
 //!
-//! Each kernel reproduces its Metal kernel's rounding points and reduction order (DESIGN §3),
+//! Each kernel reproduces its Metal kernel's rounding points and reduction order (docs/DESIGN.md §3),
 //! so the CPU and the Metal text compute the same bits given the same transcendental results.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -10,6 +10,7 @@ use crate::node::Kernel;
 
 pub mod chunked;
 pub mod elem;
+pub mod features;
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod math;
@@ -55,7 +56,7 @@ pub fn typed_mut<T: Copy>(bytes: &mut [u8]) -> &mut [T] {
 fn run(kernel: u32, params: &[i64], buffers: Buffers) {
     match Kernel::from_code(kernel) {
         Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked | Kernel::GatedDeltaState) => {
-            gated_delta::run(params, buffers)
+            gated_delta::node::run(params, buffers)
         }
         Some(Kernel::SiluRmsHeads) => silu_rms_heads::run(params, buffers),
         Some(Kernel::GatedRmsNorm) => gated_rms_norm::run(params, buffers),

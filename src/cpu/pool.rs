@@ -1,6 +1,7 @@
 //! A small persistent worker pool for the CPU kernels: the calling thread (MLX's stream
 //! thread) and `workers` helpers take jobs from one atomic counter. Helpers spin briefly
-//! between kernels (a decode step is tens of microseconds) and then park.
+//! between kernels (a decode step is tens of microseconds) and then park. Also what the kernels
+//! split their work with: `jobs` sizes the jobs, `SharedMut` carries an output to them.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -157,3 +158,22 @@ pub fn run(count: usize, job: &(dyn Fn(usize) + Sync)) {
 pub fn threads() -> usize {
     POOL.workers + 1
 }
+
+/// Splits `units` items into jobs of about `min_work` work each (`work_per_unit` per item):
+/// returns (jobs, items per job).
+pub fn jobs(units: usize, work_per_unit: usize, min_work: usize) -> (usize, usize) {
+    if units == 0 {
+        return (0, 1);
+    }
+    let total = units.saturating_mul(work_per_unit.max(1));
+    let jobs = (total / min_work.max(1)).clamp(1, units);
+    let per_job = units.div_ceil(jobs);
+    (units.div_ceil(per_job), per_job)
+}
+
+/// A raw output pointer shared by the jobs of one call, each writing a disjoint part.
+#[derive(Clone, Copy)]
+pub struct SharedMut<T>(pub *mut T);
+// SAFETY: jobs write disjoint elements; the pool joins before the buffer's borrow ends.
+unsafe impl<T> Send for SharedMut<T> {}
+unsafe impl<T> Sync for SharedMut<T> {}

@@ -14,10 +14,12 @@ use std::ops::Range;
 use half::{bf16, f16};
 
 use super::elem::{round_to, Elem};
+use super::features;
 use super::math::{rsqrt, sigmoid};
+use super::pool::{self, SharedMut};
 use super::reduce::simd_sum;
-use super::simd::{self, Lanes, SharedMut};
-use super::{pool, typed, typed_mut, Buffers};
+use super::simd::Lanes;
+use super::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::silu_rms_heads::Node;
 
@@ -114,13 +116,13 @@ pub fn split<T: Lanes>(
         v: SharedMut(v.as_mut_ptr()),
     };
     let units = d.rows * d.heads();
-    let (jobs, per_job) = simd::jobs(units, d.channels() / d.heads().max(1), JOB_COLUMNS);
-    let vectorized = simd::enabled();
+    let (jobs, per_job) = pool::jobs(units, d.channels() / d.heads().max(1), JOB_COLUMNS);
+    let vectorized = features::kernels().avx2_fma_f16c();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(units);
         if vectorized {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `simd::enabled()` checked AVX2, FMA and F16C; the buffer sizes were
+            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C; the buffer sizes were
             // checked above and each unit writes only its own head.
             unsafe {
                 avx2::heads(&p, range);

@@ -5,25 +5,6 @@
 //! computes (NaN payloads aside: NaNs stay NaN); the tests check the transcendental parts on
 //! every 16-bit value and on edge and random f32 values.
 
-use std::sync::atomic::Ordering;
-
-/// Whether the AVX2 kernels may run: the CPU has AVX2, FMA and F16C, and the process has not
-/// forced the portable kernels (`testing::force_portable_kernels`).
-pub fn enabled() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        !super::gated_delta::FORCE_PORTABLE.load(Ordering::Relaxed)
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = Ordering::Relaxed;
-        false
-    }
-}
-
 /// The element types the kernels read and write; on x86-64 they also load and store eight at a
 /// time (`avx2::Lanes`).
 #[cfg(target_arch = "x86_64")]
@@ -38,30 +19,13 @@ impl Lanes for half::bf16 {}
 #[cfg(not(target_arch = "x86_64"))]
 impl Lanes for half::f16 {}
 
-/// Splits `units` items into jobs of about `min_work` work each (`work_per_unit` per item):
-/// returns (jobs, items per job).
-pub fn jobs(units: usize, work_per_unit: usize, min_work: usize) -> (usize, usize) {
-    if units == 0 {
-        return (0, 1);
-    }
-    let total = units.saturating_mul(work_per_unit.max(1));
-    let jobs = (total / min_work.max(1)).clamp(1, units);
-    let per_job = units.div_ceil(jobs);
-    (units.div_ceil(per_job), per_job)
-}
-
-/// A raw output pointer shared by the jobs of one call, each writing a disjoint part.
-#[derive(Clone, Copy)]
-pub struct SharedMut<T>(pub *mut T);
-// SAFETY: jobs write disjoint elements; the pool joins before the buffer's borrow ends.
-unsafe impl<T> Send for SharedMut<T> {}
-unsafe impl<T> Sync for SharedMut<T> {}
-
 #[cfg(target_arch = "x86_64")]
 pub mod avx2 {
     //! Everything here is `#[inline(always)]` and meant to be inlined into functions compiled
     //! with `#[target_feature(enable = "avx2,fma,f16c")]`, which may only run when
-    //! `simd::enabled()` (or the CPU features themselves) said so. (A closure does not take
+    //! `features::kernels().avx2_fma_f16c()` (or the CPU features themselves) said so;
+    //! `transpose` and `butterfly` need only AVX2 (the exact recurrence's row kernels, compiled
+    //! for AVX2 alone, use them too). (A closure does not take
     //! the features of the function it is written in: intrinsics go in named functions.)
 
     // The whole module is intrinsics on pointers whose validity the callers establish.
@@ -504,7 +468,7 @@ pub mod avx2 {
     /// i holds element i of lanes (0, 2, 4, 6 | 1, 3, 5, 7).
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available.
+    /// AVX2 is available.
     #[inline(always)]
     pub unsafe fn transpose(r: [__m256; 4]) -> [__m256; 4] {
         let t0 = _mm256_unpacklo_ps(r[0], r[1]);
@@ -540,7 +504,7 @@ pub mod avx2 {
     /// `acc` (lanes 8g..8g+8 in `acc[g]`).
     ///
     /// # Safety
-    /// AVX2, FMA and F16C are available.
+    /// AVX2 is available.
     #[inline(always)]
     pub unsafe fn butterfly(acc: [__m256; 4]) -> f32 {
         // Level 1: lanes 2j and 2j+1 sit in the two halves of one register.
@@ -563,9 +527,7 @@ pub mod avx2 {
         use crate::cpu::reduce::simd_sum;
 
         fn available() -> bool {
-            std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-                && std::arch::is_x86_feature_detected!("f16c")
+            crate::cpu::features::cpu().avx2_fma_f16c()
         }
 
         struct Rng(u64);

@@ -1,0 +1,252 @@
+//! The jobs of a call: the split over the worker pool (batch rows, ranges of key heads and,
+//! when there are too few, parts of the value columns), and one job's walk over the chunks,
+//! from its initial states to its final ones.
+
+use std::cell::RefCell;
+
+use super::chunk::{unit_run, write_y, Job, NextRows, Pending, Problem, Scratch};
+#[cfg(target_arch = "x86_64")]
+use super::gemm::Avx2;
+use super::gemm::{Kernel, Portable, NR};
+use crate::cpu::elem::Elem;
+use crate::cpu::gated_delta::{Out, StateIn};
+use crate::cpu::pool;
+
+/// The part of a call one job runs: batch row `b`, key heads `[kh0, kh1)` (and their value
+/// heads), value panels `[p0, p1)`.
+#[derive(Clone, Copy)]
+struct Span {
+    b: usize,
+    kh0: usize,
+    kh1: usize,
+    p0: usize,
+    p1: usize,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs a call's jobs over the pool, each on one `Span`.
+///
+/// # Safety
+/// `out` points at y `[B, T, Hv, Dv]` and state `[B, Hv, Dv, Dk]` buffers of `problem.d`,
+/// which nothing else accesses during the call; `avx2` only where the CPU has AVX2 and FMA.
+pub(super) unsafe fn run<T: Elem>(problem: &Problem<T>, out: Out<T>, avx2: bool) {
+    let d = problem.d;
+    let panels = d.dv.div_ceil(NR);
+    let threads = pool::threads();
+    // A job runs several key heads of one batch row, chunk by chunk and within a chunk head by
+    // head: the rows of neighbouring heads share pages and cache lines, which a head-at-a-time
+    // walk over the strided [B, T, H, D] rows would touch once per head. Enough jobs for four
+    // per thread when there are enough key heads (the pool hands jobs out as threads free up,
+    // so a thread slowed by other work does less of them).
+    let splits = (4 * threads).div_ceil(d.b).clamp(1, d.hk);
+    let jobs = d.b * splits;
+    // Still fewer jobs than the threads can share out evenly: split the value columns into
+    // parts as well (each part repeats the per-chunk shared work, about a tenth of the total).
+    let mut parts = 1;
+    while parts < panels && (jobs * parts) % threads != 0 && jobs * parts < 4 * threads {
+        parts += 1;
+    }
+    pool::run(jobs * parts, &|job| {
+        let (row_split, part) = (job / parts, job % parts);
+        let (b, split) = (row_split / splits, row_split % splits);
+        let span = Span {
+            b,
+            kh0: split * d.hk / splits,
+            kh1: (split + 1) * d.hk / splits,
+            p0: part * panels / parts,
+            p1: (part + 1) * panels / parts,
+        };
+        SCRATCH.with(|s| {
+            let s = &mut *s.borrow_mut();
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: AVX2 and FMA were detected (the caller's contract); the jobs' spans
+                // are disjoint, as `run_job` requires.
+                unsafe { run_job_avx2(problem, out, s, span) };
+                return;
+            }
+            let _ = avx2;
+            // SAFETY: as above.
+            unsafe { run_job::<Portable, T>(problem, out, s, span) };
+        })
+    });
+}
+
+/// `run_job` with the AVX2 products, compiled with AVX2 + FMA (its elementwise loops
+/// vectorize 8-wide).
+///
+/// # Safety
+/// AVX2 and FMA must be available; as `run_job`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn run_job_avx2<T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scratch, span: Span) {
+    run_job::<Avx2, T>(p, out, s, span)
+}
+
+/// Grows (never shrinks) a scratch vector to `n` elements.
+#[inline(always)]
+fn fit(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+/// A row stride for `n` floats that is not a multiple of 64 floats (256 bytes).
+#[inline(always)]
+fn padded(n: usize) -> usize {
+    if n % 64 == 0 {
+        n + NR
+    } else {
+        n
+    }
+}
+
+/// Runs one job's span over all tokens.
+///
+/// # Safety
+/// `out` points at y `[B, T, Hv, Dv]` and state `[B, Hv, Dv, Dk]` buffers of `p.d`, of which
+/// this job alone writes the span's columns of y and of the state rows of the span's value
+/// heads (and, for `InPlace`, reads those state rows).
+#[inline(always)]
+unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scratch, span: Span) {
+    let d = p.d;
+    let (dk, dv, c, group) = (d.dk, d.dv, p.chunk, p.group);
+    let b = span.b;
+    let np = span.p1 - span.p0;
+    let job = Job {
+        b,
+        kh0: span.kh0,
+        nkh: span.kh1 - span.kh0,
+        group,
+        np,
+        col0: span.p0 * NR,
+        col1: (span.p1 * NR).min(dv),
+        vys: padded(np * NR),
+        kts: padded(c),
+        y: out.y.0,
+    };
+    let (col0, col1) = (job.col0, job.col1);
+    let heads = job.nkh * group;
+    let h_len = np * dk * NR;
+
+    fit(&mut s.h, heads * h_len);
+    fit(&mut s.kq, 2 * c * dk);
+    fit(&mut s.kt, dk * job.kts);
+    fit(&mut s.ktd, dk * job.kts);
+    fit(&mut s.gram, 2 * c * c);
+    fit(&mut s.an, c * c);
+    fit(&mut s.pm, c * c);
+    fit(&mut s.tm, c * c);
+    fit(&mut s.tmb, c * c);
+    fit(&mut s.vy, 2 * job.vy_half(c));
+    fit(&mut s.u, c * NR);
+    fit(&mut s.rs, 2 * c);
+    fit(&mut s.decay, c);
+    fit(&mut s.gamma, c);
+    fit(&mut s.g, group * c);
+    fit(&mut s.beta, group * c);
+    if s.tok.len() < 2 * c {
+        s.tok.resize(2 * c, 0);
+    }
+
+    // The initial states, transposed into panels (columns past Dv are zero and stay zero).
+    let h0 = job.kh0 * group;
+    let state_at = |i: usize| (b * d.hv + h0 + i) * dv * dk;
+    for i in 0..heads {
+        let src: Option<*const f32> = match p.init {
+            StateIn::Zeros => None,
+            StateIn::Buffer(x) => Some(x.as_ptr().add(state_at(i))),
+            StateIn::InPlace => Some(out.state.0.add(state_at(i)) as *const f32),
+        };
+        let hbuf = &mut s.h[i * h_len..(i + 1) * h_len];
+        hbuf.fill(0.0);
+        if let Some(src) = src {
+            for col in col0..col1 {
+                let (pj, j) = ((col - col0) / NR, col % NR);
+                let row = std::slice::from_raw_parts(src.add(col * dk), dk);
+                let panel = &mut hbuf[pj * dk * NR..(pj + 1) * dk * NR];
+                for (i, &x) in row.iter().enumerate() {
+                    panel[i * NR + j] = x;
+                }
+            }
+        }
+    }
+
+    let mut next = 0;
+    let (mut tok_half, mut vy_half) = (0, 0);
+    let mut pending: Option<Pending> = None;
+    loop {
+        // Gather up to C active tokens; masked tokens on the way get y = 0.
+        let mut len = 0;
+        while next < d.t && len < c {
+            if p.mask.map_or(true, |m| m[b * d.t + next] != 0) {
+                s.tok[tok_half * c + len] = next;
+                len += 1;
+            } else {
+                for i in 0..heads {
+                    let y = out.y.0.add(job.vy_at(d, next, h0 + i));
+                    for col in col0..col1 {
+                        *y.add(col) = T::from_f32(0.0);
+                    }
+                }
+            }
+            next += 1;
+        }
+        if len == 0 {
+            break;
+        }
+        for khl in 0..job.nkh {
+            // What the unit after this one reads: the next key head of this chunk, or the
+            // first key head of the next chunk (its tokens guessed as the next C, unmasked).
+            let next_rows = if khl + 1 < job.nkh {
+                NextRows {
+                    kh: job.kh0 + khl + 1,
+                    tok: s.tok.as_ptr().add(tok_half * c),
+                    first: 0,
+                    count: len,
+                }
+            } else {
+                NextRows {
+                    kh: job.kh0,
+                    tok: std::ptr::null(),
+                    first: next,
+                    count: (next + c).min(d.t) - next,
+                }
+            };
+            let unit = Pending {
+                kh: job.kh0 + khl,
+                vy_half,
+                tok_half,
+                len,
+                lp: len.div_ceil(NR) * NR,
+            };
+            unit_run::<K, T>(p, s, &job, unit, khl, next_rows, pending);
+            pending = Some(unit);
+            vy_half ^= 1;
+        }
+        tok_half ^= 1;
+    }
+    if let Some(done) = pending {
+        for i in 0..done.len {
+            write_y::<K, T>(p, &job, s.vy.as_ptr(), s.tok.as_ptr(), done, i);
+        }
+    }
+    K::store_fence();
+
+    // The final states back in [Dv, Dk] rows.
+    for i in 0..heads {
+        let hbuf = &s.h[i * h_len..(i + 1) * h_len];
+        let dst = out.state.0.add(state_at(i));
+        for col in col0..col1 {
+            let (pj, j) = ((col - col0) / NR, col % NR);
+            let row = std::slice::from_raw_parts_mut(dst.add(col * dk), dk);
+            let panel = &hbuf[pj * dk * NR..(pj + 1) * dk * NR];
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = panel[i * NR + j];
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! The gated-delta recurrence and its prefix replay on the CPU, in the Metal kernel's order:
+//! per value row, lane `l` of 32 owns state elements `[l·n, (l+1)·n)` (n = Dk/32) and sums its
+//! products sequentially in f32; the lane partials meet in the xor butterfly
+//! (`reduce::simd_sum`). No FMA contraction anywhere.
+//!
+//! Work is split by (batch row, value head) over the worker pool. Within a head, tokens are
+//! processed in tiles; each value row keeps its state in registers/L1 across a tile. With AVX2
+//! and Dk = 128 a vectorized row kernel runs (8 lanes' partials per register, the butterfly as
+//! fixed shuffles; `exact_avx2`); elsewhere the portable row kernel (`exact_row`). A decode
+//! step (one real token from a given state) takes a single-token AVX2 kernel that leaves the
+//! state in its natural layout and moves only the products into lane layout. All compute
+//! identical bits.
+
+use std::cell::RefCell;
+
+#[cfg(target_arch = "x86_64")]
+use super::exact_avx2 as avx2;
+use super::exact_row::{row_portable, RowIo, Tile};
+use super::{Dims, Out, StateIn};
+use crate::cpu::elem::Elem;
+use crate::cpu::{features, pool};
+
+/// Tokens per tile: a tile's keys and queries (2 · 64 · Dk f32) stay in L2.
+const TILE: usize = 64;
+
+/// Value rows the vectorized kernel interleaves.
+const ROWS: usize = 4;
+
+/// Value rows the single-token (decode) kernel interleaves.
+const SINGLE_ROWS: usize = 2;
+
+/// One call's inputs, shared read-only by the jobs.
+pub(super) struct Problem<'a, T> {
+    pub(super) d: Dims,
+    pub(super) q: Option<&'a [T]>,
+    pub(super) k: &'a [T],
+    pub(super) v: &'a [T],
+    pub(super) g: &'a [f32],
+    pub(super) beta: &'a [f32],
+    pub(super) state_in: StateIn<'a>,
+    /// `[B, T]`: 0 = padding (the update's mask).
+    pub(super) mask: Option<&'a [u8]>,
+    /// Tokens each batch row runs (the replay's accepted lengths; else T).
+    pub(super) lengths: Option<&'a [i32]>,
+}
+
+/// Per-thread scratch: a tile's keys, queries (f32), gates and token flags.
+#[derive(Default)]
+struct Scratch {
+    k: Vec<f32>,
+    q: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    active: Vec<bool>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs head (batch row `b`, value head `hv`): every value row over the row's tokens.
+fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: bool) {
+    let d = p.d;
+    let hk = hv / (d.hv / d.hk);
+    let tokens = p.lengths.map_or(d.t, |l| l[b] as usize);
+    assert!(
+        tokens <= d.t,
+        "accepted length {tokens} exceeds T = {}",
+        d.t
+    );
+    let head_state = ((b * d.hv + hv) * d.dv) * d.dk;
+    // A decode step (one real token from a given state) takes the single-token kernel, which
+    // works on the state in its natural layout: no transposed copy of the state to keep.
+    let single = vectorized
+        && tokens == 1
+        && !matches!(p.state_in, StateIn::Zeros)
+        && p.mask.is_none_or(|m| m[b * d.t] != 0);
+    SCRATCH.with(|scratch| {
+        let s = &mut *scratch.borrow_mut();
+        let mut t0 = 0;
+        loop {
+            let len = (tokens - t0).min(TILE);
+            s.k.resize(len * d.dk, 0.0);
+            s.q.resize(len * d.dk, 0.0);
+            s.g.clear();
+            s.beta.clear();
+            s.active.clear();
+            for t in t0..t0 + len {
+                let qk = ((b * d.t + t) * d.hk + hk) * d.dk;
+                let dst = (t - t0) * d.dk;
+                let lanes = vectorized && !single;
+                widen(&p.k[qk..qk + d.dk], &mut s.k[dst..dst + d.dk], lanes);
+                if let Some(q) = p.q {
+                    widen(&q[qk..qk + d.dk], &mut s.q[dst..dst + d.dk], lanes);
+                }
+                let gate = (b * d.t + t) * d.hv + hv;
+                s.g.push(p.g[gate]);
+                s.beta.push(p.beta[gate]);
+                s.active.push(p.mask.is_none_or(|m| m[b * d.t + t] != 0));
+            }
+            let tile = Tile {
+                len,
+                k: &s.k,
+                q: p.q.map(|_| &s.q[..]),
+                g: &s.g,
+                beta: &s.beta,
+                active: &s.active,
+            };
+            let row_io = |dv: usize| -> RowIo<T> {
+                let row = head_state + dv * d.dk;
+                // SAFETY: this job owns rows [head_state, head_state + Dv·Dk) of the state
+                // output and y[b, :, hv, :]; the pool joins before the buffers are released.
+                let dst = unsafe { out.state.0.add(row) };
+                let src = match (t0, p.state_in) {
+                    (0, StateIn::Zeros) => std::ptr::null(),
+                    (0, StateIn::Buffer(s)) => s[row..row + d.dk].as_ptr(),
+                    _ => dst as *const f32,
+                };
+                let v_at = ((b * d.t + t0) * d.hv + hv) * d.dv + dv;
+                let y = match p.q {
+                    // SAFETY: y has v's layout; see above.
+                    Some(_) => unsafe { out.y.0.add(v_at) },
+                    None => std::ptr::null_mut(),
+                };
+                RowIo {
+                    src,
+                    dst,
+                    v: p.v.get(v_at..).unwrap_or(&[]),
+                    y,
+                    stride: d.hv * d.dv,
+                }
+            };
+            let mut dv = 0;
+            #[cfg(target_arch = "x86_64")]
+            if single {
+                let (k, q) = (s.k.as_ptr(), s.q.as_ptr());
+                let (g, beta) = (s.g[0], s.beta[0]);
+                // SAFETY: `single` implies AVX2 and Dk = 128; k and q hold one token's 128
+                // values each; the rows are this job's (see `row_io`).
+                unsafe {
+                    let blocks = d.dv / SINGLE_ROWS;
+                    match p.q {
+                        Some(_) => avx2::single_token::<T, SINGLE_ROWS, true>(
+                            k, q, g, beta, blocks, &row_io,
+                        ),
+                        None => avx2::single_token::<T, SINGLE_ROWS, false>(
+                            k, q, g, beta, blocks, &row_io,
+                        ),
+                    }
+                    // The rows left over, one at a time.
+                    let first = blocks * SINGLE_ROWS;
+                    let rest = |i: usize| row_io(first + i);
+                    match p.q {
+                        Some(_) => {
+                            avx2::single_token::<T, 1, true>(k, q, g, beta, d.dv - first, &rest)
+                        }
+                        None => {
+                            avx2::single_token::<T, 1, false>(k, q, g, beta, d.dv - first, &rest)
+                        }
+                    }
+                    dv = d.dv;
+                }
+            }
+            while dv < d.dv {
+                if vectorized {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `vectorized` is only true when AVX2 was detected and Dk = 128.
+                    unsafe {
+                        if dv + ROWS <= d.dv {
+                            avx2::rows::<T, ROWS>(&tile, std::array::from_fn(|r| row_io(dv + r)));
+                            dv += ROWS;
+                        } else {
+                            avx2::rows::<T, 1>(&tile, [row_io(dv)]);
+                            dv += 1;
+                        }
+                    }
+                } else {
+                    // SAFETY: `src`/`dst` address Dk values each (see above).
+                    unsafe { row_portable(&tile, row_io(dv), d.dk) };
+                    dv += 1;
+                }
+            }
+            t0 += len;
+            if t0 >= tokens {
+                break;
+            }
+        }
+    });
+}
+
+/// Converts one token's keys or queries to f32, in the layout the row kernel wants.
+fn widen<T: Elem>(src: &[T], dst: &mut [f32], vectorized: bool) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = s.to_f32();
+    }
+    if vectorized {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: only called with `vectorized` when AVX2 was detected.
+        unsafe {
+            avx2::to_lane_layout(dst)
+        };
+    }
+}
+
+pub(super) fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
+    let vectorized = p.d.dk == 128 && features::kernels().avx2;
+    let out = Out::new(y, state);
+    let jobs = p.d.b * p.d.hv;
+    pool::run(jobs, &|job| {
+        head(p, out, job / p.d.hv, job % p.d.hv, vectorized)
+    });
+}
