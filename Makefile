@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo bench install test test-rust test-oracle test-c test-cpp test-bun test-metal-emu test-swift test-sanitizers fuzz clean
+.PHONY: bootstrap build header demo bench install test test-rust test-oracle test-c test-cpp test-interop test-bun test-metal-emu test-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -36,7 +36,7 @@ demo: build
 	  $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 
-test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-bun test-metal-emu test-swift
+test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift
 
 test-rust:
 	$(CARGO) test
@@ -51,6 +51,11 @@ test-c: build
 test-cpp: build
 	@mkdir -p $(BUILD)
 	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-cpp.sh
+
+# Hosts that share their MLX arrays with mlxkern (C++ on libmlx, C on mlx-c, dlclose).
+test-interop: build
+	@mkdir -p $(BUILD)
+	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-interop.sh
 
 test-metal-emu: build
 	@mkdir -p $(BUILD)

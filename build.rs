@@ -37,6 +37,9 @@ fn main() {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libmlxkern.dylib");
     } else {
         set_soname(&manifest_dir, &out_dir);
+        // A host's MLX graph may hold nodes whose code is here (lazy results handed over with
+        // mlxk_array_to_mlx): a dlclose must not unmap it (macOS: pinned at run time).
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     }
     println!("cargo:mlx_dir={}", mlx.display());
     println!("cargo:rustc-env=MLXK_MLX_DIR={}", mlx.display());

@@ -472,6 +472,72 @@ mlxk_status mlxk_glm52_layout_canonical(uint64_t hidden, uint64_t intermediate, 
 mlxk_status mlxk_glm52_layout_validate(const struct mlxk_glm52_layout *layout, uint32_t bits, uint32_t group_size);
 
 /**
+ * The version of the libmlx loaded in this process, e.g. "0.32.4". Arrays can be shared only
+ * with that libmlx, and only when it is the version this library was built against and the
+ * only libmlx loaded (mlxk_array_from_mlx and mlxk_array_to_mlx check both).
+ *
+ * Ownership: static string, never NULL. Thread: any.
+ */
+const char *mlxk_mlx_version(void);
+
+/**
+ * Makes a handle that shares the host's MLX array: `mlx_array` is the address of an
+ * `mlx::core::array` (a C++ engine's array, or the `ctx` of an mlx-c `mlx_array`). No data is
+ * copied: the handle and the host's array are the same MLX array (same buffer; an unevaluated
+ * host node stays lazy and becomes an input of the kernels' nodes, computed by whichever
+ * evaluation comes first). Views (transposed, broadcast, sliced) are accepted: a kernel
+ * makes them contiguous inside the graph.
+ *
+ * Ownership: the host keeps its array; `*out` is a new handle the caller frees with
+ * mlxk_array_free() (the array lives while either side holds it). NULL: neither may be NULL.
+ * A pointer that is not an `mlx::core::array` cannot be detected: undefined behaviour, as a
+ * short buffer is. Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_UNSUPPORTED (a second libmlx is
+ * loaded, or the loaded one is not the version this library was built against),
+ * MLXK_ERR_DTYPE (float64, int64 and other dtypes without an mlxk_dtype), MLXK_ERR_SHAPE
+ * (more than MLXK_MAX_NDIM dimensions), MLXK_ERR_INVALID_ARGUMENT (more than 2^31-1
+ * elements). Thread: any; see mlxk_mlx_lock() when the host uses MLX on several threads.
+ */
+mlxk_status mlxk_array_from_mlx(const void *mlx_array, struct mlxk_array **out);
+
+/**
+ * Gives the host a new `mlx::core::array` (heap-allocated) that shares `array`: the same
+ * buffer, or, for a kernel's unevaluated result, the same lazy node, which the host can feed
+ * to its own MLX ops and evaluate with its graph (one evaluation computes both).
+ *
+ * Ownership: `array` is borrowed (free it when done; the host's array keeps the data alive);
+ * `*mlx_array_out` is the host's: release it with mlxk_mlx_array_free(), C++ `delete`, or
+ * wrap it as an mlx-c `mlx_array` (`{ .ctx = ptr }`) and call `mlx_array_free`. NULL: neither
+ * may be NULL. Errors: MLXK_ERR_NULL_POINTER, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_UNSUPPORTED
+ * (as mlxk_array_from_mlx). Thread: any.
+ */
+mlxk_status mlxk_array_to_mlx(const struct mlxk_array *array, void **mlx_array_out);
+
+/**
+ * Deletes an `mlx::core::array` made by mlxk_array_to_mlx(). NULL is a no-op returning
+ * MLXK_OK. Thread: any.
+ */
+mlxk_status mlxk_mlx_array_free(void *mlx_array);
+
+/**
+ * Takes the lock under which this library builds and evaluates MLX graphs, on the calling
+ * thread, until a matching mlxk_mlx_unlock(). MLX itself is not safe for graph building on
+ * several threads at once: a host that uses MLX on other threads while mlxkern is called
+ * holds this lock around its own MLX work (building ops, evaluating, freeing arrays), so the
+ * two never overlap. mlxk_ calls made while holding it run under the same lock (it counts:
+ * lock twice, unlock twice). A host that uses MLX on one thread only needs none of this.
+ *
+ * Errors: none (MLXK_OK). Thread: the lock belongs to the calling thread; a thread that ends
+ * while holding it releases it.
+ */
+mlxk_status mlxk_mlx_lock(void);
+
+/**
+ * Releases one mlxk_mlx_lock() of the calling thread. Errors: MLXK_ERR_INVALID_ARGUMENT when
+ * the calling thread does not hold the lock. Thread: the thread that took it.
+ */
+mlxk_status mlxk_mlx_unlock(void);
+
+/**
  * The Qwen3.5 head split of the depthwise convolution's output `x [B, S, 2·Hk·Dk + Hv·Dv]`
  * (channels q | k | v, before the SiLU): SiLU on every channel with MLX's rounding points,
  * then q and k RMS-normalized per head and scaled, v activated only:

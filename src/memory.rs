@@ -6,6 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 
+/// The most dimensions an array may have (the C ABI's MLXK_MAX_NDIM).
+pub const MAX_NDIM: usize = 16;
+
 /// The most elements one array may hold: the Metal kernels index with 32-bit integers.
 pub const MAX_ELEMENTS: u64 = i32::MAX as u64;
 

@@ -5,7 +5,10 @@
 //! double-freed or foreign pointer is reported as `MLXK_ERR_INVALID_HANDLE`, and a token is
 //! never handed out twice, so a stale handle cannot alias a newer array.
 
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use cxx::UniquePtr;
@@ -36,16 +39,117 @@ struct Entry {
 }
 
 static MLX: LazyLock<Mutex<Mlx>> = LazyLock::new(|| {
+    // A host's graph may hold nodes whose code is in this library (lazy outputs handed over
+    // with mlxk_array_to_mlx): keep the library mapped even if the host dlcloses it.
+    crate::bridge::pin_library();
     Mutex::new(Mlx {
         next_token: FIRST_TOKEN,
         arrays: HashMap::new(),
     })
 });
 
-/// Takes the process-wide MLX lock. A panic caught at the C boundary may have poisoned it; the
-/// map stays consistent (each operation on it is a single insert or remove), so carry on.
-pub(crate) fn lock() -> MutexGuard<'static, Mlx> {
-    MLX.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+thread_local! {
+    /// The lock a host took with mlxk_mlx_lock() on this thread, and how many times.
+    static HELD: RefCell<Option<(MutexGuard<'static, Mlx>, usize)>> = const { RefCell::new(None) };
+    /// Whether a `Guard::Held` of this thread is alive (calls never nest; this checks it).
+    static HELD_IN_USE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Access to the registry under the MLX lock: this call's own lock, or the one the calling
+/// thread holds through mlxk_mlx_lock().
+pub(crate) enum Guard {
+    Own(MutexGuard<'static, Mlx>),
+    /// Points into the guard parked in `HELD`, which outlives this value (only
+    /// mlxk_mlx_unlock, a call of its own, releases it).
+    Held(NonNull<Mlx>),
+}
+
+impl Deref for Guard {
+    type Target = Mlx;
+    fn deref(&self) -> &Mlx {
+        match self {
+            Guard::Own(g) => g,
+            // SAFETY: see `Guard::Held`; `HELD_IN_USE` keeps it the only reference.
+            Guard::Held(p) => unsafe { p.as_ref() },
+        }
+    }
+}
+
+impl DerefMut for Guard {
+    fn deref_mut(&mut self) -> &mut Mlx {
+        match self {
+            Guard::Own(g) => g,
+            // SAFETY: as in `deref`.
+            Guard::Held(p) => unsafe { p.as_mut() },
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Guard::Held(_) = self {
+            HELD_IN_USE.with(|u| u.set(false));
+        }
+    }
+}
+
+/// Takes the process-wide MLX lock (or uses the one this thread holds through
+/// mlxk_mlx_lock()). A panic caught at the C boundary may have poisoned it; the map stays
+/// consistent (each operation on it is a single insert or remove), so carry on.
+pub(crate) fn lock() -> Guard {
+    let held = HELD.with(|h| {
+        h.borrow_mut()
+            .as_mut()
+            .map(|(guard, _)| NonNull::from(&mut **guard))
+    });
+    match held {
+        Some(p) => {
+            assert!(
+                !HELD_IN_USE.with(|u| u.replace(true)),
+                "the MLX lock is already in use on this thread"
+            );
+            Guard::Held(p)
+        }
+        None => Guard::Own(MLX.lock().unwrap_or_else(|poisoned| poisoned.into_inner())),
+    }
+}
+
+/// mlxk_mlx_lock(): the calling thread takes the MLX lock (again, if it holds it already) and
+/// keeps it across calls until as many mlxk_mlx_unlock() calls.
+pub(crate) fn host_lock() {
+    let already = HELD.with(|h| match h.borrow_mut().as_mut() {
+        Some((_, depth)) => {
+            *depth += 1;
+            true
+        }
+        None => false,
+    });
+    if !already {
+        let guard = MLX.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        HELD.with(|h| *h.borrow_mut() = Some((guard, 1)));
+    }
+}
+
+/// mlxk_mlx_unlock(): undoes one mlxk_mlx_lock() of the calling thread.
+pub(crate) fn host_unlock() -> Result<()> {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        match h.as_mut() {
+            Some((_, depth)) if *depth > 1 => {
+                *depth -= 1;
+                Ok(())
+            }
+            Some(_) => {
+                *h = None;
+                Ok(())
+            }
+            None => Err(Error::InvalidArgument(
+                "mlxk_mlx_unlock: the calling thread does not hold the MLX lock (take it with \
+                 mlxk_mlx_lock first, on the same thread)"
+                    .into(),
+            )),
+        }
+    })
 }
 
 impl Mlx {

@@ -2,7 +2,10 @@
 // launch, and the CPU primitive whose eval_cpu hands the buffers to a Rust kernel.
 #include "src/bridge/mlx_bridge.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <typeinfo>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -18,7 +21,14 @@
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
 #include "mlx/transforms.h"
+#include "mlx/version.h"
 #include "mlxkern/src/bridge/mod.rs.h"
+
+#if defined(__APPLE__)
+#include <mach-o/dyld.h>
+#else
+#include <link.h>
+#endif
 
 namespace mx = mlx::core;
 
@@ -234,13 +244,32 @@ std::unique_ptr<Array> sigmoid(const Array& x, bool gpu) {
   return std::make_unique<Array>(mx::sigmoid(x, stream_for(gpu)));
 }
 
+namespace {
+// Whether `a` is known now to arrive at eval as one row-contiguous buffer: evaluated and
+// row-contiguous, or an output of this library's CPU kernels (always contiguous).
+bool known_contiguous(const mx::array& a) {
+  if (a.is_available()) return a.flags().row_contiguous && a.data_size() == a.size();
+  return a.has_primitive() && typeid(a.primitive()) == typeid(RustCpuKernel);
+}
+}  // namespace
+
 std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayList& inputs) {
   std::vector<mx::Dtype> dtypes;
   for (auto code : launch.output_dtypes) dtypes.push_back(to_mlx(code));
   auto shapes = output_shapes(launch.output_dims, launch.output_ndims);
-  auto primitive = std::make_shared<RustCpuKernel>(stream_for(false), launch);
+  auto stream = stream_for(false);
+  // A host's arrays may be views (transposed, broadcast, offset) or lazy nodes whose layout is
+  // known only at eval; the kernels read row-contiguous buffers, so those pass through
+  // mx::contiguous in the graph (lazy, and sharing the buffer when it already is contiguous).
+  // libmlx exports only its API, so the layout cannot be fixed inside eval_cpu instead.
+  std::vector<mx::array> ins;
+  ins.reserve(inputs.items.size());
+  for (const auto& a : inputs.items) {
+    ins.push_back(known_contiguous(a) ? a : mx::contiguous(a, false, stream));
+  }
+  auto primitive = std::make_shared<RustCpuKernel>(stream, launch);
   auto out = std::make_unique<ArrayList>();
-  out->items = mx::array::make_arrays(std::move(shapes), dtypes, primitive, inputs.items);
+  out->items = mx::array::make_arrays(std::move(shapes), dtypes, primitive, ins);
   return out;
 }
 
@@ -268,6 +297,60 @@ std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const Arra
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
                       template_args, std::nullopt, false, stream_for(gpu));
   return out;
+}
+
+std::unique_ptr<Array> array_from_host(size_t host) {
+  return std::make_unique<Array>(*reinterpret_cast<const mx::array*>(host));
+}
+
+size_t array_to_host(const Array& a) { return reinterpret_cast<size_t>(new mx::array(a)); }
+
+void host_array_free(size_t host) { delete reinterpret_cast<mx::array*>(host); }
+
+rust::String mlx_version() { return rust::String(mx::version()); }
+
+rust::String mlx_build_version() {
+  return rust::String(std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) +
+                      "." + std::to_string(MLX_VERSION_PATCH));
+}
+
+namespace {
+// True for a file name "libmlx.so", "libmlx.so.N..." or "libmlx.dylib" (not libmlxkern,
+// libmlxc and the like).
+bool is_libmlx(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  auto name = slash == std::string::npos ? path : path.substr(slash + 1);
+  return name == "libmlx.dylib" || name.rfind("libmlx.so", 0) == 0;
+}
+}  // namespace
+
+rust::Vec<rust::String> loaded_mlx_libraries() {
+  std::vector<std::string> found;
+#if defined(__APPLE__)
+  for (uint32_t i = 0, n = _dyld_image_count(); i < n; ++i) {
+    const char* name = _dyld_get_image_name(i);
+    if (name && is_libmlx(name)) found.emplace_back(name);
+  }
+#else
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        if (info->dlpi_name && is_libmlx(info->dlpi_name)) {
+          static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name);
+        }
+        return 0;
+      },
+      &found);
+#endif
+  rust::Vec<rust::String> out;
+  for (auto& f : found) out.push_back(rust::String(f));
+  return out;
+}
+
+bool pin_library() {
+  Dl_info info{};
+  if (!dladdr(reinterpret_cast<void*>(&pin_library), &info) || !info.dli_fname) return false;
+  // RTLD_NOLOAD: only a reference to the already loaded library, now marked NODELETE.
+  return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) != nullptr;
 }
 
 bool metal_available() { return mx::metal::is_available(); }

@@ -85,6 +85,31 @@ pub mod ffi {
             gpu: bool,
         ) -> Result<UniquePtr<ArrayList>>;
 
+        /// A new array sharing the host's `mlx::core::array` at address `host` (same buffer and
+        /// graph node; lazy if the host's is).
+        ///
+        /// # Safety
+        /// `host` is the address of a live `mlx::core::array` of this process's libmlx.
+        unsafe fn array_from_host(host: usize) -> Result<UniquePtr<Array>>;
+        /// A new heap `mlx::core::array` sharing `a`, owned by the host; returns its address.
+        fn array_to_host(a: &Array) -> Result<usize>;
+        /// Deletes a heap `mlx::core::array` made by `array_to_host` (or by the host).
+        ///
+        /// # Safety
+        /// `host` is the address of a heap `mlx::core::array` nobody uses afterwards.
+        unsafe fn host_array_free(host: usize) -> Result<()>;
+        /// The version of the libmlx loaded in this process (`mlx::core::version()`).
+        fn mlx_version() -> String;
+        /// The MLX version whose headers this library was compiled against.
+        fn mlx_build_version() -> String;
+        /// Paths of the loaded objects named libmlx (the shared MLX library), as the dynamic
+        /// loader lists them.
+        fn loaded_mlx_libraries() -> Vec<String>;
+        /// Keeps this library loaded for the rest of the process (a dlclose leaves it mapped),
+        /// since a host's graph may hold nodes whose code is here. Returns false if it could
+        /// not be pinned.
+        fn pin_library() -> bool;
+
         fn metal_available() -> bool;
         fn cuda_available() -> bool;
         fn set_default_device(gpu: bool) -> Result<()>;

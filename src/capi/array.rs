@@ -26,6 +26,7 @@ pub const MLXK_DTYPE_FLOAT32: mlxk_dtype = 7;
 
 /// The most dimensions an array may have.
 pub const MLXK_MAX_NDIM: usize = 16;
+const _: () = assert!(MLXK_MAX_NDIM == crate::memory::MAX_NDIM);
 
 unsafe fn shape_arg<'a>(shape: *const i32, ndim: usize) -> Result<&'a [i32]> {
     if ndim > MLXK_MAX_NDIM {

@@ -18,6 +18,7 @@ pub mod device;
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod glm52;
+pub mod mlx;
 pub mod silu_rms_heads;
 pub mod status;
 

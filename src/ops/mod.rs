@@ -7,6 +7,7 @@ pub mod array;
 pub mod device;
 pub mod gated_delta;
 pub mod gated_rms_norm;
+pub mod host;
 pub mod shape;
 pub mod silu_rms_heads;
 

@@ -1343,6 +1343,41 @@ static void test_threads(void) {
 }
 
 #ifdef MLXK_GLM52_EXPERT_SLOT_ALIGNMENT
+/* Sharing with a host's MLX from plain C: a handle's array handed out as an mlx::core::array
+ * and taken back in (the round trip shares one array: the bytes are the same); the lock. */
+static void test_host_mlx(void) {
+    const char *version = mlxk_mlx_version();
+    CHECK(version != NULL && strlen(version) >= 5);
+    float data[6] = {1.5f, -2.0f, 0.25f, 3.0f, -0.5f, 8.0f};
+    int32_t shape[2] = {2, 3};
+    mlxk_array *a = new_f32(data, shape, 2);
+    void *host = NULL;
+    CHECK_OK(mlxk_array_to_mlx(a, &host));
+    CHECK(host != NULL);
+    mlxk_array *b = NULL;
+    CHECK_OK(mlxk_array_from_mlx(host, &b));
+    CHECK_OK(mlxk_mlx_array_free(host));
+    CHECK_OK(mlxk_array_free(a));
+    float back[6] = {0};
+    CHECK_OK(mlxk_array_read(b, back, sizeof back));
+    CHECK(memcmp(back, data, sizeof data) == 0);
+    EXPECT_ERROR(mlxk_array_from_mlx(NULL, &a), MLXK_ERR_NULL_POINTER, "mlxk_array_from_mlx",
+                 "mlx_array");
+    EXPECT_ERROR(mlxk_array_to_mlx(b, NULL), MLXK_ERR_NULL_POINTER, "mlxk_array_to_mlx",
+                 "mlx_array_out");
+    CHECK_OK(mlxk_array_free(b));
+    EXPECT_ERROR(mlxk_array_to_mlx(b, &host), MLXK_ERR_INVALID_HANDLE, "mlxk_array_to_mlx",
+                 "array");
+    CHECK_OK(mlxk_mlx_array_free(NULL));
+    CHECK_OK(mlxk_mlx_lock());
+    CHECK_OK(mlxk_mlx_lock());
+    mlxk_array *c = new_f32(data, shape, 2);
+    CHECK_OK(mlxk_array_free(c));
+    CHECK_OK(mlxk_mlx_unlock());
+    CHECK_OK(mlxk_mlx_unlock());
+    EXPECT_ERROR(mlxk_mlx_unlock(), MLXK_ERR_INVALID_ARGUMENT, "mlxk_mlx_unlock", "lock");
+}
+
 static void test_glm52(void) {
     CHECK(MLXK_GLM52_EXPERT_SLOT_ALIGNMENT == 16384);
     mlxk_glm52_layout l;
@@ -1402,6 +1437,7 @@ int main(void) {
     test_gated_rms_norm();
     test_silu_rms_heads();
     test_threads();
+    test_host_mlx();
 #ifdef MLXK_GLM52_EXPERT_SLOT_ALIGNMENT
     test_glm52();
     const char *glm = " (GLM-5.2 layout included)";

@@ -1,0 +1,287 @@
+// A C++ host that keeps its arrays in MLX (mlx::core) and hands them to mlxkern without a
+// copy (mlxk_array_from_mlx / mlxk_array_to_mlx): zero copy, laziness across the boundary,
+// views (transposed, broadcast, offset), results consumed by the host's own ops, the misuse
+// cases, and the MLX lock with a host thread using MLX concurrently. Fresh random inputs every
+// run (the seed is printed). Built and run by scripts/test-interop.sh under ASan + LSan.
+#include <mlx/mlx.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mlxkern.h"
+
+namespace mx = mlx::core;
+
+static int checks = 0;
+static int failures = 0;
+
+#define CHECK(cond)                                                                   \
+  do {                                                                                \
+    ++checks;                                                                         \
+    if (!(cond)) {                                                                    \
+      ++failures;                                                                     \
+      std::fprintf(stderr, "FAIL (%s:%d): %s [%s]\n", __FILE__, __LINE__, #cond,      \
+                   mlxk_last_error());                                                \
+    }                                                                                 \
+  } while (0)
+
+#define OK(call) CHECK((call) == MLXK_OK)
+
+static mlxk_array *from_host(const mx::array &a) {
+  mlxk_array *h = nullptr;
+  OK(mlxk_array_from_mlx(&a, &h));
+  return h;
+}
+
+// The host's array sharing a handle's; the host owns it (deleted here by a unique_ptr).
+static std::unique_ptr<mx::array> to_host(const mlxk_array *h) {
+  void *p = nullptr;
+  OK(mlxk_array_to_mlx(h, &p));
+  return std::unique_ptr<mx::array>(static_cast<mx::array *>(p));
+}
+
+static std::vector<uint8_t> bytes_of(mx::array a) {
+  a = mx::contiguous(a);
+  mx::eval(a);
+  const auto *p = a.data<uint8_t>();
+  return std::vector<uint8_t>(p, p + a.nbytes());
+}
+
+static std::vector<uint8_t> read_handle(const mlxk_array *h) {
+  size_t n = 0;
+  OK(mlxk_array_nbytes(h, &n));
+  std::vector<uint8_t> out(n);
+  OK(mlxk_array_read(h, out.data(), n));
+  return out;
+}
+
+// A handle holding a row-contiguous copy of `a` made through the C ABI's own constructor: the
+// reference path (what a host did before it could share arrays).
+static mlxk_array *copy_in(const mx::array &a) {
+  auto bytes = bytes_of(a);
+  std::vector<int32_t> shape(a.shape().begin(), a.shape().end());
+  mlxk_dtype dtype = a.dtype() == mx::bfloat16 ? MLXK_DTYPE_BFLOAT16
+                     : a.dtype() == mx::float16 ? MLXK_DTYPE_FLOAT16
+                     : a.dtype() == mx::bool_   ? MLXK_DTYPE_BOOL
+                                                : MLXK_DTYPE_FLOAT32;
+  mlxk_array *h = nullptr;
+  OK(mlxk_array_new(bytes.data(), shape.data(), shape.size(), dtype, &h));
+  return h;
+}
+
+struct Inputs {
+  mx::array q, k, v, a, b, a_log, dt_bias, state;
+};
+
+// y and state of mlxk_gated_delta_update on handles made by `make`.
+template <class Make>
+static std::pair<std::vector<uint8_t>, std::vector<uint8_t>> update(const Inputs &x, Make make) {
+  mlxk_array *hs[8] = {make(x.q), make(x.k), make(x.v), make(x.a), make(x.b), make(x.a_log),
+                       make(x.dt_bias), make(x.state)};
+  mlxk_array *y = nullptr, *s = nullptr;
+  OK(mlxk_gated_delta_update(hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], nullptr, &y,
+                             &s));
+  auto out = std::make_pair(read_handle(y), read_handle(s));
+  for (auto *h : hs) OK(mlxk_array_free(h));
+  OK(mlxk_array_free(y));
+  OK(mlxk_array_free(s));
+  return out;
+}
+
+static mx::array normal(const mx::Shape &shape, mx::Dtype dtype, mx::array &key) {
+  auto split = mx::random::split(key);
+  key = split.first;
+  return mx::astype(mx::random::normal(shape, mx::float32, 0.0f, 0.5f, split.second), dtype);
+}
+
+static Inputs random_inputs(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::array &key) {
+  auto bf = mx::bfloat16;
+  Inputs x{normal({B, T, Hk, Dk}, bf, key), normal({B, T, Hk, Dk}, bf, key),
+           normal({B, T, Hv, Dv}, bf, key), normal({B, T, Hv}, bf, key),
+           normal({B, T, Hv}, bf, key), normal({Hv}, mx::float32, key),
+           normal({Hv}, bf, key), normal({B, Hv, Dv, Dk}, mx::float32, key)};
+  return x;
+}
+
+static void evaluated_inputs_are_shared_not_copied(mx::array &key) {
+  auto x = normal({2, 3, 4, 64}, mx::bfloat16, key);
+  mx::eval(x);
+  auto *h = from_host(x);
+  auto back = to_host(h);
+  CHECK(back->id() == x.id());
+  CHECK(back->data<void>() == x.data<void>());
+  CHECK(read_handle(h) == bytes_of(x));
+  // The kernel's node takes the host's evaluated array itself as its input: the same node, so
+  // the kernel reads the host's buffer.
+  auto in = random_inputs(1, 2, 1, 2, 32, 4, key);
+  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state});
+  mlxk_array *hs[8] = {from_host(in.q), from_host(in.k), from_host(in.v), from_host(in.a),
+                       from_host(in.b), from_host(in.a_log), from_host(in.dt_bias),
+                       from_host(in.state)};
+  mlxk_array *y = nullptr, *s = nullptr;
+  OK(mlxk_gated_delta_update(hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], nullptr, &y,
+                             &s));
+  auto yh = to_host(y);
+  CHECK(!yh->is_available());
+  CHECK(yh->inputs().size() == 8);
+  if (yh->inputs().size() == 8) {
+    CHECK(yh->inputs()[0].id() == in.q.id());
+    CHECK(yh->inputs()[7].id() == in.state.id());
+  }
+  for (auto *hh : hs) OK(mlxk_array_free(hh));
+  OK(mlxk_array_free(y));
+  OK(mlxk_array_free(s));
+  OK(mlxk_array_free(h));
+}
+
+static void lazy_host_nodes_stay_lazy(mx::array &key) {
+  auto in = random_inputs(2, 5, 2, 4, 64, 8, key);
+  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state});
+  auto expect = update(in, copy_in);
+  // The same values as unevaluated host nodes: q * 1 and v + 0 are exact.
+  Inputs lazy = in;
+  lazy.q = mx::multiply(in.q, mx::array(1.0f, mx::bfloat16));
+  lazy.v = mx::add(in.v, mx::array(0.0f, mx::bfloat16));
+  CHECK(!lazy.q.is_available());
+  mlxk_array *hs[8] = {from_host(lazy.q), from_host(lazy.k), from_host(lazy.v),
+                       from_host(lazy.a), from_host(lazy.b), from_host(lazy.a_log),
+                       from_host(lazy.dt_bias), from_host(lazy.state)};
+  CHECK(!lazy.q.is_available());
+  mlxk_array *y = nullptr, *s = nullptr;
+  OK(mlxk_gated_delta_update(hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], nullptr, &y,
+                             &s));
+  auto yh = to_host(y);
+  auto sh = to_host(s);
+  for (auto *h : hs) OK(mlxk_array_free(h));
+  OK(mlxk_array_free(y));
+  OK(mlxk_array_free(s));
+  // Still nothing computed; one host evaluation computes the host's nodes and the kernel's.
+  CHECK(!lazy.q.is_available());
+  CHECK(!yh->is_available());
+  mx::eval({*yh, *sh});
+  CHECK(lazy.q.is_available());
+  CHECK(bytes_of(*yh) == expect.first);
+  CHECK(bytes_of(*sh) == expect.second);
+  // The host consumes the result with its own ops.
+  auto total = mx::sum(mx::astype(*yh, mx::float32));
+  auto again = mx::sum(mx::astype(in.q, mx::float32));  // unrelated op on a shared input
+  mx::eval({total, again});
+  double host_sum = 0;
+  {
+    auto y32 = mx::astype(*yh, mx::float32);
+    mx::eval(y32);
+    for (size_t i = 0; i < y32.size(); ++i) host_sum += y32.data<float>()[i];
+  }
+  CHECK(std::fabs(total.item<float>() - host_sum) <= 1e-3 * (1 + std::fabs(host_sum)));
+}
+
+static void views_are_made_contiguous_in_the_graph(mx::array &key) {
+  const int B = 2, T = 4, Hk = 2, Hv = 4, Dk = 32, Dv = 6;
+  auto in = random_inputs(B, T, Hk, Hv, Dk, Dv, key);
+  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state});
+  auto expect = update(in, copy_in);
+  Inputs views = in;
+  // q as a transposed view of a [B, Hk, T, Dk] array.
+  auto q_bhtd = mx::contiguous(mx::transpose(in.q, {0, 2, 1, 3}));
+  mx::eval(q_bhtd);
+  views.q = mx::transpose(q_bhtd, {0, 2, 1, 3});
+  // a as a broadcast of its first batch row when both rows are equal.
+  auto a_row = mx::slice(in.a, {0, 0, 0}, {1, T, Hv});
+  views.a = mx::broadcast_to(a_row, {B, T, Hv});
+  Inputs expect_in = in;
+  expect_in.a = mx::contiguous(views.a);
+  mx::eval(expect_in.a);
+  // v as an offset slice of a larger array.
+  auto big = mx::concatenate({normal({B, T, Hv, Dv}, mx::bfloat16, key), in.v}, 1);
+  mx::eval(big);
+  views.v = mx::slice(big, {0, T, 0, 0}, {B, 2 * T, Hv, Dv});
+  mx::eval({views.q, views.a, views.v});
+  CHECK(!views.q.flags().row_contiguous);
+  CHECK(views.a.data_size() != views.a.size());
+  CHECK(views.v.data<uint8_t>() != big.data<uint8_t>());
+  auto got = update(views, from_host);
+  auto want = update(expect_in, copy_in);
+  CHECK(got.first == want.first);
+  CHECK(got.second == want.second);
+  CHECK(bytes_of(views.q) == bytes_of(in.q));
+  (void)expect;
+}
+
+static void misuse(mx::array &key) {
+  mlxk_array *h = nullptr;
+  CHECK(mlxk_array_from_mlx(nullptr, &h) == MLXK_ERR_NULL_POINTER);
+  CHECK(std::strstr(mlxk_last_error(), "mlx_array") != nullptr);
+  auto x = normal({3}, mx::float32, key);
+  CHECK(mlxk_array_from_mlx(&x, nullptr) == MLXK_ERR_NULL_POINTER);
+  auto f64 = mx::astype(x, mx::float64);
+  CHECK(mlxk_array_from_mlx(&f64, &h) == MLXK_ERR_DTYPE);
+  CHECK(std::strstr(mlxk_last_error(), "dtype") != nullptr);
+  CHECK(h == nullptr);
+  auto *g = from_host(x);
+  OK(mlxk_array_free(g));
+  void *p = nullptr;
+  CHECK(mlxk_array_to_mlx(g, &p) == MLXK_ERR_INVALID_HANDLE);
+  CHECK(p == nullptr);
+  CHECK(mlxk_array_to_mlx(nullptr, &p) == MLXK_ERR_NULL_POINTER);
+  OK(mlxk_mlx_array_free(nullptr));
+  CHECK(mlxk_mlx_unlock() == MLXK_ERR_INVALID_ARGUMENT);
+  CHECK(std::string(mlxk_mlx_version()) == mx::version());
+}
+
+// A host thread builds and evaluates MLX graphs while this thread calls mlxkern; both hold
+// the MLX lock around their MLX work, as the header says a multi-threaded host must.
+static void lock_serializes_host_threads(mx::array &key) {
+  auto in = random_inputs(1, 3, 1, 2, 32, 4, key);
+  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state});
+  auto expect = update(in, copy_in);
+  std::atomic<bool> stop{false};
+  std::atomic<int> host_rounds{0};
+  std::thread host([&] {
+    auto base = mx::ones({64, 64});
+    while (!stop.load()) {
+      OK(mlxk_mlx_lock());
+      auto m = mx::matmul(base, base);
+      mx::eval(m);
+      OK(mlxk_mlx_unlock());
+      host_rounds.fetch_add(1);
+    }
+  });
+  bool same = true;
+  for (int i = 0; i < 20; ++i) {
+    OK(mlxk_mlx_lock());
+    OK(mlxk_mlx_lock());  // it counts
+    auto got = update(in, from_host);
+    OK(mlxk_mlx_unlock());
+    OK(mlxk_mlx_unlock());
+    same = same && got == expect;
+  }
+  stop.store(true);
+  host.join();
+  CHECK(same);
+  CHECK(host_rounds.load() > 0);
+  CHECK(mlxk_mlx_unlock() == MLXK_ERR_INVALID_ARGUMENT);
+}
+
+int main() {
+  uint64_t seed = std::random_device{}();
+  if (const char *s = std::getenv("MLXK_INTEROP_SEED")) seed = std::strtoull(s, nullptr, 10);
+  std::printf("host_cpp: seed %llu (MLXK_INTEROP_SEED replays), MLX %s\n",
+              static_cast<unsigned long long>(seed), mlxk_mlx_version());
+  auto key = mx::random::key(seed);
+  evaluated_inputs_are_shared_not_copied(key);
+  lazy_host_nodes_stay_lazy(key);
+  views_are_made_contiguous_in_the_graph(key);
+  misuse(key);
+  lock_serializes_host_threads(key);
+  std::printf("host_cpp: %d checks, %d failed\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
