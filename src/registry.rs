@@ -88,7 +88,7 @@ impl DerefMut for Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         if let Guard::Held(_) = self {
-            HELD_IN_USE.with(|u| u.set(false));
+            let _ = HELD_IN_USE.try_with(|u| u.set(false));
         }
     }
 }
@@ -97,11 +97,16 @@ impl Drop for Guard {
 /// mlxk_mlx_lock()). A panic caught at the C boundary may have poisoned it; the map stays
 /// consistent (each operation on it is a single insert or remove), so carry on.
 pub(crate) fn lock() -> Guard {
-    let held = HELD.with(|h| {
-        h.borrow_mut()
-            .as_mut()
-            .map(|(guard, _)| NonNull::from(&mut **guard))
-    });
+    // During thread teardown the thread-locals may be gone (a call from another thread-local's
+    // destructor): such a thread holds no host lock, so it takes the lock itself.
+    let held = HELD
+        .try_with(|h| {
+            h.borrow_mut()
+                .as_mut()
+                .map(|(guard, _)| NonNull::from(&mut **guard))
+        })
+        .ok()
+        .flatten();
     match held {
         Some(p) => {
             assert!(

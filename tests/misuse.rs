@@ -149,6 +149,15 @@ impl Fixture {
                 let st = unsafe { mlxk_array_astype(h[0], MLXK_DTYPE_BFLOAT16, &mut out) };
                 (st, vec![out], out == sentinel())
             }),
+            Entry::new("mlxk_array_to_mlx", &[("array", self.arr)], |h| {
+                let mut host = SENTINEL as *mut std::ffi::c_void;
+                let st = unsafe { mlxk_array_to_mlx(h[0], &mut host) };
+                let untouched = host == SENTINEL as *mut std::ffi::c_void;
+                if st == MLXK_OK {
+                    assert_eq!(unsafe { mlxk_mlx_array_free(host) }, MLXK_OK);
+                }
+                (st, vec![], untouched)
+            }),
             Entry::new(
                 "mlxk_compute_g",
                 &[("a_log", r.a_log), ("a", r.a), ("dt_bias", r.dt_bias)],
@@ -483,6 +492,38 @@ fn null_out_parameters_everywhere() {
     let n = live_handles();
     let shape = [2i32, 3];
     let data = [0f32; 6];
+    let f = "mlxk_array_to_mlx";
+    refused(
+        unsafe { mlxk_array_to_mlx(fx.arr, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["mlx_array_out"],
+        n,
+    );
+    let mut host = null_mut();
+    assert_eq!(unsafe { mlxk_array_to_mlx(fx.arr, &mut host) }, MLXK_OK);
+    let f = "mlxk_array_from_mlx";
+    refused(
+        unsafe { mlxk_array_from_mlx(host, null_mut()) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["out"],
+        n,
+    );
+    let mut out = sentinel();
+    refused(
+        unsafe { mlxk_array_from_mlx(std::ptr::null(), &mut out) },
+        MLXK_ERR_NULL_POINTER,
+        f,
+        &["mlx_array"],
+        n,
+    );
+    assert_eq!(
+        out,
+        sentinel(),
+        "{f}: a refused call wrote its out-parameter"
+    );
+    assert_eq!(unsafe { mlxk_mlx_array_free(host) }, MLXK_OK);
     let f = "mlxk_array_new";
     refused(
         unsafe {

@@ -1,5 +1,5 @@
 //! Target `array`: mlxk_array_new / zeros / free / ndim / shape / dtype / nbytes / eval /
-//! read / astype, the memory limit and the status names, with random shapes (negative,
+//! read / astype, the exchange with the host's MLX (to_mlx, then from_mlx), the memory limit and the status names, with random shapes (negative,
 //! zero, huge, overflowing, more than MLXK_MAX_NDIM dims), dtype codes, NULLs, buffer
 //! lengths, and freed or foreign handles. A model of every live array (shape, dtype,
 //! contents) checks each answer.
@@ -467,6 +467,49 @@ fn op_astype(st: &mut State, input: &mut Input) {
     });
 }
 
+/// mlxk_array_to_mlx, then mlxk_array_from_mlx on what it gave: a new handle sharing the same
+/// array (same contents), and the host array freed with mlxk_mlx_array_free.
+fn op_share(st: &mut State, input: &mut Input) {
+    let (h, kind, index) = st.pick_handle(input);
+    let out_null = input.chance(10);
+    let mut e = Expect::new();
+    if out_null {
+        e.fail(MLXK_ERR_NULL_POINTER, "mlx_array_out is NULL");
+    }
+    expect_handle(&mut e, "array", kind, false);
+    let mut host = sentinel() as *mut std::ffi::c_void;
+    let p: *mut *mut std::ffi::c_void = if out_null { null_mut() } else { &mut host };
+    let status = unsafe { mlxk_array_to_mlx(h, p) };
+    e.check("mlxk_array_to_mlx", status);
+    if status != MLXK_OK {
+        assert_eq!(
+            host,
+            sentinel() as *mut std::ffi::c_void,
+            "mlxk_array_to_mlx wrote its out-parameter on failure"
+        );
+        return;
+    }
+    let mut out = sentinel();
+    let status = unsafe { mlxk_array_from_mlx(host, &mut out) };
+    assert_eq!(
+        status, MLXK_OK,
+        "mlxk_array_from_mlx of a shared array failed"
+    );
+    assert_eq!(unsafe { mlxk_mlx_array_free(host) }, MLXK_OK);
+    let src = &st.live[index.unwrap()];
+    let (shape, dtype) = (src.shape.clone(), src.dtype);
+    let got = check_result("mlxk_array_from_mlx", out, &shape, dtype);
+    if let Some(bytes) = &src.bytes {
+        assert!(&got == bytes, "a shared array has other contents");
+    }
+    st.live.push(Slot {
+        h: out,
+        shape,
+        dtype,
+        bytes: Some(got),
+    });
+}
+
 fn op_limits(st: &mut State, input: &mut Input) {
     match input.u8() % 4 {
         0 => {
@@ -531,6 +574,7 @@ pub fn run(input: &mut Input) {
             8 | 9 => op_read(&mut st, input),
             10 => op_eval(&mut st, input),
             11 | 12 => op_astype(&mut st, input),
+            15 => op_share(&mut st, input),
             _ => op_limits(&mut st, input),
         }
     }

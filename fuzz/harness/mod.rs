@@ -31,6 +31,7 @@ pub use mlxkern::capi::device::*;
 pub use mlxkern::capi::gated_delta::*;
 pub use mlxkern::capi::gated_rms_norm::*;
 pub use mlxkern::capi::glm52::*;
+pub use mlxkern::capi::mlx::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::silu_rms_heads::*;
 pub use mlxkern::capi::status::*;
