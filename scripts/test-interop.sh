@@ -36,14 +36,14 @@ LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -L"$MLX/lib" -lmlx -Wl,-rpath,"
 export ASAN_OPTIONS=detect_leaks=1
 
 echo "== interop: C++ host on libmlx"
-"$CXX" -std=c++20 -Wall -Wextra -Werror "${SAN[@]}" -I"$ROOT/include" -I"$MLX/include" \
+"$CXX" -std=c++20 -Wall -Wextra -Werror "${SAN[@]}" -I"$ROOT/include" -isystem "$MLX/include" \
   "$ROOT/tests/interop/host_cpp.cc" "${LINK[@]}" -o "$OUT/host_cpp" || fail "host_cpp does not build"
 "$OUT/host_cpp" || fail "host_cpp"
 
 echo "== interop: dlclose with pending results; a second libmlx"
 mkdir -p "$OUT/second-libmlx"
 cp "$MLX/lib/libmlx.so" "$OUT/second-libmlx/libmlx.so"
-"$CXX" -std=c++20 -Wall -Wextra -Werror -g -O1 -I"$ROOT/include" -I"$MLX/include" \
+"$CXX" -std=c++20 -Wall -Wextra -Werror -g -O1 -I"$ROOT/include" -isystem "$MLX/include" \
   "$ROOT/tests/interop/host_dlclose.cc" -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -ldl \
   -o "$OUT/host_dlclose" || fail "host_dlclose does not build"
 "$OUT/host_dlclose" "$LIBDIR/libmlxkern.so" "$OUT/second-libmlx/libmlx.so" || fail "host_dlclose"
@@ -70,7 +70,7 @@ if [ ! -f "$MLXC_BUILD/libmlxc.a" ]; then
     fail "mlx-c build (see $OUT/mlx-c-build.log)"
 fi
 "$CC" -std=c11 -Wall -Wextra -Werror "${SAN[@]}" -I"$ROOT/include" -I"$ROOT/tests/common" \
-  -I"$MLXC_SRC" -c "$ROOT/tests/interop/host_mlxc.c" -o "$OUT/host_mlxc.o" ||
+  -isystem "$MLXC_SRC" -c "$ROOT/tests/interop/host_mlxc.c" -o "$OUT/host_mlxc.o" ||
   fail "host_mlxc does not build"
 "$CXX" "${SAN[@]}" "$OUT/host_mlxc.o" "$MLXC_BUILD/libmlxc.a" "${LINK[@]}" -o "$OUT/host_mlxc" ||
   fail "host_mlxc does not link"

@@ -5,6 +5,7 @@
  * mlxkern's own host-memory constructors as the reference (bit for bit). Fresh random inputs
  * every run (the seed is printed). Built and run by scripts/test-interop.sh under ASan + LSan.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,30 +38,57 @@ static mlx_array host_f32(mlxkt_rng *rng, const int *shape, int ndim, float scal
   return a;
 }
 
-/* The bytes of an mlx-c array, evaluated. */
-static void *host_bytes(mlx_array a, size_t *n) {
-  CHECK(mlx_array_eval(a) == 0);
-  *n = mlx_array_nbytes(a);
-  void *out = mlxkt_xmalloc(*n ? *n : 1);
-  const void *src = mlx_array_dtype(a) == MLX_FLOAT32 ? (const void *)mlx_array_data_float32(a)
-                                                      : (const void *)mlx_array_data_bfloat16(a);
-  memcpy(out, src, *n);
+/* An mlx-c array's values as float32 (exact for bfloat16: each value widens to one float),
+ * evaluated: `*n` values. */
+static float *host_floats(mlx_array a, mlx_stream s, size_t *n) {
+  mlx_array f = mlx_array_new();
+  CHECK(mlx_astype(&f, a, MLX_FLOAT32, s) == 0);
+  CHECK(mlx_array_eval(f) == 0);
+  *n = mlx_array_size(f);
+  float *out = mlxkt_xmalloc(*n * sizeof *out);
+  memcpy(out, mlx_array_data_float32(f), *n * sizeof *out);
+  mlx_array_free(f);
+  return out;
+}
+
+/* A handle's values as float32 (widened from bfloat16 when needed). */
+static float *handle_floats(const mlxk_array *h, size_t *n) {
+  mlxk_dtype dtype;
+  CHECK_OK(mlxk_array_dtype(h, &dtype));
+  size_t bytes = 0;
+  CHECK_OK(mlxk_array_nbytes(h, &bytes));
+  if (dtype == MLXK_DTYPE_FLOAT32) {
+    *n = bytes / 4;
+    float *out = mlxkt_xmalloc(bytes);
+    CHECK_OK(mlxk_array_read(h, out, bytes));
+    return out;
+  }
+  *n = bytes / 2;
+  uint16_t *bits = mlxkt_xmalloc(bytes);
+  CHECK_OK(mlxk_array_read(h, bits, bytes));
+  float *out = mlxkt_xmalloc(*n * sizeof *out);
+  for (size_t i = 0; i < *n; i++) out[i] = mlxkt_bf16_to_float(bits[i]);
+  free(bits);
   return out;
 }
 
 /* The same array through mlxkern's host-memory constructor (the copying path). */
-static mlxk_array *copied(mlx_array a) {
+static mlxk_array *copied(mlx_array a, mlx_stream s) {
   size_t n;
-  void *bytes = host_bytes(a, &n);
+  float *v = host_floats(a, s, &n);
   int32_t shape[8];
   size_t nd = mlx_array_ndim(a);
   for (size_t i = 0; i < nd; i++) shape[i] = mlx_array_dim(a, (int)i);
   mlxk_array *h = NULL;
-  CHECK_OK(mlxk_array_new(bytes, shape, nd,
-                          mlx_array_dtype(a) == MLX_FLOAT32 ? MLXK_DTYPE_FLOAT32
-                                                            : MLXK_DTYPE_BFLOAT16,
-                          &h));
-  free(bytes);
+  if (mlx_array_dtype(a) == MLX_FLOAT32) {
+    CHECK_OK(mlxk_array_new(v, shape, nd, MLXK_DTYPE_FLOAT32, &h));
+  } else {
+    uint16_t *bits = mlxkt_xmalloc(n * sizeof *bits);
+    for (size_t i = 0; i < n; i++) bits[i] = mlxkt_bf16_from_float(v[i]);
+    CHECK_OK(mlxk_array_new(bits, shape, nd, MLXK_DTYPE_BFLOAT16, &h));
+    free(bits);
+  }
+  free(v);
   return h;
 }
 
@@ -83,9 +111,9 @@ int main(void) {
   mlx_array dt_bias = host_bf16(&rng, hv_shape, 1, 1.0f);
   const int state_shape[4] = {B, HV, DV, DK};
   mlx_array state = host_f32(&rng, state_shape, 4, 0.5f);
-  mlxk_array *ref_state = copied(state);
+  mlxk_array *ref_state = copied(state, cpu);
   mlxk_array *h_alog = shared(a_log), *h_dt = shared(dt_bias);
-  mlxk_array *r_alog = copied(a_log), *r_dt = copied(dt_bias);
+  mlxk_array *r_alog = copied(a_log, cpu), *r_dt = copied(dt_bias, cpu);
   int same = 1;
   for (int step = 0; step < STEPS; step++) {
     const int qk[4] = {B, T, HK, DK}, vs[4] = {B, T, HV, DV}, gs[3] = {B, T, HV};
@@ -110,21 +138,17 @@ int main(void) {
     CHECK(mlx_eval(vec) == 0);
     mlx_vector_array_free(vec);
     /* Reference: the same step through host memory. */
-    mlxk_array *rq = copied(q), *rk = copied(k), *rv = copied(v), *ra = copied(a), *rb = copied(b);
+    mlxk_array *rq = copied(q, cpu), *rk = copied(k, cpu), *rv = copied(v, cpu);
+    mlxk_array *ra = copied(a, cpu), *rb = copied(b, cpu);
     mlxk_array *ry = NULL, *rs = NULL;
     CHECK_OK(mlxk_gated_delta_update(rq, rk, rv, ra, rb, r_alog, r_dt, ref_state, NULL, &ry, &rs));
-    size_t ny, ns;
-    void *y_bytes = host_bytes(y_host, &ny), *s_bytes = host_bytes(s_host, &ns);
-    size_t ry_n = 0, rs_n = 0;
-    CHECK_OK(mlxk_array_nbytes(ry, &ry_n));
-    CHECK_OK(mlxk_array_nbytes(rs, &rs_n));
-    void *ry_bytes = mlxkt_xmalloc(ry_n), *rs_bytes = mlxkt_xmalloc(rs_n);
-    CHECK_OK(mlxk_array_read(ry, ry_bytes, ry_n));
-    CHECK_OK(mlxk_array_read(rs, rs_bytes, rs_n));
-    same = same && ny == ry_n && ns == rs_n && !memcmp(y_bytes, ry_bytes, ny) &&
-           !memcmp(s_bytes, rs_bytes, ns);
+    size_t ny, ns, ry_n, rs_n;
+    float *y_got = host_floats(y_host, cpu, &ny), *s_got = host_floats(s_host, cpu, &ns);
+    float *y_want = handle_floats(ry, &ry_n), *s_want = handle_floats(rs, &rs_n);
+    same = same && ny == ry_n && ns == rs_n && !memcmp(y_got, y_want, ny * sizeof(float)) &&
+           !memcmp(s_got, s_want, ns * sizeof(float));
     CHECK(mlx_array_ndim(total) == 0);
-    free(y_bytes), free(s_bytes), free(ry_bytes), free(rs_bytes);
+    free(y_got), free(s_got), free(y_want), free(s_want);
     mlxk_array *refs[7] = {rq, rk, rv, ra, rb, ry, ref_state};
     for (int i = 0; i < 7; i++) CHECK_OK(mlxk_array_free(refs[i]));
     ref_state = rs;
