@@ -356,10 +356,6 @@ bool pin_library() {
 bool metal_available() { return mx::metal::is_available(); }
 bool cuda_available() { return mx::cu::is_available(); }
 
-void set_default_device(bool gpu) {
-  mx::set_default_device(gpu ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu));
-}
-
 size_t set_cache_limit(size_t bytes) { return mx::set_cache_limit(bytes); }
 
 }  // namespace mlxk

@@ -53,7 +53,6 @@ bool pin_library();
 
 bool metal_available();
 bool cuda_available();
-void set_default_device(bool gpu);
 size_t set_cache_limit(size_t bytes);
 
 }  // namespace mlxk

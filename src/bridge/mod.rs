@@ -112,7 +112,6 @@ pub mod ffi {
 
         fn metal_available() -> bool;
         fn cuda_available() -> bool;
-        fn set_default_device(gpu: bool) -> Result<()>;
         fn set_cache_limit(bytes: usize) -> usize;
     }
 

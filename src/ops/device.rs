@@ -31,7 +31,8 @@ pub fn set_gpu(gpu: bool) -> Result<()> {
             ));
         }
     }
-    bridge::set_default_device(gpu)?;
+    // Every node names its stream explicitly: MLX's own default device (the host's, when the
+    // host uses MLX too) is left as it is.
     GPU.store(gpu, Ordering::Relaxed);
     Ok(())
 }
