@@ -315,32 +315,48 @@ rust::String mlx_build_version() {
 }
 
 namespace {
-// True for a file name "libmlx.so", "libmlx.so.N..." or "libmlx.dylib" (not libmlxkern,
-// libmlxc and the like).
-bool is_libmlx(const std::string& path) {
-  auto slash = path.find_last_of('/');
-  auto name = slash == std::string::npos ? path : path.substr(slash + 1);
-  return name == "libmlx.dylib" || name.rfind("libmlx.so", 0) == 0;
-}
-}  // namespace
+// A symbol every build of MLX defines (mlx::core::version()).
+constexpr const char* kMlxSymbol = "_ZN3mlx4core7versionEv";
 
-rust::Vec<rust::String> loaded_mlx_libraries() {
+// The loaded objects (file paths; "" for the main program), in load order.
+std::vector<std::string> loaded_objects() {
   std::vector<std::string> found;
 #if defined(__APPLE__)
   for (uint32_t i = 0, n = _dyld_image_count(); i < n; ++i) {
     const char* name = _dyld_get_image_name(i);
-    if (name && is_libmlx(name)) found.emplace_back(name);
+    found.emplace_back(name ? name : "");
   }
 #else
   dl_iterate_phdr(
       [](struct dl_phdr_info* info, size_t, void* data) {
-        if (info->dlpi_name && is_libmlx(info->dlpi_name)) {
-          static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name);
-        }
+        static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name ? info->dlpi_name
+                                                                                   : "");
         return 0;
       },
       &found);
 #endif
+  return found;
+}
+}  // namespace
+
+rust::Vec<rust::String> loaded_mlx_libraries() {
+  // Every object that defines MLX's symbols itself, whatever its file is called (a renamed
+  // libmlx, a framework, a library or program MLX is compiled into with its symbols visible):
+  // look the symbol up in each loaded object and ask which object the address belongs to.
+  std::vector<std::string> found;
+  for (const auto& name : loaded_objects()) {
+    void* handle = dlopen(name.empty() ? nullptr : name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (!handle) continue;
+    void* address = dlsym(handle, kMlxSymbol);
+    Dl_info info{};
+    if (address && dladdr(address, &info) && info.dli_fname) {
+      std::string definer = info.dli_fname;
+      if (std::find(found.begin(), found.end(), definer) == found.end()) {
+        found.push_back(definer);
+      }
+    }
+    dlclose(handle);
+  }
   rust::Vec<rust::String> out;
   for (auto& f : found) out.push_back(rust::String(f));
   return out;

@@ -39,9 +39,9 @@ pub fn check_one_mlx() -> Result<()> {
     paths.dedup();
     if paths.len() > 1 {
         return Err(Error::Unsupported(format!(
-            "{} copies of libmlx are loaded ({}): each has its own scheduler, allocator and \
-             streams, so arrays cannot be shared between them; load one libmlx, the one this \
-             library was built against",
+            "{} copies of libmlx are loaded (objects defining MLX: {}): each has its own \
+             scheduler, allocator and streams, so arrays cannot be shared between them; load one \
+             libmlx, the one this library was built against",
             paths.len(),
             paths.join(", ")
         )));
