@@ -224,7 +224,7 @@ def print_table(rows, kern, peer, llama, host, run):
         print(f"llama.cpp peer: {llama_text(llama)}")
     print()
     head = ["case", "unit", "mlxkern", "spread", "tok/s", "mx.fast", "ops path",
-            "speedup", "llama.cpp", "vs llama", "copy floor", "x floor", "target", "met?"]
+            "speedup", "llama.cpp", "its p10", "vs llama", "copy floor", "x floor", "target", "met?"]
     lines = []
     for r in rows:
         k = r["mlxkern"]
@@ -242,6 +242,7 @@ def print_table(rows, kern, peer, llama, host, run):
             peer_cell("mlx_fast"), peer_cell("mlx_lm_ops") if "mlx_lm_ops" in r else peer_cell("mlx_ops"),
             f"{r['speedup_vs_best_peer']:.2f}x" if "speedup_vs_best_peer" in r else "-",
             peer_cell(LLAMA),
+            fmt_time(r[LLAMA]["p10_us"]) if LLAMA in r else "-",
             f"{r['speedup_vs_llama_cpp']:.2f}x" if "speedup_vs_llama_cpp" in r else "-",
             fmt_time(r.get("copy_floor_us")) if "copy_floor_us" in r else "-",
             f"{r['x_copy_floor']:.1f}x" if "x_copy_floor" in r else "-",
@@ -249,8 +250,8 @@ def print_table(rows, kern, peer, llama, host, run):
             ("yes" if tgt["met"] else "NO") if tgt else "",
         ])
     if not llama:  # no llama.cpp side in this run: no llama.cpp columns
-        head = head[:8] + head[10:]
-        lines = [line[:8] + line[10:] for line in lines]
+        head = head[:8] + head[11:]
+        lines = [line[:8] + line[11:] for line in lines]
     left = {0, 1, len(head) - 2, len(head) - 1}  # case, unit, target, met?
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
 
@@ -271,8 +272,9 @@ def print_table(rows, kern, peer, llama, host, run):
           " mlxkern median (llama.cpp's CPU GGML_OP_GATED_DELTA_NET, f32, on the same inputs; its chunked-row"
           " figure is its exact op, which has no chunked form);")
     if llama:
-        print("llama.cpp's figures swing more with load than mlxkern's: each of its ops starts and ends at a"
-              " barrier that every ggml thread must reach, so a thread preempted by other work stalls the op;")
+        print("its p10 = llama.cpp's 10th percentile: its figures swing more with load than mlxkern's (each of its"
+              " ops starts and ends at a barrier every ggml thread must reach, so a thread preempted by other work"
+              " stalls the op); a p10 far below the median means other work held a CPU through most samples;")
     print("copy floor = fastest plain copy of the same bytes in this run (1 or 2 threads);")
     print("* = not run at this size: the T=512 measurement scaled to T=4096 (MLX's CPU paths are"
           " sequential over tokens; set MLXK_BENCH_PEER_FULL=1 to run it).")
