@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The C++ side of mlxkern, end to end:
 #   1. include/mlxkern.hpp: its tests (tests/cpp/test_mlxkern_hpp.cpp) built with strict
-#      warnings (-Werror, conversions, old-style casts) and run under ASan + LSan + UBSan;
+#      warnings (-Werror, conversions, old-style casts) and run under ASan + LSan + UBSan; then
+#      its MLX part (MLXKERN_WITH_MLX: Array::from_mlx / to_mlx) the same way, built against
+#      libmlx with MLX's headers as -isystem (tests/cpp/test_mlxkern_hpp_mlx.cpp);
 #   2. the example engine (examples/cpp/qwen35_layer.cpp) built against the in-tree headers;
 #   3. the acceptance test (tests/cpp/test_qwen35_layer.py): the engine against mlx-lm 0.32.2's
 #      Qwen3.5 GatedDeltaNet (small shapes and Qwen3.5-35B-A3B's), prefill, decode, speculative
@@ -51,6 +53,11 @@ total_start=$(now)
 
 STRICT=(-std=c++17 -Wall -Wextra -Werror -pedantic -Wold-style-cast -Wshadow)
 IN_TREE=(-I"$ROOT/include" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
+# Programs on MLX's C++ API: MLX 0.32's headers need C++20; they are system headers here, so
+# the strict warnings apply to this project's code only. libmlx is the one mlxkern links.
+MLX=$("$PY" -m mlx --cmake-dir) || fail "$PY -m mlx --cmake-dir failed: run make bootstrap"
+STRICT_MLX=(-std=c++20 "${STRICT[@]:1}")
+WITH_MLX=(-isystem "$MLX/include" -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib")
 
 # 1. The header-only layer's own tests.
 start=$(now)
@@ -65,6 +72,20 @@ fi
 grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer report"; }
 echo "PASS: include/mlxkern.hpp: $(tail -n 1 "$log") under ASan + LSan + UBSan" \
   "(-Werror -Wconversion -Wold-style-cast -pedantic, included twice) [$(since "$start")]"
+
+start=$(now)
+"$CXX" "${STRICT_MLX[@]}" -Wconversion -Wsign-conversion -g -O1 -fsanitize=address,undefined \
+  -fno-sanitize-recover=all -fno-omit-frame-pointer "$ROOT/tests/cpp/test_mlxkern_hpp_mlx.cpp" \
+  "${IN_TREE[@]}" "${WITH_MLX[@]}" -o "$OUT/test_mlxkern_hpp_mlx" ||
+  fail "tests/cpp/test_mlxkern_hpp_mlx.cpp does not build"
+log=$OUT/test_mlxkern_hpp_mlx.log
+if ! ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 "$OUT/test_mlxkern_hpp_mlx" >"$log" 2>&1; then
+  cat "$log" >&2
+  fail "tests/cpp/test_mlxkern_hpp_mlx under ASan + LSan + UBSan"
+fi
+grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer report"; }
+echo "PASS: include/mlxkern.hpp with MLXKERN_WITH_MLX (from_mlx / to_mlx against libmlx):" \
+  "$(tail -n 1 "$log") under ASan + LSan + UBSan [$(since "$start")]"
 
 # 2. The example against the in-tree headers.
 start=$(now)
