@@ -112,8 +112,9 @@ else
   trap 'rm -rf "$PREFIX"' EXIT
 fi
 LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$PREFIX" >/dev/null || fail "scripts/install.sh $PREFIX"
-for file in include/mlxkern.h include/mlxkern.hpp lib/libmlxkern.so lib/pkgconfig/mlxkern.pc \
-  lib/mlxkern/mlx/lib/libmlx.so; do
+for file in include/mlxkern.h include/mlxkern.hpp include/mlxkern_mlxc.h lib/libmlxkern.so \
+  lib/pkgconfig/mlxkern.pc lib/pkgconfig/mlxkern-mlx.pc lib/mlxkern/mlx/lib/libmlx.so \
+  lib/mlxkern/mlx/include/mlx/mlx.h; do
   [ -f "$PREFIX/$file" ] || fail "install: $file missing"
 done
 # The library sits under its SONAME, libmlxkern.so.<C ABI version>, with libmlxkern.so -> it.
