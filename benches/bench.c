@@ -24,8 +24,9 @@
  * both sides of each ratio are measured close together. Writes every figure to OUTPUT.json.
  * Environment: MLXK_BENCH_QUICK=1 for a short run (smaller time budget per case).
  *
- * Uses only include/mlxkern.h, the helpers the C programs share (tests/common/mlxk_test_util.h)
- * and libc, pthreads. Built and run by scripts/bench.sh.
+ * Uses only include/mlxkern.h, the helpers the C programs share (tests/common/mlxk_test_util.h),
+ * the timing and host description the C bench drivers share (benches/harness.h) and libc,
+ * pthreads. Built and run by scripts/bench.sh.
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -41,6 +42,7 @@
 #include "inputs.h"
 #include "mlxkern.h"
 #include "mlxk_test_util.h"
+#include "harness.h" /* measure(), host description, JSON */
 
 enum {
     HK = 16,
@@ -58,98 +60,6 @@ enum {
 
 /* Keeps copies and stores from being optimized away. */
 static volatile uint32_t sink;
-
-/* ---------------------------------------------------------------------------------------- */
-/* Timing                                                                                   */
-
-typedef struct {
-    double budget_s;   /* target time of the timed samples of one case */
-    double max_case_s; /* never spend more than this on one case's timed samples */
-    int min_reps;
-    int max_reps;
-    int quick;
-} Config;
-
-static Config cfg;
-
-typedef struct {
-    int n;          /* timed samples */
-    int inner;      /* bodies per sample */
-    double median;  /* seconds per unit */
-    double min, max, p10, p90;
-} Stats;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double quantile_sorted(const double *v, int n, double q) {
-    if (n == 1) {
-        return v[0];
-    }
-    double pos = q * (double)(n - 1);
-    int lo = (int)floor(pos);
-    int hi = lo + 1 < n ? lo + 1 : lo;
-    double frac = pos - (double)lo;
-    return v[lo] * (1.0 - frac) + v[hi] * frac;
-}
-
-typedef void (*Body)(void *ctx);
-
-/* Runs `body` (warm-up, then timed samples). `units` is how many units (steps, calls) one
- * body covers; the statistics are seconds per unit. Fast bodies are repeated `inner` times
- * per sample so that each sample lasts at least ~0.5 ms. */
-static Stats measure(Body body, void *ctx, double units) {
-    double t0 = mlxkt_now_seconds();
-    body(ctx);
-    double t_one = mlxkt_now_seconds() - t0;
-    if (t_one < 0.05) { /* a few more warm-up runs for cheap bodies */
-        int extra = t_one < 0.005 ? 5 : 2;
-        t0 = mlxkt_now_seconds();
-        for (int i = 0; i < extra; i++) {
-            body(ctx);
-        }
-        t_one = (mlxkt_now_seconds() - t0) / extra;
-    }
-    int inner = 1;
-    if (t_one < 5e-4) {
-        inner = (int)ceil(5e-4 / (t_one > 1e-8 ? t_one : 1e-8));
-    }
-    double t_sample = t_one * inner;
-    int reps = (int)(cfg.budget_s / t_sample);
-    if (reps < cfg.min_reps) {
-        reps = cfg.min_reps;
-    }
-    if (reps > cfg.max_reps) {
-        reps = cfg.max_reps;
-    }
-    if (reps * t_sample > cfg.max_case_s) {
-        reps = (int)(cfg.max_case_s / t_sample);
-        if (reps < 1) {
-            reps = 1;
-        }
-    }
-    double *samples = mlxkt_xmalloc(sizeof(double) * (size_t)reps);
-    for (int r = 0; r < reps; r++) {
-        double s0 = mlxkt_now_seconds();
-        for (int i = 0; i < inner; i++) {
-            body(ctx);
-        }
-        samples[r] = (mlxkt_now_seconds() - s0) / ((double)inner * units);
-    }
-    qsort(samples, (size_t)reps, sizeof(double), cmp_double);
-    Stats st;
-    st.n = reps;
-    st.inner = inner;
-    st.median = quantile_sorted(samples, reps, 0.5);
-    st.min = samples[0];
-    st.max = samples[reps - 1];
-    st.p10 = quantile_sorted(samples, reps, 0.1);
-    st.p90 = quantile_sorted(samples, reps, 0.9);
-    free(samples);
-    return st;
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Records (printed as they come, written to JSON at the end)                               */
@@ -657,32 +567,8 @@ static void chunked_differences(const PrefillCtx *exact) {
 /* ---------------------------------------------------------------------------------------- */
 /* JSON                                                                                     */
 
-static void json_string(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') {
-            fputc('\\', f);
-        }
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
-
-/* The first three fields of /proc/loadavg (other work on the machine skews every figure). */
-static void read_loadavg(char *dst, size_t len) {
-    snprintf(dst, len, "null");
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f == NULL) {
-        return;
-    }
-    double l1, l5, l15;
-    if (fscanf(f, "%lf %lf %lf", &l1, &l5, &l15) == 3) {
-        snprintf(dst, len, "[%.2f, %.2f, %.2f]", l1, l5, l15);
-    }
-    fclose(f);
-}
-
 static char loadavg_start[64], loadavg_end[64];
+static HostInfo host;
 
 static const char *const GROUPS[] = {"decode1", "decode4", "decode16", "prefill", "replay", "small"};
 enum { N_GROUPS = sizeof GROUPS / sizeof GROUPS[0] };
@@ -700,7 +586,9 @@ static void write_json(const char *path, double total_s, double noop_us, double 
     json_string(f, mlxk_version());
     fprintf(f, ",\n  \"abi_version\": %u,\n", mlxk_abi_version());
     fprintf(f, "  \"quick\": %s,\n", cfg.quick ? "true" : "false");
-    fprintf(f, "  \"cpus_online\": %ld,\n", sysconf(_SC_NPROCESSORS_ONLN));
+    fprintf(f, "  \"cpus_online\": %ld,\n  ", host.cpus_online);
+    host_json(f, &host);
+    fprintf(f, ",\n");
     fprintf(f, "  \"loadavg_start\": %s,\n  \"loadavg_end\": %s,\n", loadavg_start, loadavg_end);
     fprintf(f, "  \"dims\": {\"Hk\": %d, \"Hv\": %d, \"Dk\": %d, \"Dv\": %d, \"layers\": %d, "
                "\"conv_dim\": %d, \"dtype\": \"bfloat16\", \"state_dtype\": \"float32\"},\n",
@@ -969,17 +857,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench: header ABI %d, library ABI %u\n", MLXK_ABI_VERSION, mlxk_abi_version());
         return 1;
     }
-    const char *quick = getenv("MLXK_BENCH_QUICK");
-    cfg.quick = quick != NULL && quick[0] != '\0' && strcmp(quick, "0") != 0;
-    if (cfg.quick) {
-        cfg = (Config){0.25, 0.8, 2, 30, 1};
-    } else {
-        cfg = (Config){1.0, 3.0, 3, 200, 0};
-    }
+    config_from_env();
     double t_start = mlxkt_now_seconds();
     read_loadavg(loadavg_start, sizeof loadavg_start);
+    host = host_info();
+    char host_text[320];
+    host_line(&host, host_text, sizeof host_text);
     printf("mlxkern %s bench (%s): Hk %d, Hv %d, Dk %d, Dv %d, bf16 inputs, f32 state, %d layers\n",
            mlxk_version(), cfg.quick ? "quick" : "full", HK, HV, DK, DV, LAYERS);
+    printf("host: %s; load average %s\n", host_text, loadavg_start);
 
     make_shared_inputs();
 

@@ -416,9 +416,53 @@ def bench_gated_norm(rows):
 def loadavg():
     try:
         with open("/proc/loadavg") as f:
-            return f.read().split()[:3]
+            return [float(x) for x in f.read().split()[:3]]
     except OSError:
         return None
+
+
+def host_info():
+    """The machine, as bench.c describes it (benches/harness.h): CPU model, architecture, CPUs
+    online and whether the CPU has AVX2, FMA and AVX-512F (None where no x86 flags are listed)."""
+    import platform
+
+    model, flags = None, None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if model is None and key in ("model name", "Model Name"):
+                    model = value.strip()
+                elif flags is None and key == "flags":
+                    flags = set(value.split())
+                if model is not None and flags is not None:
+                    break
+    except OSError:
+        pass
+    if model is None and sys.platform == "darwin":
+        import subprocess
+
+        try:
+            model = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                   check=True).stdout.strip() or None
+        except (OSError, subprocess.CalledProcessError):
+            model = None
+    simd = {name: (name in flags if flags is not None else None) for name in ("avx2", "fma", "avx512f")}
+    try:
+        online = os.sysconf("SC_NPROCESSORS_ONLN")
+    except (ValueError, OSError):
+        online = os.cpu_count()
+    return dict(cpu_model=model or "unknown", arch=platform.machine() or "unknown", cpus_online=online, simd=simd)
+
+
+def host_line(host):
+    def word(v):
+        return "unknown" if v is None else "yes" if v else "no"
+
+    simd = host["simd"]
+    return (f"{host['cpu_model']} ({host['arch']}), {host['cpus_online']} CPUs online; AVX2 {word(simd['avx2'])},"
+            f" FMA {word(simd['fma'])}, AVX-512F {word(simd['avx512f'])}")
 
 
 GROUPS = ("decode1", "decode4", "decode16", "prefill", "replay", "small")
@@ -431,7 +475,9 @@ def main():
     groups = [g for g in GROUPS if g in sys.argv[2:]] or list(GROUPS)
     start = time.perf_counter()
     load_start = loadavg()
+    host = host_info()
     print(f"MLX {mx.__version__} CPU peer ({'quick' if QUICK else 'full'}): same cases and inputs as bench.c")
+    print(f"host: {host_line(host)}; load average {load_start}")
     checks = {}
     for batch in (1, 4, 16):
         if f"decode{batch}" in groups:
@@ -449,6 +495,7 @@ def main():
     total = time.perf_counter() - start
     out = dict(tool="mlxkern benches/peer.py", mlx_version=mx.__version__, mlx_lm_version=mlx_lm_version(),
                device=str(mx.default_device()), quick=QUICK, peer_full=PEER_FULL, timing=CFG, groups=groups,
+               cpus_online=host["cpus_online"], host=host,
                loadavg_start=load_start, loadavg_end=loadavg(),
                checks={"prefill_T64_B1": checks} if checks else {}, total_s=total, records=RECORDS)
     with open(sys.argv[1], "w") as f:

@@ -1,13 +1,18 @@
-"""Merges the mlxkern (benches/bench.c) and MLX peer (benches/peer.py) results of one run.
+"""Merges the mlxkern (benches/bench.c), MLX peer (benches/peer.py) and llama.cpp peer
+(benches/llama_peer.c) results of one run.
 
-    .venv/bin/python3 benches/report.py OUT_DIR --mlxkern PART.json... --peer PART.json...
+    .venv/bin/python3 benches/report.py OUT_DIR [--run RUN.json] --mlxkern PART.json...
+        --peer PART.json... [--llama PART.json...]
 
 Each side may come in parts (scripts/bench.sh runs one case group at a time, alternating the
-two sides); the parts of a side are concatenated in the order given.
+sides); the parts of a side are concatenated in the order given. RUN.json (written by
+scripts/bench.sh) holds the 1-minute load average at the start and end of the whole run.
 
-Writes OUT_DIR/results.json (both inputs, one merged row per case, the targets) and
-OUT_DIR/chart.png (tokens/s per op and size, mlxkern vs MLX, log scale), and prints the table:
-case, mlxkern, the MLX peers, speedup (best MLX time / mlxkern time), memory floor, target, met?
+Writes OUT_DIR/results.json (the machine, all inputs, one merged row per case, the targets,
+the llama.cpp agreement checks) and OUT_DIR/chart.png (tokens/s per op and size, mlxkern vs
+MLX vs llama.cpp, log scale, the machine in the footer), and prints the machine, then the
+table: case, mlxkern, the MLX peers, speedup (best MLX time / mlxkern time), llama.cpp and its
+ratio (llama.cpp time / mlxkern time), memory floor, target, met?
 """
 
 import json
@@ -21,8 +26,9 @@ DECODE_COLD_X_COPY = 1.3  # decode, B = 1, cold, one eval of 30 layers: <= 1.3 x
 PREFILL_TOK_S = 25000.0  # prefill at T = 4096: >= 25 k tokens/s
 SMALL_OPS_X_COPY = 2.0  # head split and gated norm: <= 2 x a copy of their input + output bytes
 
-PEERS = ("mlx_fast", "mlx_lm_ops", "mlx_ops")
-PEER_LABEL = {"mlx_fast": "mx.fast", "mlx_lm_ops": "mlx-lm ops", "mlx_ops": "MLX ops"}
+PEERS = ("mlx_fast", "mlx_lm_ops", "mlx_ops")  # MLX's paths: "speedup" is against the best of these
+LLAMA = "llama_cpp"  # llama.cpp's GGML_OP_GATED_DELTA_NET: its own column and ratio
+PEER_LABEL = {"mlx_fast": "mx.fast", "mlx_lm_ops": "mlx-lm ops", "mlx_ops": "MLX ops", LLAMA: "llama.cpp"}
 COPY_IMPLS = ("memcpy", "memcpy_2t")
 
 
@@ -42,6 +48,7 @@ def load_side(paths):
         for key, val in part.get("checks", {}).items():
             side["checks"].setdefault(key, {}).update(val)
     side["total_s"] = sum(part.get("total_s", 0) for part in parts)
+    side["check_failed"] = any(part.get("check_failed") for part in parts)
     side["parts"] = [{"groups": part.get("groups"), "total_s": part.get("total_s"),
                       "loadavg_start": part.get("loadavg_start"), "loadavg_end": part.get("loadavg_end")}
                      for part in parts]
@@ -51,11 +58,46 @@ def load_side(paths):
     return side
 
 
-def load_range(kern, peer):
+def load_range(*sides):
     """(lowest, highest) 1-minute load average seen at the start and end of every part."""
-    loads = [float(la[0]) for side in (kern, peer) for part in side["parts"]
+    loads = [float(la[0]) for side in sides if side for part in side["parts"]
              for la in (part.get("loadavg_start"), part.get("loadavg_end")) if la]
     return (min(loads), max(loads)) if loads else None
+
+
+def yes_no(v):
+    return "unknown" if v is None else "yes" if v else "no"
+
+
+def host_of(kern, peer, llama):
+    """The machine every side ran on (bench.c's description; the others must name the same CPU)."""
+    host = dict(kern.get("host") or {})
+    others = [side.get("host") for side in (peer, llama) if side and side.get("host")]
+    host["same_cpu_on_every_side"] = all(o.get("cpu_model") == host.get("cpu_model") for o in others)
+    return host
+
+
+def host_text(host):
+    simd = host.get("simd", {})
+    return (f"{host.get('cpu_model', 'unknown')} ({host.get('arch', '?')}), {host.get('cpus_online', '?')} CPUs"
+            f" online; AVX2 {yes_no(simd.get('avx2'))}, FMA {yes_no(simd.get('fma'))},"
+            f" AVX-512F {yes_no(simd.get('avx512f'))}")
+
+
+def load_text(run, loads):
+    parts = []
+    if run and run.get("loadavg_start") and run.get("loadavg_end"):
+        parts.append(f"{run['loadavg_start'][0]:.2f} at the start, {run['loadavg_end'][0]:.2f} at the end")
+    if loads:
+        parts.append(f"{loads[0]:.2f} to {loads[1]:.2f} over the parts")
+    return "; ".join(parts) if parts else "unknown"
+
+
+def llama_text(llama):
+    build = llama.get("ggml_build", {})
+    return (f"ggml {llama.get('ggml_version')} ({llama.get('source')}), CPU backend built with -march=native"
+            f" (AVX2 {yes_no(build.get('avx2'))}, FMA {yes_no(build.get('fma'))},"
+            f" AVX-512 {yes_no(build.get('avx512'))}), {llama.get('threads')} threads")
 
 
 def fmt_time(us):
@@ -96,9 +138,11 @@ def label(case_id, rec):
     return names.get(op, case_id)
 
 
-def merge(kern, peer):
+def merge(kern, peer, llama):
     by = {}
-    for side in (kern, peer):
+    for side in (kern, peer, llama):
+        if not side:
+            continue
         for rec in side["records"]:
             by.setdefault(rec["id"], {})[rec["impl"]] = rec
     rows = []
@@ -119,6 +163,9 @@ def merge(kern, peer):
             best_us, best = min(peer_times)
             row["best_peer"] = best
             row["speedup_vs_best_peer"] = best_us / rec["median_us"]
+        if LLAMA in impls:
+            row[LLAMA] = impls[LLAMA]
+            row["speedup_vs_llama_cpp"] = impls[LLAMA]["median_us"] / rec["median_us"]
         # memory floor of the same bytes, per the op's unit
         floor_id = None
         if rec["op"].startswith("decode_cold"):
@@ -167,9 +214,17 @@ def apply_target(row):
         row["target"] = target
 
 
-def print_table(rows, kern, peer):
+def print_table(rows, kern, peer, llama, host, run):
+    loads = load_range(kern, peer, llama)
+    print(f"machine: {host_text(host)}")
+    print(f"1-minute load average: {load_text(run, loads)}")
+    if not host.get("same_cpu_on_every_side", True):
+        print("WARNING: the parts name different CPUs")
+    if llama:
+        print(f"llama.cpp peer: {llama_text(llama)}")
+    print()
     head = ["case", "unit", "mlxkern", "spread", "tok/s", "mx.fast", "ops path",
-            "speedup", "copy floor", "x floor", "target", "met?"]
+            "speedup", "llama.cpp", "its p10", "vs llama", "copy floor", "x floor", "target", "met?"]
     lines = []
     for r in rows:
         k = r["mlxkern"]
@@ -186,15 +241,22 @@ def print_table(rows, kern, peer):
             r["label"], r["unit"], fmt_time(k["median_us"]), f"{spread:.0f}%", fmt_rate(k["tokens_per_s"]),
             peer_cell("mlx_fast"), peer_cell("mlx_lm_ops") if "mlx_lm_ops" in r else peer_cell("mlx_ops"),
             f"{r['speedup_vs_best_peer']:.2f}x" if "speedup_vs_best_peer" in r else "-",
+            peer_cell(LLAMA),
+            fmt_time(r[LLAMA]["p10_us"]) if LLAMA in r else "-",
+            f"{r['speedup_vs_llama_cpp']:.2f}x" if "speedup_vs_llama_cpp" in r else "-",
             fmt_time(r.get("copy_floor_us")) if "copy_floor_us" in r else "-",
             f"{r['x_copy_floor']:.1f}x" if "x_copy_floor" in r else "-",
             tgt["text"] if tgt else "",
             ("yes" if tgt["met"] else "NO") if tgt else "",
         ])
+    if not llama:  # no llama.cpp side in this run: no llama.cpp columns
+        head = head[:8] + head[11:]
+        lines = [line[:8] + line[11:] for line in lines]
+    left = {0, 1, len(head) - 2, len(head) - 1}  # case, unit, target, met?
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
 
     def fmt(cols):
-        return "  ".join(c.ljust(w) if i in (0, 1, 10, 11) else c.rjust(w)
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
 
     print(fmt(head))
@@ -206,20 +268,26 @@ def print_table(rows, kern, peer):
           " spread = (p90 - p10) / median of mlxkern;")
     print("mx.fast = mx.fast.gated_delta_update; ops path = mlx-lm's gated_delta_ops (recurrence) or the"
           " MLX-ops composition of mlx-lm's model code (head split, gated norm);")
-    print("speedup = best MLX median / mlxkern median (> 1: mlxkern faster); copy floor = fastest plain"
-          " copy of the same bytes in this run (1 or 2 threads);")
+    print("speedup = best MLX median / mlxkern median (> 1: mlxkern faster); vs llama = llama.cpp median /"
+          " mlxkern median (llama.cpp's CPU GGML_OP_GATED_DELTA_NET, f32, on the same inputs; its chunked-row"
+          " figure is its exact op, which has no chunked form);")
+    if llama:
+        print("its p10 = llama.cpp's 10th percentile: its figures swing more with load than mlxkern's (each of its"
+              " ops starts and ends at a barrier every ggml thread must reach, so a thread preempted by other work"
+              " stalls the op); a p10 far below the median means other work held a CPU through most samples;")
+    print("copy floor = fastest plain copy of the same bytes in this run (1 or 2 threads);")
     print("* = not run at this size: the T=512 measurement scaled to T=4096 (MLX's CPU paths are"
           " sequential over tokens; set MLXK_BENCH_PEER_FULL=1 to run it).")
     print(f"eval round trip of one tiny op through the C ABI: {kern.get('eval_roundtrip_us', 0):.1f} us"
           f" (no-op eval {kern.get('eval_noop_us', 0):.2f} us); every single-call figure includes it, so"
           " at S=1 the head split and gated norm copy floors (< 1 us) are out of reach of any one call")
-    loads = load_range(kern, peer)
     if loads:
         print(f"1-minute load average during the run: {loads[0]:.2f} to {loads[1]:.2f} on"
               f" {kern.get('cpus_online', '?')} CPUs (above ~{kern.get('cpus_online', 2)}: other work"
               " shared the CPUs and inflates every figure)")
     print(f"run time: bench.c {kern.get('total_s', 0):.1f} s, peer.py {peer.get('total_s', 0):.1f} s"
-          f"{' (quick mode)' if kern.get('quick') else ''}")
+          + (f", llama_peer.c {llama.get('total_s', 0):.1f} s" if llama else "")
+          + f"{' (quick mode)' if kern.get('quick') else ''}")
 
 
 def print_checks(kern, peer):
@@ -243,6 +311,26 @@ def print_checks(kern, peer):
     return out
 
 
+def llama_checks(llama):
+    """llama.cpp's agreement with mlxkern, checked by llama_peer.c before timing each case."""
+    if not llama:
+        return None
+    checks = llama.get("checks", {})
+    limits = llama.get("check_limits", {})
+    failed = [cid for cid, c in checks.items() if not c.get("ok")]
+    if checks:
+        worst_y = max(c["y_max_rel"] for c in checks.values())
+        worst_s = max(c["state_max_rel"] for c in checks.values())
+        print(f"llama.cpp vs mlxkern on the same inputs ({len(checks)} cases checked before timing): max |dy|"
+              f" {worst_y:.2e}, max |dstate| {worst_s:.2e} of mlxkern's largest magnitude (limits"
+              f" {limits.get('y_max_rel', 0):.1e}: y is bf16 in mlxkern, half an ulp is up to 2^-8 of the largest;"
+              f" {limits.get('state_max_rel', 0):.0e}: f32 state)")
+    if failed:
+        print(f"LLAMA.CPP PEER FAILED its agreement check on {', '.join(failed)}: those cases carry no llama.cpp"
+              " figures")
+    return {"limits": limits, "cases": checks, "failed": failed, "mapping": llama.get("mapping")}
+
+
 def group(row):
     op = row["op"]
     if op.startswith("decode"):
@@ -250,7 +338,7 @@ def group(row):
     return op.replace("_padded", "").replace("_chunked", "")
 
 
-def draw_chart(rows, path, footer):
+def draw_chart(rows, path, footer, with_llama):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -259,10 +347,14 @@ def draw_chart(rows, path, footer):
 
     series = [("mlxkern", "mlxkern", "#1f77b4"), ("mlx_fast", "MLX mx.fast.gated_delta_update", "#ff7f0e"),
               ("mlx_lm_ops", "mlx-lm gated_delta_ops", "#2ca02c"), ("mlx_ops", "MLX ops (mlx-lm model code)", "#9467bd")]
+    if with_llama:
+        series.append((LLAMA, "llama.cpp GGML_OP_GATED_DELTA_NET (ggml CPU, f32)", "#d62728"))
     rows = [r for r in rows if r["mlxkern"]["tokens_per_s"] > 0]
     n = len(rows)
-    fig, ax = plt.subplots(figsize=(12, 0.62 * n + 2.2))
-    bar_h = 0.26
+    height = 0.62 * n + 2.6
+    fig, ax = plt.subplots(figsize=(12, height))
+    most = max(sum(1 for key, _, _ in series if key in r) for r in rows)
+    bar_h = min(0.26, 0.84 / most)
     for i, r in enumerate(rows):
         present = [(key, color) for key, _, color in series if key in r]
         for j, (key, color) in enumerate(present):
@@ -295,39 +387,67 @@ def draw_chart(rows, path, footer):
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.045 * 24 / (n + 4)), ncol=3,
               fontsize=8, frameon=False)
     ax.set_title("Gated DeltaNet ops, Qwen3.5-35B-A3B dims (Hk 16, Hv 32, Dk=Dv=128, bf16, f32 state), CPU\n"
-                 "mlxkern (C ABI) vs MLX's CPU path, same run, same inputs; higher is better", fontsize=10)
+                 "mlxkern (C ABI) vs MLX's CPU path" + (" and llama.cpp's CPU op" if with_llama else "")
+                 + ", same run, same inputs; higher is better", fontsize=10)
     fig.text(0.01, 0.005, footer, fontsize=7, color="dimgrey", va="bottom")
-    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.tight_layout(rect=(0, (0.15 + 0.13 * footer.count("\n")) / height, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def parse_args(args):
+    """OUT_DIR, then options each followed by its files: --run (one), --mlxkern, --peer, --llama."""
+    usage = ("usage: report.py OUT_DIR [--run RUN.json] --mlxkern PART.json... --peer PART.json..."
+             " [--llama PART.json...]")
+    if not args or args[0].startswith("--"):
+        sys.exit(usage)
+    opts, key = {}, None
+    for arg in args[1:]:
+        if arg in ("--run", "--mlxkern", "--peer", "--llama"):
+            key = arg[2:]
+            opts.setdefault(key, [])
+        elif key is None:
+            sys.exit(usage)
+        else:
+            opts[key].append(arg)
+    if not opts.get("mlxkern") or not opts.get("peer") or len(opts.get("run", [None])) != 1:
+        sys.exit(usage)
+    return args[0], opts
+
+
 def main():
-    args = sys.argv[1:]
-    if len(args) < 5 or args[1] != "--mlxkern" or "--peer" not in args:
-        sys.exit("usage: report.py OUT_DIR --mlxkern PART.json... --peer PART.json...")
-    out_dir = args[0]
-    split = args.index("--peer")
-    kern, peer = load_side(args[2:split]), load_side(args[split + 1:])
+    out_dir, opts = parse_args(sys.argv[1:])
+    kern, peer = load_side(opts["mlxkern"]), load_side(opts["peer"])
+    llama = load_side(opts["llama"]) if opts.get("llama") else None
+    run = load(opts["run"][0]) if opts.get("run") else None
+    host = host_of(kern, peer, llama)
+    loads = load_range(kern, peer, llama)
     os.makedirs(out_dir, exist_ok=True)
-    rows = merge(kern, peer)
-    print_table(rows, kern, peer)
+    rows = merge(kern, peer, llama)
+    print_table(rows, kern, peer, llama, host, run)
     checks = print_checks(kern, peer)
+    agreement = llama_checks(llama)
     targets = [{"id": r["id"], "label": r["label"], **r["target"]} for r in rows if "target" in r]
-    merged = {"mlxkern_run": {k: v for k, v in kern.items() if k != "records"},
+    merged = {"host": host,
+              "load_average_1min": {"run_start": run.get("loadavg_start") if run else None,
+                                    "run_end": run.get("loadavg_end") if run else None,
+                                    "range_over_parts": list(loads) if loads else None},
+              "mlxkern_run": {k: v for k, v in kern.items() if k != "records"},
               "peer_run": {k: v for k, v in peer.items() if k != "records"},
-              "rows": rows, "targets": targets, "checks": checks,
-              "records": {"mlxkern": kern["records"], "peer": peer["records"]}}
+              "llama_cpp_run": {k: v for k, v in llama.items() if k != "records"} if llama else None,
+              "rows": rows, "targets": targets, "checks": checks, "llama_cpp_agreement": agreement,
+              "records": {"mlxkern": kern["records"], "peer": peer["records"],
+                          "llama_cpp": llama["records"] if llama else []}}
     results = os.path.join(out_dir, "results.json")
     with open(results, "w") as f:
         json.dump(merged, f, indent=1)
     chart = os.path.join(out_dir, "chart.png")
-    loads = load_range(kern, peer)
     footer = (f"{time.strftime('%Y-%m-%d %H:%M')}  mlxkern {kern.get('library_version')}, MLX {peer.get('mlx_version')},"
-              f" mlx-lm {peer.get('mlx_lm_version')}; {kern.get('cpus_online', '?')} CPUs"
-              + (f", 1-min load average {loads[0]:.1f}-{loads[1]:.1f}" if loads else "")
-              + ("; quick mode" if kern.get("quick") else ""))
-    draw_chart(rows, chart, footer)
+              f" mlx-lm {peer.get('mlx_lm_version')}"
+              + (f", llama.cpp: ggml {llama.get('ggml_version')} CPU ({llama.get('threads')} threads)" if llama else "")
+              + ("; quick mode" if kern.get("quick") else "")
+              + f"\nmeasured on: {host_text(host)}; 1-minute load average {load_text(run, loads)}")
+    draw_chart(rows, chart, footer, llama is not None)
     met = sum(1 for t in targets if t["met"])
     print(f"targets met: {met} of {len(targets)}")
     print(f"wrote {results} and {chart}")

@@ -381,7 +381,10 @@ mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlx
  * state within 4.5e-7 of their largest magnitude, not growing with T (the exact kernel:
  * 6.5e-7 / 1.2e-6 on the same cases). A NaN or infinity in an input makes the same outputs
  * non-finite as in mlxk_gated_delta_update (its rows, from its token on; never an earlier
- * token). Use it for long prefills; decode (T = 1) and speculative
+ * token). The kernel runs with subnormals flushed to zero (FTZ/DAZ on its threads, the
+ * caller's floating-point mode restored after), so its speed does not depend on the mode the
+ * host leaves set; values below 2^-126 in magnitude count as zero. Use it for long prefills;
+ * decode (T = 1) and speculative
  * verification, whose results must match other calls bit for bit, use
  * mlxk_gated_delta_update.
  *

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Benchmarks, run by `make bench`: mlxkern through its C ABI (benches/bench.c) and MLX's own
-# CPU path on the same cases and inputs (benches/peer.py), both in this one invocation, group
-# by group; then the merged table (stdout), build/bench/results.json and build/bench/chart.png
+# Benchmarks, run by `make bench`: mlxkern through its C ABI (benches/bench.c), MLX's own CPU
+# path (benches/peer.py) and llama.cpp's CPU GGML_OP_GATED_DELTA_NET (benches/llama_peer.c,
+# decode and prefill groups) on the same cases and inputs, all in this one invocation, group by
+# group; then the merged table (stdout), build/bench/results.json and build/bench/chart.png
 # (benches/report.py). Each side's raw figures stay in build/bench/parts/.
+#
+# The llama.cpp peer needs ggml, fetched and built once into build/llama.cpp/ by
+# scripts/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
+# them it is skipped with one line and the rest runs. A disagreement of its outputs with
+# mlxkern's (checked before timing) drops its figures for that group, loudly.
 #
 # Expects the library built (`cargo build --lib`; the Makefile target does it) and .venv made
 # by scripts/bootstrap.sh. matplotlib (for the chart only) is installed into .venv on first use.
@@ -34,14 +40,30 @@ mkdir -p "$OUT"
 "$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/tests/common" \
   "$ROOT/benches/bench.c" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -o "$OUT/bench"
 
-# One case group at a time, mlxkern then MLX, so that both sides of each ratio are measured
-# within seconds of each other (other work on the machine changes over minutes).
+llama=0
+if CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
+  llama=1
+fi
+
+# The 1-minute load average as a JSON list, or null.
+loadavg() {
+  if [ -r /proc/loadavg ]; then
+    awk '{printf "[%s, %s, %s]", $1, $2, $3}' /proc/loadavg
+  else
+    printf null
+  fi
+}
+
+# One case group at a time, mlxkern then MLX then llama.cpp, so that every side of each ratio
+# is measured within seconds of the others (other work on the machine changes over minutes).
 PARTS=$OUT/parts
 rm -rf "$PARTS"
 mkdir -p "$PARTS"
 kern_parts=()
 peer_parts=()
+llama_parts=()
 start=$(date +%s)
+load_start=$(loadavg)
 for group in decode1 decode4 decode16 prefill replay small; do
   echo "== $group: mlxkern (C ABI) =="
   "$OUT/bench" "$PARTS/mlxkern-$group.json" "$group"
@@ -49,8 +71,34 @@ for group in decode1 decode4 decode16 prefill replay small; do
   "$PY" "$ROOT/benches/peer.py" "$PARTS/peer-$group.json" "$group"
   kern_parts+=("$PARTS/mlxkern-$group.json")
   peer_parts+=("$PARTS/peer-$group.json")
+  case $group in
+    decode*|prefill)
+      if [ "$llama" = 1 ]; then
+        echo "== $group: llama.cpp CPU peer =="
+        rc=0
+        "$OUT/llama_peer" "$PARTS/llama-$group.json" "$group" || rc=$?
+        if [ "$rc" = 3 ]; then
+          echo "bench: LLAMA.CPP PEER FAILED its agreement check with mlxkern on $group (above):" \
+               "its figures for the failed case are left out" >&2
+        elif [ "$rc" != 0 ]; then
+          echo "bench: LLAMA.CPP PEER FAILED on $group (exit status $rc): left out" >&2
+        fi
+        if [ -f "$PARTS/llama-$group.json" ]; then
+          llama_parts+=("$PARTS/llama-$group.json")
+        fi
+      fi
+      ;;
+  esac
   echo
 done
+load_end=$(loadavg)
+printf '{"loadavg_start": %s, "loadavg_end": %s, "seconds": %d}\n' "$load_start" "$load_end" \
+  "$(( $(date +%s) - start ))" >"$PARTS/run.json"
 echo "== results =="
-"$PY" "$ROOT/benches/report.py" "$OUT" --mlxkern "${kern_parts[@]}" --peer "${peer_parts[@]}"
+llama_args=()
+if [ "${#llama_parts[@]}" -gt 0 ]; then
+  llama_args=(--llama "${llama_parts[@]}")
+fi
+"$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" --mlxkern "${kern_parts[@]}" \
+  --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"}
 echo "bench: total $(( $(date +%s) - start )) s"

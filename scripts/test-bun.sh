@@ -9,6 +9,11 @@
 # bun/package-lock.json (`npm ci`, no install scripts); it is reinstalled only when node_modules
 # is missing or older than the lockfile. BUN=/path/to/bun uses another Bun instead (e.g. on
 # macOS, or the -baseline build on a CPU without AVX2).
+# The tests of arrays shared with a host's MLX (bun/test/mlx-interop.test.ts) load a real mlx-c
+# into the Bun process: scripts/mlxc-shared.sh builds it, once, from ../shared/vendor/mlx-c
+# into build/mlx-c-shared (MLXKERN_TEST_MLXC=/path/libmlxc.so uses another). Where those
+# sources are absent (a checkout without ../shared, as in CI) those tests are skipped, and this
+# script says so; the rest run.
 # Environment passed through to the tests: MLXK_TEST_SEED (reproduce a run's random inputs),
 # STATS=1 (print the measured numeric errors).
 set -euo pipefail
@@ -69,6 +74,22 @@ else
   echo "test-bun: bun $VERSION"
 fi
 
+# --- mlx-c, the host of the interop tests ------------------------------------------------------
+if [[ -n "${MLXKERN_TEST_MLXC:-}" ]]; then
+  echo "test-bun: mlx-c $MLXKERN_TEST_MLXC (MLXKERN_TEST_MLXC)"
+else
+  set +e
+  MLXC_OUT=$("$ROOT/scripts/mlxc-shared.sh")
+  MLXC_STATUS=$?
+  set -e
+  case $MLXC_STATUS in
+    0) export MLXKERN_TEST_MLXC=$MLXC_OUT
+       echo "test-bun: mlx-c $MLXKERN_TEST_MLXC" ;;
+    3) echo "test-bun: SKIP the interop tests with mlx-c: ${MLXC_OUT//$'\n'/ }" ;;
+    *) echo "test-bun: building mlx-c failed" >&2; exit 1 ;;
+  esac
+fi
+
 # --- the tests -------------------------------------------------------------------------------
 LOG=$(mktemp)
 trap 'rm -f "$LOG"' EXIT
@@ -81,6 +102,7 @@ T3=$(now)
 
 PASSED=$(sed -nE 's/^ *([0-9]+) pass$/\1/p' "$LOG" | tail -n1)
 FAILED=$(sed -nE 's/^ *([0-9]+) fail$/\1/p' "$LOG" | tail -n1)
+SKIPPED=$(sed -nE 's/^ *([0-9]+) skip$/\1/p' "$LOG" | tail -n1)
 echo "test-bun: bun test took $(elapsed "$T2" "$T3") s; total $(elapsed "$T0" "$T3") s"
-echo "bun: ${PASSED:-0} passed, ${FAILED:-?} failed"
+echo "bun: ${PASSED:-0} passed, ${FAILED:-?} failed${SKIPPED:+, $SKIPPED skipped}"
 exit "$STATUS"

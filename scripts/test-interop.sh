@@ -45,11 +45,12 @@ echo "== interop: C++ host on libmlx"
 
 echo "== interop: dlclose with pending results; a second libmlx"
 mkdir -p "$OUT/second-libmlx"
-cp "$MLX/lib/libmlx.so" "$OUT/second-libmlx/libmlx.so"
+# Renamed: found by the symbols it defines, not by its file name.
+cp "$MLX/lib/libmlx.so" "$OUT/second-libmlx/libMLXApp.so"
 "$CXX" -std=c++20 -Wall -Wextra -Werror -g -O1 -I"$ROOT/include" -isystem "$MLX/include" \
   "$ROOT/tests/interop/host_dlclose.cc" -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -ldl \
   -o "$OUT/host_dlclose" || fail "host_dlclose does not build"
-"$OUT/host_dlclose" "$LIBDIR/libmlxkern.so" "$OUT/second-libmlx/libmlx.so" || fail "host_dlclose"
+"$OUT/host_dlclose" "$LIBDIR/libmlxkern.so" "$OUT/second-libmlx/libMLXApp.so" || fail "host_dlclose"
 
 echo "== interop: C host on mlx-c"
 if [ ! -f "$MLXC_SRC/CMakeLists.txt" ]; then

@@ -9,8 +9,15 @@
 #          The repository is bind-mounted at its own path, so the rpaths baked into the test
 #          binary (the library folder) and into libmlxkern (the .venv's libmlx) hold inside.
 #
+# The tests of arrays shared with a host's MLX (Tests/MLXKernTests/HostMLXTests.swift) dlopen a
+# real mlx-c in the test process: scripts/mlxc-shared.sh builds it, once, from
+# ../shared/vendor/mlx-c into build/mlx-c-shared, and its path goes to the tests in
+# MLXKERN_TEST_MLXC. Where those sources are absent (a checkout without ../shared, as in CI)
+# those tests are skipped, and this script says so; the rest run.
+#
 # Environment: MLXKERN_LIB_DIR (folder holding libmlxkern.so / .dylib; default target/debug),
-# SWIFT_CHROOT (where the root lives; default /var/cache/swift-chroot/trixie).
+# SWIFT_CHROOT (where the root lives; default /var/cache/swift-chroot/trixie), MLXKERN_TEST_MLXC
+# (another mlx-c shared library to test with).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
@@ -40,6 +47,20 @@ summary() { grep -E 'Executed [0-9]+ tests?, with' "$LOG" | tail -n 1 | sed 's/^
 start=$(now)
 mkdir -p "$PACKAGE/.build"
 
+# mlx-c, the host of the interop tests.
+if [ -n "${MLXKERN_TEST_MLXC:-}" ]; then
+  say "mlx-c $MLXKERN_TEST_MLXC (MLXKERN_TEST_MLXC)"
+else
+  status=0
+  out=$("$ROOT/scripts/mlxc-shared.sh") || status=$?
+  case $status in
+    0) MLXKERN_TEST_MLXC=$out; say "mlx-c $MLXKERN_TEST_MLXC" ;;
+    3) say "SKIP the interop tests with mlx-c: $(echo $out)" ;;
+    *) die "building mlx-c failed" ;;
+  esac
+fi
+export MLXKERN_TEST_MLXC=${MLXKERN_TEST_MLXC:-}
+
 if [ "$(uname -s)" = Darwin ]; then
   flags=()
   if swift test --help 2>/dev/null | grep -q -- --disable-swift-testing; then
@@ -62,14 +83,23 @@ MLXLIB=$(ldd "$LIB" | awk '$1 == "libmlx.so" { print $3 }')
   die "$LIB does not find libmlx.so (ldd: '${MLXLIB:-nothing}'); rebuild it after make bootstrap"
 
 # Paths outside the repository that the chroot must see at the same place: the library
-# folder and MLX's site-packages folder (libmlx and, beside it, mlx_cpu.libs with BLAS).
+# folder and MLX's site-packages folder (libmlx and, beside it, mlx_cpu.libs with BLAS); for
+# mlx-c, its folder and that of the libmlx it finds (the same file, reached by another path).
+paths=("$LIBDIR" "$(dirname "$(dirname "$(dirname "$MLXLIB")")")")
+if [ -n "$MLXKERN_TEST_MLXC" ]; then
+  MLXC_MLXLIB=$(ldd "$MLXKERN_TEST_MLXC" | awk '$1 == "libmlx.so" { print $3 }')
+  [ -n "$MLXC_MLXLIB" ] && [ -f "$MLXC_MLXLIB" ] ||
+    die "$MLXKERN_TEST_MLXC does not find libmlx.so (ldd: '${MLXC_MLXLIB:-nothing}')"
+  paths+=("$(dirname "$MLXKERN_TEST_MLXC")" "$(dirname "$(dirname "$(dirname "$MLXC_MLXLIB")")")")
+fi
 binds=()
-for path in "$LIBDIR" "$(dirname "$(dirname "$(dirname "$MLXLIB")")")"; do
+for path in "${paths[@]}"; do
+  path=$(realpath -e "$path") # a folder reached through a link (.venv) is bound where it lies
   case "$path/" in "$ROOT"/*) ;; *) binds+=("$path") ;; esac
 done
 export SWIFT_RUN_BINDS
 SWIFT_RUN_BINDS=$(IFS=:; echo "${binds[*]-}")
-export SWIFT_RUN_ENV="MLXKERN_LIB_DIR"
+export SWIFT_RUN_ENV="MLXKERN_LIB_DIR MLXKERN_TEST_MLXC"
 
 t=$(now)
 "$ROOT/scripts/swift-env.sh"
@@ -80,6 +110,10 @@ run() { "$ROOT/scripts/swift-run.sh" "$ROOT" "$@"; }
 # Both libraries must resolve inside the root through their rpaths alone.
 unresolved=$(run ldd "$LIB" | grep 'not found' || true)
 [ -z "$unresolved" ] || die "inside the chroot, $LIB misses: $unresolved"
+if [ -n "$MLXKERN_TEST_MLXC" ]; then
+  unresolved=$(run ldd "$MLXKERN_TEST_MLXC" | grep 'not found' || true)
+  [ -z "$unresolved" ] || die "inside the chroot, $MLXKERN_TEST_MLXC misses: $unresolved"
+fi
 
 t=$(now)
 run sh -c 'cd swift && swift build --build-tests' 2>&1 | tee "$LOG"

@@ -500,3 +500,25 @@ fn nan_inputs_spread_as_in_the_exact_update() {
         r.free_inputs();
     }
 }
+
+/// Heads whose gates decay strongly (g far below 1, down to the subnormal range and zero, as
+/// some heads of real checkpoints have): the chunked form, which flushes subnormals, agrees with
+/// the exact update (which keeps them) within the same bounds.
+#[test]
+fn strongly_decaying_heads() {
+    let mut rng = Rng::fresh();
+    for (dims, a_log) in [
+        ([1, 200, 2, 4, 128, 32], [0.5f32, 4.5, 3.0, 4.6]),
+        ([2, 70, 1, 4, 64, 16], [4.4, 4.5, 4.55, 5.0]),
+    ] {
+        for with_state in [false, true] {
+            let mut r = Recurrence::random(&mut rng, dims, with_state, false);
+            free(r.a_log);
+            r.a_log = new_f32(&a_log, &[4]);
+            let label = format!("{dims:?} a_log {a_log:?} state {with_state}");
+            let (y, s) = compare(&r, 0, MLXK_DTYPE_BFLOAT16, &label);
+            eprintln!("{label}: |dy| {y:.2e}, |ds| {s:.2e} of scale");
+            r.free();
+        }
+    }
+}

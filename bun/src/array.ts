@@ -58,6 +58,23 @@ function shapeArg(shape: readonly number[]): Int32Array {
   return Int32Array.from(shape);
 }
 
+/** A raw pointer argument: a bun:ffi Pointer, a number or a bigint holding an address; null,
+ * undefined and 0 pass NULL (which the library reports). */
+export function pointerArg(name: string, value: Pointer | number | bigint | null | undefined): Pointer | null {
+  if (value === null || value === undefined) return null;
+  if (typeof value === "bigint") {
+    if (value < 0n || value > BigInt(Number.MAX_SAFE_INTEGER)) {
+      throw new RangeError(`mlxkern: ${name} must be an address in [0, 2^53-1], got ${value}n`);
+    }
+    value = Number(value);
+  }
+  if (typeof value !== "number") throw new TypeError(`mlxkern: ${name} must be a pointer (a number or bigint address), got ${typeof value}`);
+  if (!Number.isSafeInteger(value) || value < 0) {
+    throw new RangeError(`mlxkern: ${name} must be an address in [0, 2^53-1], got ${String(value)}`);
+  }
+  return value === 0 ? null : (value as Pointer);
+}
+
 function elementCount(shape: readonly number[]): number {
   return shape.reduce((n, d) => n * d, 1);
 }
@@ -149,6 +166,30 @@ export class MlxArray {
     return MlxArray.from(data, shape, "int8");
   }
 
+  /**
+   * A new array sharing the host's MLX array at `mlxArray`: the address of an
+   * `mlx::core::array`, e.g. the `ctx` of an mlx-c `mlx_array` (a one-pointer struct; bun:ffi
+   * code on mlx-c holds it as that pointer). Nothing is copied: the two are the same MLX array
+   * (same buffer; an unevaluated host node stays lazy and becomes an input of the kernels).
+   * Views (transposed, broadcast, sliced) are accepted.
+   *
+   * The host keeps its array and frees it as usual (e.g. mlx_array_free): the data lives while
+   * either side holds it. The returned MlxArray is yours (dispose it).
+   *
+   * Only with the libmlx mlxkern was built against, loaded once in the process (mlxVersion()
+   * names it): a second libmlx file or another version throws UnsupportedError (MLX compiled
+   * into another binary is not seen: see README.md). An address that is not an
+   * `mlx::core::array` cannot be detected (undefined behaviour, as for any raw pointer).
+   * Throws NullPointerError for null or 0, DtypeError for dtypes without an mlxkern dtype
+   * (float64, int64, ...), ShapeError past MLXK_MAX_NDIM dimensions; TypeError / RangeError
+   * for something that is not a pointer, before C is called.
+   */
+  static fromMlx(mlxArray: Pointer | number | bigint | null): MlxArray {
+    const out = outSlot();
+    check(lib.mlxk_array_from_mlx(pointerArg("mlxArray", mlxArray), out));
+    return new MlxArray(handleIn(out), "fromMlx");
+  }
+
   static zeros(shape: readonly number[], dtype: Dtype = "float32"): MlxArray {
     const dims = shapeArg(shape);
     const out = outSlot();
@@ -225,6 +266,23 @@ export class MlxArray {
     const out = outSlot();
     check(lib.mlxk_array_astype(this.#handle, dtypeCode(dtype), out));
     return new MlxArray(handleIn(out), dtype);
+  }
+
+  /**
+   * A new host MLX array sharing this one: the address of a heap `mlx::core::array` (no copy;
+   * a kernel's unevaluated result stays lazy, and the host's evaluation computes it). Wrap it
+   * as an mlx-c `mlx_array` (its `ctx`) to feed it to mlx-c ops.
+   *
+   * Ownership: the pointer is the caller's, and is not tracked by this object or the leak
+   * warnings. Release it exactly once, with mlxArrayFree(pointer) or mlx-c's mlx_array_free on
+   * the `mlx_array` that wraps it. This MlxArray stays yours too (dispose it when done; the
+   * host's array keeps the data alive). Throws InvalidHandleError on a disposed array,
+   * UnsupportedError as fromMlx.
+   */
+  toMlx(): Pointer {
+    const out = outSlot();
+    check(lib.mlxk_array_to_mlx(this.#handle, out));
+    return handleIn(out);
   }
 
   /** Releases the handle. A second call does nothing. */

@@ -1,6 +1,7 @@
-// mlxkern for Bun: bun:ffi bindings to libmlxkern (Gated DeltaNet kernels on MLX and the GLM-5.2
-// expert-slot layout). The library is found and opened at import (MLXKERN_LIB, else
-// ../target/{debug,release}/libmlxkern.{so,dylib}), and its ABI version checked.
+// mlxkern for Bun: bun:ffi bindings to libmlxkern (Gated DeltaNet kernels on MLX, arrays shared
+// with a host's MLX, and the GLM-5.2 expert-slot layout). The library is found and opened at
+// import (MLXKERN_LIB, else ../target/{debug,release}/libmlxkern.{so,dylib}), and its ABI
+// version checked.
 
 export { AbiVersionError, defaultLibraryCandidates, findLibrary, lib, library, openLibrary } from "./library";
 export type { OpenedLibrary, Symbols } from "./library";
@@ -41,6 +42,7 @@ export { computeG, gatedDeltaState, gatedDeltaUpdate, gatedDeltaUpdateChunked, g
 export type { GatedDeltaResult, HeadSplit } from "./kernels";
 export { GLM52_LAYOUT_KEYS, glm52Canonical, glm52Validate } from "./glm52";
 export type { Glm52Layout, U64 } from "./glm52";
+export { mlxArrayFree, mlxVersion, withMlxLock } from "./mlx";
 export { abiVersion, getMemoryLimit, gpuBackend, setCacheLimit, setDefaultDevice, setMemoryLimit, version } from "./device";
 export type { Device, GpuBackend } from "./device";
 export { uint64Arg, uint64Result } from "./args";

@@ -102,6 +102,18 @@ export const symbols = {
   mlxk_glm52_layout_canonical: { args: ["u64", "u64", "u32", "u32", "ptr"], returns: "i32" },
   // mlxk_status mlxk_glm52_layout_validate(const struct mlxk_glm52_layout * layout, uint32_t bits, uint32_t group_size)
   mlxk_glm52_layout_validate: { args: ["ptr", "u32", "u32"], returns: "i32" },
+  // const char * mlxk_mlx_version(void)
+  mlxk_mlx_version: { args: [], returns: "cstring" },
+  // mlxk_status mlxk_array_from_mlx(const void * mlx_array, struct mlxk_array ** out)
+  mlxk_array_from_mlx: { args: ["ptr", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_array_to_mlx(const struct mlxk_array * array, void ** mlx_array_out)
+  mlxk_array_to_mlx: { args: ["ptr", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_mlx_array_free(void * mlx_array)
+  mlxk_mlx_array_free: { args: ["ptr"], returns: "i32" },
+  // mlxk_status mlxk_mlx_lock(void)
+  mlxk_mlx_lock: { args: [], returns: "i32" },
+  // mlxk_status mlxk_mlx_unlock(void)
+  mlxk_mlx_unlock: { args: [], returns: "i32" },
   // mlxk_status mlxk_silu_rms_heads(const struct mlxk_array * x, const struct mlxk_array * q_scale, const struct mlxk_array * k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, struct mlxk_array ** q, struct mlxk_array ** k, struct mlxk_array ** v)
   mlxk_silu_rms_heads: { args: ["ptr", "ptr", "ptr", "i32", "i32", "i32", "f32", "ptr", "ptr", "ptr"], returns: "i32" },
   // const char * mlxk_last_error(void)
@@ -138,6 +150,12 @@ export const parameterNames = {
   mlxk_gated_rms_norm: ["x", "gate", "weight", "eps", "out"],
   mlxk_glm52_layout_canonical: ["hidden", "intermediate", "bits", "group_size", "out"],
   mlxk_glm52_layout_validate: ["layout", "bits", "group_size"],
+  mlxk_mlx_version: [],
+  mlxk_array_from_mlx: ["mlx_array", "out"],
+  mlxk_array_to_mlx: ["array", "mlx_array_out"],
+  mlxk_mlx_array_free: ["mlx_array"],
+  mlxk_mlx_lock: [],
+  mlxk_mlx_unlock: [],
   mlxk_silu_rms_heads: ["x", "q_scale", "k_scale", "key_heads", "value_heads", "value_width", "eps", "q", "k", "v"],
   mlxk_last_error: [],
   mlxk_status_name: ["status"],

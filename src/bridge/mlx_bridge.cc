@@ -3,8 +3,12 @@
 #include "src/bridge/mlx_bridge.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <mutex>
 #include <typeinfo>
 #include <cstring>
 #include <stdexcept>
@@ -315,32 +319,89 @@ rust::String mlx_build_version() {
 }
 
 namespace {
-// True for a file name "libmlx.so", "libmlx.so.N..." or "libmlx.dylib" (not libmlxkern,
-// libmlxc and the like).
-bool is_libmlx(const std::string& path) {
-  auto slash = path.find_last_of('/');
-  auto name = slash == std::string::npos ? path : path.substr(slash + 1);
-  return name == "libmlx.dylib" || name.rfind("libmlx.so", 0) == 0;
-}
-}  // namespace
+// A symbol every build of MLX defines (mlx::core::version()).
+constexpr const char* kMlxSymbol = "_ZN3mlx4core7versionEv";
 
-rust::Vec<rust::String> loaded_mlx_libraries() {
+// The loaded objects (file paths; "" for the main program), in load order.
+std::vector<std::string> loaded_objects() {
   std::vector<std::string> found;
 #if defined(__APPLE__)
   for (uint32_t i = 0, n = _dyld_image_count(); i < n; ++i) {
     const char* name = _dyld_get_image_name(i);
-    if (name && is_libmlx(name)) found.emplace_back(name);
+    found.emplace_back(name ? name : "");
   }
 #else
   dl_iterate_phdr(
       [](struct dl_phdr_info* info, size_t, void* data) {
-        if (info->dlpi_name && is_libmlx(info->dlpi_name)) {
-          static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name);
-        }
+        static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name ? info->dlpi_name
+                                                                                   : "");
         return 0;
       },
       &found);
 #endif
+  return found;
+}
+}  // namespace
+
+namespace {
+// Changes whenever an object is loaded or unloaded (glibc's load and unload counters; on macOS
+// the number of images).
+uint64_t loader_generation() {
+#if defined(__APPLE__)
+  return _dyld_image_count();
+#else
+  uint64_t generation = 0;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t size, void* data) {
+        uint64_t g = 0;
+        if (size >= offsetof(struct dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+          g = (static_cast<uint64_t>(info->dlpi_adds) << 32) ^ info->dlpi_subs;
+        }
+        *static_cast<uint64_t*>(data) = g;
+        return 1;  // the counters are the same in every entry: stop at the first
+      },
+      &generation);
+  return generation;
+#endif
+}
+
+std::vector<std::string> mlx_definers() {
+  // Every object that defines MLX's symbols itself, whatever its file is called (a renamed
+  // libmlx, a framework, a library or program MLX is compiled into with its symbols visible):
+  // look the symbol up in each loaded object and ask which object the address belongs to.
+  std::vector<std::string> found;
+  for (const auto& name : loaded_objects()) {
+    void* handle = dlopen(name.empty() ? nullptr : name.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (!handle) continue;
+    void* address = dlsym(handle, kMlxSymbol);
+    Dl_info info{};
+    if (address && dladdr(address, &info) && info.dli_fname) {
+      char resolved[PATH_MAX];
+      std::string definer = realpath(info.dli_fname, resolved) ? resolved : info.dli_fname;
+      if (std::find(found.begin(), found.end(), definer) == found.end()) {
+        found.push_back(definer);
+      }
+    }
+    dlclose(handle);
+  }
+  return found;
+}
+}  // namespace
+
+rust::Vec<rust::String> loaded_mlx_libraries() {
+  // The scan costs tens of microseconds; it is redone only when the set of loaded objects
+  // changed since the last one.
+  static std::mutex mutex;
+  static uint64_t generation = 0;
+  static bool scanned = false;
+  static std::vector<std::string> found;
+  std::lock_guard<std::mutex> lock(mutex);
+  uint64_t now = loader_generation();
+  if (!scanned || now != generation || now == 0) {
+    found = mlx_definers();
+    generation = now;
+    scanned = true;
+  }
   rust::Vec<rust::String> out;
   for (auto& f : found) out.push_back(rust::String(f));
   return out;

@@ -102,8 +102,9 @@ pub mod ffi {
         fn mlx_version() -> String;
         /// The MLX version whose headers this library was compiled against.
         fn mlx_build_version() -> String;
-        /// Paths of the loaded objects named libmlx (the shared MLX library), as the dynamic
-        /// loader lists them.
+        /// The loaded objects that define MLX's symbols themselves (libmlx, or a renamed copy, or
+        /// a library MLX is compiled into with its symbols visible), as resolved file paths.
+        /// Scanned again only when objects were loaded or unloaded since the last call.
         fn loaded_mlx_libraries() -> Vec<String>;
         /// Keeps this library loaded for the rest of the process (a dlclose leaves it mapped),
         /// since a host's graph may hold nodes whose code is here. Returns false if it could

@@ -22,6 +22,7 @@ use super::simd::Lanes;
 use super::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_rms_norm::Node;
+use crate::node::Words;
 
 /// Work (columns) a job should have at least: below it a call runs on the calling thread.
 const JOB_COLUMNS: usize = 16384;

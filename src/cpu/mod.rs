@@ -11,6 +11,7 @@ use crate::node::Kernel;
 pub mod chunked;
 pub mod elem;
 pub mod features;
+pub mod fp;
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod math;

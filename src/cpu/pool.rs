@@ -1,33 +1,51 @@
 //! A small persistent worker pool for the CPU kernels: the calling thread (MLX's stream
-//! thread) and `workers` helpers take jobs from one atomic counter. Helpers spin briefly
-//! between kernels (a decode step is tens of microseconds) and then park. Also what the kernels
-//! split their work with: `jobs` sizes the jobs, `SharedMut` carries an output to them.
+//! thread) and `workers` helpers take jobs from one counter. Helpers spin briefly between
+//! kernels (a decode step is tens of microseconds), yielding the core while they wait, and then
+//! park. Also what the kernels split their work with: `jobs` sizes the jobs, `SharedMut`
+//! carries an output to them.
+//!
+//! A batch never waits for a helper that has not started: the caller takes jobs itself and
+//! returns as soon as every job is done, whoever ran it. On a shared machine a helper may be
+//! descheduled for milliseconds; the caller then does its share instead of waiting for it to
+//! wake. A helper that arrives late finds the batch closed and claims nothing (the job counter
+//! carries the batch number, so a stale claim can never take a job of a later batch).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-/// How long an idle helper spins before parking.
+/// How long an idle helper spins (yielding the core between looks) before parking.
 const SPIN: Duration = Duration::from_micros(200);
 
 type Job = dyn Fn(usize) + Sync;
 
-/// The published batch closure. Its true lifetime is `run`'s borrow; `run` waits for every
-/// helper to finish before returning, so helpers never use it afterwards.
+/// The published batch closure. Its true lifetime is `run`'s borrow. A helper calls it only
+/// for a job it claimed in this batch, and `run` returns only after every job of the batch has
+/// finished, so no call outlives the borrow.
 #[derive(Clone, Copy)]
 struct JobPtr(*const Job);
-// SAFETY: the closure is `Sync`, and the pointer is only dereferenced while `run` is live.
+// SAFETY: the closure is `Sync`, and the pointer is only dereferenced for claimed jobs, which
+// finish before `run` returns.
 unsafe impl Send for JobPtr {}
+
+/// The batch a helper joins: its number, closure and size.
+#[derive(Clone, Copy)]
+struct Batch {
+    number: u32,
+    job: JobPtr,
+    count: usize,
+}
 
 struct Shared {
     /// Incremented for every batch; helpers wait for it to change.
     epoch: AtomicU64,
-    /// The batch: a pointer to the caller's closure (valid until `pending` reaches 0).
-    job: Mutex<Option<JobPtr>>,
-    next: AtomicUsize,
-    count: AtomicUsize,
-    pending: AtomicUsize,
+    /// The open batch (None once closed).
+    batch: Mutex<Option<Batch>>,
+    /// The next job to claim: batch number in the high 32 bits, job index in the low 32.
+    next: AtomicU64,
+    /// Jobs of the open batch that have finished.
+    done: AtomicUsize,
     panicked: AtomicBool,
     parked: Mutex<usize>,
     wake: Condvar,
@@ -56,10 +74,9 @@ fn threads_wanted() -> usize {
 static POOL: LazyLock<Pool> = LazyLock::new(|| {
     let shared: &'static Shared = Box::leak(Box::new(Shared {
         epoch: AtomicU64::new(0),
-        job: Mutex::new(None),
-        next: AtomicUsize::new(0),
-        count: AtomicUsize::new(0),
-        pending: AtomicUsize::new(0),
+        batch: Mutex::new(None),
+        next: AtomicU64::new(0),
+        done: AtomicUsize::new(0),
         panicked: AtomicBool::new(false),
         parked: Mutex::new(0),
         wake: Condvar::new(),
@@ -80,15 +97,31 @@ static POOL: LazyLock<Pool> = LazyLock::new(|| {
     }
 });
 
-fn take_jobs(shared: &Shared, job: &(dyn Fn(usize) + Sync + '_)) {
+/// Claims the next job of batch `number` (of `count` jobs), if any is left.
+fn claim(shared: &Shared, number: u32, count: usize) -> Option<usize> {
+    let mut next = shared.next.load(Ordering::Acquire);
     loop {
-        let i = shared.next.fetch_add(1, Ordering::AcqRel);
-        if i >= shared.count.load(Ordering::Acquire) {
-            break;
+        let (batch, index) = ((next >> 32) as u32, (next & 0xFFFF_FFFF) as usize);
+        if batch != number || index >= count {
+            return None;
         }
+        match shared
+            .next
+            .compare_exchange_weak(next, next + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return Some(index),
+            Err(now) => next = now,
+        }
+    }
+}
+
+/// Runs claimed jobs of one batch until none is left.
+fn take_jobs(shared: &Shared, number: u32, count: usize, job: &(dyn Fn(usize) + Sync + '_)) {
+    while let Some(i) = claim(shared, number, count) {
         if catch_unwind(AssertUnwindSafe(|| job(i))).is_err() {
             shared.panicked.store(true, Ordering::Release);
         }
+        shared.done.fetch_add(1, Ordering::AcqRel);
     }
 }
 
@@ -106,18 +139,18 @@ fn worker(shared: &'static Shared) {
                 }
                 *parked -= 1;
             } else {
-                std::hint::spin_loop();
+                // Waiting costs a core that a competing process (or the batch's caller, when
+                // the machine is shared) may need: give it up between looks.
+                std::thread::yield_now();
             }
             epoch = shared.epoch.load(Ordering::Acquire);
         }
         seen = epoch;
-        let batch = *shared.job.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(JobPtr(job)) = batch {
-            // SAFETY: published by `run`, which waits for `pending` to reach zero before the
-            // closure goes out of scope.
-            take_jobs(shared, unsafe { &*job });
+        let batch = *shared.batch.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Batch { number, job, count }) = batch {
+            // SAFETY: only claimed jobs call the closure, and `run` waits for all of them.
+            take_jobs(shared, number, count, unsafe { &*job.0 });
         }
-        shared.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -131,24 +164,36 @@ pub fn run(count: usize, job: &(dyn Fn(usize) + Sync)) {
         }
         return;
     }
+    assert!(count <= u32::MAX as usize, "too many jobs in one batch");
     let _batch = pool.batch.lock().unwrap_or_else(|e| e.into_inner());
     let shared = pool.shared;
-    // SAFETY: erases the closure's lifetime for the helpers; we wait for them below.
+    // SAFETY: erases the closure's lifetime for the helpers; see `JobPtr`.
     let raw = unsafe { std::mem::transmute::<*const (dyn Fn(usize) + Sync + '_), *const Job>(job) };
-    *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(JobPtr(raw));
-    shared.next.store(0, Ordering::Release);
-    shared.count.store(count, Ordering::Release);
+    let epoch = shared.epoch.load(Ordering::Acquire) + 1;
+    let number = epoch as u32;
+    shared.done.store(0, Ordering::Release);
     shared.panicked.store(false, Ordering::Release);
-    shared.pending.store(pool.workers, Ordering::Release);
-    shared.epoch.fetch_add(1, Ordering::AcqRel);
+    *shared.batch.lock().unwrap_or_else(|e| e.into_inner()) = Some(Batch {
+        number,
+        job: JobPtr(raw),
+        count,
+    });
+    shared.next.store((number as u64) << 32, Ordering::Release);
+    shared.epoch.store(epoch, Ordering::Release);
     if *shared.parked.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
         shared.wake.notify_all();
     }
-    take_jobs(shared, job);
-    while shared.pending.load(Ordering::Acquire) != 0 {
-        std::hint::spin_loop();
+    take_jobs(shared, number, count, job);
+    // Only jobs a helper is running now remain; wait for those, not for helpers to show up.
+    let start = Instant::now();
+    while shared.done.load(Ordering::Acquire) != count {
+        if start.elapsed() > SPIN {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
     }
-    *shared.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    *shared.batch.lock().unwrap_or_else(|e| e.into_inner()) = None;
     if shared.panicked.load(Ordering::Acquire) {
         panic!("a CPU kernel job panicked");
     }

@@ -1,7 +1,7 @@
 //! The gated-delta family: the update (exact or chunked form) and the prefix-state replay
 //! (`mlxk_gated_delta_state`). docs/DESIGN.md §3 gives the arithmetic, §4 the contract.
 
-use super::{Codec, Decoder, Encoder, Kernel, Output};
+use super::{Codec, Kernel, Output, Words};
 use crate::dtype::Dtype;
 
 /// The dimensions of one call: q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, state
@@ -218,6 +218,10 @@ impl Node {
         }
         donate
     }
+}
+
+impl Words for Node {
+    const WHAT: &'static str = "gated delta";
 
     fn fields(&mut self, c: &mut impl Codec) {
         let d = &mut self.dims;
@@ -249,23 +253,6 @@ impl Node {
                 Form::Exact
             }
         };
-    }
-
-    /// The node as parameter words.
-    pub fn encode(&self) -> Vec<i64> {
-        let mut e = Encoder(Vec::new());
-        let mut node = *self;
-        node.fields(&mut e);
-        e.0
-    }
-
-    /// The node back from `encode`'s words.
-    pub fn decode(words: &[i64]) -> Result<Node, String> {
-        let mut node = Node::default();
-        let mut d = Decoder::new(words);
-        node.fields(&mut d);
-        d.finish("gated delta")?;
-        Ok(node)
     }
 }
 

@@ -1,7 +1,7 @@
 //! The gated RMSNorm (`mlxk_gated_rms_norm`): `out = rmsnorm(x) · weight · silu(gate)` per row
 //! of D values. docs/DESIGN.md §3, §4.
 
-use super::{Codec, Decoder, Encoder, Kernel, Output};
+use super::{Codec, Kernel, Output, Words};
 use crate::dtype::Dtype;
 
 /// One gated-norm node. Inputs x `[..., D]`, gate (x's shape, any float dtype), weight `[D]`
@@ -66,26 +66,16 @@ impl Node {
             dtype: self.dtype,
         }]
     }
+}
+
+impl Words for Node {
+    const WHAT: &'static str = "gated norm";
 
     fn fields(&mut self, c: &mut impl Codec) {
         c.sizes(&mut self.shape);
         c.dtype(&mut self.dtype);
         c.dtype(&mut self.gate_dtype);
         c.f32_bits(&mut self.eps);
-    }
-
-    pub fn encode(&self) -> Vec<i64> {
-        let mut e = Encoder(Vec::new());
-        self.clone().fields(&mut e);
-        e.0
-    }
-
-    pub fn decode(words: &[i64]) -> Result<Node, String> {
-        let mut node = Node::default();
-        let mut d = Decoder::new(words);
-        node.fields(&mut d);
-        d.finish("gated norm")?;
-        Ok(node)
     }
 }
 

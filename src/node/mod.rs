@@ -123,6 +123,32 @@ pub trait Codec {
     fn fail(&mut self, _what: String) {}
 }
 
+/// A node that travels as parameter words: its fields, visited in one fixed order, give both
+/// directions.
+pub trait Words: Default + Clone {
+    /// What the node is, for decoding errors.
+    const WHAT: &'static str;
+
+    /// Visits every field in the node's fixed order.
+    fn fields(&mut self, c: &mut impl Codec);
+
+    /// The node as parameter words.
+    fn encode(&self) -> Vec<i64> {
+        let mut e = Encoder(Vec::new());
+        self.clone().fields(&mut e);
+        e.0
+    }
+
+    /// The node back from `encode`'s words.
+    fn decode(words: &[i64]) -> Result<Self, String> {
+        let mut node = Self::default();
+        let mut d = Decoder::new(words);
+        node.fields(&mut d);
+        d.finish(Self::WHAT)?;
+        Ok(node)
+    }
+}
+
 /// Reads fields into words.
 pub struct Encoder(pub Vec<i64>);
 

@@ -1,7 +1,7 @@
 //! The head split (`mlxk_silu_rms_heads`): SiLU over the fused q/k/v projection, then per
 //! head an RMS norm of q and k. docs/DESIGN.md §3, §4.
 
-use super::{Codec, Decoder, Encoder, Kernel, Output};
+use super::{Codec, Kernel, Output, Words};
 use crate::dtype::Dtype;
 
 /// x `[B, S, C]` with C = 2·Hk·Dk + Hv·Dv; q, k `[B, S, Hk, Dk]`; v `[B, S, Hv, Dv]`.
@@ -68,6 +68,10 @@ impl Node {
         };
         vec![out(d.hk, d.dk), out(d.hk, d.dk), out(d.hv, d.dv)]
     }
+}
+
+impl Words for Node {
+    const WHAT: &'static str = "head split";
 
     fn fields(&mut self, c: &mut impl Codec) {
         let d = &mut self.dims;
@@ -78,21 +82,6 @@ impl Node {
         }
         c.dtype(&mut self.dtype);
         c.f32_bits(&mut self.eps);
-    }
-
-    pub fn encode(&self) -> Vec<i64> {
-        let mut e = Encoder(Vec::new());
-        let mut node = *self;
-        node.fields(&mut e);
-        e.0
-    }
-
-    pub fn decode(words: &[i64]) -> Result<Node, String> {
-        let mut node = Node::default();
-        let mut d = Decoder::new(words);
-        node.fields(&mut d);
-        d.finish("head split")?;
-        Ok(node)
     }
 }
 

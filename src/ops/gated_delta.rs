@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::gated_delta::{Dims, Form, GateDtypes, Input, Node};
+use crate::node::Words;
 
 /// The arrays of one recurrence call (borrowed from the registry).
 pub struct Inputs<'a> {

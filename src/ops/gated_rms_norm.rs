@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::gated_rms_norm::Node;
+use crate::node::Words;
 
 pub struct Inputs<'a> {
     pub x: &'a Array,

@@ -15,8 +15,9 @@ use crate::memory;
 /// Refuses the exchange unless the process has exactly one libmlx loaded and its version is
 /// the one this library was built against.
 pub fn check_one_mlx() -> Result<()> {
-    let built = bridge::mlx_build_version();
-    let loaded = bridge::mlx_version();
+    static VERSIONS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let (built, loaded) =
+        VERSIONS.get_or_init(|| (bridge::mlx_build_version(), bridge::mlx_version()));
     let same = loaded == built
         || loaded
             .strip_prefix(built.as_str())
@@ -27,23 +28,19 @@ pub fn check_one_mlx() -> Result<()> {
              arrays can only be shared with the MLX this library was built against"
         )));
     }
-    let mut paths: Vec<String> = bridge::loaded_mlx_libraries()
-        .into_iter()
-        .map(|p| {
-            std::fs::canonicalize(&p)
-                .map(|c| c.display().to_string())
-                .unwrap_or(p)
-        })
-        .collect();
-    paths.sort();
-    paths.dedup();
+    // Resolved paths, one per object (the scan is cached until objects are loaded or unloaded).
+    let paths = bridge::loaded_mlx_libraries();
     if paths.len() > 1 {
         return Err(Error::Unsupported(format!(
-            "{} copies of libmlx are loaded ({}): each has its own scheduler, allocator and \
-             streams, so arrays cannot be shared between them; load one libmlx, the one this \
-             library was built against",
+            "{} copies of libmlx are loaded (objects defining MLX: {}): each has its own \
+             scheduler, allocator and streams, so arrays cannot be shared between them; load one \
+             libmlx, the one this library was built against",
             paths.len(),
-            paths.join(", ")
+            paths
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     Ok(())

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::silu_rms_heads::{Dims, Node};
+use crate::node::Words;
 
 /// The widest head the kernel handles (32 lanes × 4 values).
 pub const MAX_HEAD_WIDTH: i64 = 128;

@@ -10,7 +10,7 @@ use super::gemm::Avx2;
 use super::gemm::{Kernel, Portable, NR};
 use crate::cpu::elem::Elem;
 use crate::cpu::gated_delta::{Out, StateIn};
-use crate::cpu::pool;
+use crate::cpu::{fp, pool};
 
 /// The part of a call one job runs: batch row `b`, key heads `[kh0, kh1)` (and their value
 /// heads), value panels `[p0, p1)`.
@@ -59,18 +59,22 @@ pub(super) unsafe fn run<T: Elem>(problem: &Problem<T>, out: Out<T>, avx2: bool)
             p0: part * panels / parts,
             p1: (part + 1) * panels / parts,
         };
-        SCRATCH.with(|s| {
-            let s = &mut *s.borrow_mut();
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: AVX2 and FMA were detected (the caller's contract); the jobs' spans
-                // are disjoint, as `run_job` requires.
-                unsafe { run_job_avx2(problem, out, s, span) };
-                return;
-            }
-            let _ = avx2;
-            // SAFETY: as above.
-            unsafe { run_job::<Portable, T>(problem, out, s, span) };
+        // Subnormals flushed: their microcode assists on Intel cores would make the speed
+        // depend on the host's MXCSR (the chunked contract is float32 rounding, not bits).
+        fp::flush_subnormals(|| {
+            SCRATCH.with(|s| {
+                let s = &mut *s.borrow_mut();
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected (the caller's contract); the jobs' spans
+                    // are disjoint, as `run_job` requires.
+                    unsafe { run_job_avx2(problem, out, s, span) };
+                    return;
+                }
+                let _ = avx2;
+                // SAFETY: as above.
+                unsafe { run_job::<Portable, T>(problem, out, s, span) };
+            })
         })
     });
 }

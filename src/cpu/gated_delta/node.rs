@@ -10,6 +10,7 @@ use super::StateIn;
 use crate::cpu::{chunked, features, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_delta::{Form, Input, Node};
+use crate::node::Words;
 
 /// Entry for every node of the family (`node::gated_delta::Node`): the update in exact or
 /// chunked form and the prefix-state replay. The node fixes the inputs' order (`cpu_inputs`)
