@@ -13,6 +13,10 @@
 //   dense_alone       (a)'s MLX ops alone: projections, conv, out_proj (on a fixed input), 1 eval
 //   kernels_alone     (a)'s mlxkern kernels alone: head split, recurrence, gated norm on fixed,
 //                     evaluated inputs, the state carried, 1 eval
+//   kernels_host_copy_alone
+//                     (b)'s kernels with their trips through host memory, alone: the same
+//                     inputs read back and uploaded, the output read back and uploaded to MLX;
+//                     minus kernels_alone, the boundary cost (b) pays per step
 // (c), mlx-lm's module, is measured by benches/engine_peer.py right after this program.
 //
 // The four are measured in interleaved rounds (one sample of each per round), so that load
@@ -210,6 +214,32 @@ CaseResult run_case(const qwen35::Config &config, const qwen35::Weights &weights
         mx::eval({k.normed, *kernel_state});
       }, {}});
 
+  auto copy_state = std::make_shared<mlxk::Array>(mlxk::Array::zeros(
+      {1, config.value_heads, config.value_dim, config.key_dim}, mlxk::Dtype::Float32));
+  result.impls.push_back(Impl{
+      "kernels_host_copy_alone",
+      "(b)'s kernels with their host copies alone: inputs read back and uploaded, output read "
+      "back and uploaded to MLX; 1 eval (mlxkern's read)",
+      1, host_bytes, [parts, copy_state, p0, c0, config]() {
+        const auto conv_bytes = read_back(c0.out), a_bytes = read_back(p0.a),
+                   b_bytes = read_back(p0.b), z_bytes = read_back(p0.z);
+        const qwen35::KernelParams &k = parts->kernel_params();
+        const mlxk::HeadSplit heads =
+            mlxk::silu_rms_heads(to_handle(conv_bytes, c0.out), k.q_scale, k.k_scale,
+                                 config.key_heads, config.value_heads, config.value_dim, k.qk_eps);
+        mlxk::DeltaUpdate update = mlxk::gated_delta_update(
+            heads.q, heads.k, heads.v, to_handle(a_bytes, p0.a), to_handle(b_bytes, p0.b),
+            k.a_log, k.dt_bias, copy_state.get());
+        *copy_state = std::move(update.state);
+        const mlxk::Array normed = mlxk::gated_rms_norm(update.y, to_handle(z_bytes, p0.z),
+                                                        k.norm_weight, config.rms_norm_eps);
+        std::vector<std::uint8_t> normed_bytes(normed.nbytes());
+        normed.read(normed_bytes.data(), normed_bytes.size());
+        const mx::array uploaded = upload_bf16(
+            normed_bytes, {1, p0.z.shape(1), config.value_heads, config.value_dim});
+        if (uploaded.size() == 0) throw std::logic_error("empty upload");
+      }, {}});
+
   for (Impl &impl : result.impls) impl.step();  // warm-up
   if (tokens == 1)
     for (Impl &impl : result.impls) impl.step();
@@ -260,7 +290,7 @@ int run(int argc, char **argv) {
   for (const CaseResult &c : cases) {
     for (const Impl &impl : c.impls) {
       const Stats st = stats_of(impl.samples);
-      std::printf("  %-8s T=%-4d %-17s %10.3f ms/step  [p10 %9.3f  p90 %9.3f  n %2zu x%d]  %d eval%s/step, "
+      std::printf("  %-8s T=%-4d %-23s %10.3f ms/step  [p10 %9.3f  p90 %9.3f  n %2zu x%d]  %d eval%s/step, "
                   "%.0f bytes copied/step\n",
                   c.tokens == 1 ? "decode" : "prefill", c.tokens, impl.name.c_str(), st.median * 1e3,
                   st.p10 * 1e3, st.p90 * 1e3, impl.samples.size(), c.steps_per_sample,
