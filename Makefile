@@ -30,11 +30,20 @@ build: bootstrap
 header: bootstrap
 	MLXK_UPDATE_HEADER=1 $(CARGO) test --test header
 
+# The C demo (the recurrence through the C ABI, checked against float64), then the engine layer
+# demo (examples/cpp/qwen35_demo.cpp: a whole Qwen3.5 layer as MLX ops + mlxkern kernels, one
+# eval per step), compiled against the MLX in .venv (or MLX_DIR), the libmlx mlxkern links.
 demo: build
 	@mkdir -p $(BUILD)
 	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -Itests/common examples/c/demo.c \
 	  $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
+	@echo
+	MLX=$${MLX_DIR:-$$($(PY) -m mlx --cmake-dir)} && \
+	  $(CXX) -O2 -std=c++20 -Wall -Wextra -Werror -Iinclude -isystem "$$MLX/include" \
+	  examples/cpp/qwen35_demo.cpp $(LINK) -L"$$MLX/lib" -lmlx -Wl,-rpath,"$$MLX/lib" \
+	  -o $(BUILD)/qwen35_demo
+	$(BUILD)/qwen35_demo
 
 test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift
 

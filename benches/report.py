@@ -2,7 +2,7 @@
 (benches/llama_peer.c) results of one run.
 
     .venv/bin/python3 benches/report.py OUT_DIR [--run RUN.json] --mlxkern PART.json...
-        --peer PART.json... [--llama PART.json...]
+        --peer PART.json... [--llama PART.json...] [--engine PART.json...]
 
 Each side may come in parts (scripts/bench.sh runs one case group at a time, alternating the
 sides); the parts of a side are concatenated in the order given. RUN.json (written by
@@ -13,6 +13,8 @@ the llama.cpp agreement checks) and OUT_DIR/chart.png (tokens/s per op and size,
 MLX vs llama.cpp, log scale, the machine in the footer), and prints the machine, then the
 table: case, mlxkern, the MLX peers, speedup (best MLX time / mlxkern time), llama.cpp and its
 ratio (llama.cpp time / mlxkern time), memory floor, target, met?
+The --engine parts (benches/engine.cpp and benches/engine_peer.py: a whole Qwen3.5 layer) get a
+table of their own and results.json's "engine_layer".
 """
 
 import json
@@ -25,6 +27,7 @@ DECODE_HOT_US = 60.0  # decode, B = 1, hot, 30 steps chained per eval: <= 60 us 
 DECODE_COLD_X_COPY = 1.3  # decode, B = 1, cold, one eval of 30 layers: <= 1.3 x streaming the states
 PREFILL_TOK_S = 25000.0  # prefill at T = 4096: >= 25 k tokens/s
 SMALL_OPS_X_COPY = 2.0  # head split and gated norm: <= 2 x a copy of their input + output bytes
+ENGINE_X_PARTS = 1.05  # the engine layer: <= 1.05 x its MLX ops alone + its mlxkern kernels alone
 
 PEERS = ("mlx_fast", "mlx_lm_ops", "mlx_ops")  # MLX's paths: "speedup" is against the best of these
 LLAMA = "llama_cpp"  # llama.cpp's GGML_OP_GATED_DELTA_NET: its own column and ratio
@@ -395,15 +398,98 @@ def draw_chart(rows, path, footer, with_llama):
     plt.close(fig)
 
 
+ENGINE_IMPLS = (  # (impl, label) in table order
+    ("engine_zero_copy", "(a) engine layer: MLX ops + mlxkern, zero copy"),
+    ("engine_host_copy", "(b) the same through host memory"),
+    ("mlx_lm_module", "(c) mlx-lm's module (Python)"),
+    ("dense_alone", "    (a)'s MLX ops alone"),
+    ("kernels_alone", "    (a)'s mlxkern kernels alone"),
+    ("kernels_host_copy_alone", "    (b)'s kernels with their host copies alone"),
+)
+
+
+def fmt_bytes(n):
+    if not n:
+        return "0"
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+
+
+def engine_layer(parts):
+    """The whole-layer table (benches/engine.cpp + benches/engine_peer.py): per case, time per
+    step, evals per step and bytes copied across the MLX / mlxkern boundary for (a), (b), (c), and
+    (a) against the sum of its parts measured alone. Returns results.json's "engine_layer"."""
+    records = [rec for part in parts for rec in part.get("records", [])]
+    if not records:
+        return None
+    by = {(rec["case"], rec["impl"]): rec for rec in records}
+    dims = next((p["dims"] for p in parts if "dims" in p), {})
+    print()
+    print(f"engine layer: one Qwen3.5 Gated DeltaNet layer (hidden {dims.get('hidden')}, Hk {dims.get('Hk')},"
+          f" Hv {dims.get('Hv')}, Dk = Dv = {dims.get('Dk')}, conv kernel {dims.get('K')}), B = 1, CPU,"
+          " random bf16 weights; medians per step")
+    head = ["case", "implementation", "time/step", "spread", "tok/s", "evals/step", "bytes copied/step"]
+    lines, summary = [], []
+    for case, tokens in (("decode", 1), ("prefill", 512)):
+        for impl, text in ENGINE_IMPLS:
+            rec = by.get((case, impl))
+            if rec is None:
+                continue
+            spread = (rec["p90_us"] - rec["p10_us"]) / rec["median_us"] * 100 if rec["median_us"] else 0
+            lines.append([f"{case} T={tokens}", text, fmt_time(rec["median_us"]), f"{spread:.0f}%",
+                          fmt_rate(rec["tokens_per_s"]), str(rec["evals_per_step"]),
+                          fmt_bytes(rec["bytes_copied_per_step"])])
+        a, dense, kernels = (by.get((case, i)) for i in ("engine_zero_copy", "dense_alone", "kernels_alone"))
+        if a and dense and kernels:
+            parts_us = dense["median_us"] + kernels["median_us"]
+            ratio = a["median_us"] / parts_us
+            row = dict(case=case, T=tokens, engine_us=a["median_us"], dense_alone_us=dense["median_us"],
+                       kernels_alone_us=kernels["median_us"], sum_of_parts_us=parts_us, x_sum_of_parts=ratio,
+                       target=f"<= {ENGINE_X_PARTS}x", met=ratio <= ENGINE_X_PARTS)
+            for other in ("engine_host_copy", "mlx_lm_module"):
+                if (case, other) in by:
+                    row[f"{other}_x_engine"] = by[(case, other)]["median_us"] / a["median_us"]
+            if (case, "kernels_host_copy_alone") in by:
+                row["host_copy_boundary_us"] = by[(case, "kernels_host_copy_alone")]["median_us"] - kernels["median_us"]
+            summary.append(row)
+            lines.append([f"{case} T={tokens}", "    (a) / (MLX ops alone + kernels alone)",
+                          f"{ratio:.3f}x", "", "", "", f"target <= {ENGINE_X_PARTS}x: "
+                          + ("yes" if ratio <= ENGINE_X_PARTS else "NO")])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+
+    def fmt(cols):
+        return "  ".join(c.ljust(w) if i in (0, 1, 6) else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cols, widths))).rstrip()
+
+    print(fmt(head))
+    print("  ".join("-" * w for w in widths))
+    for line in lines:
+        print(fmt(line))
+    for row in summary:
+        extra = "; ".join(f"{name.replace('_x_engine', '')} {row[name]:.2f}x (a)'s time"
+                          for name in ("engine_host_copy_x_engine", "mlx_lm_module_x_engine") if name in row)
+        boundary = ""
+        if "host_copy_boundary_us" in row:
+            boundary = (f"; (b)'s host copies cost {fmt_time(row['host_copy_boundary_us'])} a step"
+                        f" ({row['host_copy_boundary_us'] / row['engine_us'] * 100:.1f}% of (a)): its kernels with"
+                        " copies alone minus the kernels alone")
+        print(f"{row['case']}: kernels are {row['kernels_alone_us'] / row['engine_us'] * 100:.1f}% of (a); {extra}"
+              + boundary)
+    print("(b) evaluates three times a step (MLX, mlxkern's read, MLX) and copies conv_out, a, b, z out of MLX and"
+          " into mlxkern, and the gated norm's output back (each byte read back and uploaded: counted twice);"
+          " its recurrent state stays an mlxkern handle")
+    return dict(rows=summary, records=records,
+                runs=[{k: v for k, v in part.items() if k != "records"} for part in parts])
+
+
 def parse_args(args):
     """OUT_DIR, then options each followed by its files: --run (one), --mlxkern, --peer, --llama."""
     usage = ("usage: report.py OUT_DIR [--run RUN.json] --mlxkern PART.json... --peer PART.json..."
-             " [--llama PART.json...]")
+             " [--llama PART.json...] [--engine PART.json...]")
     if not args or args[0].startswith("--"):
         sys.exit(usage)
     opts, key = {}, None
     for arg in args[1:]:
-        if arg in ("--run", "--mlxkern", "--peer", "--llama"):
+        if arg in ("--run", "--mlxkern", "--peer", "--llama", "--engine"):
             key = arg[2:]
             opts.setdefault(key, [])
         elif key is None:
@@ -427,7 +513,12 @@ def main():
     print_table(rows, kern, peer, llama, host, run)
     checks = print_checks(kern, peer)
     agreement = llama_checks(llama)
+    engine = engine_layer([load(p) for p in opts.get("engine", [])])
     targets = [{"id": r["id"], "label": r["label"], **r["target"]} for r in rows if "target" in r]
+    if engine:
+        targets += [{"id": f"engine_layer_{r['case']}", "label": f"engine layer, {r['case']} T={r['T']}",
+                     "text": f"{r['target']} (MLX ops alone + kernels alone)", "met": r["met"],
+                     "x_sum_of_parts": r["x_sum_of_parts"]} for r in engine["rows"]]
     merged = {"host": host,
               "load_average_1min": {"run_start": run.get("loadavg_start") if run else None,
                                     "run_end": run.get("loadavg_end") if run else None,
@@ -436,6 +527,7 @@ def main():
               "peer_run": {k: v for k, v in peer.items() if k != "records"},
               "llama_cpp_run": {k: v for k, v in llama.items() if k != "records"} if llama else None,
               "rows": rows, "targets": targets, "checks": checks, "llama_cpp_agreement": agreement,
+              "engine_layer": engine,
               "records": {"mlxkern": kern["records"], "peer": peer["records"],
                           "llama_cpp": llama["records"] if llama else []}}
     results = os.path.join(out_dir, "results.json")

@@ -14,6 +14,29 @@
  * Thread rules and ownership are those of mlxkern.h: an Array may be used from any thread, but
  * one Array object is not synchronized (do not move or destroy it while another thread uses it).
  *
+ * Engines on MLX's C++ API: define MLXKERN_WITH_MLX before the first include of this header
+ * (or pass -DMLXKERN_WITH_MLX; `pkg-config --cflags mlxkern-mlx` does) and it includes
+ * <mlx/array.h> and adds, without a copy in either direction (mlxkern.h, "Sharing arrays with
+ * a host's MLX": one libmlx in the process, the one mlxkern was built against):
+ *
+ *   mlxk::Array::from_mlx(const mlx::core::array &)   a handle sharing the host's array (lazy
+ *                                                     stays lazy; views are fine)
+ *   mlx::core::array mlxk::Array::to_mlx() const      the host's array sharing the handle's
+ *                                                     (lazy if the handle's is)
+ *
+ * so a layer's MLX ops and mlxkern's kernels make one graph, evaluated by one mx::eval:
+ *
+ *   mlxk::Array conv = mlxk::Array::from_mlx(mx::conv1d(conv_input, w, 1, 0, 1, channels));
+ *   mlxk::HeadSplit heads = mlxk::silu_rms_heads(conv, q_scale, k_scale, hk, hv, dv, eps);
+ *   ...
+ *   mx::array out = mx::matmul(mx::reshape(normed.to_mlx(), {1, t, -1}), w_out_t);
+ *   mx::eval({out, state});
+ *
+ * The macro is an explicit opt-in (it does not follow whether mlx/mlx.h was included first),
+ * so a file's meaning does not depend on its include order; without it this header needs
+ * nothing but mlxkern.h and the C++17 standard library. With it, MLX's headers set the
+ * language level (MLX 0.32's need C++20) and the program links libmlx.
+ *
  *   mlxk::Array state;                                   // empty: zeros on the first call
  *   for (...) {
  *     mlxk::DeltaUpdate step = mlxk::gated_delta_update(q, k, v, a, b, a_log, dt_bias, &state);
@@ -38,6 +61,12 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#ifdef MLXKERN_WITH_MLX
+#include <memory>
+
+#include <mlx/array.h>
+#endif
 
 namespace mlxk {
 
@@ -416,6 +445,31 @@ class Array {
     check(mlxk_array_astype(raw_, static_cast<mlxk_dtype>(dtype), out.out()));
     return out;
   }
+
+#ifdef MLXKERN_WITH_MLX
+  // --- sharing arrays with the host's MLX (no copy; see the top of this file) ---
+
+  /** A handle sharing the host's MLX array: the same buffer, or the same unevaluated node,
+   * which then becomes an input of the kernels' nodes. The host keeps its array; both stay
+   * valid while either holds it. Throws Error: MLXK_ERR_UNSUPPORTED (another libmlx than the
+   * one mlxkern was built against), MLXK_ERR_DTYPE (float64, int64, ...), MLXK_ERR_SHAPE,
+   * MLXK_ERR_INVALID_ARGUMENT. */
+  [[nodiscard]] static Array from_mlx(const mlx::core::array &array) {
+    Array out;
+    check(mlxk_array_from_mlx(&array, out.out()));
+    return out;
+  }
+
+  /** The host's MLX array sharing this handle's (lazy if the handle's is: the host's own ops
+   * and eval compute it with everything else). The library's heap copy is deleted before
+   * returning. Throws Error: MLXK_ERR_NULL_POINTER (an empty Array), MLXK_ERR_UNSUPPORTED. */
+  [[nodiscard]] mlx::core::array to_mlx() const {
+    void *raw = nullptr;
+    check(mlxk_array_to_mlx(raw_, &raw));
+    const std::unique_ptr<mlx::core::array> owned(static_cast<mlx::core::array *>(raw));
+    return std::move(*owned);
+  }
+#endif
 
  private:
   friend class OutHandle;

@@ -5,6 +5,11 @@
 # group; then the merged table (stdout), build/bench/results.json and build/bench/chart.png
 # (benches/report.py). Each side's raw figures stay in build/bench/parts/.
 #
+# Last, the engine layer: a whole Qwen3.5 layer (examples/cpp/qwen35_gdn.hpp) at 35B-A3B dims,
+# decode and a 512-token prefill: (a) MLX ops + mlxkern kernels with zero-copy exchange, (b) the
+# same through host memory, its parts alone (benches/engine.cpp, C++ on the .venv's MLX), and
+# (c) mlx-lm's module (benches/engine_peer.py); its own table and results.json's "engine_layer".
+#
 # The llama.cpp peer needs ggml, fetched and built once into build/llama.cpp/ by
 # scripts/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
 # them it is skipped with one line and the rest runs. A disagreement of its outputs with
@@ -12,7 +17,7 @@
 #
 # Expects the library built (`cargo build --lib`; the Makefile target does it) and .venv made
 # by scripts/bootstrap.sh. matplotlib (for the chart only) is installed into .venv on first use.
-# Environment: CC; LIBDIR (folder holding libmlxkern.so / .dylib, default target/debug);
+# Environment: CC, CXX; LIBDIR (folder holding libmlxkern.so / .dylib, default target/debug);
 # MLXK_BENCH_QUICK=1 (short run); MLXK_BENCH_PEER_FULL=1 (run MLX's prefill at T=4096 too,
 # about 10 s a call per path, instead of scaling its T=512 figure).
 set -euo pipefail
@@ -20,6 +25,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 CC=${CC:-cc}
+CXX=${CXX:-c++}
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 OUT=$ROOT/build/bench
 PY=$ROOT/.venv/bin/python3
@@ -39,6 +45,10 @@ fi
 mkdir -p "$OUT"
 "$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/tests/common" \
   "$ROOT/benches/bench.c" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -o "$OUT/bench"
+MLX=$("$PY" -m mlx --cmake-dir)
+"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/examples/cpp" \
+  -isystem "$MLX/include" "$ROOT/benches/engine.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
+  -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/engine"
 
 llama=0
 if CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
@@ -91,6 +101,11 @@ for group in decode1 decode4 decode16 prefill replay small; do
   esac
   echo
 done
+echo "== engine layer: (a) zero copy, (b) through host memory, the parts alone =="
+"$OUT/engine" "$PARTS/engine.json"
+echo "== engine layer: (c) mlx-lm's module =="
+"$PY" "$ROOT/benches/engine_peer.py" "$PARTS/engine-peer.json"
+echo
 load_end=$(loadavg)
 printf '{"loadavg_start": %s, "loadavg_end": %s, "seconds": %d}\n' "$load_start" "$load_end" \
   "$(( $(date +%s) - start ))" >"$PARTS/run.json"
@@ -100,5 +115,6 @@ if [ "${#llama_parts[@]}" -gt 0 ]; then
   llama_args=(--llama "${llama_parts[@]}")
 fi
 "$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" --mlxkern "${kern_parts[@]}" \
-  --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"}
+  --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"} \
+  --engine "$PARTS/engine.json" "$PARTS/engine-peer.json"
 echo "bench: total $(( $(date +%s) - start )) s"

@@ -3,12 +3,16 @@
 #
 #   scripts/install.sh PREFIX
 #
-#   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header and the C++ RAII layer
+#   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header, the C++ RAII layer and the
+#   PREFIX/include/mlxkern_mlxc.h               helpers for hosts on mlx-c
 #   PREFIX/lib/libmlxkern.so.<ABI>              the cdylib built by `cargo build --lib`, under
 #                                               its SONAME; libmlxkern.so links to it
 #   PREFIX/lib/mlxkern/mlx/lib/libmlx.so        a private copy of the MLX the build linked
 #   PREFIX/lib/mlxkern/mlx_cpu.libs/            ... and of the BLAS/LAPACK libraries it bundles
+#   PREFIX/lib/mlxkern/mlx/include/             ... and MLX's C++ headers (for engines on MLX)
 #   PREFIX/lib/pkgconfig/mlxkern.pc             Cflags/Libs, with an rpath to PREFIX/lib
+#   PREFIX/lib/pkgconfig/mlxkern-mlx.pc         mlxkern plus that MLX's headers and libmlx, for
+#                                               C++ engines that share arrays with mlxkern
 #   PREFIX/share/doc/mlxkern/                   the license, third-party notices, MLX's licenses
 #
 # Why a private copy of MLX: the built library's RUNPATH points at the MLX pip package inside
@@ -16,7 +20,9 @@
 # deleted). The pip wheel's libmlx carries RPATH $ORIGIN/../../mlx_cpu.libs (its bundled
 # BLAS/LAPACK), so the copy keeps the wheel's layout under PREFIX/lib/mlxkern/ (mlx/lib/ and
 # mlx_cpu.libs/ side by side) and libmlx is installed unmodified. Only libmlxkern's RUNPATH
-# changes, to $ORIGIN/mlxkern/mlx/lib: relative, so the whole PREFIX can be relocated. The
+# changes, to $ORIGIN/mlxkern/mlx/lib: relative, so the whole PREFIX can be relocated. An engine
+# on MLX's C++ API must run on that same libmlx (one libmlx per process): mlxkern-mlx.pc
+# compiles it against the copy's headers and links the copy. The
 # RUNPATH string is rewritten in place (it is always shorter than the build's absolute path),
 # after checking that no other dynamic string shares its bytes; where that is not possible,
 # patchelf is used if installed (Debian: apt-get install patchelf).
@@ -70,7 +76,8 @@ DEST_MLX=$DEST_LIB/mlxkern  # mirrors the wheel's site-packages layout
 mkdir -p "$PREFIX/include" "$DEST_LIB/pkgconfig" "$DEST_MLX/mlx/lib" "$PREFIX/share/doc/mlxkern"
 
 # 1. Headers.
-install -m 0644 "$ROOT/include/mlxkern.h" "$ROOT/include/mlxkern.hpp" "$PREFIX/include/"
+install -m 0644 "$ROOT/include/mlxkern.h" "$ROOT/include/mlxkern.hpp" "$ROOT/include/mlxkern_mlxc.h" \
+  "$PREFIX/include/"
 
 # 2. MLX: libmlx.so unmodified, plus every $ORIGIN-relative folder its RPATH/RUNPATH names
 #    (the wheel: $ORIGIN/../../mlx_cpu.libs), at the same relative place.
@@ -96,6 +103,16 @@ for entry in "${mlx_entries[@]}"; do
     *) echo "install: note: libmlx's RPATH entry $entry is absolute; left as is" >&2 ;;
   esac
 done
+
+# MLX's C++ headers, those of the libmlx copied above (the wheel keeps them in mlx/include).
+MLX_INCLUDE=$(dirname "$MLX_LIB")/include
+[ -f "$MLX_INCLUDE/mlx/mlx.h" ] || fail "MLX's headers not found next to $MLX_LIB (expected $MLX_INCLUDE/mlx/mlx.h)"
+rm -rf "$DEST_MLX/mlx/include"
+cp -R "$MLX_INCLUDE" "$DEST_MLX/mlx/include"
+chmod -R u+w,go-w,a+rX "$DEST_MLX/mlx/include"
+mlx_version=$(sed -n 's/^#define MLX_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' \
+  "$MLX_INCLUDE/mlx/version.h" | paste -sd.)
+[ -n "$mlx_version" ] || fail "MLX's version not found in $MLX_INCLUDE/mlx/version.h"
 
 # The license, and those of what is redistributed (MLX, its bundled BLAS/LAPACK runtime).
 for doc in LICENSE THIRD_PARTY_NOTICES.md; do
@@ -237,8 +254,10 @@ got=$(readelf -d "$DEST_LIB/$soname" | sed -n 's/.*(\(RUNPATH\|RPATH\)).*\[\(.*\
 [ "$got" = "$NEW_RUNPATH" ] || fail "RUNPATH of the installed library is '$got', expected '$NEW_RUNPATH'"
 
 # 4. pkg-config file.
-sed -e "s|@PREFIX@|$PREFIX|g" -e "s|@VERSION@|$version|g" "$ROOT/mlxkern.pc.in" \
-  >"$DEST_LIB/pkgconfig/mlxkern.pc"
-chmod 0644 "$DEST_LIB/pkgconfig/mlxkern.pc"
+for pc in mlxkern mlxkern-mlx; do
+  sed -e "s|@PREFIX@|$PREFIX|g" -e "s|@VERSION@|$version|g" -e "s|@MLX_VERSION@|$mlx_version|g" \
+    "$ROOT/$pc.pc.in" >"$DEST_LIB/pkgconfig/$pc.pc"
+  chmod 0644 "$DEST_LIB/pkgconfig/$pc.pc"
+done
 
-echo "install: mlxkern $version into $PREFIX (MLX from $MLX_LIB; RUNPATH $NEW_RUNPATH)"
+echo "install: mlxkern $version into $PREFIX (MLX $mlx_version from $MLX_LIB; RUNPATH $NEW_RUNPATH)"

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The C++ side of mlxkern, end to end:
 #   1. include/mlxkern.hpp: its tests (tests/cpp/test_mlxkern_hpp.cpp) built with strict
-#      warnings (-Werror, conversions, old-style casts) and run under ASan + LSan + UBSan;
-#   2. the example engine (examples/cpp/qwen35_layer.cpp) built against the in-tree headers;
+#      warnings (-Werror, conversions, old-style casts) and run under ASan + LSan + UBSan; then
+#      its MLX part (MLXKERN_WITH_MLX: Array::from_mlx / to_mlx) the same way, built against
+#      libmlx with MLX's headers as -isystem (tests/cpp/test_mlxkern_hpp_mlx.cpp);
+#   2. the example engine layer (examples/cpp/qwen35_layer.cpp: MLX ops and mlxkern kernels in
+#      one graph) built against the in-tree headers and the .venv's MLX;
 #   3. the acceptance test (tests/cpp/test_qwen35_layer.py): the engine against mlx-lm 0.32.2's
-#      Qwen3.5 GatedDeltaNet (small shapes and Qwen3.5-35B-A3B's), prefill, decode, speculative
-#      rollback;
+#      Qwen3.5 GatedDeltaNet (small shapes, Qwen3.5-35B-A3B's, and a chunked-prefill run),
+#      prefill, decode, speculative rollback;
 #   4. scripts/install.sh into a temporary PREFIX;
 #   5. the example rebuilt from a copy of its sources with only
-#      `pkg-config --cflags --libs mlxkern` (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig), checked to
-#      load everything from PREFIX, run without LD_LIBRARY_PATH on the acceptance inputs, and
-#      its outputs compared byte for byte with the in-tree build's.
+#      `pkg-config --cflags --libs mlxkern-mlx` (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig: mlxkern
+#      plus the MLX headers and libmlx installed with it), checked to read every header and
+#      load every library from PREFIX, run without LD_LIBRARY_PATH on the acceptance inputs,
+#      and its outputs compared byte for byte with the in-tree build's.
 #
 # Environment: CXX (default c++), LIBDIR (folder of the built libmlxkern.so; default
 # target/debug), BUILD (output folder; default build), MLXK_CPP_SEED (replay the acceptance
@@ -51,6 +55,11 @@ total_start=$(now)
 
 STRICT=(-std=c++17 -Wall -Wextra -Werror -pedantic -Wold-style-cast -Wshadow)
 IN_TREE=(-I"$ROOT/include" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
+# Programs on MLX's C++ API: MLX 0.32's headers need C++20; they are system headers here, so
+# the strict warnings apply to this project's code only. libmlx is the one mlxkern links.
+MLX=$("$PY" -m mlx --cmake-dir) || fail "$PY -m mlx --cmake-dir failed: run make bootstrap"
+STRICT_MLX=(-std=c++20 "${STRICT[@]:1}")
+WITH_MLX=(-isystem "$MLX/include" -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib")
 
 # 1. The header-only layer's own tests.
 start=$(now)
@@ -66,12 +75,26 @@ grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer r
 echo "PASS: include/mlxkern.hpp: $(tail -n 1 "$log") under ASan + LSan + UBSan" \
   "(-Werror -Wconversion -Wold-style-cast -pedantic, included twice) [$(since "$start")]"
 
+start=$(now)
+"$CXX" "${STRICT_MLX[@]}" -Wconversion -Wsign-conversion -g -O1 -fsanitize=address,undefined \
+  -fno-sanitize-recover=all -fno-omit-frame-pointer "$ROOT/tests/cpp/test_mlxkern_hpp_mlx.cpp" \
+  "${IN_TREE[@]}" "${WITH_MLX[@]}" -o "$OUT/test_mlxkern_hpp_mlx" ||
+  fail "tests/cpp/test_mlxkern_hpp_mlx.cpp does not build"
+log=$OUT/test_mlxkern_hpp_mlx.log
+if ! ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 "$OUT/test_mlxkern_hpp_mlx" >"$log" 2>&1; then
+  cat "$log" >&2
+  fail "tests/cpp/test_mlxkern_hpp_mlx under ASan + LSan + UBSan"
+fi
+grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer report"; }
+echo "PASS: include/mlxkern.hpp with MLXKERN_WITH_MLX (from_mlx / to_mlx against libmlx):" \
+  "$(tail -n 1 "$log") under ASan + LSan + UBSan [$(since "$start")]"
+
 # 2. The example against the in-tree headers.
 start=$(now)
-"$CXX" "${STRICT[@]}" -O2 "$ROOT/examples/cpp/qwen35_layer.cpp" "${IN_TREE[@]}" \
+"$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT/examples/cpp/qwen35_layer.cpp" "${IN_TREE[@]}" "${WITH_MLX[@]}" \
   -o "$OUT/qwen35_layer" || fail "examples/cpp/qwen35_layer.cpp does not build against include/"
-echo "PASS: examples/cpp/qwen35_layer builds against include/ (-std=c++17 -Werror -pedantic)" \
-  "[$(since "$start")]"
+echo "PASS: examples/cpp/qwen35_layer builds against include/ and MLX $("$PY" -c 'import mlx.core as mx; print(mx.__version__)')" \
+  "(-std=c++20 -Werror -pedantic) [$(since "$start")]"
 
 # 3. The acceptance test.
 start=$(now)
@@ -80,7 +103,8 @@ rm -rf "$WORK"
 mkdir -p "$WORK"
 "$PY" "$ROOT/tests/cpp/test_qwen35_layer.py" --binary "$OUT/qwen35_layer" --workdir "$WORK" \
   || fail "acceptance test (tests/cpp/test_qwen35_layer.py)"
-echo "PASS: acceptance test against mlx-lm 0.32.2 (small and 35B-A3B shapes) [$(since "$start")]"
+echo "PASS: acceptance test against mlx-lm 0.32.2 (small and 35B-A3B shapes, chunked prefill)" \
+  "[$(since "$start")]"
 
 # 4. Install into a temporary PREFIX.
 start=$(now)
@@ -91,8 +115,9 @@ else
   trap 'rm -rf "$PREFIX"' EXIT
 fi
 LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$PREFIX" >/dev/null || fail "scripts/install.sh $PREFIX"
-for file in include/mlxkern.h include/mlxkern.hpp lib/libmlxkern.so lib/pkgconfig/mlxkern.pc \
-  lib/mlxkern/mlx/lib/libmlx.so; do
+for file in include/mlxkern.h include/mlxkern.hpp include/mlxkern_mlxc.h lib/libmlxkern.so \
+  lib/pkgconfig/mlxkern.pc lib/pkgconfig/mlxkern-mlx.pc lib/mlxkern/mlx/lib/libmlx.so \
+  lib/mlxkern/mlx/include/mlx/mlx.h; do
   [ -f "$PREFIX/$file" ] || fail "install: $file missing"
 done
 # The library sits under its SONAME, libmlxkern.so.<C ABI version>, with libmlxkern.so -> it.
@@ -105,34 +130,44 @@ soname=$(readelf -d "$PREFIX/lib/libmlxkern.so.$abi" | sed -n 's/.*(SONAME).*\[\
 echo "PASS: scripts/install.sh: headers, lib (SONAME $soname), private MLX copy and pkg-config file" \
   "in PREFIX [$(since "$start")]"
 
-# 5. Build and run the example against the installed copy, with pkg-config alone.
+# 5. Build and run the example against the installed copy, with pkg-config alone. The example
+#    is an engine on MLX: mlxkern-mlx gives mlxkern's flags plus the headers and libmlx of the
+#    MLX installed with it (the process's one libmlx), so no flag comes from the .venv.
 start=$(now)
 export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
 unset LD_LIBRARY_PATH
-flags=$(pkg-config --cflags --libs mlxkern) || fail "pkg-config does not find mlxkern"
+flags=$(pkg-config --cflags --libs mlxkern-mlx) || fail "pkg-config does not find mlxkern-mlx"
+MLX_REAL=$(cd "$MLX" && pwd -P)
 case " $flags " in
-  *"$ROOT"*) fail "pkg-config flags point into the build tree: $flags" ;;
+  *"$ROOT"* | *"$MLX"* | *"$MLX_REAL"*) fail "pkg-config flags point into the build tree or the .venv: $flags" ;;
+esac
+c_flags=$(pkg-config --cflags --libs mlxkern)
+case " $c_flags " in
+  *mlx/include* | *-lmlx\ *) fail "pkg-config's mlxkern module (C clients) carries MLX's flags: $c_flags" ;;
 esac
 CONSUMER=$OUT/consumer
 rm -rf "$CONSUMER"
 mkdir -p "$CONSUMER"
 cp "$ROOT"/examples/cpp/*.cpp "$ROOT"/examples/cpp/*.hpp "$CONSUMER/"
 # shellcheck disable=SC2086  # pkg-config output is a list of flags
-"$CXX" "${STRICT[@]}" -O2 -MD "$CONSUMER/qwen35_layer.cpp" $flags -o "$CONSUMER/qwen35_layer" \
-  || fail "the example does not build with pkg-config --cflags --libs mlxkern"
+"$CXX" "${STRICT_MLX[@]}" -O2 -MD "$CONSUMER/qwen35_layer.cpp" $flags -o "$CONSUMER/qwen35_layer" \
+  || fail "the example does not build with pkg-config --cflags --libs mlxkern-mlx"
 grep -q "$PREFIX/include/mlxkern.hpp" "$CONSUMER"/*.d || fail "the consumer build did not use PREFIX's mlxkern.hpp"
+grep -q "$PREFIX/lib/mlxkern/mlx/include/mlx/mlx.h" "$CONSUMER"/*.d ||
+  fail "the consumer build did not use PREFIX's MLX headers"
 grep -q "$ROOT/include" "$CONSUMER"/*.d && fail "the consumer build read headers from the build tree"
+grep -q "$MLX/include\|$MLX_REAL/include" "$CONSUMER"/*.d && fail "the consumer build read MLX headers from the .venv"
 libs=$(ldd "$CONSUMER/qwen35_layer")
 for name in libmlxkern.so libmlx.so libblas liblapack; do
   echo "$libs" | grep "$name" | grep -q "=> $PREFIX/" \
     || fail "$name is not loaded from $PREFIX: $(echo "$libs" | grep "$name" || echo 'not found')"
 done
 echo "$libs" | grep -q "not found" && fail "unresolved libraries: $libs"
-echo "PASS: the example builds with only \`pkg-config --cflags --libs mlxkern\`: $flags" \
+echo "PASS: the example builds with only \`pkg-config --cflags --libs mlxkern-mlx\`: $flags" \
   "[$(since "$start")]"
 
 start=$(now)
-for config in small 35b; do
+for config in small 35b chunked; do
   "$CONSUMER/qwen35_layer" "$WORK/$config.weights.safetensors" "$WORK/$config.inputs.safetensors" \
     "$CONSUMER/$config.outputs.safetensors" --quiet >/dev/null \
     || fail "the installed-copy build failed on the $config inputs"

@@ -6,8 +6,11 @@
 #   2. tests/interop/host_dlclose.cc: a lazy result evaluated and destroyed after the host
 #      dlcloses mlxkern; a second copy of libmlx makes the exchange refuse;
 #   3. tests/interop/host_mlxc.c, a C host on mlx-c through include/mlxkern_mlxc.h (ASan +
-#      LSan). mlx-c is a test fixture built here from ../shared/vendor/mlx-c (never part of the
-#      repository); where that folder is absent this part says so and is skipped.
+#      LSan), and the example examples/c/mlxc_decode.c (a Gated DeltaNet layer's decode loop on
+#      mlx-c, states carried as mlx-c arrays, one mlx_eval per step; checked against a prefill
+#      of the same tokens; ASan + LSan). mlx-c is a test fixture built here from
+#      ../shared/vendor/mlx-c (never part of the repository); where that folder is absent this
+#      part says so and is skipped.
 #
 # Environment: CXX, CC, LIBDIR (folder of libmlxkern.so; default target/debug), BUILD (default
 # build), MLXK_INTEROP_SEED (replay the random inputs), MLXC_SRC (mlx-c sources; default
@@ -51,9 +54,10 @@ cp "$MLX/lib/libmlx.so" "$OUT/second-libmlx/libMLXApp.so"
 
 echo "== interop: C host on mlx-c"
 if [ ! -f "$MLXC_SRC/CMakeLists.txt" ]; then
-  echo "SKIP: interop with mlx-c: its sources ($MLXC_SRC) are not here (they come with the"
-  echo "      development checkout's ../shared/vendor/mlx-c, a test fixture never copied into"
-  echo "      the repository); the C++ host tests above ran"
+  echo "SKIP: interop with mlx-c (tests/interop/host_mlxc.c, examples/c/mlxc_decode.c): its"
+  echo "      sources ($MLXC_SRC) are not here (they come with the development checkout's"
+  echo "      ../shared/vendor/mlx-c, a test fixture never copied into the repository); the C++"
+  echo "      host tests above ran"
   exit 0
 fi
 CMAKE=$(command -v cmake || true)
@@ -76,4 +80,11 @@ fi
 "$CXX" "${SAN[@]}" "$OUT/host_mlxc.o" "$MLXC_BUILD/libmlxc.a" "${LINK[@]}" -o "$OUT/host_mlxc" ||
   fail "host_mlxc does not link"
 "$OUT/host_mlxc" || fail "host_mlxc"
+
+echo "== interop: examples/c/mlxc_decode.c (a layer's decode loop on mlx-c)"
+"$CC" -std=c11 -Wall -Wextra -Werror "${SAN[@]}" -I"$ROOT/include" -isystem "$MLXC_SRC" \
+  -c "$ROOT/examples/c/mlxc_decode.c" -o "$OUT/mlxc_decode.o" || fail "mlxc_decode does not build"
+"$CXX" "${SAN[@]}" "$OUT/mlxc_decode.o" "$MLXC_BUILD/libmlxc.a" "${LINK[@]}" -lm -o "$OUT/mlxc_decode" ||
+  fail "mlxc_decode does not link"
+"$OUT/mlxc_decode" 8 || fail "mlxc_decode"
 echo "PASS: scripts/test-interop.sh"

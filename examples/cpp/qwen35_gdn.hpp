@@ -1,36 +1,53 @@
 // One Qwen3.5 Gated DeltaNet layer (mlx-lm 0.32.2 `qwen3_5.GatedDeltaNet`) for a bfloat16
-// model, batch 1: the dense parts (input projections, depthwise causal conv, out_proj) in plain
-// C++, the rest through mlxkern:
+// model, batch 1, written the way an engine on MLX's C++ API writes it: the dense parts are MLX
+// ops, the Gated DeltaNet parts are mlxkern's kernels, and the arrays go back and forth without
+// a copy (mlxk::Array::from_mlx / to_mlx), so one step is ONE lazy MLX graph and the caller
+// evaluates it with ONE mx::eval (the output, the recurrent state and the conv state together):
 //
-//   qkv, z, b, a = x·W_qkv^T, x·W_z^T, x·W_b^T, x·W_a^T    (f32 sums, rounded once to bf16)
-//   conv_in      = [conv window (K-1 tokens) | qkv]          (window carried across calls)
-//   conv_out[t]  = bf16( sum_j w[:, j] * conv_in[t + j] )    (f32 sum, rounded once)
-//   q, k, v      = mlxk_silu_rms_heads(conv_out)             (SiLU + split + normalize_qk)
-//   y, state     = mlxk_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state)
-//   out          = mlxk_gated_rms_norm(y, z, norm.weight) · W_out^T
+//   MLX ops     qkv, z, b, a = x·W_qkv^T, x·W_z^T, x·W_b^T, x·W_a^T         (nn.Linear)
+//               conv_in      = concatenate(conv_state, qkv)                 (conv state: K-1 rows)
+//               conv_out     = conv1d(conv_in, w, groups = conv_dim)        (depthwise, causal)
+//   mlxkern     q, k, v      = mlxk_silu_rms_heads(conv_out)                (SiLU, split, normalize_qk)
+//               y, state     = mlxk_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state)
+//                              (mlxk_gated_delta_update_chunked for a long prefill, on request)
+//               normed       = mlxk_gated_rms_norm(y, z, norm.weight)
+//   MLX op      out          = normed·W_out^T                               (out_proj)
+//
+// The recurrent state [1, Hv, Dv, Dk] float32 and the conv state [1, K-1, conv_dim] bfloat16
+// are MLX arrays owned by the layer and replaced by each step's (lazy) results; once the
+// layer drops the old state, the graph holds its last reference and the CPU kernel writes the
+// new state into the old buffer.
 //
 // Speculative decoding: verify() runs a draft window from the current state and keeps a
-// checkpoint (the pre-verify state, the conv input and the window's k, v, a, b); accept(m)
-// then keeps the first m tokens: the recurrent state is replayed from the checkpoint with
-// mlxk_gated_delta_state and the conv window is cut from the checkpoint's conv input.
+// checkpoint (the pre-verify state, the conv input, the window's k, v, a, b); accept(m) keeps
+// the first m tokens: the recurrent state is replayed from the checkpoint with
+// mlxk_gated_delta_state and the conv state cut from the checkpoint's conv input, lazily, so
+// the rollback is computed by the next step's eval.
+//
+// Needs MLX's headers (C++20) and libmlx, the one libmlxkern links (mlxkern.h, "Sharing arrays
+// with a host's MLX").
 #ifndef MLXKERN_EXAMPLE_QWEN35_GDN_HPP
 #define MLXKERN_EXAMPLE_QWEN35_GDN_HPP
 
+#ifndef MLXKERN_WITH_MLX
+#define MLXKERN_WITH_MLX
+#endif
 #include "mlxkern.hpp"
-#include "safetensors.hpp"
 
-#include <chrono>
+#include <mlx/mlx.h>
+
 #include <cmath>
-#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace qwen35 {
+
+namespace mx = mlx::core;
 
 /** The TextModelArgs fields GatedDeltaNet reads. */
 struct Config {
@@ -46,296 +63,325 @@ struct Config {
   [[nodiscard]] int value_width() const { return value_heads * value_dim; }
   [[nodiscard]] int conv_dim() const { return 2 * key_width() + value_width(); }
 
-  /** From a checkpoint's metadata (the config.json names). */
-  static Config from_metadata(const safetensors::File &file) {
-    auto integer = [&](const char *key) { return std::stoi(file.meta(key)); };
+  /** Qwen3.5-35B-A3B's linear-attention layer. */
+  static Config qwen35_35b_a3b() {
     Config config;
-    config.hidden_size = integer("hidden_size");
-    config.key_heads = integer("linear_num_key_heads");
-    config.value_heads = integer("linear_num_value_heads");
-    config.key_dim = integer("linear_key_head_dim");
-    config.value_dim = integer("linear_value_head_dim");
-    config.conv_kernel = integer("linear_conv_kernel_dim");
-    config.rms_norm_eps = std::stof(file.meta("rms_norm_eps"));
-    if (config.hidden_size <= 0 || config.key_heads <= 0 || config.value_heads <= 0 ||
-        config.key_dim <= 0 || config.value_dim <= 0 || config.conv_kernel < 2 ||
-        config.value_heads % config.key_heads != 0)
-      throw std::runtime_error("checkpoint metadata: inconsistent layer configuration");
+    config.hidden_size = 2048;
+    config.key_heads = 16;
+    config.value_heads = 32;
+    config.key_dim = 128;
+    config.value_dim = 128;
+    config.conv_kernel = 4;
+    config.rms_norm_eps = 1e-6f;
     return config;
+  }
+
+  /** From a checkpoint's metadata (the config.json names). */
+  static Config from_metadata(const std::unordered_map<std::string, std::string> &meta) {
+    auto text = [&](const char *key) -> const std::string & {
+      auto it = meta.find(key);
+      if (it == meta.end()) throw std::runtime_error(std::string("metadata: no ") + key);
+      return it->second;
+    };
+    Config config;
+    config.hidden_size = std::stoi(text("hidden_size"));
+    config.key_heads = std::stoi(text("linear_num_key_heads"));
+    config.value_heads = std::stoi(text("linear_num_value_heads"));
+    config.key_dim = std::stoi(text("linear_key_head_dim"));
+    config.value_dim = std::stoi(text("linear_value_head_dim"));
+    config.conv_kernel = std::stoi(text("linear_conv_kernel_dim"));
+    config.rms_norm_eps = std::stof(text("rms_norm_eps"));
+    config.check();
+    return config;
+  }
+
+  void check() const {
+    if (hidden_size <= 0 || key_heads <= 0 || value_heads <= 0 || key_dim <= 0 ||
+        value_dim <= 0 || conv_kernel < 2 || value_heads % key_heads != 0)
+      throw std::runtime_error("inconsistent layer configuration");
   }
 };
 
-/** A tensor's elements as floats (F32, BF16 or F16; exact). */
-inline std::vector<float> to_floats(const safetensors::Tensor &tensor) {
-  const size_t n = tensor.elements();
-  std::vector<float> out(n);
-  if (tensor.dtype == "F32") {
-    std::memcpy(out.data(), tensor.data.data(), n * 4);
-  } else if (tensor.dtype == "BF16" || tensor.dtype == "F16") {
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, tensor.data.data() + 2 * i, 2);
-      out[i] = tensor.dtype == "BF16" ? mlxk::float_from_bf16(bits) : mlxk::float_from_f16(bits);
-    }
-  } else {
-    throw std::runtime_error("expected a float tensor, got " + tensor.dtype);
+/** The layer's parameters under mlx-lm's names, as MLX arrays (a converted checkpoint:
+ * bfloat16, A_log float32). */
+struct Weights {
+  mx::array in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // [out, hidden]
+  mx::array conv1d;                                        // [conv_dim, K, 1]
+  mx::array out_proj;                                      // [hidden, Hv*Dv]
+  mx::array a_log, dt_bias, norm;                          // [Hv], [Hv], [Dv]
+
+  /** From a loaded checkpoint (mx::load_safetensors), shapes checked. */
+  static Weights from_map(const std::unordered_map<std::string, mx::array> &tensors,
+                          const Config &c) {
+    auto get = [&](const char *name, mx::Shape shape) {
+      auto it = tensors.find(name);
+      if (it == tensors.end()) throw std::runtime_error(std::string("weights: no ") + name);
+      if (it->second.shape() != shape)
+        throw std::runtime_error(std::string("weights: ") + name + ": unexpected shape");
+      return it->second;
+    };
+    return Weights{get("in_proj_qkv.weight", {c.conv_dim(), c.hidden_size}),
+                   get("in_proj_z.weight", {c.value_width(), c.hidden_size}),
+                   get("in_proj_b.weight", {c.value_heads, c.hidden_size}),
+                   get("in_proj_a.weight", {c.value_heads, c.hidden_size}),
+                   get("conv1d.weight", {c.conv_dim(), c.conv_kernel, 1}),
+                   get("out_proj.weight", {c.hidden_size, c.value_width()}),
+                   get("A_log", {c.value_heads}),
+                   get("dt_bias", {c.value_heads}),
+                   get("norm.weight", {c.value_dim})};
   }
-  return out;
-}
 
-/** A tensor as an mlxkern array of the same dtype and shape. */
-inline mlxk::Array to_array(const safetensors::Tensor &tensor) {
-  mlxk::Dtype dtype;
-  if (tensor.dtype == "F32") dtype = mlxk::Dtype::Float32;
-  else if (tensor.dtype == "BF16") dtype = mlxk::Dtype::BFloat16;
-  else if (tensor.dtype == "F16") dtype = mlxk::Dtype::Float16;
-  else throw std::runtime_error("unsupported tensor dtype " + tensor.dtype);
-  mlxk::Shape shape;
-  for (int64_t dim : tensor.shape) shape.push_back(static_cast<int32_t>(dim));
-  return mlxk::Array::from_bytes(tensor.data.data(), tensor.data.size(), shape, dtype);
-}
-
-/** out[t, o] = bf16( sum_i x[t, i] * w[o, i] ), the sum in f32 in index order: a bfloat16
- * nn.Linear without bias (MLX accumulates in f32 and rounds once). */
-inline std::vector<float> linear_bf16(const std::vector<float> &x, int tokens, int in,
-                                      const std::vector<float> &w, int out_features) {
-  std::vector<float> out(static_cast<size_t>(tokens) * out_features);
-  for (int t = 0; t < tokens; ++t) {
-    const float *row = x.data() + static_cast<size_t>(t) * in;
-    for (int o = 0; o < out_features; ++o) {
-      const float *weights = w.data() + static_cast<size_t>(o) * in;
-      float sum = 0.0f;
-      for (int i = 0; i < in; ++i) sum += row[i] * weights[i];
-      out[static_cast<size_t>(t) * out_features + o] = mlxk::round_bf16(sum);
-    }
+  /** Random weights of a plausible scale (nn.Linear / Conv1d's uniform +-1/sqrt(fan_in);
+   * decay rates with g = exp(-A softplus(a + dt_bias)) mostly in (0.2, 1)). */
+  static Weights random(const Config &c, std::uint64_t seed) {
+    mx::array key = mx::random::key(seed);
+    auto next = [&key]() {
+      auto split = mx::random::split(key);
+      key = split.first;
+      return split.second;
+    };
+    auto linear = [&](int out, int in) {
+      const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+      return mx::random::uniform(-bound, bound, {out, in}, mx::bfloat16, next());
+    };
+    const float conv_bound = 1.0f / std::sqrt(static_cast<float>(c.conv_kernel));
+    return Weights{
+        linear(c.conv_dim(), c.hidden_size),
+        linear(c.value_width(), c.hidden_size),
+        linear(c.value_heads, c.hidden_size),
+        linear(c.value_heads, c.hidden_size),
+        mx::random::uniform(-conv_bound, conv_bound, {c.conv_dim(), c.conv_kernel, 1},
+                            mx::bfloat16, next()),
+        linear(c.hidden_size, c.value_width()),
+        mx::log(mx::random::uniform(0.02f, 1.0f, {c.value_heads}, mx::float32, next())),
+        mx::astype(mx::multiply(mx::random::normal({c.value_heads}, mx::float32, next()),
+                                mx::array(0.5f)),
+                   mx::bfloat16),
+        mx::astype(mx::add(mx::array(1.0f),
+                           mx::multiply(mx::random::normal({c.value_dim}, mx::float32, next()),
+                                        mx::array(0.2f))),
+                   mx::bfloat16)};
   }
-  return out;
-}
 
-/** Wall-clock split of one call, in milliseconds. */
-struct Timing {
-  double projections = 0;  // C++ input projections and conv
-  double kernels = 0;      // mlxkern graph building + evaluation + readback
-  double out_proj = 0;     // C++ out_proj
+  [[nodiscard]] std::vector<mx::array> all() const {
+    return {in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, conv1d, out_proj, a_log, dt_bias, norm};
+  }
+};
+
+/** Which recurrence a step runs: the exact one (decode, speculative verify; bit-identical
+ * across call patterns) or the chunked (WY) form (faster long prefill on the CPU, equal up to
+ * float32 rounding). */
+enum class Recurrence { Exact, Chunked };
+
+/** A step's dense inputs of the kernels (lazy MLX arrays). */
+struct Projections {
+  mx::array qkv;  // [1, T, conv_dim]
+  mx::array z;    // [1, T, Hv, Dv]
+  mx::array b;    // [1, T, Hv]
+  mx::array a;    // [1, T, Hv]
+};
+
+struct Conv {
+  mx::array input;       // [1, K-1+T, conv_dim]: the conv state, then the step's qkv
+  mx::array out;         // [1, T, conv_dim], before SiLU (the head split applies it)
+  mx::array next_state;  // [1, K-1, conv_dim]: the last K-1 rows of input
+};
+
+/** The kernels' results: MLX arrays for the host's graph, and the head split's handles (the
+ * speculative checkpoint keeps k and v for the replay). */
+struct KernelResults {
+  mx::array normed;  // [1, T, Hv, Dv] bfloat16
+  mx::array state;   // [1, Hv, Dv, Dk] float32
+  mlxk::HeadSplit heads;
+};
+
+/** The inputs mlxkern's kernels take besides the step's arrays: handles made once. */
+struct KernelParams {
+  mlxk::Array a_log, dt_bias, norm_weight, q_scale, k_scale;
+  float qk_eps = 0;
 };
 
 class GatedDeltaNet {
  public:
-  GatedDeltaNet(const Config &config, const safetensors::File &weights) : config_(config) {
-    const int hidden = config.hidden_size;
-    auto matrix = [&](const char *name, int rows, int cols) {
-      const safetensors::Tensor &tensor = weights.at(name);
-      if (tensor.shape != std::vector<int64_t>{rows, cols})
-        throw std::runtime_error(std::string(name) + ": unexpected shape");
-      return to_floats(tensor);
-    };
-    w_qkv_ = matrix("in_proj_qkv.weight", config.conv_dim(), hidden);
-    w_z_ = matrix("in_proj_z.weight", config.value_width(), hidden);
-    w_b_ = matrix("in_proj_b.weight", config.value_heads, hidden);
-    w_a_ = matrix("in_proj_a.weight", config.value_heads, hidden);
-    w_out_ = matrix("out_proj.weight", hidden, config.value_width());
-    const safetensors::Tensor &conv = weights.at("conv1d.weight");
-    if (conv.shape != std::vector<int64_t>{config.conv_dim(), config.conv_kernel, 1})
-      throw std::runtime_error("conv1d.weight: expected [conv_dim, K, 1]");
-    conv_weight_ = to_floats(conv);
-
-    a_log_ = to_array(weights.at("A_log"));      // float32 in a converted checkpoint
-    dt_bias_ = to_array(weights.at("dt_bias"));  // bfloat16
-    norm_weight_ = to_array(weights.at("norm.weight"));
-    if (norm_weight_.dtype() != mlxk::Dtype::BFloat16)  // the kernel wants x's dtype
-      norm_weight_ = norm_weight_.astype(mlxk::Dtype::BFloat16);
-
+  GatedDeltaNet(const Config &config, Weights weights)
+      : config_(config),
+        w_(std::move(weights)),
+        state_(mx::zeros({1, config.value_heads, config.value_dim, config.key_dim}, mx::float32)),
+        conv_state_(mx::zeros({1, config.conv_kernel - 1, config.conv_dim()}, mx::bfloat16)) {
+    config_.check();
+    if (w_.norm.dtype() != mx::bfloat16) w_.norm = mx::astype(w_.norm, mx::bfloat16);
     // mlx-lm's normalize_qk(q, k, inv_scale = Dk**-0.5, eps = 1e-6):
     //   q = inv_scale**2 * rms_norm(q, eps * inv_scale**2); k = inv_scale * rms_norm(k, ...)
-    // The Python scalars multiply a bfloat16 array, so each is rounded to bfloat16 first;
-    // the rms_norm eps is a float32 (the double product rounded once).
+    // The Python scalars multiply a bfloat16 array, so each is rounded to bfloat16 first; the
+    // rms_norm eps is a float32 (the double product rounded once).
     const double inv_scale = std::pow(static_cast<double>(config.key_dim), -0.5);
     const double inv_scale_sq = std::pow(inv_scale, 2.0);
-    qk_eps_ = static_cast<float>(1e-6 * inv_scale_sq);
-    const std::vector<float> q_scale(config.key_dim, static_cast<float>(inv_scale_sq));
-    const std::vector<float> k_scale(config.key_dim, static_cast<float>(inv_scale));
-    q_scale_ = mlxk::Array::from_bf16(q_scale, {config.key_dim});
-    k_scale_ = mlxk::Array::from_bf16(k_scale, {config.key_dim});
-
-    conv_window_.assign(static_cast<size_t>(config.conv_kernel - 1) * config.conv_dim(), 0.0f);
+    mx::array q_scale = mx::full({config.key_dim}, static_cast<float>(inv_scale_sq), mx::bfloat16);
+    mx::array k_scale = mx::full({config.key_dim}, static_cast<float>(inv_scale), mx::bfloat16);
+    std::vector<mx::array> ready = w_.all();
+    ready.insert(ready.end(), {q_scale, k_scale, state_, conv_state_});
+    mx::eval(ready);  // the weights (a checkpoint loads lazily) and the zero states, once
+    params_.a_log = mlxk::Array::from_mlx(w_.a_log);
+    params_.dt_bias = mlxk::Array::from_mlx(w_.dt_bias);
+    params_.norm_weight = mlxk::Array::from_mlx(w_.norm);
+    params_.q_scale = mlxk::Array::from_mlx(q_scale);
+    params_.k_scale = mlxk::Array::from_mlx(k_scale);
+    params_.qk_eps = static_cast<float>(1e-6 * inv_scale_sq);
   }
 
   [[nodiscard]] const Config &config() const { return config_; }
+  [[nodiscard]] const Weights &weights() const { return w_; }
+  [[nodiscard]] const KernelParams &kernel_params() const { return params_; }
 
-  /** Runs `tokens` tokens x [tokens, hidden] (bfloat16 values) and commits them. */
-  std::vector<float> forward(const std::vector<float> &x, int tokens, Timing *timing = nullptr) {
+  /** The recurrent state [1, Hv, Dv, Dk] float32 after the committed tokens (lazy until the
+   * step's eval). */
+  [[nodiscard]] const mx::array &state() const { return state_; }
+  /** The conv state [1, K-1, conv_dim] bfloat16 (lazy until the step's eval). */
+  [[nodiscard]] const mx::array &conv_state() const { return conv_state_; }
+
+  /** What one eval must compute after a step: its output and the layer's two states. */
+  [[nodiscard]] std::vector<mx::array> step_outputs(const mx::array &out) const {
+    return {out, state_, conv_state_};
+  }
+
+  /** The layer over x [1, T, hidden] bfloat16 from the current states, committing the tokens.
+   * Lazy: returns the output [1, T, hidden]; evaluate it with state() and conv_state(). */
+  mx::array forward(const mx::array &x, Recurrence recurrence = Recurrence::Exact) {
     if (pending_) throw std::logic_error("forward() during a verify: call accept() first");
-    Step step = run(x, tokens, timing);
-    conv_window_ = window_after(step.conv_input, tokens);
-    return std::move(step.out);
+    const Projections p = project(x);
+    const Conv c = conv(conv_state_, p.qkv);
+    KernelResults k = kernels(c.out, p.a, p.b, p.z, state_, recurrence);
+    // The layer lets go of the old state: the graph holds its last reference, and the kernel
+    // writes the new state into its buffer.
+    state_ = k.state;
+    conv_state_ = c.next_state;
+    return out_proj(k.normed);
   }
 
-  /** Runs a draft window from the current state and keeps a checkpoint for accept(). */
-  std::vector<float> verify(const std::vector<float> &x, int tokens, Timing *timing = nullptr) {
+  /** Runs a draft window x [1, T, hidden] from the current states and keeps a checkpoint for
+   * accept(). Lazy, as forward(). */
+  mx::array verify(const mx::array &x) {
     if (pending_) throw std::logic_error("verify() during a verify: call accept() first");
-    // The checkpoint keeps the start state's handle, so the kernel cannot update it in place.
-    if (state_.empty()) state_ = mlxk::Array::zeros(state_shape(), mlxk::Dtype::Float32);
-    Pending pending;
-    Step step = run(x, tokens, timing, &pending.state_before);
-    pending.tokens = tokens;
-    pending.conv_input = std::move(step.conv_input);
-    pending.q = std::move(step.q);
-    pending.k = std::move(step.k);
-    pending.v = std::move(step.v);
-    pending.a = std::move(step.a);
-    pending.b = std::move(step.b);
-    pending_ = std::move(pending);
-    return std::move(step.out);
+    const Projections p = project(x);
+    const Conv c = conv(conv_state_, p.qkv);
+    KernelResults k = kernels(c.out, p.a, p.b, p.z, state_, Recurrence::Exact);
+    pending_.emplace(Pending{x.shape(1), state_, c.input, std::move(k.heads), p.a, p.b});
+    state_ = k.state;
+    conv_state_ = c.next_state;
+    return out_proj(k.normed);
   }
 
-  /** Keeps the first `accepted` tokens of the last verify window (0 <= accepted <= window):
-   * replays the recurrent state from the checkpoint and restores the conv window. Returns true
-   * when the replayed state is bit-identical to a fresh mlxk_gated_delta_update over the
-   * accepted prefix (the library's contract); the engine uses the replayed state either way. */
-  bool accept(int accepted) {
+  /** Keeps the first `accepted` tokens of the last verify window (0 <= accepted <= T): the
+   * recurrent state is replayed from the checkpoint (mlxk_gated_delta_state) and the conv
+   * state cut from the checkpoint's conv input. Lazy: the next eval of state() computes it.
+   * With `identical`, also builds a lazy bool scalar: whether the replayed state equals, bit
+   * for bit, mlxk_gated_delta_update run directly over the accepted prefix (the library's
+   * contract; an example's check, not something an engine needs). */
+  void accept(int accepted, mx::array *identical = nullptr) {
     if (!pending_) throw std::logic_error("accept() without a verify");
     if (accepted < 0 || accepted > pending_->tokens)
       throw std::invalid_argument("accept: accepted length outside the verify window");
     Pending pending = std::move(*pending_);
     pending_.reset();
+    if (identical != nullptr) *identical = mx::array(true);
+    if (accepted == pending.tokens) return;  // the states after the window are already there
 
-    mlxk::Array replayed = mlxk::gated_delta_state(pending.k, pending.v, pending.a, pending.b,
-                                                   a_log_, dt_bias_, &pending.state_before,
-                                                   {accepted});
-    // Bit-identity check against the direct computation of the same prefix.
-    std::vector<float> reference;
-    if (accepted == 0) {
-      reference = pending.state_before.to_floats();
-    } else if (accepted == pending.tokens) {
-      reference = state_.to_floats();
-    } else {
-      auto prefix = [accepted](const mlxk::Array &array) {
-        mlxk::Shape shape = array.shape();
-        const size_t per_token = array.size() / static_cast<size_t>(shape[1]);
-        std::vector<uint16_t> bits = array.to_vector<uint16_t>();
-        bits.resize(per_token * static_cast<size_t>(accepted));
-        shape[1] = accepted;
-        return mlxk::Array::from_bf16_bits(bits, shape);
-      };
-      mlxk::DeltaUpdate direct = mlxk::gated_delta_update(
-          prefix(pending.q), prefix(pending.k), prefix(pending.v), prefix(pending.a),
-          prefix(pending.b), a_log_, dt_bias_, &pending.state_before);
-      reference = direct.state.to_floats();
+    const mlxk::Array before = mlxk::Array::from_mlx(pending.state_before);
+    const mlxk::Array a = mlxk::Array::from_mlx(pending.a);
+    const mlxk::Array b = mlxk::Array::from_mlx(pending.b);
+    mx::array replayed =
+        mlxk::gated_delta_state(pending.heads.k, pending.heads.v, a, b, params_.a_log,
+                                params_.dt_bias, &before, {accepted})
+            .to_mlx();
+    if (identical != nullptr) {
+      mx::array direct = before.to_mlx();
+      if (accepted > 0) {
+        auto prefix = [accepted](const mx::array &t) {
+          mx::Shape stop = t.shape();
+          stop[1] = accepted;
+          return mlxk::Array::from_mlx(mx::slice(t, mx::Shape(t.ndim(), 0), stop));
+        };
+        direct = mlxk::gated_delta_update(prefix(pending.heads.q.to_mlx()),
+                                          prefix(pending.heads.k.to_mlx()),
+                                          prefix(pending.heads.v.to_mlx()), prefix(pending.a),
+                                          prefix(pending.b), params_.a_log, params_.dt_bias,
+                                          &before)
+                     .state.to_mlx();
+      }
+      *identical = mx::array_equal(mx::view(replayed, mx::uint32), mx::view(direct, mx::uint32));
     }
-    const std::vector<float> got = replayed.to_floats();
-    const bool identical = got.size() == reference.size() &&
-                           std::memcmp(got.data(), reference.data(), got.size() * 4) == 0;
-
     state_ = std::move(replayed);
-    conv_window_ = window_after(pending.conv_input, accepted);
-    return identical;
+    const int window = config_.conv_kernel - 1;
+    conv_state_ = mx::contiguous(mx::slice(pending.conv_input, {0, accepted, 0},
+                                           {1, accepted + window, config_.conv_dim()}));
   }
 
-  /** The recurrent state [1, Hv, Dv, Dk] as floats (zeros before the first call). */
-  [[nodiscard]] std::vector<float> state() const {
-    if (state_.empty())
-      return std::vector<float>(static_cast<size_t>(config_.value_heads) * config_.value_dim *
-                                config_.key_dim, 0.0f);
-    return state_.to_floats();
+  // --- the step's parts (forward() composes them; public for benchmarks and tests) ---
+
+  /** The four input projections (MLX ops; nn.Linear without bias). */
+  [[nodiscard]] Projections project(const mx::array &x) const {
+    const int tokens = x.shape(1);
+    auto linear = [&x](const mx::array &w) { return mx::matmul(x, mx::transpose(w)); };
+    return Projections{
+        linear(w_.in_proj_qkv),
+        mx::reshape(linear(w_.in_proj_z), {1, tokens, config_.value_heads, config_.value_dim}),
+        linear(w_.in_proj_b), linear(w_.in_proj_a)};
   }
-  /** The conv window [K-1, conv_dim] (bfloat16 values). */
-  [[nodiscard]] const std::vector<float> &conv_window() const { return conv_window_; }
-  [[nodiscard]] mlxk::Shape state_shape() const {
-    return {1, config_.value_heads, config_.value_dim, config_.key_dim};
+
+  /** The depthwise causal conv over [conv_state | qkv] (MLX ops). */
+  [[nodiscard]] Conv conv(const mx::array &conv_state, const mx::array &qkv) const {
+    const int window = config_.conv_kernel - 1;
+    mx::array input = mx::concatenate({conv_state, qkv}, 1);
+    const int rows = input.shape(1);
+    mx::array next = mx::contiguous(
+        mx::slice(input, {0, rows - window, 0}, {1, rows, config_.conv_dim()}));
+    mx::array out = mx::conv1d(input, w_.conv1d, /*stride=*/1, /*padding=*/0, /*dilation=*/1,
+                               /*groups=*/config_.conv_dim());
+    return Conv{std::move(input), std::move(out), std::move(next)};
+  }
+
+  /** Head split, recurrence and gated norm (mlxkern's kernels on the host's arrays, lazy). */
+  [[nodiscard]] KernelResults kernels(const mx::array &conv_out, const mx::array &a,
+                                      const mx::array &b, const mx::array &z,
+                                      const mx::array &state, Recurrence recurrence) const {
+    const Config &c = config_;
+    mlxk::HeadSplit heads =
+        mlxk::silu_rms_heads(mlxk::Array::from_mlx(conv_out), params_.q_scale, params_.k_scale,
+                             c.key_heads, c.value_heads, c.value_dim, params_.qk_eps);
+    const mlxk::Array h_a = mlxk::Array::from_mlx(a);
+    const mlxk::Array h_b = mlxk::Array::from_mlx(b);
+    const mlxk::Array h_state = mlxk::Array::from_mlx(state);
+    mlxk::DeltaUpdate update =
+        recurrence == Recurrence::Chunked
+            ? mlxk::gated_delta_update_chunked(heads.q, heads.k, heads.v, h_a, h_b,
+                                               params_.a_log, params_.dt_bias, &h_state)
+            : mlxk::gated_delta_update(heads.q, heads.k, heads.v, h_a, h_b, params_.a_log,
+                                       params_.dt_bias, &h_state);
+    const mlxk::Array normed = mlxk::gated_rms_norm(update.y, mlxk::Array::from_mlx(z),
+                                                    params_.norm_weight, c.rms_norm_eps);
+    return KernelResults{normed.to_mlx(), update.state.to_mlx(), std::move(heads)};
+  }
+
+  /** out_proj over the gated norm's output [1, T, Hv, Dv] (an MLX op). */
+  [[nodiscard]] mx::array out_proj(const mx::array &normed) const {
+    return mx::matmul(mx::reshape(normed, {1, normed.shape(1), -1}),
+                      mx::transpose(w_.out_proj));
   }
 
  private:
-  struct Step {
-    std::vector<float> out;         // [T, hidden]
-    std::vector<float> conv_input;  // [K-1+T, conv_dim]
-    mlxk::Array q, k, v, a, b;
-  };
   struct Pending {
     int tokens = 0;
-    mlxk::Array state_before;
-    std::vector<float> conv_input;
-    mlxk::Array q, k, v, a, b;
+    mx::array state_before;
+    mx::array conv_input;
+    mlxk::HeadSplit heads;
+    mx::array a, b;
   };
 
-  /** The layer over `tokens` tokens from the current state; advances state_. When `keep_old`
-   * is given, the state the call started from is moved there instead of being released. */
-  Step run(const std::vector<float> &x, int tokens, Timing *timing,
-           mlxk::Array *keep_old = nullptr) {
-    const Config &c = config_;
-    const int conv_dim = c.conv_dim();
-    const int window = c.conv_kernel - 1;
-    if (tokens <= 0 || x.size() != static_cast<size_t>(tokens) * c.hidden_size)
-      throw std::invalid_argument("x must hold tokens * hidden_size values");
-    using Clock = std::chrono::steady_clock;
-    auto ms = [](Clock::time_point from) {
-      return std::chrono::duration<double, std::milli>(Clock::now() - from).count();
-    };
-
-    auto start = Clock::now();
-    Step step;
-    const std::vector<float> qkv = linear_bf16(x, tokens, c.hidden_size, w_qkv_, conv_dim);
-    const std::vector<float> z = linear_bf16(x, tokens, c.hidden_size, w_z_, c.value_width());
-    const std::vector<float> b = linear_bf16(x, tokens, c.hidden_size, w_b_, c.value_heads);
-    const std::vector<float> a = linear_bf16(x, tokens, c.hidden_size, w_a_, c.value_heads);
-
-    // Depthwise causal conv over [window | qkv]; tap j = K-1 is the current token.
-    step.conv_input = conv_window_;
-    step.conv_input.insert(step.conv_input.end(), qkv.begin(), qkv.end());
-    std::vector<float> conv_out(static_cast<size_t>(tokens) * conv_dim);
-    for (int t = 0; t < tokens; ++t) {
-      for (int ch = 0; ch < conv_dim; ++ch) {
-        float sum = 0.0f;
-        for (int j = 0; j <= window; ++j)
-          sum += conv_weight_[static_cast<size_t>(ch) * c.conv_kernel + j] *
-                 step.conv_input[static_cast<size_t>(t + j) * conv_dim + ch];
-        conv_out[static_cast<size_t>(t) * conv_dim + ch] = mlxk::round_bf16(sum);
-      }
-    }
-    if (timing) timing->projections += ms(start);
-
-    start = Clock::now();
-    const mlxk::Array conv = mlxk::Array::from_bf16(conv_out, {1, tokens, conv_dim});
-    mlxk::HeadSplit heads = mlxk::silu_rms_heads(conv, q_scale_, k_scale_, c.key_heads,
-                                                 c.value_heads, c.value_dim, qk_eps_);
-    step.a = mlxk::Array::from_bf16(a, {1, tokens, c.value_heads});
-    step.b = mlxk::Array::from_bf16(b, {1, tokens, c.value_heads});
-    mlxk::DeltaUpdate update =
-        mlxk::gated_delta_update(heads.q, heads.k, heads.v, step.a, step.b, a_log_, dt_bias_,
-                                 state_.empty() ? nullptr : &state_);
-    const mlxk::Array gate = mlxk::Array::from_bf16(z, {1, tokens, c.value_heads, c.value_dim});
-    const mlxk::Array normed = mlxk::gated_rms_norm(update.y, gate, norm_weight_, c.rms_norm_eps);
-    // Drop (or hand over) the old state before evaluating: with no other owner left, the CPU
-    // kernel writes the new state into the old buffer.
-    if (keep_old) *keep_old = std::move(state_);
-    state_ = std::move(update.state);
-    const std::vector<float> y = normed.to_floats();  // evaluates the graph
-    step.q = std::move(heads.q);
-    step.k = std::move(heads.k);
-    step.v = std::move(heads.v);
-    if (timing) timing->kernels += ms(start);
-
-    start = Clock::now();
-    step.out = linear_bf16(y, tokens, c.value_width(), w_out_, c.hidden_size);
-    if (timing) timing->out_proj += ms(start);
-    return step;
-  }
-
-  /** The last K-1 rows of conv_input[0 .. K-1+accepted). */
-  [[nodiscard]] std::vector<float> window_after(const std::vector<float> &conv_input,
-                                                int accepted) const {
-    const size_t width = static_cast<size_t>(config_.conv_dim());
-    const size_t rows = static_cast<size_t>(config_.conv_kernel - 1);
-    const size_t first = static_cast<size_t>(accepted) * width;
-    return std::vector<float>(conv_input.begin() + static_cast<std::ptrdiff_t>(first),
-                              conv_input.begin() + static_cast<std::ptrdiff_t>(first + rows * width));
-  }
-
   Config config_;
-  std::vector<float> w_qkv_, w_z_, w_b_, w_a_, w_out_, conv_weight_;
-  mlxk::Array a_log_, dt_bias_, norm_weight_, q_scale_, k_scale_;
-  float qk_eps_ = 0;
-  std::vector<float> conv_window_;  // [K-1, conv_dim], bfloat16 values
-  mlxk::Array state_;               // [1, Hv, Dv, Dk] float32; empty = zeros
+  Weights w_;
+  KernelParams params_;
+  mx::array state_;       // [1, Hv, Dv, Dk] float32
+  mx::array conv_state_;  // [1, K-1, conv_dim] bfloat16
   std::optional<Pending> pending_;
 };
 

@@ -1,5 +1,6 @@
-// Runs one Qwen3.5 Gated DeltaNet layer through mlxkern over a token stream: a prefill, decode
-// steps, and speculative verify windows with partial acceptance and state rollback.
+// Runs one Qwen3.5 Gated DeltaNet layer (qwen35_gdn.hpp: MLX ops + mlxkern kernels in one
+// graph) over a token stream: a prefill, decode steps, and speculative verify windows with
+// partial acceptance and state rollback. One mx::eval per step.
 //
 //   qwen35_layer WEIGHTS.safetensors INPUTS.safetensors OUTPUTS.safetensors [--quiet]
 //
@@ -10,15 +11,14 @@
 //   linear_value_head_dim, linear_conv_kernel_dim, rms_norm_eps).
 // INPUTS: `x` [N, hidden] bfloat16, the token stream, and metadata `plan`: comma-separated steps
 //   consuming the stream in order, `forward:T` (prefill or decode, committed) or
-//   `verify:T:M` (a draft window of T tokens of which the first M are accepted).
+//   `verify:T:M` (a draft window of T tokens of which the first M are accepted); optional
+//   metadata `chunked_prefill` N: forward steps of N tokens or more run the chunked recurrence
+//   (mlxk_gated_delta_update_chunked) instead of the exact one.
 // OUTPUTS: `y` [N, hidden] bfloat16 (the layer output of every token, rejected drafts
 //   included), `state` [1, Hv, Dv, Dk] float32 and `conv_state` [1, K-1, conv_dim] bfloat16
 //   after the last step.
-#include "mlxkern.hpp"
 #include "qwen35_gdn.hpp"
-#include "safetensors.hpp"
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +29,8 @@
 #include <vector>
 
 namespace {
+
+namespace mx = mlx::core;
 
 struct PlanStep {
   bool verify = false;
@@ -61,107 +63,101 @@ std::vector<PlanStep> parse_plan(const std::string &text) {
   return plan;
 }
 
-safetensors::Tensor bf16_tensor(const std::vector<float> &values, std::vector<int64_t> shape) {
-  safetensors::Tensor tensor;
-  tensor.dtype = "BF16";
-  tensor.shape = std::move(shape);
-  tensor.data.resize(values.size() * 2);
-  for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t bits = mlxk::bf16_from_float(values[i]);
-    std::memcpy(tensor.data.data() + 2 * i, &bits, 2);
-  }
-  return tensor;
-}
-
-safetensors::Tensor f32_tensor(const std::vector<float> &values, std::vector<int64_t> shape) {
-  safetensors::Tensor tensor;
-  tensor.dtype = "F32";
-  tensor.shape = std::move(shape);
-  tensor.data.resize(values.size() * 4);
-  std::memcpy(tensor.data.data(), values.data(), tensor.data.size());
-  return tensor;
+double ms_since(std::chrono::steady_clock::time_point from) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - from)
+      .count();
 }
 
 int run(int argc, char **argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s WEIGHTS.safetensors INPUTS.safetensors OUTPUTS.safetensors [--quiet]\n",
+    std::fprintf(stderr,
+                 "usage: %s WEIGHTS.safetensors INPUTS.safetensors OUTPUTS.safetensors "
+                 "[--quiet]\n",
                  argv[0]);
     return 2;
   }
   const bool quiet = argc > 4 && std::strcmp(argv[4], "--quiet") == 0;
   mlxk::check_abi();
-  using Clock = std::chrono::steady_clock;
-  const auto begin = Clock::now();
+  const auto begin = std::chrono::steady_clock::now();
 
-  const safetensors::File weights = safetensors::read(argv[1]);
-  const qwen35::Config config = qwen35::Config::from_metadata(weights);
-  qwen35::GatedDeltaNet layer(config, weights);
-  const safetensors::File inputs = safetensors::read(argv[2]);
-  const std::vector<PlanStep> plan = parse_plan(inputs.meta("plan"));
-  const safetensors::Tensor &x_tensor = inputs.at("x");
-  if (x_tensor.shape.size() != 2 || x_tensor.shape[1] != config.hidden_size)
-    throw std::runtime_error("inputs: x must be [N, hidden_size]");
-  const std::vector<float> x = qwen35::to_floats(x_tensor);
-  const int total = static_cast<int>(x_tensor.shape[0]);
-  const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin).count();
+  const mx::SafetensorsLoad weights = mx::load_safetensors(argv[1]);
+  const qwen35::Config config = qwen35::Config::from_metadata(weights.second);
+  qwen35::GatedDeltaNet layer(config, qwen35::Weights::from_map(weights.first, config));
+  const mx::SafetensorsLoad inputs = mx::load_safetensors(argv[2]);
+  const auto plan_it = inputs.second.find("plan");
+  const auto x_it = inputs.first.find("x");
+  if (plan_it == inputs.second.end() || x_it == inputs.first.end())
+    throw std::runtime_error("inputs: expected a tensor x and metadata plan");
+  const std::vector<PlanStep> plan = parse_plan(plan_it->second);
+  const auto chunked_it = inputs.second.find("chunked_prefill");
+  const int chunked_from = chunked_it == inputs.second.end() ? 0 : std::stoi(chunked_it->second);
+  mx::array x = x_it->second;
+  if (x.ndim() != 2 || x.shape(1) != config.hidden_size || x.dtype() != mx::bfloat16)
+    throw std::runtime_error("inputs: x must be [N, hidden_size] bfloat16");
+  mx::eval(x);
+  const int total = x.shape(0);
+  const double load_ms = ms_since(begin);
 
-  std::printf("qwen35_layer: mlxkern %s, hidden %d, Hk %d, Hv %d, Dk %d, Dv %d, K %d; %zu steps, "
-              "%d tokens (load %.1f ms)\n",
-              mlxk::version().c_str(), config.hidden_size, config.key_heads, config.value_heads,
-              config.key_dim, config.value_dim, config.conv_kernel, plan.size(), total, load_ms);
+  std::printf("qwen35_layer: mlxkern %s on MLX %s, hidden %d, Hk %d, Hv %d, Dk %d, Dv %d, K %d; "
+              "%zu steps, %d tokens (load %.1f ms)\n",
+              mlxk::version().c_str(), mlxk_mlx_version(), config.hidden_size, config.key_heads,
+              config.value_heads, config.key_dim, config.value_dim, config.conv_kernel,
+              plan.size(), total, load_ms);
 
-  const size_t hidden = static_cast<size_t>(config.hidden_size);
-  std::vector<float> y(static_cast<size_t>(total) * hidden, 0.0f);
+  std::vector<mx::array> outputs;
   int position = 0;
+  int evals = 0;
   bool replay_identical = true;
-  qwen35::Timing sum;
+  double build_total = 0, eval_total = 0;
   for (size_t index = 0; index < plan.size(); ++index) {
     const PlanStep &step = plan[index];
     if (position + step.tokens > total) throw std::runtime_error("plan consumes more than x holds");
-    const std::vector<float> chunk(x.begin() + static_cast<std::ptrdiff_t>(position * hidden),
-                                   x.begin() + static_cast<std::ptrdiff_t>((position + step.tokens) * hidden));
-    qwen35::Timing timing;
-    std::vector<float> out;
-    std::string note;
+    auto start = std::chrono::steady_clock::now();
+    const mx::array chunk = mx::reshape(
+        mx::slice(x, {position, 0}, {position + step.tokens, config.hidden_size}),
+        {1, step.tokens, config.hidden_size});
+    mx::array out(0.0f);
+    mx::array identical(true);
+    const bool chunked = !step.verify && chunked_from > 0 && step.tokens >= chunked_from;
     if (step.verify) {
-      out = layer.verify(chunk, step.tokens, &timing);
-      const auto start = Clock::now();
-      const bool identical = layer.accept(step.accepted);
-      const double accept_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-      replay_identical = replay_identical && identical;
-      char text[160];
-      std::snprintf(text, sizeof text, "accept %d/%d, rollback + check %.3f ms, replayed state %s",
-                    step.accepted, step.tokens, accept_ms, identical ? "bit-identical" : "DIFFERS");
-      note = text;
+      out = layer.verify(chunk);
+      layer.accept(step.accepted, &identical);  // the rollback joins this step's graph
     } else {
-      out = layer.forward(chunk, step.tokens, &timing);
+      out = layer.forward(chunk, chunked ? qwen35::Recurrence::Chunked : qwen35::Recurrence::Exact);
     }
-    std::copy(out.begin(), out.end(), y.begin() + static_cast<std::ptrdiff_t>(position * hidden));
+    std::vector<mx::array> results = layer.step_outputs(out);
+    results.push_back(identical);
+    const double build_ms = ms_since(start);
+    start = std::chrono::steady_clock::now();
+    mx::eval(results);  // the step's one evaluation
+    ++evals;
+    const double eval_ms = ms_since(start);
+    build_total += build_ms;
+    eval_total += eval_ms;
+    const bool same = identical.item<bool>();
+    replay_identical = replay_identical && same;
+    outputs.push_back(out);
     if (!quiet) {
-      std::printf("  step %2zu %-7s T=%-3d projections+conv %8.3f ms, mlxkern %8.3f ms, out_proj %8.3f ms%s%s\n",
-                  index,
-                  step.verify ? "verify" : index == 0 ? "prefill" : step.tokens > 1 ? "forward" : "decode",
-                  step.tokens, timing.projections, timing.kernels, timing.out_proj,
-                  note.empty() ? "" : "; ", note.c_str());
+      const char *kind = step.verify ? "verify" : index == 0 ? "prefill" : step.tokens > 1 ? "forward" : "decode";
+      std::printf("  step %2zu %-7s T=%-3d graph %7.3f ms, eval %9.3f ms (1 eval)%s", index, kind,
+                  step.tokens, build_ms, eval_ms, chunked ? ", chunked recurrence" : "");
+      if (step.verify)
+        std::printf("; accept %d/%d, state %s", step.accepted, step.tokens,
+                    step.accepted == step.tokens ? "kept"
+                    : same ? "replayed, bit-identical to a direct update"
+                           : "replayed, DIFFERS from a direct update");
+      std::printf("\n");
     }
-    sum.projections += timing.projections;
-    sum.kernels += timing.kernels;
-    sum.out_proj += timing.out_proj;
     position += step.tokens;
   }
   if (position != total) throw std::runtime_error("plan does not consume all of x");
 
-  safetensors::File outputs;
-  outputs.tensors["y"] = bf16_tensor(y, {total, config.hidden_size});
-  outputs.tensors["state"] = f32_tensor(
-      layer.state(), {1, config.value_heads, config.value_dim, config.key_dim});
-  outputs.tensors["conv_state"] =
-      bf16_tensor(layer.conv_window(), {1, config.conv_kernel - 1, config.conv_dim()});
-  safetensors::write(argv[3], outputs);
+  mx::array y = mx::reshape(mx::concatenate(outputs, 1), {total, config.hidden_size});
+  mx::save_safetensors(argv[3], {{"y", y}, {"state", layer.state()}, {"conv_state", layer.conv_state()}});
 
-  std::printf("qwen35_layer: total projections+conv %.1f ms, mlxkern %.1f ms, out_proj %.1f ms; "
-              "replayed states %s\n",
-              sum.projections, sum.kernels, sum.out_proj,
+  std::printf("qwen35_layer: %zu steps, %d evals (one per step); graph building %.1f ms, "
+              "evaluation %.1f ms; replayed states %s\n",
+              plan.size(), evals, build_total, eval_total,
               replay_identical ? "bit-identical to direct updates" : "NOT bit-identical");
   return replay_identical ? 0 : 1;
 }
