@@ -36,7 +36,11 @@ pub fn check_one_mlx() -> Result<()> {
              scheduler, allocator and streams, so arrays cannot be shared between them; load one \
              libmlx, the one this library was built against",
             paths.len(),
-            paths.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+            paths
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     Ok(())
