@@ -98,11 +98,16 @@ fn fused_gates_equal_mlx_bit_for_bit() {
 fn vectorized_and_portable_kernels_agree_bit_for_bit() {
     let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng::fresh();
+    // Dv a multiple of the row kernels' 4 rows and not (rows left over), one tile of tokens
+    // and several, decode (T = 1), masks, zero states.
     let cases = [
         ([1, 1, 16, 32, 128, 128], true, false),
         ([2, 70, 2, 6, 128, 13], true, true),
         ([3, 5, 1, 4, 128, 9], false, true),
         ([1, 130, 1, 1, 128, 5], true, false),
+        ([2, 150, 2, 4, 128, 64], true, true),
+        ([1, 65, 1, 2, 128, 3], false, false),
+        ([2, 1, 1, 2, 128, 6], true, false),
     ];
     for (dims, with_state, with_mask) in cases {
         let r = Recurrence::random(&mut rng, dims, with_state, with_mask);

@@ -1010,13 +1010,25 @@ pub mod avx512 {
         let t1 = _mm512_unpacklo_ps(r[2], r[3]);
         let t2 = _mm512_unpackhi_ps(r[0], r[1]);
         let t3 = _mm512_unpackhi_ps(r[2], r[3]);
-        let lo = |a: __m512, b: __m512| {
-            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
-        };
-        let hi = |a: __m512, b: __m512| {
-            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)))
-        };
-        [lo(t0, t1), hi(t0, t1), lo(t2, t3), hi(t2, t3)]
+        [
+            unpack_pd::<false>(t0, t1),
+            unpack_pd::<true>(t0, t1),
+            unpack_pd::<false>(t2, t3),
+            unpack_pd::<true>(t2, t3),
+        ]
+    }
+
+    /// The low (`HIGH` false) or high pairs of floats of each 128-bit quarter of `a` and `b`,
+    /// interleaved. (Named functions rather than closures throughout this module: a closure
+    /// is compiled without the features of the function it is written in.)
+    #[inline(always)]
+    unsafe fn unpack_pd<const HIGH: bool>(a: __m512, b: __m512) -> __m512 {
+        let (a, b) = (_mm512_castps_pd(a), _mm512_castps_pd(b));
+        _mm512_castpd_ps(if HIGH {
+            _mm512_unpackhi_pd(a, b)
+        } else {
+            _mm512_unpacklo_pd(a, b)
+        })
     }
 
     /// The sums of squares of 16 lanes owning 4 consecutive values each (64 values in `r`, in
@@ -1050,8 +1062,7 @@ pub mod avx512 {
     }
 
     /// Levels 1 and 2 of the butterfly over 16 lane partials in lane layout: the sums of lanes
-    /// 4m..4m+4 at position m. (A named function, not a closure: a closure is compiled without
-    /// the caller's features, and the intrinsics in it would not be inlined.)
+    /// 4m..4m+4 at position m.
     #[inline(always)]
     unsafe fn quad_sums(p: __m512) -> __m128 {
         // Level 1: lanes 2j and 2j + 1 sit in quarters (0, 1) and (2, 3).
