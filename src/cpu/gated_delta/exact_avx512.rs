@@ -6,8 +6,9 @@
 //! butterfly over the 32 partials is `simd::avx512::butterfly`. The same operations per element
 //! and the same order per lane as the AVX2 and portable kernels: the same bits.
 
-// The whole module is intrinsics on pointers whose validity the callers establish.
-#![allow(unsafe_op_in_unsafe_fn)]
+// The whole module is intrinsics on pointers whose validity the callers establish; its loops
+// index the register arrays (rows × registers) by position, as the AVX2 kernel's do.
+#![allow(unsafe_op_in_unsafe_fn, clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
