@@ -45,6 +45,20 @@ pub fn force_portable_kernels(portable: bool) {
     crate::cpu::features::FORCE_PORTABLE.store(portable, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Makes the CPU kernels use their AVX2 code on a CPU with AVX-512 (`true`) or pick the
+/// fastest the machine supports (`false`); `force_portable_kernels(true)` still wins.
+/// Process-wide; tests that flip it run in their own binary.
+pub fn force_avx2_kernels(avx2: bool) {
+    crate::cpu::features::FORCE_AVX2.store(avx2, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The CPU features the kernels use now: `(avx2, avx512)`, after the switches above
+/// (`avx2`: AVX2, FMA and F16C; `avx512`: AVX-512 F, BW, DQ and VL as well).
+pub fn kernel_features() -> (bool, bool) {
+    let f = crate::cpu::features::kernels();
+    (f.avx2_fma_f16c(), f.avx512())
+}
+
 /// The gates the CPU recurrence computes internally (g, beta as f32), for comparison with
 /// `mlxk_compute_g` and MLX's sigmoid.
 pub fn fused_gates(

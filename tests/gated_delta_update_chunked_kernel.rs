@@ -36,7 +36,9 @@
 //! its own check.)
 
 use half::{bf16, f16};
-use mlxkern::cpu::chunked::{chunked_recurrence, chunked_recurrence_with, ChunkedOptions};
+use mlxkern::cpu::chunked::{
+    chunked_recurrence, chunked_recurrence_with, ChunkedOptions, Products,
+};
 use mlxkern::cpu::elem::Elem;
 use mlxkern::cpu::gated_delta::{Dims, StateIn};
 use mlxkern::cpu::reduce::simd_sum;
@@ -534,7 +536,11 @@ fn odd_sizes_chunks_and_the_portable_kernel() {
             let x = make::<f32>(&mut rng, d, Gates::Mixed, Mask::Padded, true);
             let opts = ChunkedOptions {
                 chunk,
-                force_portable: portable,
+                products: if portable {
+                    Products::Portable
+                } else {
+                    Products::Fastest
+                },
             };
             let e = errors(&x, Some(opts));
             println!(
@@ -545,6 +551,93 @@ fn odd_sizes_chunks_and_the_portable_kernel() {
             );
             assert!(e.chunked_y <= CHUNKED_BOUND && e.chunked_s <= CHUNKED_BOUND);
         }
+    }
+}
+
+/// The three product kernels on the same inputs: the AVX2 and AVX-512 ones give the same bits
+/// (each element of a product is the same chain of fused multiply-adds, whatever the register
+/// tile), and all three stay within the bound against float64. Shapes with one, an odd and an
+/// even number of 16-column panels, Dv not a multiple of 16 or 32, tiny and Dk = 256 heads,
+/// masks, chunk sizes from 16 to 128, all element types. Where the CPU lacks AVX-512 (or AVX2), "fastest"
+/// is the AVX2 (or portable) kernel and the comparison still holds.
+#[test]
+fn product_kernels_agree() {
+    let mut rng = Rng::fresh(8);
+    let (avx2, avx512) = mlxkern::testing::kernel_features();
+    println!("kernels: AVX2 {avx2}, AVX-512 {avx512}");
+    let shapes = [
+        (1, 300, 2, 4, 128, 128),
+        (2, 70, 1, 2, 40, 20),
+        (1, 130, 2, 2, 256, 48),
+        (2, 17, 1, 1, 32, 130),
+        (1, 40, 1, 1, 12, 5),
+        (1, 1, 1, 1, 8, 1),
+        (2, 3, 1, 2, 8, 3),
+        (3, 29, 2, 6, 64, 33),
+        (1, 75, 1, 3, 16, 80),
+        (2, 50, 2, 2, 128, 96),
+    ];
+    for &(b, t, hk, hv, dk, dv) in &shapes {
+        let d = dims(b, t, hk, hv, dk, dv);
+        for chunk in [16, 32, 48, 64, 128] {
+            let mask = [Mask::Padded, Mask::None][(rng.next() % 2) as usize];
+            let state = rng.uniform() < 2.0 / 3.0;
+            let run = |products| ChunkedOptions { chunk, products };
+            match rng.next() % 3 {
+                0 => compare_products::<f32>(&mut rng, d, mask, state, run),
+                1 => compare_products::<bf16>(&mut rng, d, mask, state, run),
+                _ => compare_products::<f16>(&mut rng, d, mask, state, run),
+            }
+        }
+    }
+}
+
+fn compare_products<T: Elem>(
+    rng: &mut Rng,
+    d: Dims,
+    mask: Mask,
+    state: bool,
+    opts: impl Fn(Products) -> ChunkedOptions,
+) {
+    let x = make::<T>(rng, d, Gates::Mixed, mask, state);
+    let what = format!(
+        "{} {:?} chunk {} {mask:?} state {state}",
+        std::any::type_name::<T>().rsplit("::").next().unwrap(),
+        (d.b, d.t, d.hk, d.hv, d.dk, d.dv),
+        opts(Products::Fastest).chunk
+    );
+    let (y2, s2) = run_chunked(&x, Some(opts(Products::Avx2)));
+    let (yf, sf) = run_chunked(&x, Some(opts(Products::Fastest)));
+    for (i, (a, b)) in y2.iter().zip(&yf).enumerate() {
+        let (a, b) = (a.to_f32(), b.to_f32());
+        assert!(
+            a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+            "{what}: y[{i}] AVX2 {a:e}, fastest {b:e}"
+        );
+    }
+    for (i, (a, b)) in s2.iter().zip(&sf).enumerate() {
+        assert!(
+            a.to_bits() == b.to_bits(),
+            "{what}: state[{i}] AVX2 {a:e}, fastest {b:e}"
+        );
+    }
+    // A handful of outputs defeats a relative measure over y (a near-cancelled dot product is
+    // all there is): the tiniest shapes only compare the bits above.
+    if d.t * d.hv * d.dv < 64 {
+        return;
+    }
+    for products in [Products::Portable, Products::Fastest] {
+        let e = errors(&x, Some(opts(products)));
+        println!(
+            "{what} {products:?}: y {:.2e} S {:.2e}",
+            e.chunked_y, e.chunked_s
+        );
+        assert!(
+            e.chunked_y <= CHUNKED_BOUND && e.chunked_s <= CHUNKED_BOUND,
+            "{what} {products:?}: y {:e} S {:e}",
+            e.chunked_y,
+            e.chunked_s
+        );
     }
 }
 
@@ -693,7 +786,8 @@ fn error_versus_t() {
 /// clock and by process CPU time (the latter is the per-core rate when the machine is shared).
 /// The pool reads MLXK_NUM_THREADS once per process, so run once per thread count:
 /// `MLXK_NUM_THREADS=1 cargo test --test gated_delta_update_chunked_kernel -- --ignored --nocapture throughput`
-/// (`CHUNKED_SIZES=32,64` picks the chunk sizes timed with f32 inputs).
+/// (`CHUNKED_SIZES=32,64` picks the chunk sizes timed with f32 inputs; `CHUNKED_PRODUCTS=avx2`
+/// or `portable` caps the product kernel).
 #[test]
 #[ignore]
 fn throughput_qwen35() {
@@ -715,10 +809,12 @@ fn time_call<T: Elem>(x: &Inputs<T>, chunk: usize) {
     let mut y = vec![T::from_f32(0.0); d.b * d.t * d.hv * d.dv];
     let mut state = vec![0f32; d.b * d.hv * d.dv * d.dk];
     let threads = std::env::var("MLXK_NUM_THREADS").unwrap_or_else(|_| "default".into());
-    let opts = ChunkedOptions {
-        chunk,
-        ..Default::default()
+    let products = match std::env::var("CHUNKED_PRODUCTS").as_deref() {
+        Ok("avx2") => Products::Avx2,
+        Ok("portable") => Products::Portable,
+        _ => Products::Fastest,
     };
+    let opts = ChunkedOptions { chunk, products };
     let (mut best_wall, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..7 {
         let (wall0, cpu0) = (Instant::now(), cpu_seconds());
@@ -739,8 +835,8 @@ fn time_call<T: Elem>(x: &Inputs<T>, chunk: usize) {
         best_cpu = best_cpu.min(cpu_seconds() - cpu0);
     }
     println!(
-        "chunked {:>4}, chunk {chunk:>3}, MLXK_NUM_THREADS={threads}, T = {}: {:.1} ms wall, \
-         {:.0} tokens/s; {:.1} ms CPU, {:.0} tokens per CPU-second",
+        "chunked {:>4}, chunk {chunk:>3}, {products:?} products, MLXK_NUM_THREADS={threads}, \
+         T = {}: {:.1} ms wall, {:.0} tokens/s; {:.1} ms CPU, {:.0} tokens per CPU-second",
         std::any::type_name::<T>().rsplit("::").next().unwrap(),
         d.t,
         best_wall * 1e3,

@@ -1,10 +1,14 @@
 //! The CPU kernels' internals against MLX and against each other: the fused gates equal
-//! `mlxk_compute_g` and MLX's sigmoid bit for bit, and the vectorized row kernel computes the
-//! same bits as the portable one. (Own binary: it flips a process-wide switch.)
+//! `mlxk_compute_g` and MLX's sigmoid bit for bit, the vectorized row kernel computes the
+//! same bits as the portable one, and the chunked form gives the same bits with its AVX2 and
+//! AVX-512 products. (Own binary: it flips process-wide switches.)
 
 mod common;
 use common::*;
 use std::ptr::null_mut;
+
+/// The tests that flip the process-wide switches: one at a time.
+static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn random_gate_values(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
@@ -92,12 +96,18 @@ fn fused_gates_equal_mlx_bit_for_bit() {
 
 #[test]
 fn vectorized_and_portable_kernels_agree_bit_for_bit() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
     let mut rng = Rng::fresh();
+    // Dv a multiple of the row kernels' 4 rows and not (rows left over), one tile of tokens
+    // and several, decode (T = 1), masks, zero states.
     let cases = [
         ([1, 1, 16, 32, 128, 128], true, false),
         ([2, 70, 2, 6, 128, 13], true, true),
         ([3, 5, 1, 4, 128, 9], false, true),
         ([1, 130, 1, 1, 128, 5], true, false),
+        ([2, 150, 2, 4, 128, 64], true, true),
+        ([1, 65, 1, 2, 128, 3], false, false),
+        ([2, 1, 1, 2, 128, 6], true, false),
     ];
     for (dims, with_state, with_mask) in cases {
         let r = Recurrence::random(&mut rng, dims, with_state, with_mask);
@@ -105,8 +115,10 @@ fn vectorized_and_portable_kernels_agree_bit_for_bit() {
             .map(|_| rng.below(dims[1] as u64 + 1) as i32)
             .collect();
         let mut results = vec![];
-        for portable in [true, false] {
+        // Portable, AVX2 (forced on an AVX-512 CPU), the fastest.
+        for (portable, avx2) in [(true, false), (false, true), (false, false)] {
             mlxkern::testing::force_portable_kernels(portable);
+            mlxkern::testing::force_avx2_kernels(avx2);
             let (st, y, s) = r.run();
             ok(st);
             let (st2, replayed) = r.replay(&lengths);
@@ -117,12 +129,52 @@ fn vectorized_and_portable_kernels_agree_bit_for_bit() {
             }
         }
         mlxkern::testing::force_portable_kernels(false);
+        mlxkern::testing::force_avx2_kernels(false);
+        for other in &results[1..] {
+            assert!(results[0].0 == other.0, "y differs for {dims:?}");
+            assert!(results[0].1 == other.1, "state differs for {dims:?}");
+            assert!(
+                results[0].2 == other.2,
+                "replayed state differs for {dims:?}"
+            );
+        }
+        r.free();
+    }
+}
+
+/// The chunked form through the C ABI with the AVX2 products forced and with the fastest (on an
+/// AVX-512 CPU, the AVX-512 products): the same bits. The portable products round differently
+/// (no fused multiply-adds); their agreement within float32 rounding is
+/// tests/gated_delta_update_chunked_kernel.rs's.
+#[test]
+fn chunked_products_agree_bit_for_bit() {
+    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let mut rng = Rng::fresh();
+    let (_, avx512) = mlxkern::testing::kernel_features();
+    eprintln!("AVX-512 products: {avx512}");
+    let cases = [
+        ([1, 200, 2, 4, 128, 128], true, false, 0),
+        ([2, 70, 2, 6, 64, 48], true, true, 16),
+        ([3, 5, 1, 4, 128, 9], false, true, 64),
+        ([1, 130, 1, 1, 32, 130], true, false, 32),
+    ];
+    for (dims, with_state, with_mask, chunk) in cases {
+        let r = Recurrence::random(&mut rng, dims, with_state, with_mask);
+        let [q, k, v, a, b, al, dt, s, m] = r.args();
+        let mut results = vec![];
+        for avx2 in [true, false] {
+            mlxkern::testing::force_avx2_kernels(avx2);
+            let (mut y, mut st) = (null_mut(), null_mut());
+            ok(unsafe {
+                mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, chunk, &mut y, &mut st)
+            });
+            results.push((read_bytes(y), read_bytes(st)));
+            free(y);
+            free(st);
+        }
+        mlxkern::testing::force_avx2_kernels(false);
         assert!(results[0].0 == results[1].0, "y differs for {dims:?}");
         assert!(results[0].1 == results[1].1, "state differs for {dims:?}");
-        assert!(
-            results[0].2 == results[1].2,
-            "replayed state differs for {dims:?}"
-        );
         r.free();
     }
 }

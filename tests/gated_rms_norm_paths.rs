@@ -1,9 +1,11 @@
-//! The vectorized gated norm (`mlxk_gated_rms_norm`), mixed gate dtypes included, against its portable code, bit for bit, through the C ABI: many
+//! The vectorized gated norm (`mlxk_gated_rms_norm`), AVX2 and (where the CPU has it) AVX-512,
+//! mixed gate dtypes included, against its portable code, bit for bit, through the C ABI: many
 //! shapes, all three dtypes, and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN
-//! outputs compare as a class. (Own binary: it flips a process-wide switch.)
+//! outputs compare as a class. (Own binary: it flips process-wide switches.)
 //!
 //! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
-//! `cargo test --test gated_rms_norm_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`.
+//! `cargo test --test gated_rms_norm_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
+//! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
 
 mod common;
 #[path = "common/paths.rs"]
@@ -36,16 +38,19 @@ fn gated_norm_case(rng: &mut Rng, kind: Kind, gate_kind: Kind, rows: usize, widt
     let xh = array(kind, &x, &shape);
     let gh = array(gate_kind, &gate, &shape);
     let wh = array(kind, &weight, &[width as i32]);
-    let (portable, vectorized) = both(|| {
+    let (portable, others) = paths(|| {
         let mut out = null_mut();
         ok(unsafe { mlxk_gated_rms_norm(xh, gh, wh, eps, &mut out) });
         let bytes = read_bytes(out);
         free(out);
         bytes
     });
-    let what =
-        format!("gated norm {kind:?} gate {gate_kind:?} rows {rows} width {width} eps {eps:e}");
-    assert_same(kind, &portable, &vectorized, &what);
+    for (path, vectorized) in others {
+        let what = format!(
+            "gated norm {kind:?} gate {gate_kind:?} rows {rows} width {width} eps {eps:e} ({path})"
+        );
+        assert_same(kind, &portable, &vectorized, &what);
+    }
     for h in [xh, gh, wh] {
         free(h);
     }
@@ -74,6 +79,7 @@ fn gated_norm_paths_agree_bit_for_bit() {
     }
     eprintln!("{cases} gated norm cases");
     mlxkern::testing::force_portable_kernels(false);
+    mlxkern::testing::force_avx2_kernels(false);
 }
 
 /// Prints per-call times (median and best) of the gated norm at Qwen3.5's dimensions, through

@@ -1,9 +1,11 @@
-//! The vectorized head split (`mlxk_silu_rms_heads`) against its portable code, bit for bit, through the C ABI: many
-//! shapes, all three dtypes, and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN
-//! outputs compare as a class. (Own binary: it flips a process-wide switch.)
+//! The vectorized head split (`mlxk_silu_rms_heads`), AVX2 and (where the CPU has it) AVX-512,
+//! against its portable code, bit for bit, through the C ABI: many shapes, all three dtypes,
+//! and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN outputs compare as a class.
+//! (Own binary: it flips process-wide switches.)
 //!
 //! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
-//! `cargo test --test silu_rms_heads_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`.
+//! `cargo test --test silu_rms_heads_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
+//! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
 
 mod common;
 #[path = "common/paths.rs"]
@@ -46,7 +48,7 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
     let xh = array(kind, &x, &[b as i32, (rows / b) as i32, c as i32]);
     let qh = array(kind, &qs, &[dk as i32]);
     let kh = array(kind, &ks, &[dk as i32]);
-    let (portable, vectorized) = both(|| {
+    let (portable, others) = paths(|| {
         let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
         ok(unsafe {
             mlxk_silu_rms_heads(
@@ -59,11 +61,14 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
         }
         out
     });
-    for (i, name) in ["q", "k", "v"].iter().enumerate() {
-        let what = format!(
-            "head split {kind:?} {name} rows {rows} Hk {hk} Hv {hv} Dk {dk} Dv {dv} eps {eps:e}"
-        );
-        assert_same(kind, &portable[i], &vectorized[i], &what);
+    for (path, vectorized) in others {
+        for (i, name) in ["q", "k", "v"].iter().enumerate() {
+            let what = format!(
+                "head split {kind:?} {name} rows {rows} Hk {hk} Hv {hv} Dk {dk} Dv {dv} eps {eps:e} \
+                 ({path})"
+            );
+            assert_same(kind, &portable[i], &vectorized[i], &what);
+        }
     }
     for h in [xh, qh, kh] {
         free(h);
@@ -100,6 +105,7 @@ fn head_split_paths_agree_bit_for_bit() {
     }
     eprintln!("{cases} head split cases");
     mlxkern::testing::force_portable_kernels(false);
+    mlxkern::testing::force_avx2_kernels(false);
 }
 
 /// Prints per-call times (median and best) of the head split at Qwen3.5's dimensions, through

@@ -1,5 +1,6 @@
-//! The CPU features the kernels may use: detected once per process, and the switch that
-//! forces the portable kernels (`testing::force_portable_kernels`).
+//! The CPU features the kernels may use: detected once per process, and the switches that
+//! force the portable kernels (`testing::force_portable_kernels`) or the AVX2 ones on a CPU
+//! with AVX-512 (`testing::force_avx2_kernels`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -7,12 +8,18 @@ use std::sync::OnceLock;
 /// Forces every kernel's portable path (tests compare it with the vectorized ones).
 pub(crate) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
 
+/// Hides AVX-512 from the kernels, so that they take their AVX2 paths (tests compare the two).
+pub(crate) static FORCE_AVX2: AtomicBool = AtomicBool::new(false);
+
 /// The x86-64 extensions the kernels use (all false on other architectures).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Features {
     pub avx2: bool,
     pub fma: bool,
     pub f16c: bool,
+    /// AVX-512 Foundation, Byte/Word, Doubleword/Quadword and Vector Length extensions, as
+    /// one: every AVX-512 CPU since Skylake-SP has all four.
+    pub avx512: bool,
 }
 
 impl Features {
@@ -25,18 +32,26 @@ impl Features {
     pub fn avx2_fma_f16c(self) -> bool {
         self.avx2 && self.fma && self.f16c
     }
+
+    /// AVX-512 (F, BW, DQ, VL) with AVX2, FMA and F16C: the AVX-512 kernels, which use the
+    /// AVX2 building blocks too.
+    pub fn avx512(self) -> bool {
+        self.avx512 && self.avx2_fma_f16c()
+    }
 }
 
-/// What this CPU has, whether or not the portable kernels are forced.
+/// What this CPU has, whatever the switches say.
 pub fn cpu() -> Features {
     static DETECTED: OnceLock<Features> = OnceLock::new();
     *DETECTED.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
+            use std::arch::is_x86_feature_detected as has;
             Features {
-                avx2: std::arch::is_x86_feature_detected!("avx2"),
-                fma: std::arch::is_x86_feature_detected!("fma"),
-                f16c: std::arch::is_x86_feature_detected!("f16c"),
+                avx2: has!("avx2"),
+                fma: has!("fma"),
+                f16c: has!("f16c"),
+                avx512: has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -51,11 +66,21 @@ pub fn portable_forced() -> bool {
     FORCE_PORTABLE.load(Ordering::Relaxed)
 }
 
-/// What the vectorized kernels may use: the CPU's features, or none where the portable kernels
-/// are forced.
+/// Whether the process hid AVX-512 from the kernels.
+pub fn avx2_forced() -> bool {
+    FORCE_AVX2.load(Ordering::Relaxed)
+}
+
+/// What the vectorized kernels may use: the CPU's features, none where the portable kernels
+/// are forced, and no AVX-512 where the AVX2 ones are.
 pub fn kernels() -> Features {
     if portable_forced() {
         Features::default()
+    } else if avx2_forced() {
+        Features {
+            avx512: false,
+            ..cpu()
+        }
     } else {
         cpu()
     }

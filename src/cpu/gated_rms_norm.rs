@@ -4,10 +4,12 @@
 //! with more than 32 threads the group sums (zero-padded to 32) meet in a second butterfly.
 //!
 //! Rows are split over the worker pool in runs. With AVX2, FMA and F16C a vectorized kernel
-//! runs; elsewhere the portable one. Both compute identical bits. The vectorized kernel holds a
+//! runs; elsewhere the portable one. All compute identical bits. The vectorized kernel holds a
 //! SIMD group's 32 threads as four registers in lane layout, does the elementwise part eight
 //! columns at a time, and takes a bf16 or f16 gate's activation `g · sigmoid(g)` from a table
-//! of all 2^16 results (`simd::avx2::gate_table`; an f32 gate computes it).
+//! of all 2^16 results (`simd::avx2::gate_table`; an f32 gate computes it). With AVX-512 and a
+//! 16-bit gate the same on sixteen lanes (two registers per SIMD group), the table read by
+//! gathers.
 
 use std::ops::Range;
 
@@ -98,16 +100,24 @@ pub fn norm<T: Lanes, G: Lanes>(
         out: SharedMut(out.as_mut_ptr()),
     };
     let (jobs, per_job) = pool::jobs(rows, width, JOB_COLUMNS);
-    let vectorized = features::kernels().avx2_fma_f16c();
+    let kernels = features::kernels();
+    let vectorized = kernels.avx2_fma_f16c();
+    let avx512 = kernels.avx512();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(rows);
         if vectorized {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C; the buffer sizes were
-            // checked above and each job writes only its own rows.
+            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C (and AVX-512 for its
+            // kernel); the buffer sizes were checked above and each job writes only its own
+            // rows.
             unsafe {
-                avx2::rows(&p, range)
+                if avx512 {
+                    avx512::rows(&p, range)
+                } else {
+                    avx2::rows(&p, range)
+                }
             };
+            let _ = avx512;
         } else {
             // SAFETY: as above.
             unsafe { rows_portable(&p, range) };
@@ -307,6 +317,106 @@ mod avx2 {
             for (i, y) in y.into_iter().enumerate() {
                 let c = 8 * (j + i);
                 store_n(out.add(c), y, width - c);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The AVX-512 kernel for 16-bit gates (an f32 gate runs the AVX2 one): as `avx2`, sixteen
+    //! lanes a register; SIMD group g's 32 threads are two registers in lane layout
+    //! (`simd::avx512::add_squares`); the gate table read by gathers, tails by masks.
+
+    #![allow(unsafe_op_in_unsafe_fn)]
+
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::super::math::rsqrt;
+    use super::super::reduce::simd_sum;
+    use super::super::simd::avx2::gate_table;
+    use super::super::simd::avx512::{add_squares, butterfly, lookup16_f32};
+    use super::super::simd::Lanes;
+    use super::{threads, Problem};
+
+    /// As `rows_portable`.
+    ///
+    /// # Safety
+    /// As `rows_portable`; AVX-512 (F, BW, VL), AVX2, FMA and F16C are available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn rows<T: Lanes, G: Lanes>(p: &Problem<T, G>, rows: Range<usize>) {
+        match (gate_table::<G>(), p.width == 128) {
+            (Some(table), true) => rows_with::<T, G, 128>(p, rows, table),
+            (Some(table), false) => rows_with::<T, G, 0>(p, rows, table),
+            (None, _) => super::avx2::rows(p, rows),
+        }
+    }
+
+    /// The kernel for a 16-bit G; `table` holds `gate_table::<G>()`. `WIDTH`, unless 0, is
+    /// the width.
+    #[inline(always)]
+    unsafe fn rows_with<T: Lanes, G: Lanes, const WIDTH: usize>(
+        p: &Problem<T, G>,
+        rows: Range<usize>,
+        table: &[f32],
+    ) {
+        let width = if WIDTH > 0 { WIDTH } else { p.width };
+        let threads = threads(width);
+        let stride = 4 * threads;
+        let vectors = width.div_ceil(16);
+        let n = |j: usize| (width - 16 * j).min(16);
+        let zero = _mm512_setzero_ps();
+        // Columns past the width stay +0 (each thread adds their squares, +0).
+        let mut row_f32 = vec![0f32; width.div_ceil(128) * 128];
+        let mut weight = vec![0f32; 16 * vectors];
+        for j in 0..vectors {
+            let w = T::load16(p.weight.as_ptr().add(16 * j), n(j));
+            _mm512_storeu_ps(weight.as_mut_ptr().add(16 * j), w);
+        }
+        let (buf, weight, table) = (row_f32.as_mut_ptr(), weight.as_ptr(), table.as_ptr());
+        for row in rows {
+            let x = p.x.as_ptr().add(row * width);
+            for j in 0..vectors {
+                _mm512_storeu_ps(buf.add(16 * j), T::load16(x.add(16 * j), n(j)));
+            }
+            let mut group_sums = [0f32; 32];
+            for (g, group_sum) in group_sums.iter_mut().enumerate().take(threads / 32) {
+                let mut acc = [zero; 2];
+                let mut base = 128 * g;
+                // A block starting past the width would add only +0 to each thread's sum,
+                // which leaves it unchanged (the sums are +0, positive, +inf or NaN).
+                while base < width {
+                    for (s, a) in acc.iter_mut().enumerate() {
+                        let c = buf.add(base + 64 * s);
+                        let r = [
+                            _mm512_loadu_ps(c),
+                            _mm512_loadu_ps(c.add(16)),
+                            _mm512_loadu_ps(c.add(32)),
+                            _mm512_loadu_ps(c.add(48)),
+                        ];
+                        *a = add_squares(*a, r);
+                    }
+                    base += stride;
+                }
+                *group_sum = butterfly(acc);
+            }
+            let total = if threads > 32 {
+                simd_sum(&group_sums)
+            } else {
+                group_sums[0]
+            };
+            let inv = _mm512_set1_ps(rsqrt(total / width as f32 + p.eps));
+            let gate = p.gate.as_ptr().add(row * width) as *const u16;
+            let out = p.out.0.add(row * width);
+            // out = T(silu_f32(gate) · f32(T(w · T(x · inv)))).
+            for j in 0..vectors {
+                let c = 16 * j;
+                let scaled = T::round_inner16(_mm512_mul_ps(_mm512_loadu_ps(buf.add(c)), inv));
+                let normalized =
+                    T::round_inner16(_mm512_mul_ps(_mm512_loadu_ps(weight.add(c)), scaled));
+                let g = lookup16_f32(table, gate.add(c), n(j));
+                T::store16(out.add(c), _mm512_mul_ps(g, normalized), n(j));
             }
         }
     }

@@ -3,11 +3,12 @@
 //! summed in order, then the xor butterfly; `inv = rsqrt(sum / Dk + eps)`.
 //!
 //! Work is split over the worker pool by runs of consecutive (row, head) units. With AVX2, FMA
-//! and F16C a vectorized kernel runs; elsewhere the portable one. Both compute identical bits.
+//! and F16C a vectorized kernel runs; elsewhere the portable one. All compute identical bits.
 //! The vectorized kernel takes a bf16 or f16 value's SiLU from a table of all 2^16 results
 //! (`simd::avx2::silu_table`; f32 computes it eight lanes at a time), holds a head's activations
 //! in registers, sums each lane's four squares as a vertical chain after a 4×4 transpose, and
-//! runs the butterfly as fixed shuffles.
+//! runs the butterfly as fixed shuffles. With AVX-512 (bf16 and f16) the same on sixteen lanes,
+//! the table read by gathers.
 
 use std::ops::Range;
 
@@ -118,16 +119,24 @@ pub fn split<T: Lanes>(
     };
     let units = d.rows * d.heads();
     let (jobs, per_job) = pool::jobs(units, d.channels() / d.heads().max(1), JOB_COLUMNS);
-    let vectorized = features::kernels().avx2_fma_f16c();
+    let kernels = features::kernels();
+    let vectorized = kernels.avx2_fma_f16c();
+    let avx512 = kernels.avx512();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(units);
         if vectorized {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C; the buffer sizes were
-            // checked above and each unit writes only its own head.
+            // SAFETY: `features::kernels()` checked AVX2, FMA and F16C (and AVX-512 for its
+            // kernel); the buffer sizes were checked above and each unit writes only its own
+            // head.
             unsafe {
-                avx2::heads(&p, range);
+                if avx512 {
+                    avx512::heads(&p, range);
+                } else {
+                    avx2::heads(&p, range);
+                }
             }
+            let _ = avx512;
         } else {
             // SAFETY: as above.
             unsafe { heads_portable(&p, range) };
@@ -333,6 +342,101 @@ mod avx2 {
                 for (j, v) in values.iter().enumerate().take(vectors) {
                     store_n(dst.add(8 * j), *v, width - 8 * j);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The AVX-512 kernel for bf16 and f16 (f32 runs the AVX2 one): as `avx2`, sixteen lanes a
+    //! register, the SiLU table read by 32-bit gathers, a head's (≤ 128) values in 8 registers,
+    //! tails by masks.
+
+    #![allow(unsafe_op_in_unsafe_fn)]
+
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::super::math::rsqrt;
+    use super::super::simd::avx2::silu_table;
+    use super::super::simd::avx512::{add_squares, butterfly, first, lookup16_u16};
+    use super::super::simd::Lanes;
+    use super::Problem;
+
+    /// As `heads_portable`.
+    ///
+    /// # Safety
+    /// As `heads_portable`; AVX-512 (F, BW, VL), AVX2, FMA and F16C are available.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn heads<T: Lanes>(p: &Problem<T>, units: Range<usize>) {
+        match silu_table::<T>() {
+            Some(table) if p.d.dk == 128 && p.d.dv == 128 => heads_with::<T, 128>(p, units, table),
+            Some(table) => heads_with::<T, 0>(p, units, table),
+            None => super::avx2::heads(p, units),
+        }
+    }
+
+    /// The kernel over 16-bit T; `table` holds `silu_table::<T>()`. `WIDTH`, unless 0, is
+    /// every head's width.
+    #[inline(always)]
+    unsafe fn heads_with<T: Lanes, const WIDTH: usize>(
+        p: &Problem<T>,
+        units: Range<usize>,
+        table: &[u16],
+    ) {
+        let d = p.d;
+        let channels = d.channels();
+        let zero = _mm512_setzero_ps();
+        let table = table.as_ptr();
+        // The scales, widened once.
+        let mut scales = [[zero; 8]; 2];
+        for (scale, src) in scales.iter_mut().zip([p.q_scale, p.k_scale]) {
+            for (j, s) in scale.iter_mut().enumerate().take(d.dk.div_ceil(16)) {
+                *s = T::load16(src.as_ptr().add(16 * j), (d.dk - 16 * j).min(16));
+            }
+        }
+        for unit in units {
+            let (row, head) = (unit / d.heads(), unit % d.heads());
+            let (width, channel) = d.head(head);
+            let width = if WIDTH > 0 { WIDTH } else { width };
+            let bits = p.x.as_ptr().add(row * channels + channel) as *const u16;
+            let vectors = width.div_ceil(16);
+            let n = |j: usize| (width - 16 * j).min(16);
+            if head >= 2 * d.hk {
+                // v is the activation itself.
+                let dst = p.v.0.add((row * d.hv + head - 2 * d.hk) * d.dv) as *mut i16;
+                for j in 0..vectors {
+                    let v = lookup16_u16(table, bits.add(16 * j), n(j));
+                    _mm256_mask_storeu_epi16(dst.add(16 * j), first(n(j)), v);
+                }
+                continue;
+            }
+            // Columns past the width are +0, as the lanes add; 64 columns are 16 lanes.
+            let mut values = [zero; 8];
+            for (j, v) in values.iter_mut().enumerate().take(vectors) {
+                *v = T::widen16(lookup16_u16(table, bits.add(16 * j), n(j)));
+            }
+            let mut partials = [zero; 2];
+            for (g, partial) in partials.iter_mut().enumerate().take(vectors.div_ceil(4)) {
+                let r = [
+                    values[4 * g],
+                    values[4 * g + 1],
+                    values[4 * g + 2],
+                    values[4 * g + 3],
+                ];
+                *partial = add_squares(zero, r);
+            }
+            let inv = _mm512_set1_ps(rsqrt(butterfly(partials) / d.dk as f32 + p.eps));
+            let (scale, out) = if head < d.hk {
+                (&scales[0], p.q)
+            } else {
+                (&scales[1], p.k)
+            };
+            let dst = out.0.add((row * d.hk + head % d.hk) * d.dk);
+            for j in 0..vectors {
+                let normalized = T::round_inner16(_mm512_mul_ps(values[j], inv));
+                T::store16(dst.add(16 * j), _mm512_mul_ps(scale[j], normalized), n(j));
             }
         }
     }

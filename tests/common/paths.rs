@@ -1,6 +1,7 @@
 //! Helpers of the portable-vs-vectorized suites of the head split and the gated norm
 //! (tests/silu_rms_heads_paths.rs, tests/gated_rms_norm_paths.rs): element kinds, special
-//! values, the forced-portable switch, and the timing helpers. Included with `#[path]`.
+//! values, the switches forcing the portable and the AVX2 kernels, and the timing helpers.
+//! Included with `#[path]`.
 #![allow(dead_code)]
 
 use super::*;
@@ -216,13 +217,17 @@ pub fn eps_of(rng: &mut Rng) -> f32 {
     [1e-6f32, 1e-5, 0.0, 1e-6 / 128.0, 0.1, 1e-30][rng.below(6) as usize]
 }
 
-/// Runs `f` with the portable kernels, then with the fastest, and returns both results.
-pub fn both<R>(mut f: impl FnMut() -> R) -> (R, R) {
+/// Runs `f` with the portable kernels, then with the AVX2 ones (forced where the CPU has
+/// AVX-512), then with the fastest; returns the portable result and the others, named.
+pub fn paths<R>(mut f: impl FnMut() -> R) -> (R, [(&'static str, R); 2]) {
     mlxkern::testing::force_portable_kernels(true);
     let portable = f();
     mlxkern::testing::force_portable_kernels(false);
-    let vectorized = f();
-    (portable, vectorized)
+    mlxkern::testing::force_avx2_kernels(true);
+    let avx2 = f();
+    mlxkern::testing::force_avx2_kernels(false);
+    let fastest = f();
+    (portable, [("AVX2", avx2), ("fastest", fastest)])
 }
 
 /// Seconds per call over `iters` timed calls after two warm-up calls: (median, best).
@@ -278,15 +283,22 @@ pub fn report(what: &str, api: (f64, f64), kernel: (f64, f64), copy: (f64, f64))
 }
 
 /// Starts the timing test: prints the threads and which kernels run; returns the RNG and
-/// whether the portable kernels are timed (`MLXK_TIMING_PORTABLE=1`).
+/// whether the portable kernels are timed (`MLXK_TIMING_PORTABLE=1`; `MLXK_TIMING_AVX2=1`
+/// times the AVX2 kernels on a CPU with AVX-512).
 pub fn timing_start() -> (Rng, bool) {
     let rng = Rng::seeded(11);
     let portable = std::env::var_os("MLXK_TIMING_PORTABLE").is_some();
     mlxkern::testing::force_portable_kernels(portable);
+    mlxkern::testing::force_avx2_kernels(std::env::var_os("MLXK_TIMING_AVX2").is_some());
+    let (avx2, avx512) = mlxkern::testing::kernel_features();
     println!(
         "threads {} ({} kernels)",
         mlxkern::testing::cpu_threads(),
-        if portable { "portable" } else { "fastest" }
+        match (avx2, avx512) {
+            (_, true) => "AVX-512",
+            (true, false) => "AVX2",
+            _ => "portable",
+        }
     );
     (rng, portable)
 }

@@ -29,38 +29,78 @@ pub(super) struct Problem<'a, T> {
     pub(super) group: usize,
 }
 
+/// A float buffer that starts on a cache line (64 bytes), so that the products' 16-wide loads
+/// and stores of its rows never straddle two lines; grown (never shrunk) by `fit`.
+#[derive(Default)]
+pub(super) struct Floats {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Floats {
+    /// Grows the buffer to `n` floats (new ones zero), keeping its contents.
+    pub(super) fn fit(&mut self, n: usize) {
+        if self.len < n {
+            self.lines.resize(n.div_ceil(16), Line([0.0; 16]));
+            self.len = n;
+        }
+    }
+}
+
+impl std::ops::Deref for Floats {
+    type Target = [f32];
+    #[inline(always)]
+    fn deref(&self) -> &[f32] {
+        // SAFETY: `lines` holds at least `len` floats (`fit`), laid out contiguously.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr() as *const f32, self.len) }
+    }
+}
+
+impl std::ops::DerefMut for Floats {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in `deref`.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr() as *mut f32, self.len) }
+    }
+}
+
 /// Per-thread scratch, grown per call and reused across chunks and jobs.
 #[derive(Default)]
 pub(super) struct Scratch {
     /// State panels: the job's value head i, panel j is `[Dk, 16]` at `(i · np + j) · Dk · 16`.
-    pub(super) h: Vec<f32>,
+    pub(super) h: Floats,
     /// `[K; Q]` of the chunk, `[2·lp, Dk]` (Q from row lp).
-    pub(super) kq: Vec<f32>,
-    /// `Kᵀ`, `[Dk, lp]`, row stride `kts`.
-    pub(super) kt: Vec<f32>,
+    pub(super) kq: Floats,
+    /// `[K; Q]ᵀ`, `[Dk, 2·lp]`, row stride `kts`: A by columns for the products of K and Q,
+    /// `Kᵀ` (its first lp columns) as B for the Gram products.
+    pub(super) kt: Floats,
     /// `[K; Q] Kᵀ`, `[2·lp, lp]` (lower block triangle).
-    pub(super) gram: Vec<f32>,
+    pub(super) gram: Floats,
     /// `-A`, P, `Tm`, `Tm diag(β)`: `[lp, lp]` each.
-    pub(super) an: Vec<f32>,
-    pub(super) pm: Vec<f32>,
-    pub(super) tm: Vec<f32>,
-    pub(super) tmb: Vec<f32>,
+    pub(super) an: Floats,
+    pub(super) pm: Floats,
+    pub(super) tm: Floats,
+    pub(super) tmb: Floats,
     /// Two halves (alternate units), each per value head of the key head `[2·lp, vys]`: rows
     /// `0..lp` V, then `V − γ K H`; rows `lp..` `γ Q H`, then Y (written out during the next
     /// unit).
-    pub(super) vy: Vec<f32>,
-    /// `Kᵀ diag(Γ(L-1, ·))` of one value head, like `kt`.
-    pub(super) ktd: Vec<f32>,
+    pub(super) vy: Floats,
+    /// `diag(Γ(L-1, ·)) K` of one value head, `[lp, Dk]`: `Kᵀ diag(Γ(L-1, ·))` by columns.
+    pub(super) kd: Floats,
     /// U of one panel, `[lp, 16]`.
-    pub(super) u: Vec<f32>,
+    pub(super) u: Floats,
     /// Row scales `[-γ; γ]`.
-    pub(super) rs: Vec<f32>,
+    pub(super) rs: Floats,
     /// Running row of `Γ(t, ·)`.
-    pub(super) decay: Vec<f32>,
-    pub(super) gamma: Vec<f32>,
+    pub(super) decay: Floats,
+    pub(super) gamma: Floats,
     /// Gates of the key head's value heads, `[group, C]`.
-    pub(super) g: Vec<f32>,
-    pub(super) beta: Vec<f32>,
+    pub(super) g: Floats,
+    pub(super) beta: Floats,
     /// Token index of each chunk row, two halves (alternate chunks).
     pub(super) tok: Vec<usize>,
 }
@@ -314,13 +354,13 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
             s.vy[vy0 + gi * vy_len + lp * vys..vy0 + (gi + 1) * vy_len].fill(0.0);
         }
     }
-    // Kᵀ (Dk is a multiple of 8 in the transposed part; other columns one by one).
+    // [K; Q]ᵀ (Dk is a multiple of 8 in the transposed part; other columns one by one).
     {
         let (kq, kt) = (s.kq.as_ptr(), s.kt.as_mut_ptr());
         let dk8 = dk / 8 * 8;
-        K::transpose(kq, dk, kt, kts, lp, dk8);
+        K::transpose(kq, dk, kt, kts, 2 * lp, dk8);
         for col in dk8..dk {
-            for i in 0..lp {
+            for i in 0..2 * lp {
                 *kt.add(col * kts + i) = *kq.add(i * dk + col);
             }
         }
@@ -328,7 +368,6 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
 
     // Gram products [K; Q] Kᵀ, lower block triangle only: column panel j needs rows ≥ 16 j.
     {
-        let kq = s.kq.as_ptr();
         let kt = s.kt.as_ptr();
         let gram = s.gram.as_mut_ptr();
         for part in 0..2 {
@@ -338,12 +377,16 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
                     m: lp - r0,
                     kc: dk,
                     tri: false,
-                    a: kq.add((part * lp + r0) * dk),
-                    a_rs: dk,
+                    a: kt.add(part * lp + r0),
+                    a_rs: 1,
+                    a_cs: kts,
                     b: kt.add(j * NR),
                     b_rs: kts,
                     c: gram.add((part * lp + r0) * lp + j * NR),
                     c_rs: lp,
+                    panels: 1,
+                    b_ps: 0,
+                    c_ps: 0,
                     epi: Epi::SET,
                 });
             }
@@ -438,12 +481,15 @@ unsafe fn value_head<K: Kernel, T: Elem>(
     }
     let gamma_last = s.gamma[lp - 1];
 
-    // Kᵀ diag(Γ(L-1, ·)) for the state update.
+    // diag(Γ(L-1, ·)) K for the state update.
     {
-        let decay = &s.decay[..lp];
-        for col in 0..dk {
-            let row = col * kts..col * kts + lp;
-            for ((o, &x), &e) in s.ktd[row.clone()].iter_mut().zip(&s.kt[row]).zip(decay) {
+        let kd = &mut s.kd[..lp * dk];
+        for ((o, x), &e) in kd
+            .chunks_exact_mut(dk)
+            .zip(s.kq.chunks_exact(dk))
+            .zip(&s.decay[..lp])
+        {
+            for (o, &x) in o.iter_mut().zip(x) {
                 *o = x * e;
             }
         }
@@ -464,10 +510,14 @@ unsafe fn value_head<K: Kernel, T: Elem>(
                     tri: false,
                     a: an.add(t0 * lp + c0),
                     a_rs: lp,
+                    a_cs: 1,
                     b: tm.add(c0 * lp + c0),
                     b_rs: lp,
                     c: tm.add(t0 * lp + c0),
                     c_rs: lp,
+                    panels: 1,
+                    b_ps: 0,
+                    c_ps: 0,
                     epi: Epi::SET,
                 });
             }
@@ -496,29 +546,38 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         }
     }
 
-    // The panels.
-    for pj in 0..np {
+    // The panels, K::PANELS at a time (each product's columns are those panels' columns).
+    let mut pj = 0;
+    while pj < np {
+        let panels = K::PANELS.min(np - pj);
         let hp = s.h.as_mut_ptr().add(h0 + pj * dk * NR);
         let vyp = s.vy.as_mut_ptr().add(vy0 + pj * NR);
         let up = s.u.as_mut_ptr();
+        let (h_ps, u_ps) = (dk * NR, lp * NR);
         // [V - γ K H; γ Q H].
         K::gemm(Product {
             m: 2 * lp,
             kc: dk,
             tri: false,
-            a: s.kq.as_ptr(),
-            a_rs: dk,
+            a: s.kt.as_ptr(),
+            a_rs: 1,
+            a_cs: kts,
             b: hp,
             b_rs: NR,
             c: vyp,
             c_rs: vys,
+            panels,
+            b_ps: h_ps,
+            c_ps: NR,
             epi: Epi {
                 load: true,
                 c_scale: 1.0,
                 rs: s.rs.as_ptr(),
             },
         });
-        overlap.step();
+        for _ in 0..panels {
+            overlap.step();
+        }
         // U = Tm diag(β) (V - γ K H).
         K::gemm(Product {
             m: lp,
@@ -526,13 +585,19 @@ unsafe fn value_head<K: Kernel, T: Elem>(
             tri: true,
             a: s.tmb.as_ptr(),
             a_rs: lp,
+            a_cs: 1,
             b: vyp,
             b_rs: vys,
             c: up,
             c_rs: NR,
+            panels,
+            b_ps: NR,
+            c_ps: u_ps,
             epi: Epi::SET,
         });
-        overlap.step();
+        for _ in 0..panels {
+            overlap.step();
+        }
         // Y = γ Q H + P U.
         K::gemm(Product {
             m: lp,
@@ -540,30 +605,43 @@ unsafe fn value_head<K: Kernel, T: Elem>(
             tri: true,
             a: s.pm.as_ptr(),
             a_rs: lp,
+            a_cs: 1,
             b: up,
             b_rs: NR,
             c: vyp.add(lp * vys),
             c_rs: vys,
+            panels,
+            b_ps: u_ps,
+            c_ps: NR,
             epi: Epi::ADD,
         });
-        overlap.step();
+        for _ in 0..panels {
+            overlap.step();
+        }
         // H = γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U.
         K::gemm(Product {
             m: dk,
             kc: lp,
             tri: false,
-            a: s.ktd.as_ptr(),
-            a_rs: kts,
+            a: s.kd.as_ptr(),
+            a_rs: 1,
+            a_cs: dk,
             b: up,
             b_rs: NR,
             c: hp,
             c_rs: NR,
+            panels,
+            b_ps: u_ps,
+            c_ps: h_ps,
             epi: Epi {
                 load: true,
                 c_scale: gamma_last,
                 rs: std::ptr::null(),
             },
         });
-        overlap.step();
+        for _ in 0..panels {
+            overlap.step();
+        }
+        pj += panels;
     }
 }

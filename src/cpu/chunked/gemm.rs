@@ -1,6 +1,13 @@
-//! The products of the chunked form. Every product goes through one register-blocked kernel
-//! (6 rows × 16 columns), with AVX2 + FMA intrinsics or as portable loops; the kernel also
-//! stores the output rows and transposes the keys.
+//! The products of the chunked form. Every product goes through one register-blocked kernel:
+//! 6 rows × 16 columns with AVX2 + FMA intrinsics or as portable loops, or, with AVX-512, up to
+//! 12 rows × 32 columns (two panels per product); the kernel also stores the output rows and
+//! transposes the keys. A is read by rows or by columns (the products of K and Q read `[K; Q]ᵀ`:
+//! a step's broadcasts then come from one pointer at fixed offsets).
+//!
+//! The AVX2 and AVX-512 kernels compute the same bits: each element of a product is one chain
+//! of fused multiply-adds over the steps in order from +0, then the same epilogue, whatever the
+//! register tile; a triangular product keeps the AVX2 kernel's 6-row blocks, which decide
+//! where its tile ends and `triangle` (the same code in both) takes over.
 
 use crate::cpu::elem::Elem;
 
@@ -32,10 +39,12 @@ impl Epi {
     };
 }
 
-/// One product `C[m, 16] = epi(C, A[m, kc] · B[kc, 16])`, A addressed as `a[r · a_rs + p]`,
-/// B as `b[p · b_rs + j]`, C as `c[r · c_rs + j]`. With `tri`, row block `[r0, r0 + mb)` sums
-/// `p <= r0` in the tile and row `r0 + i` adds `r0 < p <= r0 + i` in `triangle` (A lower
-/// triangular: its zeros above the diagonal are never multiplied in).
+/// One product `C[m, 16] = epi(C, A[m, kc] · B[kc, 16])`, A addressed as
+/// `a[r · a_rs + p · a_cs]` with one of the two strides 1 (A by rows or by columns), B as
+/// `b[p · b_rs + j]`, C as `c[r · c_rs + j]`; with `panels` = 2 also the same product for a
+/// second panel of 16 columns, B at `b + b_ps`, C at `c + c_ps`. With `tri`, row block
+/// `[r0, r0 + mb)` sums `p <= r0` in the tile and row `r0 + i` adds `r0 < p <= r0 + i` in
+/// `triangle` (A lower triangular: its zeros above the diagonal are never multiplied in).
 #[derive(Clone, Copy)]
 pub(super) struct Product {
     pub(super) m: usize,
@@ -43,16 +52,36 @@ pub(super) struct Product {
     pub(super) tri: bool,
     pub(super) a: *const f32,
     pub(super) a_rs: usize,
+    pub(super) a_cs: usize,
     pub(super) b: *const f32,
     pub(super) b_rs: usize,
     pub(super) c: *mut f32,
     pub(super) c_rs: usize,
+    pub(super) panels: usize,
+    pub(super) b_ps: usize,
+    pub(super) c_ps: usize,
     pub(super) epi: Epi,
+}
+
+impl Product {
+    /// Panel `q` alone.
+    #[inline(always)]
+    unsafe fn panel(self, q: usize) -> Product {
+        Product {
+            b: self.b.add(q * self.b_ps),
+            c: self.c.add(q * self.c_ps),
+            panels: 1,
+            ..self
+        }
+    }
 }
 
 /// The register-blocked product kernel (`gemm` runs a `Product`), and the stores and the
 /// transpose that go with it.
 pub(super) trait Kernel {
+    /// Panels a product should have (1 or 2): the kernel's tiles span that many.
+    const PANELS: usize;
+
     unsafe fn gemm(p: Product);
 
     /// Writes `src` rounded to T at `dst` (an output row nobody reads soon).
@@ -89,26 +118,16 @@ pub(super) trait Kernel {
 
 /// Splits `m` rows into blocks of at most MR, avoiding tiny tail blocks (a block of 1–3 rows
 /// has too few independent accumulators): the last 6 + r rows become two near-equal blocks.
+/// Returns the number of full blocks and the tail blocks' rows (0: none).
 #[inline(always)]
-fn row_blocks(m: usize, mut f: impl FnMut(usize, usize)) {
-    let mut full = m / MR;
-    let rem = m % MR;
-    let mut r0 = 0;
-    let split = rem > 0 && rem < 4 && full > 0;
-    if split {
-        full -= 1;
-    }
-    for _ in 0..full {
-        f(r0, MR);
-        r0 += MR;
-    }
-    if split {
+fn row_blocks(m: usize) -> (usize, [usize; 2]) {
+    let (full, rem) = (m / MR, m % MR);
+    if rem > 0 && rem < 4 && full > 0 {
         let last = MR + rem;
         let first = last.div_ceil(2);
-        f(r0, first);
-        f(r0 + first, last - first);
-    } else if rem > 0 {
-        f(r0, rem);
+        (full - 1, [first, last - first])
+    } else {
+        (full, [rem, 0])
     }
 }
 
@@ -123,11 +142,20 @@ fn row_blocks(m: usize, mut f: impl FnMut(usize, usize)) {
 /// The pointers address the block's rows and B's rows up to `kc + mb - 1`.
 #[inline(always)]
 unsafe fn triangle(block: Product) {
+    for q in 0..block.panels {
+        triangle_panel(block.panel(q));
+    }
+}
+
+/// `triangle` of one panel.
+#[inline(always)]
+unsafe fn triangle_panel(block: Product) {
     let Product {
         m: mb,
         kc,
         a,
         a_rs,
+        a_cs,
         b,
         b_rs,
         c,
@@ -138,7 +166,7 @@ unsafe fn triangle(block: Product) {
     for r in 1..mb {
         let mut acc = [0f32; NR];
         for p in kc..kc + r {
-            let x = *a.add(r * a_rs + p);
+            let x = *a.add(r * a_rs + p * a_cs);
             let bp = std::slice::from_raw_parts(b.add(p * b_rs), NR);
             for (acc, &b) in acc.iter_mut().zip(bp) {
                 *acc += x * b;
@@ -152,11 +180,14 @@ unsafe fn triangle(block: Product) {
     }
 }
 
-/// A product as row blocks: `tile(block)` runs the register tile on each block (`m` its rows;
-/// A, C and the row scales moved to its first row; for a triangular A only the steps up to
-/// the block's first diagonal element), then `triangle` adds the rest of a triangular block.
+/// Row block `[r0, r0 + mb)` of a product: `tile` on it, then `triangle` for a triangular A
+/// (see `blocks`).
+///
+/// A named function rather than a closure, like everything between a kernel's
+/// `#[target_feature]` function and its loops: a closure is compiled without the features of
+/// the function it is written in (only the kernel's own tile closure is written there).
 #[inline(always)]
-unsafe fn blocks(p: Product, mut tile: impl FnMut(Product)) {
+unsafe fn block(p: Product, r0: usize, mb: usize, tile: &mut impl FnMut(Product)) {
     let Product {
         kc,
         tri,
@@ -167,30 +198,48 @@ unsafe fn blocks(p: Product, mut tile: impl FnMut(Product)) {
         epi,
         ..
     } = p;
-    row_blocks(p.m, |r0, mb| {
-        let kc = if tri { (r0 + 1).min(kc) } else { kc };
-        let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
-        let epi = Epi {
-            rs: if epi.rs.is_null() {
-                epi.rs
-            } else {
-                epi.rs.add(r0)
-            },
-            ..epi
-        };
-        let block = Product {
-            m: mb,
-            kc,
-            a,
-            c,
-            epi,
-            ..p
-        };
-        tile(block);
-        if tri {
-            triangle(block);
+    let kc = if tri { (r0 + 1).min(kc) } else { kc };
+    let (a, c) = (a.add(r0 * a_rs), c.add(r0 * c_rs));
+    let epi = Epi {
+        rs: if epi.rs.is_null() {
+            epi.rs
+        } else {
+            epi.rs.add(r0)
+        },
+        ..epi
+    };
+    let block = Product {
+        m: mb,
+        kc,
+        a,
+        c,
+        epi,
+        ..p
+    };
+    tile(block);
+    if tri {
+        triangle(block);
+    }
+}
+
+/// A product as row blocks (`row_blocks`): `tile(block)` runs the register tile on each block
+/// (`m` its rows; A, C and the row scales moved to its first row; for a triangular A only the
+/// steps up to the block's first diagonal element), then `triangle` adds the rest of a
+/// triangular block.
+#[inline(always)]
+unsafe fn blocks(p: Product, mut tile: impl FnMut(Product)) {
+    let (full, tail) = row_blocks(p.m);
+    let mut r0 = 0;
+    for _ in 0..full {
+        block(p, r0, MR, &mut tile);
+        r0 += MR;
+    }
+    for mb in tail {
+        if mb > 0 {
+            block(p, r0, mb, &mut tile);
+            r0 += mb;
         }
-    })
+    }
 }
 
 /// Runs `tile::<R>` for the row count `mb` (1..=MR) of a block.
@@ -213,13 +262,13 @@ pub(super) struct Portable;
 /// One R×16 register tile (`block.m` = R rows).
 #[inline(always)]
 unsafe fn tile_portable<const R: usize>(block: Product) {
-    let (kc, a, a_rs, b, b_rs) = (block.kc, block.a, block.a_rs, block.b, block.b_rs);
-    let (c, c_rs, epi) = (block.c, block.c_rs, block.epi);
+    let (kc, a, a_rs, a_cs) = (block.kc, block.a, block.a_rs, block.a_cs);
+    let (b, b_rs, c, c_rs, epi) = (block.b, block.b_rs, block.c, block.c_rs, block.epi);
     let mut acc = [[0f32; NR]; R];
     for p in 0..kc {
         let bp = std::slice::from_raw_parts(b.add(p * b_rs), NR);
         for (r, row) in acc.iter_mut().enumerate() {
-            let x = *a.add(r * a_rs + p);
+            let x = *a.add(r * a_rs + p * a_cs);
             for (acc, b) in row.iter_mut().zip(bp) {
                 *acc += x * b;
             }
@@ -243,9 +292,15 @@ unsafe fn tile_portable<const R: usize>(block: Product) {
 }
 
 impl Kernel for Portable {
+    const PANELS: usize = 1;
+
     #[inline(always)]
     unsafe fn gemm(p: Product) {
-        blocks(p, |block| dispatch_rows!(block.m, tile_portable, block))
+        for q in 0..p.panels {
+            blocks(p.panel(q), |block| {
+                dispatch_rows!(block.m, tile_portable, block)
+            })
+        }
     }
 }
 
@@ -262,23 +317,42 @@ mod avx2 {
     pub struct Avx2;
 
     /// One R×16 register tile: 2·R accumulators; per step two loads of B and R broadcasts of
-    /// A (one pointer per row, indexed by the step); `block.m` = R.
+    /// A (A by columns: from one pointer, moved by a column per step; by rows: one pointer per
+    /// row, indexed by the step); `block.m` = R.
     #[inline(always)]
     unsafe fn tile<const R: usize>(block: Product) {
-        let (kc, a, a_rs, b, b_rs) = (block.kc, block.a, block.a_rs, block.b, block.b_rs);
+        let (kc, a, a_rs, a_cs, b, b_rs) = (
+            block.kc, block.a, block.a_rs, block.a_cs, block.b, block.b_rs,
+        );
         let (c, c_rs, epi) = (block.c, block.c_rs, block.epi);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        let rows: [*const f32; R] = std::array::from_fn(|r| a.add(r * a_rs));
         let mut bp = b;
-        for p in 0..kc {
-            let b0 = _mm256_loadu_ps(bp);
-            let b1 = _mm256_loadu_ps(bp.add(8));
-            for (acc, row) in acc.iter_mut().zip(rows) {
-                let x = _mm256_broadcast_ss(&*row.add(p));
-                acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
-                acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+        if a_rs == 1 {
+            let mut ap = a;
+            for _ in 0..kc {
+                let b0 = _mm256_loadu_ps(bp);
+                let b1 = _mm256_loadu_ps(bp.add(8));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_broadcast_ss(&*ap.add(r));
+                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                }
+                ap = ap.add(a_cs);
+                bp = bp.add(b_rs);
             }
-            bp = bp.add(b_rs);
+        } else {
+            debug_assert_eq!(a_cs, 1);
+            let rows: [*const f32; R] = std::array::from_fn(|r| a.add(r * a_rs));
+            for p in 0..kc {
+                let b0 = _mm256_loadu_ps(bp);
+                let b1 = _mm256_loadu_ps(bp.add(8));
+                for (acc, row) in acc.iter_mut().zip(rows) {
+                    let x = _mm256_broadcast_ss(&*row.add(p));
+                    acc[0] = _mm256_fmadd_ps(x, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(x, b1, acc[1]);
+                }
+                bp = bp.add(b_rs);
+            }
         }
         let cs = _mm256_set1_ps(epi.c_scale);
         for (r, acc) in acc.iter().enumerate() {
@@ -301,10 +375,14 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma")]
     unsafe fn gemm_avx2(p: Product) {
-        blocks(p, |block| dispatch_rows!(block.m, tile, block))
+        for q in 0..p.panels {
+            blocks(p.panel(q), |block| dispatch_rows!(block.m, tile, block))
+        }
     }
 
     impl Kernel for Avx2 {
+        const PANELS: usize = 1;
+
         #[inline(always)]
         unsafe fn gemm(p: Product) {
             gemm_avx2(p)
@@ -390,6 +468,174 @@ mod avx2 {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(super) use avx512::Avx512;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The product kernel with AVX-512: tiles of up to `MR512` rows × two panels (32 columns),
+    //! one 16-wide register per row and panel: 24 accumulators, and per step two loads of B
+    //! and one broadcast of A per row for 24 fused multiply-adds (two FMA units need at least
+    //! 8 independent chains; a single panel's tile, with one broadcast per multiply-add, is
+    //! bound by the loads). The stores and the transpose are the AVX2 kernel's.
+
+    use super::*;
+    use std::arch::x86_64::*;
+
+    pub struct Avx512;
+
+    /// Rows of the register tile of a product that is not triangular.
+    const MR512: usize = 12;
+
+    /// One R×16 register tile per panel (`P` panels): R·P accumulators; per step P loads of
+    /// B and R broadcasts of A (as in `avx2::tile`); `block.m` = R, `block.panels` = P. Per
+    /// element the same chain and epilogue as `avx2::tile`.
+    #[inline(always)]
+    // Indexed loops: iterators over the nested accumulator array kept it in memory.
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tile<const R: usize, const P: usize>(block: Product) {
+        let (kc, a, a_rs, a_cs) = (block.kc, block.a, block.a_rs, block.a_cs);
+        let (b, b_rs, b_ps) = (block.b, block.b_rs, block.b_ps);
+        let (c, c_rs, c_ps, epi) = (block.c, block.c_rs, block.c_ps, block.epi);
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        let mut bp = b;
+        let mut bq = [_mm512_setzero_ps(); P];
+        if a_rs == 1 {
+            let mut ap = a;
+            for _ in 0..kc {
+                for q in 0..P {
+                    bq[q] = _mm512_loadu_ps(bp.add(q * b_ps));
+                }
+                for r in 0..R {
+                    let x = _mm512_set1_ps(*ap.add(r));
+                    for q in 0..P {
+                        acc[r][q] = _mm512_fmadd_ps(x, bq[q], acc[r][q]);
+                    }
+                }
+                ap = ap.add(a_cs);
+                bp = bp.add(b_rs);
+            }
+        } else {
+            debug_assert_eq!(a_cs, 1);
+            let rows: [*const f32; R] = std::array::from_fn(|r| a.add(r * a_rs));
+            for p in 0..kc {
+                for q in 0..P {
+                    bq[q] = _mm512_loadu_ps(bp.add(q * b_ps));
+                }
+                for r in 0..R {
+                    let x = _mm512_set1_ps(*rows[r].add(p));
+                    for q in 0..P {
+                        acc[r][q] = _mm512_fmadd_ps(x, bq[q], acc[r][q]);
+                    }
+                }
+                bp = bp.add(b_rs);
+            }
+        }
+        let cs = _mm512_set1_ps(epi.c_scale);
+        for r in 0..R {
+            for q in 0..P {
+                let cp = c.add(r * c_rs + q * c_ps);
+                let mut x = acc[r][q];
+                if !epi.rs.is_null() {
+                    x = _mm512_mul_ps(x, _mm512_set1_ps(*epi.rs.add(r)));
+                }
+                if epi.load {
+                    x = _mm512_fmadd_ps(_mm512_loadu_ps(cp), cs, x);
+                }
+                _mm512_storeu_ps(cp, x);
+            }
+        }
+    }
+
+    /// Runs `tile::<R, P>` for the row count `mb` (1..=MR512) and the panels of a block.
+    #[inline(always)]
+    unsafe fn tile_any(block: Product) {
+        macro_rules! rows {
+            ($p:literal) => {
+                match block.m {
+                    12 => tile::<12, $p>(block),
+                    11 => tile::<11, $p>(block),
+                    10 => tile::<10, $p>(block),
+                    9 => tile::<9, $p>(block),
+                    8 => tile::<8, $p>(block),
+                    7 => tile::<7, $p>(block),
+                    6 => tile::<6, $p>(block),
+                    5 => tile::<5, $p>(block),
+                    4 => tile::<4, $p>(block),
+                    3 => tile::<3, $p>(block),
+                    2 => tile::<2, $p>(block),
+                    _ => tile::<1, $p>(block),
+                }
+            };
+        }
+        if block.panels == 2 {
+            rows!(2)
+        } else {
+            rows!(1)
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn gemm_avx512(p: Product) {
+        if p.tri {
+            // The AVX2 kernel's blocks: they decide the bits of a triangular product.
+            blocks(p, |block| tile_any(block));
+            return;
+        }
+        // Near-equal blocks of at most MR512 rows (a product that is not triangular has the
+        // same bits whatever its blocks).
+        let n = p.m.div_ceil(MR512);
+        let mut r0 = 0;
+        for i in 0..n {
+            let mb = (p.m - r0) / (n - i);
+            let rs = if p.epi.rs.is_null() {
+                p.epi.rs
+            } else {
+                p.epi.rs.add(r0)
+            };
+            tile_any(Product {
+                m: mb,
+                a: p.a.add(r0 * p.a_rs),
+                c: p.c.add(r0 * p.c_rs),
+                epi: Epi { rs, ..p.epi },
+                ..p
+            });
+            r0 += mb;
+        }
+    }
+
+    impl Kernel for Avx512 {
+        const PANELS: usize = 2;
+
+        #[inline(always)]
+        unsafe fn gemm(p: Product) {
+            gemm_avx512(p)
+        }
+
+        #[inline(always)]
+        unsafe fn store_row<T: Elem>(dst: *mut T, src: &[f32]) {
+            <super::Avx2 as Kernel>::store_row(dst, src)
+        }
+
+        #[inline(always)]
+        fn store_fence() {
+            <super::Avx2 as Kernel>::store_fence()
+        }
+
+        #[inline(always)]
+        unsafe fn transpose(
+            src: *const f32,
+            src_rs: usize,
+            dst: *mut f32,
+            dst_rs: usize,
+            rows: usize,
+            cols: usize,
+        ) {
+            <super::Avx2 as Kernel>::transpose(src, src_rs, dst, dst_rs, rows, cols)
         }
     }
 }

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 
 use super::chunk::{unit_run, write_y, Job, NextRows, Pending, Problem, Scratch};
 #[cfg(target_arch = "x86_64")]
-use super::gemm::Avx2;
+use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
 use crate::cpu::elem::Elem;
 use crate::cpu::gated_delta::{Out, StateIn};
@@ -27,12 +27,22 @@ thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
+/// The product kernel a call runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum KernelChoice {
+    Portable,
+    /// Needs AVX2 and FMA.
+    Avx2,
+    /// Needs AVX-512 (F), AVX2 and FMA.
+    Avx512,
+}
+
 /// Runs a call's jobs over the pool, each on one `Span`.
 ///
 /// # Safety
 /// `out` points at y `[B, T, Hv, Dv]` and state `[B, Hv, Dv, Dk]` buffers of `problem.d`,
-/// which nothing else accesses during the call; `avx2` only where the CPU has AVX2 and FMA.
-pub(super) unsafe fn run<T: Elem>(problem: &Problem<T>, out: Out<T>, avx2: bool) {
+/// which nothing else accesses during the call; the CPU has the features `kernel` needs.
+pub(super) unsafe fn run<T: Elem>(problem: &Problem<T>, out: Out<T>, kernel: KernelChoice) {
     let d = problem.d;
     let panels = d.dv.div_ceil(NR);
     let threads = pool::threads();
@@ -65,14 +75,18 @@ pub(super) unsafe fn run<T: Elem>(problem: &Problem<T>, out: Out<T>, avx2: bool)
             SCRATCH.with(|s| {
                 let s = &mut *s.borrow_mut();
                 #[cfg(target_arch = "x86_64")]
-                if avx2 {
-                    // SAFETY: AVX2 and FMA were detected (the caller's contract); the jobs' spans
-                    // are disjoint, as `run_job` requires.
-                    unsafe { run_job_avx2(problem, out, s, span) };
-                    return;
+                match kernel {
+                    // SAFETY: the kernel's features were detected (the caller's contract); the
+                    // jobs' spans are disjoint, as `run_job` requires.
+                    KernelChoice::Avx512 => {
+                        return unsafe { run_job_avx512(problem, out, s, span) }
+                    }
+                    // SAFETY: as above.
+                    KernelChoice::Avx2 => return unsafe { run_job_avx2(problem, out, s, span) },
+                    KernelChoice::Portable => {}
                 }
-                let _ = avx2;
-                // SAFETY: as above.
+                let _ = kernel;
+                // SAFETY: the jobs' spans are disjoint, as `run_job` requires.
                 unsafe { run_job::<Portable, T>(problem, out, s, span) };
             })
         })
@@ -90,12 +104,15 @@ unsafe fn run_job_avx2<T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scratch, sp
     run_job::<Avx2, T>(p, out, s, span)
 }
 
-/// Grows (never shrinks) a scratch vector to `n` elements.
-#[inline(always)]
-fn fit(v: &mut Vec<f32>, n: usize) {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
+/// `run_job` with the AVX-512 products, compiled with AVX-512 (its elementwise loops
+/// vectorize 16-wide; with no fused operations in them, to the same bits).
+///
+/// # Safety
+/// AVX-512 (F), AVX2 and FMA must be available; as `run_job`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn run_job_avx512<T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scratch, span: Span) {
+    run_job::<Avx512, T>(p, out, s, span)
 }
 
 /// A row stride for `n` floats that is not a multiple of 64 floats (256 bytes).
@@ -129,29 +146,29 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
         col0: span.p0 * NR,
         col1: (span.p1 * NR).min(dv),
         vys: padded(np * NR),
-        kts: padded(c),
+        kts: padded(2 * c),
         y: out.y.0,
     };
     let (col0, col1) = (job.col0, job.col1);
     let heads = job.nkh * group;
     let h_len = np * dk * NR;
 
-    fit(&mut s.h, heads * h_len);
-    fit(&mut s.kq, 2 * c * dk);
-    fit(&mut s.kt, dk * job.kts);
-    fit(&mut s.ktd, dk * job.kts);
-    fit(&mut s.gram, 2 * c * c);
-    fit(&mut s.an, c * c);
-    fit(&mut s.pm, c * c);
-    fit(&mut s.tm, c * c);
-    fit(&mut s.tmb, c * c);
-    fit(&mut s.vy, 2 * job.vy_half(c));
-    fit(&mut s.u, c * NR);
-    fit(&mut s.rs, 2 * c);
-    fit(&mut s.decay, c);
-    fit(&mut s.gamma, c);
-    fit(&mut s.g, group * c);
-    fit(&mut s.beta, group * c);
+    s.h.fit(heads * h_len);
+    s.kq.fit(2 * c * dk);
+    s.kt.fit(dk * job.kts);
+    s.kd.fit(c * dk);
+    s.gram.fit(2 * c * c);
+    s.an.fit(c * c);
+    s.pm.fit(c * c);
+    s.tm.fit(c * c);
+    s.tmb.fit(c * c);
+    s.vy.fit(2 * job.vy_half(c));
+    s.u.fit(K::PANELS * c * NR);
+    s.rs.fit(2 * c);
+    s.decay.fit(c);
+    s.gamma.fit(c);
+    s.g.fit(group * c);
+    s.beta.fit(group * c);
     if s.tok.len() < 2 * c {
         s.tok.resize(2 * c, 0);
     }

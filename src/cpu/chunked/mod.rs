@@ -18,15 +18,17 @@
 //!   the state `H ← γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U`.
 //!
 //! Every value column evolves independently, so each 16-column panel of H runs the chunk's
-//! products on its own (the panel stays in L1); the per-chunk matrices are shared by the
-//! panels, and the Gram products `[K; Q] Kᵀ` by the value heads that read the same key head.
+//! products on its own (the panel stays in L1; the AVX-512 kernel takes two panels at a
+//! time); the per-chunk matrices are shared by the panels, and the Gram products `[K; Q] Kᵀ`
+//! by the value heads that read the same key head.
 //! A job is one batch row and a range of key heads (or also a column range, when there are
 //! too few for the threads); it walks the chunks, and within a chunk the key heads (a "unit"
 //! is one chunk of one key head), so that neighbouring heads' rows, which share pages, are
 //! read together. All products go through one register-blocked kernel (6 rows × 16 columns):
-//! with AVX2+FMA detected at run time it uses intrinsics, elsewhere a portable version of the
-//! same loops. Rows of q, k, v and y are strided in memory (`[B, T, H, D]`), so each unit's
-//! rows are gathered into contiguous scratch; while a unit's products run, the next unit's rows
+//! with AVX2+FMA detected at run time it uses intrinsics (with AVX-512, tiles of up to 12 rows
+//! × 32 columns, computing the same bits), elsewhere a portable version of the same loops.
+//! Rows of q, k, v and y are strided in memory (`[B, T, H, D]`), so each unit's
+//! rows are gathered into contiguous scratch (aligned to cache lines); while a unit's products run, the next unit's rows
 //! are prefetched and the previous unit's outputs written (non-temporal stores where aligned),
 //! a little after each product. Scratch is per thread and reused; nothing is allocated per
 //! chunk.
@@ -63,20 +65,32 @@ pub const MAX_CHUNK: usize = 128;
 /// Smallest chunk the kernel accepts; every chunk size is a multiple of it.
 pub const MIN_CHUNK: usize = NR;
 
+/// Which product kernel a call may use at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Products {
+    /// The fastest the CPU has (and `features::kernels()` allows): AVX-512, AVX2 + FMA or
+    /// portable.
+    Fastest,
+    /// AVX2 + FMA where available, even on a CPU with AVX-512 (the same bits).
+    Avx2,
+    /// The portable kernel.
+    Portable,
+}
+
 /// Knobs of the chunked kernel (tests and benchmarks vary them; callers use the default).
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkedOptions {
     /// Tokens per chunk: a multiple of 16 in 16..=128.
     pub chunk: usize,
-    /// Use the portable product kernel even where AVX2+FMA is available.
-    pub force_portable: bool,
+    /// The fastest product kernel the call may use.
+    pub products: Products,
 }
 
 impl Default for ChunkedOptions {
     fn default() -> Self {
         ChunkedOptions {
             chunk: DEFAULT_CHUNK,
-            force_portable: false,
+            products: Products::Fastest,
         }
     }
 }
@@ -179,8 +193,13 @@ pub fn chunked_recurrence_with<T: Elem>(
         chunk: opts.chunk,
         group: d.hv / d.hk,
     };
-    let avx2 = !opts.force_portable && features::cpu().avx2_fma();
+    let f = features::kernels();
+    let kernel = match opts.products {
+        Products::Fastest if f.avx512() => job::KernelChoice::Avx512,
+        Products::Fastest | Products::Avx2 if f.avx2_fma() => job::KernelChoice::Avx2,
+        _ => job::KernelChoice::Portable,
+    };
     // SAFETY: y and the state have the lengths checked above and stay borrowed for the call;
-    // `avx2` only where the CPU has AVX2 and FMA.
-    unsafe { job::run(&problem, Out::new(y, state), avx2) }
+    // the kernel's features were detected.
+    unsafe { job::run(&problem, Out::new(y, state), kernel) }
 }

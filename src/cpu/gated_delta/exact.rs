@@ -6,15 +6,17 @@
 //! Work is split by (batch row, value head) over the worker pool. Within a head, tokens are
 //! processed in tiles; each value row keeps its state in registers/L1 across a tile. With AVX2
 //! and Dk = 128 a vectorized row kernel runs (8 lanes' partials per register, the butterfly as
-//! fixed shuffles; `exact_avx2`); elsewhere the portable row kernel (`exact_row`). A decode
-//! step (one real token from a given state) takes a single-token AVX2 kernel that leaves the
-//! state in its natural layout and moves only the products into lane layout. All compute
-//! identical bits.
+//! fixed shuffles; `exact_avx2`), with AVX-512 one of 16 lanes per register (`exact_avx512`);
+//! elsewhere the portable row kernel (`exact_row`). A decode step (one real token from a given
+//! state) takes a single-token AVX2 kernel that leaves the state in its natural layout and
+//! moves only the products into lane layout. All compute identical bits.
 
 use std::cell::RefCell;
 
 #[cfg(target_arch = "x86_64")]
 use super::exact_avx2 as avx2;
+#[cfg(target_arch = "x86_64")]
+use super::exact_avx512 as avx512;
 use super::exact_row::{row_portable, RowIo, Tile};
 use super::{Dims, Out, StateIn};
 use crate::cpu::elem::Elem;
@@ -25,6 +27,17 @@ const TILE: usize = 64;
 
 /// Value rows the vectorized kernel interleaves.
 const ROWS: usize = 4;
+
+/// Value rows the AVX-512 kernel interleaves.
+const ROWS_512: usize = 4;
+
+/// The row kernels a call uses: portable, AVX2 or AVX-512 (Dk = 128).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Portable,
+    Avx2,
+    Avx512,
+}
 
 /// Value rows the single-token (decode) kernel interleaves.
 const SINGLE_ROWS: usize = 2;
@@ -59,7 +72,8 @@ thread_local! {
 }
 
 /// Runs head (batch row `b`, value head `hv`): every value row over the row's tokens.
-fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: bool) {
+fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
+    let vectorized = path != Path::Portable;
     let d = p.d;
     let hk = hv / (d.hv / d.hk);
     let tokens = p.lengths.map_or(d.t, |l| l[b] as usize);
@@ -88,7 +102,7 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
             for t in t0..t0 + len {
                 let qk = ((b * d.t + t) * d.hk + hk) * d.dk;
                 let dst = (t - t0) * d.dk;
-                let lanes = vectorized && !single;
+                let lanes = if single { Path::Portable } else { path };
                 widen(&p.k[qk..qk + d.dk], &mut s.k[dst..dst + d.dk], lanes);
                 if let Some(q) = p.q {
                     widen(&q[qk..qk + d.dk], &mut s.q[dst..dst + d.dk], lanes);
@@ -162,7 +176,22 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
                 }
             }
             while dv < d.dv {
-                if vectorized {
+                if path == Path::Avx512 {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `Path::Avx512` only where AVX-512 was detected and Dk = 128.
+                    unsafe {
+                        if dv + ROWS_512 <= d.dv {
+                            avx512::rows::<T, ROWS_512>(
+                                &tile,
+                                std::array::from_fn(|r| row_io(dv + r)),
+                            );
+                            dv += ROWS_512;
+                        } else {
+                            avx512::rows::<T, 1>(&tile, [row_io(dv)]);
+                            dv += 1;
+                        }
+                    }
+                } else if vectorized {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `vectorized` is only true when AVX2 was detected and Dk = 128.
                     unsafe {
@@ -188,25 +217,33 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, vectorized: b
     });
 }
 
-/// Converts one token's keys or queries to f32, in the layout the row kernel wants.
-fn widen<T: Elem>(src: &[T], dst: &mut [f32], vectorized: bool) {
+/// Converts one token's keys or queries to f32, in the layout the row kernel of `path` wants
+/// (`Portable`: natural order).
+fn widen<T: Elem>(src: &[T], dst: &mut [f32], path: Path) {
     for (d, s) in dst.iter_mut().zip(src) {
         *d = s.to_f32();
     }
-    if vectorized {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: only called with `vectorized` when AVX2 was detected.
-        unsafe {
-            avx2::to_lane_layout(dst)
-        };
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `path` names kernels whose features were detected.
+    unsafe {
+        match path {
+            Path::Avx2 => avx2::to_lane_layout(dst),
+            Path::Avx512 => avx512::to_lane_layout(dst),
+            Path::Portable => {}
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = path;
 }
 
 pub(super) fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
-    let vectorized = p.d.dk == 128 && features::kernels().avx2;
+    let f = features::kernels();
+    let path = match (p.d.dk == 128, f.avx2, f.avx512()) {
+        (true, _, true) => Path::Avx512,
+        (true, true, false) => Path::Avx2,
+        _ => Path::Portable,
+    };
     let out = Out::new(y, state);
     let jobs = p.d.b * p.d.hv;
-    pool::run(jobs, &|job| {
-        head(p, out, job / p.d.hv, job % p.d.hv, vectorized)
-    });
+    pool::run(jobs, &|job| head(p, out, job / p.d.hv, job % p.d.hv, path));
 }

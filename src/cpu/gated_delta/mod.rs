@@ -1,11 +1,14 @@
 //! The gated-delta update and its prefix replay on the CPU: the fused gates (`gates`), the exact
-//! recurrence (`exact`, its row kernels in `exact_row` and `exact_avx2`) and the kernel nodes
+//! recurrence (`exact`, its row kernels in `exact_row`, `exact_avx2` and `exact_avx512`) and
+//! the kernel nodes
 //! (`node`), which runs the exact form, the chunked form (`cpu::chunked`) or the replay. The
 //! types here are shared with the chunked form.
 
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;
+#[cfg(target_arch = "x86_64")]
+mod exact_avx512;
 mod exact_row;
 mod gates;
 pub(crate) mod node;

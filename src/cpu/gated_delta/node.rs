@@ -7,7 +7,7 @@ use half::{bf16, f16};
 use super::exact::{solve, Problem};
 use super::gates::{gates, GateInputs};
 use super::StateIn;
-use crate::cpu::{chunked, features, typed, typed_mut, Buffers};
+use crate::cpu::{chunked, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_delta::{Form, Input, Node};
 use crate::node::Words;
@@ -74,7 +74,7 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
                     state,
                     chunked::ChunkedOptions {
                         chunk,
-                        force_portable: features::portable_forced(),
+                        ..Default::default()
                     },
                 ),
                 _ => solve(&problem, typed_mut::<$t>(y_bytes), state),
