@@ -5,6 +5,7 @@
 # loops started here). Prints the medians and the 2-thread / 1-thread speed-up per setting.
 #
 #   scripts/bench-threads.sh [ROUNDS]      (default 3; results in build/bench-threads/)
+# BENCH_GROUPS (default "decode1 prefill") picks the benches/bench.c groups.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
@@ -34,7 +35,7 @@ for round in $(seq 1 "$ROUNDS"); do
     done
     for threads in 1 2; do
       MLXK_NUM_THREADS=$threads MLXK_BENCH_QUICK=1 "$OUT/bench" \
-        "$OUT/r$round-load$load-t$threads.json" decode1 prefill >/dev/null
+        "$OUT/r$round-load$load-t$threads.json" ${BENCH_GROUPS:-decode1 prefill} >/dev/null
     done
   done
   stop_busy

@@ -4,6 +4,10 @@
 //! park. Also what the kernels split their work with: `jobs` sizes the jobs, `SharedMut`
 //! carries an output to them.
 //!
+//! On a machine whose cores are shared, a helper descheduled in the middle of a job makes the
+//! caller wait for it: after such a stalled batch the next `SOLO_BATCHES` batches run on the
+//! calling thread alone, then the helpers are tried again.
+//!
 //! A batch never waits for a helper that has not started: the caller takes jobs itself and
 //! returns as soon as every job is done, whoever ran it. On a shared machine a helper may be
 //! descheduled for milliseconds; the caller then does its share instead of waiting for it to
@@ -11,12 +15,22 @@
 //! carries the batch number, so a stale claim can never take a job of a later batch).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long an idle helper spins (yielding the core between looks) before parking.
 const SPIN: Duration = Duration::from_micros(200);
+
+/// A batch whose caller, done with its own share, still waited this long (and longer than its
+/// share took) for a helper's job: the helper was descheduled mid-job, the cores are shared.
+const STALL: Duration = Duration::from_micros(100);
+
+/// Batches run on the calling thread alone after a stalled one, before helpers are tried again.
+const SOLO_BATCHES: u32 = 128;
+
+/// Batches left to run on the calling thread alone (see `STALL`).
+static SOLO: AtomicU32 = AtomicU32::new(0);
 
 type Job = dyn Fn(usize) + Sync;
 
@@ -158,7 +172,13 @@ fn worker(shared: &'static Shared) {
 /// A panic in any job is re-raised here (after every job has finished).
 pub fn run(count: usize, job: &(dyn Fn(usize) + Sync)) {
     let pool = &*POOL;
-    if count <= 1 || pool.workers == 0 {
+    // After a stalled batch the next few run on this thread alone: on a machine whose cores
+    // are taken by other processes a helper's job can wait a whole time slice, longer than
+    // the work it saves; every SOLO_BATCHES batches the helpers are tried again.
+    let solo = SOLO
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+        .is_ok();
+    if count <= 1 || pool.workers == 0 || solo {
         for i in 0..count {
             job(i);
         }
@@ -183,8 +203,10 @@ pub fn run(count: usize, job: &(dyn Fn(usize) + Sync)) {
     if *shared.parked.lock().unwrap_or_else(|e| e.into_inner()) > 0 {
         shared.wake.notify_all();
     }
+    let started = Instant::now();
     take_jobs(shared, number, count, job);
     // Only jobs a helper is running now remain; wait for those, not for helpers to show up.
+    let own_share = started.elapsed();
     let start = Instant::now();
     while shared.done.load(Ordering::Acquire) != count {
         if start.elapsed() > SPIN {
@@ -192,6 +214,10 @@ pub fn run(count: usize, job: &(dyn Fn(usize) + Sync)) {
         } else {
             std::hint::spin_loop();
         }
+    }
+    let waited = start.elapsed();
+    if waited > STALL && waited > own_share {
+        SOLO.store(SOLO_BATCHES, Ordering::Release);
     }
     *shared.batch.lock().unwrap_or_else(|e| e.into_inner()) = None;
     if shared.panicked.load(Ordering::Acquire) {
