@@ -96,7 +96,8 @@ pub(crate) unsafe fn update(
 /// One Gated DeltaNet call (mlx-lm's `gated_delta_update` with the Metal kernel's arithmetic):
 /// for each token, beta = sigmoid(b), g = mlxk_compute_g(a_log, a, dt_bias), and per value
 /// head h (reading key head h / (Hv/Hk)) and row dv, in float32:
-/// `s *= g; kv = sum(s*k); delta = (v - kv)*beta; s += k*delta; y = sum(s*q)`.
+/// `s *= g; kv = sum(s*k); delta = (v - kv)*beta; s += k*delta; y = sum(s*q)`. As on Apple
+/// GPUs, float32 subnormals count as zero in this arithmetic and subnormal results become zero.
 ///
 /// Shapes: q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; a, b [B, T, Hv]; a_log [Hv] (float32 or
 /// bfloat16); dt_bias [Hv]; state [B, Hv, Dv, Dk] float32 or NULL (zeros); mask [B, T] bool

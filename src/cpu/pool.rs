@@ -24,7 +24,7 @@ const SPIN: Duration = Duration::from_micros(200);
 
 /// A batch whose caller, done with its own share, still waited this long (and longer than its
 /// share took) for a helper's job: the helper was descheduled mid-job, the cores are shared.
-const STALL: Duration = Duration::from_micros(100);
+const STALL: Duration = Duration::from_micros(300);
 
 /// Batches run on the calling thread alone after a stalled one, before helpers are tried again.
 const SOLO_BATCHES: u32 = 128;

@@ -20,7 +20,7 @@ use super::exact_avx512 as avx512;
 use super::exact_row::{row_portable, RowIo, Tile};
 use super::{Dims, Out, StateIn};
 use crate::cpu::elem::Elem;
-use crate::cpu::{features, pool};
+use crate::cpu::{features, fp, pool};
 
 /// Tokens per tile: a tile's keys and queries (2 · 64 · Dk f32) stay in L2.
 const TILE: usize = 64;
@@ -245,5 +245,10 @@ pub(super) fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
     };
     let out = Out::new(y, state);
     let jobs = p.d.b * p.d.hv;
-    pool::run(jobs, &|job| head(p, out, job / p.d.hv, job % p.d.hv, path));
+    // Apple GPUs flush float32 subnormals, as operands and as results (docs/DESIGN.md §3): so
+    // does this kernel, which also keeps a decaying state from taking Intel's microcode assist
+    // for every subnormal product.
+    pool::run(jobs, &|job| {
+        fp::flush_subnormals(|| head(p, out, job / p.d.hv, job % p.d.hv, path))
+    });
 }
