@@ -116,6 +116,9 @@ static void add_record(const char *id, const char *op, const char *impl, const c
 /* Inputs                                                                                   */
 
 static mlxk_array *a_log_arr, *dt_bias_arr; /* shared by every layer */
+/* The same a_log with every odd value head decaying strongly (A_log = 4.5: g = exp(-90 *
+ * softplus(...)) reaches the subnormal range and zero), as some heads of real checkpoints do. */
+static mlxk_array *a_log_decay_arr;
 static float *state_pattern;                /* one sequence's state, reused for every row/layer */
 
 typedef struct {
@@ -165,6 +168,8 @@ static void make_shared_inputs(void) {
     fill_normal_bf16(dt_bias, HV, tensor_seed(TAG_DT_BIAS, cs), 0.5);
     int32_t shape[1] = {HV};
     a_log_arr = mlxkt_new_array(a_log, shape, 1, MLXK_DTYPE_FLOAT32);
+    for (int h = 1; h < HV; h += 2) a_log[h] = 4.5f;
+    a_log_decay_arr = mlxkt_new_array(a_log, shape, 1, MLXK_DTYPE_FLOAT32);
     dt_bias_arr = mlxkt_new_array(dt_bias, shape, 1, MLXK_DTYPE_BFLOAT16);
 
     state_pattern = mlxkt_xmalloc(sizeof(float) * STATE_ELEMS);
@@ -411,14 +416,16 @@ typedef struct {
     RecIn in;
     mlxk_array *mask; /* or NULL */
     int chunk;        /* < 0: the exact update; else mlxk_gated_delta_update_chunked's chunk_size */
+    mlxk_array *a_log; /* NULL: a_log_arr */
 } PrefillCtx;
 
 static void prefill_run(const PrefillCtx *c, mlxk_array **y, mlxk_array **s) {
+    mlxk_array *a_log = c->a_log ? c->a_log : a_log_arr;
     if (c->chunk < 0) {
-        CHECK_OK(mlxk_gated_delta_update(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr,
+        CHECK_OK(mlxk_gated_delta_update(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log,
                                          dt_bias_arr, NULL, c->mask, y, s));
     } else {
-        CHECK_OK(mlxk_gated_delta_update_chunked(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log_arr,
+        CHECK_OK(mlxk_gated_delta_update_chunked(c->in.q, c->in.k, c->in.v, c->in.a, c->in.b, a_log,
                                                  dt_bias_arr, NULL, c->mask, c->chunk, y, s));
     }
 }
@@ -697,7 +704,7 @@ static void bench_decode(int batch) {
 }
 
 static void bench_prefill(int tokens) {
-    PrefillCtx c = {make_rec_inputs(1, tokens, case_seed(KIND_PREFILL, 1, (uint64_t)tokens, 0)), NULL, -1};
+    PrefillCtx c = {make_rec_inputs(1, tokens, case_seed(KIND_PREFILL, 1, (uint64_t)tokens, 0)), NULL, -1, NULL};
     char id[80];
     snprintf(id, sizeof id, "prefill_T%d_B1", tokens);
     if (tokens == 64) {
@@ -719,6 +726,17 @@ static void bench_prefill(int tokens) {
     add_record(id, "prefill_chunked", "mlxkern", "call", 1, tokens, tokens, 0, measure(prefill_call, &c, 1),
                "mlxk_gated_delta_update_chunked (default chunk 32), no initial state, one call, one eval");
     cfg.budget_s = budget;
+    if (tokens == 4096) {
+        /* Half the heads decaying into the subnormal range: the speed must not depend on it. */
+        c.a_log = a_log_decay_arr;
+        c.chunk = -1;
+        add_record("prefill_decay_T4096_B1", "prefill_decay", "mlxkern", "call", 1, tokens, tokens, 0,
+                   measure(prefill_call, &c, 1), "as prefill_T4096_B1, every odd value head with A_log = 4.5");
+        c.chunk = 0;
+        add_record("prefill_decay_chunked_T4096_B1", "prefill_decay_chunked", "mlxkern", "call", 1, tokens,
+                   tokens, 0, measure(prefill_call, &c, 1),
+                   "as prefill_chunked_T4096_B1, every odd value head with A_log = 4.5");
+    }
     free_rec_inputs(&c.in);
 }
 
@@ -726,7 +744,7 @@ static void bench_padded(void) {
     enum { B = 4, T = 128 };
     int32_t lengths[B] = {128, 96, 64, 32};
     PrefillCtx c = {make_rec_inputs(B, T, case_seed(KIND_PADDED, B, T, 0)),
-                    make_left_padded_mask(B, T, lengths), -1};
+                    make_left_padded_mask(B, T, lengths), -1, NULL};
     double real = 0;
     for (int b = 0; b < B; b++) {
         real += lengths[b];
@@ -914,6 +932,7 @@ int main(int argc, char **argv) {
     }
 
     CHECK_OK(mlxk_array_free(a_log_arr));
+    CHECK_OK(mlxk_array_free(a_log_decay_arr));
     CHECK_OK(mlxk_array_free(dt_bias_arr));
     free(state_pattern);
 

@@ -133,6 +133,8 @@ def label(case_id, rec):
         "prefill": f"prefill T={t}, B={b}",
         "prefill_padded": f"prefill padded T={t}, B={b} (mixed)",
         "prefill_chunked": f"prefill T={t}, B={b}, chunked",
+        "prefill_decay": f"prefill T={t}, B={b}, half the heads decaying strongly",
+        "prefill_decay_chunked": f"prefill T={t}, B={b}, chunked, half the heads decaying strongly",
         "prefill_padded_chunked": f"prefill padded T={t}, B={b} (mixed), chunked",
         "replay": f"replay T={t}, B={b} (mixed)",
         "head_split": f"head split S={t}",
