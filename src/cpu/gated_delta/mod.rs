@@ -4,6 +4,7 @@
 //! (`node`), which runs the exact form, the chunked form (`cpu::chunked`) or the replay. The
 //! types here are shared with the chunked form.
 
+pub mod backward;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;
