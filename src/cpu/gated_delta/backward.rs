@@ -242,6 +242,66 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
     }
 }
 
+/// The gradients of the gate inputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GateGrads {
+    /// `[B, T, Hv]`, as a.
+    pub da: Vec<f32>,
+    /// `[B, T, Hv]`, as b.
+    pub db: Vec<f32>,
+    /// `[Hv]`.
+    pub da_log: Vec<f32>,
+    /// `[Hv]`.
+    pub ddt_bias: Vec<f32>,
+}
+
+/// Chains the cotangents of g and β (`backward`'s `dg`, `dbeta`, `[B, T, Hv]`) to the gate
+/// inputs of `g = exp(-exp(A_log) · softplus(a + dt_bias))` and `β = sigmoid(b)`:
+///
+/// ```text
+/// ∂g/∂a = ∂g/∂dt_bias = −exp(A_log) · sigmoid(a + dt_bias) · g
+/// ∂g/∂A_log = −exp(A_log) · softplus(a + dt_bias) · g        ∂β/∂b = β (1 − β)
+/// ```
+///
+/// The per-head parameters sum over every (batch row, token). Computed in f64 from the f32
+/// inputs (the forward's bf16 rounding points are not differentiated).
+pub fn gate_backward(
+    a: &[f32],
+    b: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    dg: &[f32],
+    dbeta: &[f32],
+) -> GateGrads {
+    let hv = a_log.len();
+    let mut out = GateGrads {
+        da: vec![0.0; a.len()],
+        db: vec![0.0; b.len()],
+        da_log: vec![0.0; hv],
+        ddt_bias: vec![0.0; hv],
+    };
+    let (mut sum_log, mut sum_dt) = (vec![0f64; hv], vec![0f64; hv]);
+    for i in 0..a.len() {
+        let h = i % hv;
+        let x = a[i] as f64 + dt_bias[h] as f64;
+        let softplus = x.max(0.0) + (-x.abs()).exp().ln_1p();
+        let sigmoid_x = 1.0 / (1.0 + (-x).exp());
+        let rate = (a_log[h] as f64).exp();
+        let g = (-rate * softplus).exp();
+        let dx = dg[i] as f64 * -rate * sigmoid_x * g;
+        out.da[i] = dx as f32;
+        sum_dt[h] += dx;
+        sum_log[h] += dg[i] as f64 * -rate * softplus * g;
+        let beta = 1.0 / (1.0 + (-(b[i] as f64)).exp());
+        out.db[i] = (dbeta[i] as f64 * beta * (1.0 - beta)) as f32;
+    }
+    for h in 0..hv {
+        out.da_log[h] = sum_log[h] as f32;
+        out.ddt_bias[h] = sum_dt[h] as f32;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,5 +524,71 @@ mod tests {
             .chain(&got.dg)
             .all(|&x| x == 0.0));
         assert_eq!(got.dstate, c.dstate_out.unwrap());
+    }
+
+    /// The whole chain: gates computed from a, b, A_log and dt_bias in float64, the recurrence,
+    /// and the loss; `backward` then `gate_backward` against central differences.
+    #[test]
+    fn gate_gradients_match_central_differences() {
+        let d = Dims {
+            b: 2,
+            t: 6,
+            hk: 1,
+            hv: 2,
+            dk: 8,
+            dv: 3,
+        };
+        let mut c = case(0xA11CE, d, true, true);
+        let mut r = Rng(99);
+        let gates = d.b * d.t * d.hv;
+        let a = r.vec(gates, 2.0);
+        let b = r.vec(gates, 3.0);
+        let a_log = r.vec(d.hv, 1.0);
+        let dt_bias = r.vec(d.hv, 1.0);
+        let gates_of = |a: &[f64], b: &[f64], a_log: &[f64], dt: &[f64]| {
+            let g: Vec<f64> = (0..gates)
+                .map(|i| {
+                    let x = a[i] + dt[i % d.hv];
+                    let sp = x.max(0.0) + (-x.abs()).exp().ln_1p();
+                    (-a_log[i % d.hv].exp() * sp).exp()
+                })
+                .collect();
+            let beta: Vec<f64> = b.iter().map(|&x| 1.0 / (1.0 + (-x).exp())).collect();
+            (g, beta)
+        };
+        let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let (g, beta) = gates_of(&f64v(&a), &f64v(&b), &f64v(&a_log), &f64v(&dt_bias));
+        c.g = g.iter().map(|&x| x as f32).collect();
+        c.beta = beta.iter().map(|&x| x as f32).collect();
+        let grads = backward(&inputs(&c), 0);
+        let got = gate_backward(&a, &b, &a_log, &dt_bias, &grads.dg, &grads.dbeta);
+        let (q, k, v) = (f64v(&c.q), f64v(&c.k), f64v(&c.v));
+        let s0 = f64v(c.state.as_ref().unwrap());
+        let total = |args: &[Vec<f64>; 4]| {
+            let (g, beta) = gates_of(&args[0], &args[1], &args[2], &args[3]);
+            loss(&c, &q, &k, &v, &g, &beta, &s0)
+        };
+        let base = [f64v(&a), f64v(&b), f64v(&a_log), f64v(&dt_bias)];
+        for (which, name, grad) in [
+            (0, "da", &got.da),
+            (1, "db", &got.db),
+            (2, "da_log", &got.da_log),
+            (3, "ddt_bias", &got.ddt_bias),
+        ] {
+            for i in 0..grad.len() {
+                let h = 1e-6;
+                let mut args = base.clone();
+                args[which][i] += h;
+                let up = total(&args);
+                args[which][i] -= 2.0 * h;
+                let down = total(&args);
+                let want = (up - down) / (2.0 * h);
+                assert!(
+                    (grad[i] as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{name}[{i}] {} vs {want}",
+                    grad[i]
+                );
+            }
+        }
     }
 }
