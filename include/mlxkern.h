@@ -403,6 +403,33 @@ mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlx
 mlxk_status mlxk_gated_delta_update_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **state_out);
 
 /**
+ * The backward pass of mlxk_gated_delta_update (its vector-Jacobian product), for hosts without
+ * automatic differentiation: given the cotangents `dy` of y and `dstate_out` of state_out, the
+ * gradients of `sum(dy · y) + sum(dstate_out · state_out)` with respect to q, k, v, a, b,
+ * a_log, dt_bias and the initial state. The gates' chain is differentiated analytically:
+ * `dg/da = dg/ddt_bias = -exp(a_log) · sigmoid(a + dt_bias) · g`,
+ * `dg/da_log = -exp(a_log) · softplus(a + dt_bias) · g`, `dbeta/db = beta · (1 - beta)`.
+ *
+ * Arguments as mlxk_gated_delta_update (same shapes, dtypes, mask, GQA), plus `dy`
+ * [B, T, Hv, Dv] (any float dtype) and `dstate_out` [B, Hv, Dv, Dk] float32; NULL cotangents
+ * are zeros, and a NULL state is the zero state (its gradient is still returned).
+ * Results: `*dq`, `*dk` [B, T, Hk, Dk] and `*dv` [B, T, Hv, Dv] in q's dtype; `*da`, `*db` in
+ * a's and b's dtypes and shapes; `*da_log`, `*ddt_bias` [Hv] in theirs; `*dstate` float32
+ * [B, Hv, Dv, Dk]. A masked token gets zero gradients and passes the state's gradient through;
+ * a key head's gradients sum over the value heads that read it.
+ *
+ * Numerics: float32 arithmetic in a sequential order (not the forward's bit-exact order), the
+ * forward recomputed from states kept every 64 tokens, so memory grows as
+ * O((T/64 + 64) · state) per worker, never O(T · state). Device: CPU only (the GPU as default
+ * device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; eight new handles.
+ * NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
+ * mlxk_gated_delta_update, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dy` or `dstate_out`,
+ * MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place), MLXK_ERR_UNSUPPORTED.
+ * Thread: any. Lazy: computation errors surface at eval/read.
+ */
+mlxk_status mlxk_gated_delta_update_vjp(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, const struct mlxk_array *dy, const struct mlxk_array *dstate_out, struct mlxk_array **dq, struct mlxk_array **dk, struct mlxk_array **dv, struct mlxk_array **da, struct mlxk_array **db, struct mlxk_array **da_log, struct mlxk_array **ddt_bias, struct mlxk_array **dstate);
+
+/**
  * Prefix-state replay for speculative decoding: after a verify window of T draft tokens in
  * which row b accepted `accepted_lengths[b]` of them, recomputes each row's state from the
  * pre-verify `state` over exactly that prefix. The result is bit-identical to the state

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(i32)]
 pub enum Dtype {
     Bool = 0,
@@ -12,6 +12,7 @@ pub enum Dtype {
     Uint32 = 4,
     Float16 = 5,
     Bfloat16 = 6,
+    #[default]
     Float32 = 7,
 }
 

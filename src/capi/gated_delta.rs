@@ -195,6 +195,92 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked(
     }
 }
 
+/// The backward pass of mlxk_gated_delta_update (its vector-Jacobian product), for hosts without
+/// automatic differentiation: given the cotangents `dy` of y and `dstate_out` of state_out, the
+/// gradients of `sum(dy · y) + sum(dstate_out · state_out)` with respect to q, k, v, a, b,
+/// a_log, dt_bias and the initial state. The gates' chain is differentiated analytically:
+/// `dg/da = dg/ddt_bias = -exp(a_log) · sigmoid(a + dt_bias) · g`,
+/// `dg/da_log = -exp(a_log) · softplus(a + dt_bias) · g`, `dbeta/db = beta · (1 - beta)`.
+///
+/// Arguments as mlxk_gated_delta_update (same shapes, dtypes, mask, GQA), plus `dy`
+/// [B, T, Hv, Dv] (any float dtype) and `dstate_out` [B, Hv, Dv, Dk] float32; NULL cotangents
+/// are zeros, and a NULL state is the zero state (its gradient is still returned).
+/// Results: `*dq`, `*dk` [B, T, Hk, Dk] and `*dv` [B, T, Hv, Dv] in q's dtype; `*da`, `*db` in
+/// a's and b's dtypes and shapes; `*da_log`, `*ddt_bias` [Hv] in theirs; `*dstate` float32
+/// [B, Hv, Dv, Dk]. A masked token gets zero gradients and passes the state's gradient through;
+/// a key head's gradients sum over the value heads that read it.
+///
+/// Numerics: float32 arithmetic in a sequential order (not the forward's bit-exact order), the
+/// forward recomputed from states kept every 64 tokens, so memory grows as
+/// O((T/64 + 64) · state) per worker, never O(T · state). Device: CPU only (the GPU as default
+/// device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; eight new handles.
+/// NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
+/// mlxk_gated_delta_update, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dy` or `dstate_out`,
+/// MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place), MLXK_ERR_UNSUPPORTED.
+/// Thread: any. Lazy: computation errors surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_vjp(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    state: *const mlxk_array,
+    mask: *const mlxk_array,
+    dy: *const mlxk_array,
+    dstate_out: *const mlxk_array,
+    dq: *mut *mut mlxk_array,
+    dk: *mut *mut mlxk_array,
+    dv: *mut *mut mlxk_array,
+    da: *mut *mut mlxk_array,
+    db: *mut *mut mlxk_array,
+    da_log: *mut *mut mlxk_array,
+    ddt_bias: *mut *mut mlxk_array,
+    dstate: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary("mlxk_gated_delta_update_vjp", || {
+        let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+        let ptrs = [dq, dk, dv, da, db, da_log, ddt_bias, dstate];
+        let mut outs = Vec::with_capacity(8);
+        for (ptr, name) in ptrs.into_iter().zip(names) {
+            // SAFETY: the documented contract on each out-parameter.
+            outs.push(unsafe { Out::new(ptr, name) }?);
+        }
+        for i in 0..outs.len() {
+            for j in i + 1..outs.len() {
+                if outs[i].same_place(&outs[j]) {
+                    return Err(crate::Error::InvalidArgument(format!(
+                        "{} and {} point to the same place (eight handles are returned)",
+                        names[i], names[j]
+                    )));
+                }
+            }
+        }
+        let mut mlx = registry::lock();
+        let inputs = Inputs {
+            q: mlx.get(q, "q")?,
+            k: mlx.get(k, "k")?,
+            v: mlx.get(v, "v")?,
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: mlx.get_opt(state, "state")?,
+            mask: mlx.get_opt(mask, "mask")?,
+        };
+        let dy = mlx.get_opt(dy, "dy")?;
+        let dstate_out = mlx.get_opt(dstate_out, "dstate_out")?;
+        let grads = ops::update_vjp(&inputs, dy, dstate_out, Backend::current())?;
+        for (out, grad) in outs.into_iter().zip(grads) {
+            out.write(mlx.insert(grad));
+        }
+        Ok(())
+    })
+}
+
 /// # Safety
 /// `accepted_lengths` is NULL or holds `n_lengths` readable int32 values; `state_out` is NULL or
 /// valid for writing one handle.

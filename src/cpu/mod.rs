@@ -59,6 +59,7 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
         Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked | Kernel::GatedDeltaState) => {
             gated_delta::node::run(params, buffers)
         }
+        Some(Kernel::GatedDeltaBackward) => gated_delta::node::run_backward(params, buffers),
         Some(Kernel::SiluRmsHeads) => silu_rms_heads::run(params, buffers),
         Some(Kernel::GatedRmsNorm) => gated_rms_norm::run(params, buffers),
         Some(Kernel::PanicProbe) => panic!("panic probe kernel ran"),

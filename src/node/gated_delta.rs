@@ -256,6 +256,87 @@ impl Words for Node {
     }
 }
 
+/// The update's backward pass: gradients of y and the final state with respect to every input
+/// of the exact update, given their cotangents (`mlxk_gated_delta_update_vjp`). CPU only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Backward {
+    /// The forward it differentiates (form exact).
+    pub forward: Node,
+    /// dy `[B, T, Hv, Dv]` is given (else zeros), in this dtype.
+    pub has_dy: bool,
+    pub dy_dtype: Dtype,
+    /// dstate_out `[B, Hv, Dv, Dk]` float32 is given (else zeros).
+    pub has_dstate_out: bool,
+    /// Tokens between kept forward states (0: the kernel's default).
+    pub checkpoint: usize,
+}
+
+impl Backward {
+    pub fn kernel(&self) -> Kernel {
+        Kernel::GatedDeltaBackward
+    }
+
+    /// The CPU node's inputs: the forward's, then dy and dstate_out when given.
+    pub fn cpu_inputs(&self) -> Vec<BackwardInput> {
+        let mut inputs: Vec<BackwardInput> = self
+            .forward
+            .cpu_inputs()
+            .into_iter()
+            .map(BackwardInput::Forward)
+            .collect();
+        if self.has_dy {
+            inputs.push(BackwardInput::Dy);
+        }
+        if self.has_dstate_out {
+            inputs.push(BackwardInput::DstateOut);
+        }
+        inputs
+    }
+
+    /// Where `input` sits among the CPU node's inputs.
+    pub fn cpu_slot(&self, input: BackwardInput) -> Option<usize> {
+        self.cpu_inputs().iter().position(|&i| i == input)
+    }
+
+    /// dq, dk, dv, da, db, da_log, ddt_bias (each in its input's shape and dtype), then dstate
+    /// (float32).
+    pub fn outputs(&self) -> Vec<Output> {
+        let n = &self.forward;
+        let d = n.dims;
+        let out = |shape: Vec<usize>, dtype: Dtype| Output { shape, dtype };
+        vec![
+            out(vec![d.b, d.t, d.hk, d.dk], n.dtype),
+            out(vec![d.b, d.t, d.hk, d.dk], n.dtype),
+            out(vec![d.b, d.t, d.hv, d.dv], n.dtype),
+            out(vec![d.b, d.t, d.hv], n.gates.a),
+            out(vec![d.b, d.t, d.hv], n.gates.b),
+            out(vec![d.hv], n.gates.a_log),
+            out(vec![d.hv], n.gates.dt_bias),
+            out(vec![d.b, d.hv, d.dv, d.dk], Dtype::Float32),
+        ]
+    }
+}
+
+/// An input of the backward node: one of the forward's, or a cotangent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackwardInput {
+    Forward(Input),
+    Dy,
+    DstateOut,
+}
+
+impl Words for Backward {
+    const WHAT: &'static str = "gated delta backward";
+
+    fn fields(&mut self, c: &mut impl Codec) {
+        self.forward.fields(c);
+        c.bool(&mut self.has_dy);
+        c.dtype(&mut self.dy_dtype);
+        c.bool(&mut self.has_dstate_out);
+        c.usize(&mut self.checkpoint);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

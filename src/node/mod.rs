@@ -28,18 +28,21 @@ pub enum Kernel {
     GatedRmsNorm = 4,
     /// The update in chunked (WY) form: same inputs and outputs as `GatedDelta`.
     GatedDeltaChunked = 5,
+    /// The update's backward pass (`gated_delta::Backward`).
+    GatedDeltaBackward = 6,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 6] = [
+    const ALL: [Kernel; 7] = [
         Kernel::GatedDelta,
         Kernel::GatedDeltaState,
         Kernel::SiluRmsHeads,
         Kernel::GatedRmsNorm,
         Kernel::GatedDeltaChunked,
+        Kernel::GatedDeltaBackward,
         Kernel::PanicProbe,
     ];
 

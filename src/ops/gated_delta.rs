@@ -9,7 +9,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
-use crate::node::gated_delta::{Dims, Form, GateDtypes, Input, Node};
+use crate::node::gated_delta::{Backward, BackwardInput, Dims, Form, GateDtypes, Input, Node};
 use crate::node::Words;
 
 /// The arrays of one recurrence call (borrowed from the registry).
@@ -317,6 +317,110 @@ fn two_outputs(mut outputs: Vec<UniquePtr<Array>>) -> (UniquePtr<Array>, UniqueP
     let state_out = outputs.pop().expect("two outputs");
     let y = outputs.pop().expect("two outputs");
     (y, state_out)
+}
+
+/// The gradients of one update, as `mlxk_gated_delta_update_vjp` returns them: dq, dk, dv, da,
+/// db, da_log, ddt_bias, dstate (lazy).
+pub type Gradients = [UniquePtr<Array>; 8];
+
+/// Validates the cotangents of `mlxk_gated_delta_update_vjp` against the forward's node.
+pub fn check_vjp(node: &Node, dy: Option<&Array>, dstate_out: Option<&Array>) -> Result<Backward> {
+    let d = node.dims;
+    let (b, t, hv, dv, dk) = (
+        d.b as i64,
+        d.t as i64,
+        d.hv as i64,
+        d.dv as i64,
+        d.dk as i64,
+    );
+    let mut dy_dtype = Dtype::Float32;
+    if let Some(dy) = dy {
+        let info = ArgInfo::of("dy", dy)?;
+        info.rank(4, "[B, T, Hv, Dv]")?
+            .dim(0, "B", b, "q")?
+            .dim(1, "T", t, "q")?
+            .dim(2, "Hv", hv, "v")?
+            .dim(3, "Dv", dv, "v")?
+            .float()?;
+        dy_dtype = info.dtype;
+    }
+    if let Some(ds) = dstate_out {
+        let info = ArgInfo::of("dstate_out", ds)?;
+        info.rank(4, "[B, Hv, Dv, Dk]")?
+            .dim(0, "B", b, "q")?
+            .dim(1, "Hv", hv, "v")?
+            .dim(2, "Dv", dv, "v")?
+            .dim(3, "Dk", dk, "q")?
+            .dtype_in(&[Dtype::Float32])?;
+    }
+    let backward = Backward {
+        forward: *node,
+        has_dy: dy.is_some(),
+        dy_dtype,
+        has_dstate_out: dstate_out.is_some(),
+        checkpoint: 0,
+    };
+    let outputs: Vec<(String, Vec<i64>, Dtype)> = backward
+        .outputs()
+        .into_iter()
+        .zip(["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"])
+        .map(|(o, name)| {
+            (
+                name.to_string(),
+                o.shape.iter().map(|&x| x as i64).collect(),
+                o.dtype,
+            )
+        })
+        .collect();
+    // The kernel's own f32 buffers: q, k, v and dy widened, the gradients of q, k, v, g and beta.
+    let internal = [b, t, 4 * d.hk as i64 * dk + 3 * hv * dv + 4 * hv];
+    let mut refs: Vec<(&str, &[i64], Dtype)> = outputs
+        .iter()
+        .map(|(n, s, d)| (n.as_str(), s.as_slice(), *d))
+        .collect();
+    refs.push(("f32 working copies (internal)", &internal, Dtype::Float32));
+    memory::check_outputs(&refs)?;
+    Ok(backward)
+}
+
+/// Builds the update's backward pass on the CPU: the gradients of `sum(dy · y) + sum(dstate_out
+/// · state_out)` with respect to every input (NULL cotangents are zeros), lazy.
+pub fn update_vjp(
+    x: &Inputs,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+    backend: Backend,
+) -> Result<Gradients> {
+    let node = check_update(x)?;
+    let backward = check_vjp(&node, dy, dstate_out)?;
+    if backend != Backend::Cpu {
+        return Err(Error::Unsupported(
+            "the update's backward pass runs on the CPU only (no Metal kernel yet) and the \
+             default device is the GPU; select MLXK_DEVICE_CPU for it"
+                .into(),
+        ));
+    }
+    let arrays = x.arrays();
+    let inputs: Vec<&Array> = backward
+        .cpu_inputs()
+        .into_iter()
+        .map(|input| match input {
+            BackwardInput::Forward(i) => caller_array(&arrays, i),
+            BackwardInput::Dy => dy.expect("listed only when given"),
+            BackwardInput::DstateOut => dstate_out.expect("listed only when given"),
+        })
+        .collect();
+    let outputs = cpu_node(
+        backward.kernel(),
+        backward.encode(),
+        &backward.outputs(),
+        vec![-1; 8],
+        &inputs,
+    )?;
+    let grads: [UniquePtr<Array>; 8] = outputs
+        .try_into()
+        .map_err(|_| Error::Backend("the backward node made the wrong number of outputs".into()))?;
+    Ok(grads)
 }
 
 /// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.

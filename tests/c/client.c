@@ -832,6 +832,50 @@ static void test_gated_delta_update_chunked(void) {
     free(ref_state);
 }
 
+/* The update's backward pass: eight gradients of the inputs' shapes, finite, and zero when no
+ * cotangent is given; its own arguments named when wrong. */
+static void test_gated_delta_update_vjp(void) {
+    Dims d = {1, 6, 1, 2, 32, 4};
+    Host h = host_random(d, 0);
+    Args x = upload(&h);
+    int32_t dy_shape[4] = {1, 6, 2, 4};
+    float dy_data[48];
+    for (int i = 0; i < 48; i++) dy_data[i] = (float)((i % 7) - 3) * 0.25f;
+    mlxk_array *dy = new_f32(dy_data, dy_shape, 4);
+    mlxk_array *g[8] = {NULL};
+    CHECK_OK(mlxk_gated_delta_update_vjp(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, NULL,
+                                         dy, NULL, &g[0], &g[1], &g[2], &g[3], &g[4], &g[5],
+                                         &g[6], &g[7]));
+    size_t want_ndim[8] = {4, 4, 4, 3, 3, 1, 1, 4};
+    for (int i = 0; i < 8; i++) {
+        size_t ndim = 0;
+        CHECK_OK(mlxk_array_ndim(g[i], &ndim));
+        CHECK(ndim == want_ndim[i]);
+        mlxk_array *f = NULL;
+        CHECK_OK(mlxk_array_astype(g[i], MLXK_DTYPE_FLOAT32, &f));
+        size_t n = 0;
+        CHECK_OK(mlxk_array_nbytes(f, &n));
+        float *values = mlxkt_read_floats(f, n / 4);
+        int finite = 1;
+        for (size_t j = 0; j < n / 4; j++) finite &= isfinite(values[j]) != 0;
+        CHECK(finite);
+        free(values);
+        free_ok(f);
+        free_ok(g[i]);
+    }
+    int32_t bad_shape[4] = {1, 6, 2, 5};
+    float bad_data[60] = {0};
+    mlxk_array *bad = new_f32(bad_data, bad_shape, 4);
+    EXPECT_ERROR(mlxk_gated_delta_update_vjp(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL,
+                                             NULL, bad, NULL, &g[0], &g[1], &g[2], &g[3], &g[4],
+                                             &g[5], &g[6], &g[7]),
+                 MLXK_ERR_SHAPE, "mlxk_gated_delta_update_vjp", "dy");
+    free_ok(bad);
+    free_ok(dy);
+    free_args(&x);
+    host_free(&h);
+}
+
 static void test_gated_delta_update(void) {
     /* f32, B = 2, T = 5, Hv/Hk = 2, Dk = 64, Dv = 16: no state, no mask. */
     Dims d = {2, 5, 2, 4, 64, 16};
@@ -1432,6 +1476,7 @@ int main(void) {
     test_compute_g();
     test_gated_delta_update();
     test_gated_delta_update_chunked();
+    test_gated_delta_update_vjp();
     test_gated_delta_errors();
     test_gated_delta_state();
     test_gated_rms_norm();

@@ -88,3 +88,102 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
         other => panic!("gated delta: unsupported input dtype {}", other.name()),
     }
 }
+
+/// `bytes` of `dtype` (a float dtype) as f32 values.
+fn widen(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
+    match dtype {
+        Dtype::Float32 => typed::<f32>(bytes).to_vec(),
+        Dtype::Bfloat16 => typed::<bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
+        Dtype::Float16 => typed::<f16>(bytes).iter().map(|x| x.to_f32()).collect(),
+        other => panic!("gated delta backward: input of dtype {}", other.name()),
+    }
+}
+
+/// Writes `values` into `out` in `dtype`, rounding to nearest even.
+fn narrow(values: &[f32], out: &mut [u8], dtype: Dtype) {
+    match dtype {
+        Dtype::Float32 => typed_mut::<f32>(out).copy_from_slice(values),
+        Dtype::Bfloat16 => typed_mut::<bf16>(out)
+            .iter_mut()
+            .zip(values)
+            .for_each(|(o, &v)| *o = bf16::from_f32(v)),
+        Dtype::Float16 => typed_mut::<f16>(out)
+            .iter_mut()
+            .zip(values)
+            .for_each(|(o, &v)| *o = f16::from_f32(v)),
+        other => panic!("gated delta backward: output of dtype {}", other.name()),
+    }
+}
+
+/// Entry for the backward node (`node::gated_delta::Backward`): the forward's gates as the
+/// forward computes them, the recurrence's backward sweep, the gates' chain; outputs dq, dk,
+/// dv, da, db, da_log, ddt_bias in their inputs' dtypes, then dstate.
+pub(crate) fn run_backward(params: &[i64], buffers: Buffers) {
+    use super::backward::{backward, gate_backward, Inputs};
+    use crate::node::gated_delta::{Backward, BackwardInput};
+    let node = Backward::decode(params).unwrap_or_else(|e| panic!("{e}"));
+    let f = node.forward;
+    let d = f.dims;
+    let inputs = &buffers.inputs;
+    let input = |which: BackwardInput| node.cpu_slot(which).map(|slot| inputs[slot]);
+    let forward = |which: Input| input(BackwardInput::Forward(which));
+    let given = |which: Input| forward(which).expect("the forward's inputs are given");
+    let gate_inputs = GateInputs {
+        a: given(Input::A),
+        a_dtype: f.gates.a,
+        b: given(Input::B),
+        b_dtype: f.gates.b,
+        a_log: given(Input::ALog),
+        a_log_dtype: f.gates.a_log,
+        dt_bias: given(Input::DtBias),
+        dt_bias_dtype: f.gates.dt_bias,
+    };
+    let (g, beta) = gates(&gate_inputs, d.b * d.t * d.hv, d.hv);
+    let (q, k, v) = (
+        widen(given(Input::Q), f.dtype),
+        widen(given(Input::K), f.dtype),
+        widen(given(Input::V), f.dtype),
+    );
+    let state = forward(Input::State).map(|s| typed::<f32>(s).to_vec());
+    let dy = match input(BackwardInput::Dy) {
+        Some(bytes) => widen(bytes, node.dy_dtype),
+        None => vec![0.0; d.b * d.t * d.hv * d.dv],
+    };
+    let dstate_out = input(BackwardInput::DstateOut).map(|s| typed::<f32>(s).to_vec());
+    let grads = backward(
+        &Inputs {
+            d,
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+            state: state.as_deref(),
+            mask: forward(Input::Mask),
+            dy: &dy,
+            dstate_out: dstate_out.as_deref(),
+        },
+        node.checkpoint,
+    );
+    let gate_grads = gate_backward(
+        &widen(given(Input::A), f.gates.a),
+        &widen(given(Input::B), f.gates.b),
+        &widen(given(Input::ALog), f.gates.a_log),
+        &widen(given(Input::DtBias), f.gates.dt_bias),
+        &grads.dg,
+        &grads.dbeta,
+    );
+    let results: [(&[f32], Dtype); 8] = [
+        (&grads.dq, f.dtype),
+        (&grads.dk, f.dtype),
+        (&grads.dv, f.dtype),
+        (&gate_grads.da, f.gates.a),
+        (&gate_grads.db, f.gates.b),
+        (&gate_grads.da_log, f.gates.a_log),
+        (&gate_grads.ddt_bias, f.gates.dt_bias),
+        (&grads.dstate, Dtype::Float32),
+    ];
+    for (out, (values, dtype)) in buffers.outputs.into_iter().zip(results) {
+        narrow(values, out, dtype);
+    }
+}
