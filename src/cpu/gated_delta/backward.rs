@@ -131,12 +131,8 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
             x.beta[gate_at(t)],
         );
         for (row, r) in s.chunks_exact_mut(dk).enumerate() {
-            let mut kv = 0.0f32;
-            for (si, &ki) in r.iter_mut().zip(k) {
-                *si *= g;
-                kv += *si * ki;
-            }
-            let delta = (x.v[v_at(t) + row] - kv) * beta;
+            r.iter_mut().for_each(|si| *si *= g);
+            let delta = (x.v[v_at(t) + row] - dot(r, k)) * beta;
             for (si, &ki) in r.iter_mut().zip(k) {
                 *si += ki * delta;
             }
@@ -165,7 +161,9 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
         None => vec![0.0; size],
     };
     let mut states = vec![0.0f32; (c + 1) * size];
-    let mut s1 = vec![0.0f32; dk];
+    let (mut s1, mut ds1) = (vec![0.0f32; dk], vec![0.0f32; dk]);
+    // This token's dq and dk of the key head, summed over the value rows before they are added.
+    let (mut dq_t, mut dk_t) = (vec![0.0f32; dk], vec![0.0f32; dk]);
     // Writes to the outputs: indices inside their buffers, owned by this job (the caller's
     // contract).
     let add = |p: SharedMut<f32>, i: usize, value: f32| {
@@ -195,6 +193,8 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
             let (q, k) = (&x.q[qk_at(t)..qk_at(t) + dk], &x.k[qk_at(t)..qk_at(t) + dk]);
             let (g, beta) = (x.g[gate_at(t)], x.beta[gate_at(t)]);
             let (mut dg, mut dbeta) = (0.0f32, 0.0f32);
+            dq_t.fill(0.0);
+            dk_t.fill(0.0);
             for row in 0..dv {
                 let (s_prev, s_next) = (
                     &before[row * dk..(row + 1) * dk],
@@ -204,34 +204,33 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
                 let dy = x.dy[v_at(t) + row];
                 // y = s' · q
                 for j in 0..dk {
-                    add(o.dq, qk_at(t) + j, dy * s_next[j]);
+                    dq_t[j] += dy * s_next[j];
                     dsr[j] += dy * q[j];
                 }
                 // s1 = g s; kv = s1 · k; δ = (v − kv) β
-                let mut kv = 0.0f32;
                 for j in 0..dk {
                     s1[j] = g * s_prev[j];
-                    kv += s1[j] * k[j];
                 }
-                let err = x.v[v_at(t) + row] - kv;
+                let err = x.v[v_at(t) + row] - dot(&s1, k);
                 let delta = err * beta;
                 // s' = s1 + k δ
-                let mut ddelta = 0.0f32;
-                for j in 0..dk {
-                    ddelta += dsr[j] * k[j];
-                    add(o.dk, qk_at(t) + j, delta * dsr[j]);
-                }
+                let ddelta = dot(dsr, k);
                 put(o.dv, v_at(t) + row, ddelta * beta);
                 dbeta += ddelta * err;
                 let dkv = -ddelta * beta;
-                let mut dgr = 0.0f32;
                 for j in 0..dk {
-                    let ds1 = dsr[j] + dkv * k[j];
-                    add(o.dk, qk_at(t) + j, dkv * s1[j]);
-                    dgr += ds1 * s_prev[j];
-                    dsr[j] = g * ds1;
+                    dk_t[j] += delta * dsr[j];
+                    dk_t[j] += dkv * s1[j];
+                    ds1[j] = dsr[j] + dkv * k[j];
                 }
-                dg += dgr;
+                dg += dot(&ds1, s_prev);
+                for j in 0..dk {
+                    dsr[j] = g * ds1[j];
+                }
+            }
+            for j in 0..dk {
+                add(o.dq, qk_at(t) + j, dq_t[j]);
+                add(o.dk, qk_at(t) + j, dk_t[j]);
             }
             put(o.dg, gate_at(t), dg);
             put(o.dbeta, gate_at(t), dbeta);
@@ -300,6 +299,22 @@ pub fn gate_backward(
         out.ddt_bias[h] = sum_dt[h] as f32;
     }
     out
+}
+
+/// `a · b` with eight partial sums (lane l takes elements l, l + 8, ...), added at the end.
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        lanes[l] += x * y;
+    }
+    lanes.iter().sum()
 }
 
 #[cfg(test)]
