@@ -5,7 +5,7 @@ use super::status::mlxk_status;
 use super::{boundary, mlxk_array, Out};
 use crate::ops::gated_delta::{self as ops, Inputs, StateInputs};
 use crate::ops::Backend;
-use crate::registry;
+use crate::registry::{self, Mlx};
 
 /// g = exp(-exp(float32(a_log)) * softplus(a + dt_bias)), mlx-lm's `compute_g`, bit for bit on
 /// the same device. `a + dt_bias` and softplus run in the promoted dtype of a and dt_bias
@@ -39,6 +39,22 @@ pub unsafe extern "C" fn mlxk_compute_g(
     })
 }
 
+/// The update's arrays, looked up in the registry (`state` and `mask` may be NULL).
+fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 9]) -> crate::error::Result<Inputs<'_>> {
+    let [q, k, v, a, b, a_log, dt_bias, state, mask] = args;
+    Ok(Inputs {
+        q: mlx.get(q, "q")?,
+        k: mlx.get(k, "k")?,
+        v: mlx.get(v, "v")?,
+        a: mlx.get(a, "a")?,
+        b: mlx.get(b, "b")?,
+        a_log: mlx.get(a_log, "a_log")?,
+        dt_bias: mlx.get(dt_bias, "dt_bias")?,
+        state: mlx.get_opt(state, "state")?,
+        mask: mlx.get_opt(mask, "mask")?,
+    })
+}
+
 /// Which form of the update a call builds, and where (None: the default device's backend;
 /// tests pass one to reach the Metal launch or the chunked form's GPU refusal without a GPU).
 #[derive(Clone, Copy)]
@@ -69,18 +85,7 @@ pub(crate) unsafe fn update(
             ));
         }
         let mut mlx = registry::lock();
-        let [q, k, v, a, b, a_log, dt_bias, state, mask] = args;
-        let inputs = Inputs {
-            q: mlx.get(q, "q")?,
-            k: mlx.get(k, "k")?,
-            v: mlx.get(v, "v")?,
-            a: mlx.get(a, "a")?,
-            b: mlx.get(b, "b")?,
-            a_log: mlx.get(a_log, "a_log")?,
-            dt_bias: mlx.get(dt_bias, "dt_bias")?,
-            state: mlx.get_opt(state, "state")?,
-            mask: mlx.get_opt(mask, "mask")?,
-        };
+        let inputs = update_inputs(&mlx, args)?;
         let (y_array, state_array) = match form {
             Form::Exact(backend) => ops::update(&inputs, backend.unwrap_or_else(Backend::current))?,
             Form::Chunked(chunk, backend) => {
@@ -260,17 +265,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_vjp(
             }
         }
         let mut mlx = registry::lock();
-        let inputs = Inputs {
-            q: mlx.get(q, "q")?,
-            k: mlx.get(k, "k")?,
-            v: mlx.get(v, "v")?,
-            a: mlx.get(a, "a")?,
-            b: mlx.get(b, "b")?,
-            a_log: mlx.get(a_log, "a_log")?,
-            dt_bias: mlx.get(dt_bias, "dt_bias")?,
-            state: mlx.get_opt(state, "state")?,
-            mask: mlx.get_opt(mask, "mask")?,
-        };
+        let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, state, mask])?;
         let dy = mlx.get_opt(dy, "dy")?;
         let dstate_out = mlx.get_opt(dstate_out, "dstate_out")?;
         let grads = ops::update_vjp(&inputs, dy, dstate_out, Backend::current())?;
