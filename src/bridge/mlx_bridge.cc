@@ -176,6 +176,51 @@ class RustCpuKernel : public mx::Primitive {
     throw std::runtime_error("mlxkern CPU kernel scheduled on a GPU stream");
   }
 
+  // MLX's autograd: the gated-delta update's gradients come from its backward node (kernel 6),
+  // whose inputs are the forward's (`primals`, in the node's order) and the cotangents of y
+  // and state_out, and whose outputs are dq, dk, dv, da, db, da_log, ddt_bias, dstate.
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override {
+    if (cotangents.size() != 2 || outputs.size() != 2) {
+      throw std::invalid_argument("mlxkern: no gradient for this kernel yet");
+    }
+    auto words = mlxk_vjp_words(
+        launch_.kernel, rust::Slice<const int64_t>(launch_.params.data(), launch_.params.size()),
+        from_mlx(cotangents[0].dtype()));
+    CpuLaunch back;
+    back.kernel = 6;
+    for (auto w : words) back.params.push_back(w);
+    std::vector<mx::Shape> shapes;
+    std::vector<mx::Dtype> dtypes;
+    for (size_t i = 0; i < 7; ++i) {
+      shapes.push_back(primals[i].shape());
+      dtypes.push_back(primals[i].dtype());
+    }
+    shapes.push_back(outputs[1].shape());
+    dtypes.push_back(mx::float32);
+    for (size_t i = 0; i < 8; ++i) back.donate_from.push_back(-1);
+    std::vector<mx::array> inputs;
+    for (const auto& p : primals) inputs.push_back(p);
+    auto s = stream();
+    for (const auto& c : cotangents) inputs.push_back(mx::contiguous(c, false, s));
+    auto grads = mx::array::make_arrays(std::move(shapes), dtypes,
+                                        std::make_shared<RustCpuKernel>(s, back), inputs);
+    std::vector<mx::array> result;
+    for (int arg : argnums) {
+      const auto& primal = primals[arg];
+      if (arg < 7) {
+        result.push_back(grads[arg]);
+      } else if (primal.dtype() == mx::float32) {
+        result.push_back(grads[7]);  // the initial state
+      } else {
+        result.push_back(mx::zeros_like(primal, s));  // the mask
+      }
+    }
+    return result;
+  }
+
   const char* name() const override { return "MlxkernCpuKernel"; }
 
  private:

@@ -117,6 +117,11 @@ pub mod ffi {
     }
 
     extern "Rust" {
+        /// The parameter words of the backward node of CPU kernel `kernel` (its forward words
+        /// `params`) for MLX's vjp, with dy in dtype `dy_dtype`; an error for kernels without
+        /// a gradient.
+        fn mlxk_vjp_words(kernel: u32, params: &[i64], dy_dtype: i32) -> Result<Vec<i64>>;
+
         /// Runs CPU kernel `kernel` on MLX's stream thread. Buffers arrive as addresses and byte
         /// lengths; `aliased` lists, per output, the input whose buffer the output took over
         /// (that input must then be read from the output). Never unwinds.
@@ -133,6 +138,7 @@ pub mod ffi {
 }
 
 use crate::cpu::mlxk_cpu_kernel;
+use crate::node::gated_delta::vjp_words as mlxk_vjp_words;
 pub use ffi::*;
 
 use cxx::UniquePtr;

@@ -271,6 +271,56 @@ static void lock_serializes_host_threads(mx::array &key) {
   CHECK(mlxk_mlx_unlock() == MLXK_ERR_INVALID_ARGUMENT);
 }
 
+// MLX's autograd through the kernel: mx::vjp of a host function that runs the update via
+// from_mlx / to_mlx gives the bits of mlxk_gated_delta_update_vjp on the same cotangents, and
+// its forward values are the inference call's.
+static void autograd_matches_the_explicit_backward(mx::array &key) {
+  auto in = random_inputs(2, 6, 1, 2, 32, 4, key);
+  auto w = normal({2, 6, 2, 4}, mx::bfloat16, key);
+  auto w2 = normal({2, 2, 4, 32}, mx::float32, key);
+  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state, w, w2});
+  auto fun = [](const std::vector<mx::array> &x) -> std::vector<mx::array> {
+    std::vector<mlxk_array *> h;
+    for (const auto &a : x) h.push_back(from_host(a));
+    mlxk_array *y = nullptr, *s = nullptr;
+    OK(mlxk_gated_delta_update(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, &y, &s));
+    auto yh = to_host(y), sh = to_host(s);
+    for (auto *a : h) OK(mlxk_array_free(a));
+    OK(mlxk_array_free(y));
+    OK(mlxk_array_free(s));
+    return {*yh, *sh};
+  };
+  std::vector<mx::array> primals = {in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state};
+  auto [outs, grads] = mx::vjp(fun, primals, {w, w2});
+  mx::eval(grads);
+  CHECK(grads.size() == 8);
+  auto inference = update(in, copy_in);
+  CHECK(bytes_of(outs[0]) == inference.first);
+  CHECK(bytes_of(outs[1]) == inference.second);
+  mlxk_array *h[11];
+  for (int i = 0; i < 8; ++i) h[i] = copy_in(primals[i]);
+  h[8] = copy_in(w);
+  h[9] = copy_in(w2);
+  mlxk_array *g[8] = {nullptr};
+  OK(mlxk_gated_delta_update_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, h[8],
+                                 h[9], &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6], &g[7]));
+  for (int i = 0; i < 8 && grads.size() == 8; ++i) {
+    CHECK(bytes_of(grads[i]) == read_handle(g[i]));
+    OK(mlxk_array_free(g[i]));
+  }
+  for (int i = 0; i < 10; ++i) OK(mlxk_array_free(h[i]));
+  // value_and_grad of a scalar loss goes through the same node.
+  auto loss = [&](const std::vector<mx::array> &x) -> std::vector<mx::array> {
+    auto o = fun(x);
+    return {mx::sum(mx::astype(o[0], mx::float32) * mx::astype(w, mx::float32)) +
+            mx::sum(o[1] * w2)};
+  };
+  auto [value, dq] = mx::value_and_grad(loss, std::vector<int>{0})(primals);
+  mx::eval({value[0], dq[0]});
+  CHECK(std::isfinite(value[0].item<float>()));
+  CHECK(dq[0].shape() == in.q.shape());
+}
+
 int main() {
   uint64_t seed = std::random_device{}();
   if (const char *s = std::getenv("MLXK_INTEROP_SEED")) seed = std::strtoull(s, nullptr, 10);
@@ -282,6 +332,7 @@ int main() {
   views_are_made_contiguous_in_the_graph(key);
   misuse(key);
   lock_serializes_host_threads(key);
+  autograd_matches_the_explicit_backward(key);
   std::printf("host_cpp: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }
