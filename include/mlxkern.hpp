@@ -590,6 +590,28 @@ struct DeltaUpdate {
   return result;
 }
 
+/** The gradients of gated_delta_update's inputs (see gated_delta_update_vjp). */
+struct DeltaGradients {
+  Array dq, dk, dv, da, db, da_log, dt_bias, state;
+};
+
+/** The update's backward pass (mlxk_gated_delta_update_vjp): the gradients of
+ * sum(dy * y) + sum(dstate_out * state_out) with respect to every input; nullptr cotangents
+ * are zeros. CPU only. */
+[[nodiscard]] inline DeltaGradients gated_delta_update_vjp(
+    const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
+    const Array &a_log, const Array &dt_bias, const Array *state, const Array *mask,
+    const Array *dy, const Array *dstate_out) {
+  DeltaGradients g;
+  check(mlxk_gated_delta_update_vjp(
+      q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(),
+      detail::optional_handle(state), detail::optional_handle(mask), detail::optional_handle(dy),
+      detail::optional_handle(dstate_out), OutHandle(g.dq), OutHandle(g.dk), OutHandle(g.dv),
+      OutHandle(g.da), OutHandle(g.db), OutHandle(g.da_log), OutHandle(g.dt_bias),
+      OutHandle(g.state)));
+  return g;
+}
+
 /** Prefix-state replay: row r's state after its first accepted_lengths[r] tokens of the
  * verify window, from the pre-verify `state` (nullptr: zeros). */
 [[nodiscard]] inline Array gated_delta_state(const Array &k, const Array &v, const Array &a,

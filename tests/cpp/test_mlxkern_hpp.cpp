@@ -274,6 +274,28 @@ void test_gated_delta() {
     CHECK(bad.find("chunk_size") != std::string::npos);
   }
 
+  // The backward pass: gradients in their inputs' shapes and dtypes; none without cotangents
+  // is all zeros; y's cotangent given, the q gradient is finite and not all zero.
+  {
+    mlxk::DeltaGradients none_given =
+        mlxk::gated_delta_update_vjp(q, k, v, a, b, a_log, dt_bias, &first.state, nullptr,
+                                     nullptr, nullptr);
+    CHECK(none_given.dq.shape() == q.shape() && none_given.dq.dtype() == q.dtype());
+    CHECK(none_given.state.shape() == first.state.shape());
+    bool zero = true;
+    for (float x : none_given.dk.to_floats()) zero = zero && x == 0.0f;
+    CHECK(zero);
+    mlxk::DeltaGradients with_dy = mlxk::gated_delta_update_vjp(
+        q, k, v, a, b, a_log, dt_bias, &first.state, nullptr, &first.y, nullptr);
+    bool finite = true, nonzero = false;
+    for (float x : with_dy.dq.to_floats()) {
+      finite = finite && std::isfinite(x);
+      nonzero = nonzero || x != 0.0f;
+    }
+    CHECK(finite && nonzero);
+    CHECK(with_dy.da_log.shape() == a_log.shape() && with_dy.dt_bias.shape() == dt_bias.shape());
+  }
+
   // compute_g: float32, a's shape, in (0, 1].
   mlxk::Array g = mlxk::compute_g(a_log, a, dt_bias);
   CHECK(g.dtype() == mlxk::Dtype::Float32 && (g.shape() == mlxk::Shape{B, T, Hv}));
