@@ -50,8 +50,7 @@ enum {
     DK = 128,
     DV = 128,
     CONV_DIM = 2 * HK * DK + HV * DV, /* 8192 */
-    LAYERS = 30,                      /* Qwen3.5-35B-A3B's Gated DeltaNet layers */
-    MAX_RECORDS = 128
+    LAYERS = 30                       /* Qwen3.5-35B-A3B's Gated DeltaNet layers */
 };
 
 #define STATE_ELEMS ((size_t)HV * DV * DK) /* one sequence, one layer: 2 MiB of float32 */
@@ -61,56 +60,6 @@ enum {
 /* Keeps copies and stores from being optimized away. */
 static volatile uint32_t sink;
 
-/* ---------------------------------------------------------------------------------------- */
-/* Records (printed as they come, written to JSON at the end)                               */
-
-typedef struct {
-    char id[80];
-    char op[40];
-    char impl[16];   /* "mlxkern", "memcpy", "memcpy_2t", "rmw_2t" */
-    char unit[24];   /* what one unit is: "layer-step", "call" */
-    char note[240];
-    int batch;
-    int tokens_t;        /* T (tokens per row) or S (rows of the head split / gated norm) */
-    double tokens;       /* tokens processed per unit (real tokens, masked ones excluded) */
-    double bytes;        /* baselines: bytes read + written per unit; 0 otherwise */
-    Stats st;
-} Record;
-
-static Record records[MAX_RECORDS];
-static int n_records;
-
-static void add_record(const char *id, const char *op, const char *impl, const char *unit,
-                       int batch, int tokens_t, double tokens, double bytes, Stats st,
-                       const char *note) {
-    if (n_records == MAX_RECORDS) {
-        fprintf(stderr, "bench: too many records\n");
-        exit(1);
-    }
-    Record *r = &records[n_records++];
-    memset(r, 0, sizeof *r);
-    snprintf(r->id, sizeof r->id, "%s", id);
-    snprintf(r->op, sizeof r->op, "%s", op);
-    snprintf(r->impl, sizeof r->impl, "%s", impl);
-    snprintf(r->unit, sizeof r->unit, "%s", unit);
-    snprintf(r->note, sizeof r->note, "%s", note ? note : "");
-    r->batch = batch;
-    r->tokens_t = tokens_t;
-    r->tokens = tokens;
-    r->bytes = bytes;
-    r->st = st;
-    double tps = tokens > 0 ? tokens / st.median : 0.0;
-    printf("  %-34s %-9s %11.1f us/%-10s [p10 %9.1f  p90 %9.1f  n %3d x%d]", id, impl,
-           st.median * 1e6, unit, st.p10 * 1e6, st.p90 * 1e6, st.n, st.inner);
-    if (tps > 0) {
-        printf("  %10.0f tok/s", tps);
-    }
-    if (bytes > 0) {
-        printf("  %6.2f GB/s", bytes / st.median * 1e-9);
-    }
-    printf("\n");
-    fflush(stdout);
-}
 
 /* ---------------------------------------------------------------------------------------- */
 /* Inputs                                                                                   */
@@ -622,29 +571,9 @@ static void write_json(const char *path, double total_s, double noop_us, double 
         }
     }
     fprintf(f, "],\n");
-    fprintf(f, "  \"total_s\": %.3f,\n  \"records\": [\n", total_s);
-    for (int i = 0; i < n_records; i++) {
-        const Record *r = &records[i];
-        fprintf(f, "    {\"id\": ");
-        json_string(f, r->id);
-        fprintf(f, ", \"op\": ");
-        json_string(f, r->op);
-        fprintf(f, ", \"impl\": ");
-        json_string(f, r->impl);
-        fprintf(f, ", \"unit\": ");
-        json_string(f, r->unit);
-        fprintf(f, ", \"B\": %d, \"T\": %d, \"tokens_per_unit\": %.6g, \"bytes_per_unit\": %.6g",
-                r->batch, r->tokens_t, r->tokens, r->bytes);
-        fprintf(f, ", \"n\": %d, \"inner\": %d, \"median_us\": %.4f, \"min_us\": %.4f, \"max_us\": %.4f"
-                   ", \"p10_us\": %.4f, \"p90_us\": %.4f",
-                r->st.n, r->st.inner, r->st.median * 1e6, r->st.min * 1e6, r->st.max * 1e6,
-                r->st.p10 * 1e6, r->st.p90 * 1e6);
-        fprintf(f, ", \"tokens_per_s\": %.6g", r->tokens > 0 ? r->tokens / r->st.median : 0.0);
-        fprintf(f, ", \"note\": ");
-        json_string(f, r->note);
-        fprintf(f, "}%s\n", i + 1 < n_records ? "," : "");
-    }
-    fprintf(f, "  ]\n}\n");
+    fprintf(f, "  \"total_s\": %.3f,\n  \"records\": ", total_s);
+    write_records(f, "");
+    fprintf(f, "\n}\n");
     fclose(f);
 }
 

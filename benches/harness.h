@@ -9,6 +9,7 @@
  *            FMA and AVX-512F (from /proc/cpuinfo; "unknown" where it is absent); the 1-minute
  *            load average (/proc/loadavg)
  *   JSON     json_string, host_json
+ *   records  Record, add_record (printed as they come), write_records (the JSON array)
  *
  * Header-only (static functions) for one-file C11 programs; needs mlxk_test_util.h (clock,
  * xmalloc) included first, _POSIX_C_SOURCE 200809L, and -lm.
@@ -261,6 +262,90 @@ static void host_json(FILE *f, const HostInfo *h) {
     json_string(f, h->arch);
     fprintf(f, ", \"cpus_online\": %ld, \"simd\": {\"avx2\": %s, \"fma\": %s, \"avx512f\": %s}}",
             h->cpus_online, flag_json(h->avx2), flag_json(h->fma), flag_json(h->avx512f));
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Records: one per case and implementation, printed as they come, written to JSON at the end */
+
+#ifndef MAX_RECORDS
+#define MAX_RECORDS 256
+#endif
+
+typedef struct {
+    char id[80];
+    char op[40];
+    char impl[16];   /* "mlxkern", "llama_cpp", "memcpy", "memcpy_2t", "rmw_2t" */
+    char unit[24];   /* what one unit is: "layer-step", "call" */
+    char note[320];
+    int batch;
+    int tokens_t;    /* T (tokens per row) or S (rows of the head split / gated norm) */
+    double tokens;   /* tokens processed per unit (real tokens, masked ones excluded) */
+    double bytes;    /* baselines: bytes read + written per unit; 0 otherwise */
+    Stats st;
+} Record;
+
+static Record records[MAX_RECORDS];
+static int n_records;
+
+static void add_record(const char *id, const char *op, const char *impl, const char *unit,
+                       int batch, int tokens_t, double tokens, double bytes, Stats st,
+                       const char *note) {
+    if (n_records == MAX_RECORDS) {
+        fprintf(stderr, "bench: too many records\n");
+        exit(1);
+    }
+    Record *r = &records[n_records++];
+    memset(r, 0, sizeof *r);
+    snprintf(r->id, sizeof r->id, "%s", id);
+    snprintf(r->op, sizeof r->op, "%s", op);
+    snprintf(r->impl, sizeof r->impl, "%s", impl);
+    snprintf(r->unit, sizeof r->unit, "%s", unit);
+    snprintf(r->note, sizeof r->note, "%s", note ? note : "");
+    r->batch = batch;
+    r->tokens_t = tokens_t;
+    r->tokens = tokens;
+    r->bytes = bytes;
+    r->st = st;
+    double tps = tokens > 0 ? tokens / st.median : 0.0;
+    printf("  %-34s %-9s %11.1f us/%-10s [p10 %9.1f  p90 %9.1f  n %3d x%d]", id, impl,
+           st.median * 1e6, unit, st.p10 * 1e6, st.p90 * 1e6, st.n, st.inner);
+    if (tps > 0) {
+        printf("  %10.0f tok/s", tps);
+    }
+    if (bytes > 0) {
+        printf("  %6.2f GB/s", bytes / st.median * 1e-9);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+/* The records as a JSON array (one object per line); `extra` (e.g. `, "threads": 2`, or "")
+ * goes into every object before its note. */
+static void write_records(FILE *f, const char *extra) {
+    fprintf(f, "[\n");
+    for (int i = 0; i < n_records; i++) {
+        const Record *r = &records[i];
+        fprintf(f, "    {\"id\": ");
+        json_string(f, r->id);
+        fprintf(f, ", \"op\": ");
+        json_string(f, r->op);
+        fprintf(f, ", \"impl\": ");
+        json_string(f, r->impl);
+        fprintf(f, ", \"unit\": ");
+        json_string(f, r->unit);
+        fprintf(f, ", \"B\": %d, \"T\": %d, \"tokens_per_unit\": %.6g, \"bytes_per_unit\": %.6g",
+                r->batch, r->tokens_t, r->tokens, r->bytes);
+        fprintf(f, ", \"n\": %d, \"inner\": %d, \"median_us\": %.4f, \"min_us\": %.4f, \"max_us\": %.4f"
+                   ", \"p10_us\": %.4f, \"p90_us\": %.4f",
+                r->st.n, r->st.inner, r->st.median * 1e6, r->st.min * 1e6, r->st.max * 1e6,
+                r->st.p10 * 1e6, r->st.p90 * 1e6);
+        fprintf(f, ", \"tokens_per_s\": %.6g%s", r->tokens > 0 ? r->tokens / r->st.median : 0.0,
+                extra);
+        fprintf(f, ", \"note\": ");
+        json_string(f, r->note);
+        fprintf(f, "}%s\n", i + 1 < n_records ? "," : "");
+    }
+    fprintf(f, "  ]");
 }
 
 #endif /* MLXKERN_BENCH_HARNESS_H */

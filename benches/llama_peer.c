@@ -71,7 +71,6 @@ enum {
     DV = 128,
     R = HV / HK,  /* value heads per key head */
     LAYERS = 30,
-    MAX_RECORDS = 64,
     MAX_CHECKS = 32
 };
 
@@ -95,44 +94,6 @@ static uint8_t *work;
 static size_t work_cap;
 static HostInfo host;
 
-/* ---------------------------------------------------------------------------------------- */
-/* Records                                                                                  */
-
-typedef struct {
-    char id[80];
-    char op[40];
-    char unit[24];
-    char note[320];
-    int batch;
-    int tokens_t;
-    double tokens;
-    Stats st;
-} Record;
-
-static Record records[MAX_RECORDS];
-static int n_records;
-
-static void add_record(const char *id, const char *op, const char *unit, int batch, int tokens_t,
-                       double tokens, Stats st, const char *note) {
-    if (n_records == MAX_RECORDS) {
-        fprintf(stderr, "llama_peer: too many records\n");
-        exit(1);
-    }
-    Record *r = &records[n_records++];
-    memset(r, 0, sizeof *r);
-    snprintf(r->id, sizeof r->id, "%s", id);
-    snprintf(r->op, sizeof r->op, "%s", op);
-    snprintf(r->unit, sizeof r->unit, "%s", unit);
-    snprintf(r->note, sizeof r->note, "%s", note);
-    r->batch = batch;
-    r->tokens_t = tokens_t;
-    r->tokens = tokens;
-    r->st = st;
-    printf("  %-34s %-9s %11.1f us/%-10s [p10 %9.1f  p90 %9.1f  n %3d x%d]  %10.0f tok/s\n", id,
-           "llama_cpp", st.median * 1e6, unit, st.p10 * 1e6, st.p90 * 1e6, st.n, st.inner,
-           tokens / st.median);
-    fflush(stdout);
-}
 
 typedef struct {
     char id[80];
@@ -529,22 +490,22 @@ static int bench_decode(int batch) {
         snprintf(note, sizeof note, "%s; one layer, 30 ops chained through the state (a view of the"
                  " previous op's output), one graph, one compute", op_note);
         snprintf(id, sizeof id, "decode_hot_chained_B%d", batch);
-        add_record(id, "decode_hot_chained", "layer-step", batch, 1, tokens,
+        add_record(id, "decode_hot_chained", "llama_cpp", "layer-step", batch, 1, tokens, 0,
                    measure(compute_body, hot_graph, LAYERS), note);
         snprintf(note, sizeof note, "%s; one layer, the same 30 chained ops, one graph of one op per"
                  " compute", op_note);
         snprintf(id, sizeof id, "decode_hot_per_call_B%d", batch);
-        add_record(id, "decode_hot_per_call", "layer-step", batch, 1, tokens,
+        add_record(id, "decode_hot_per_call", "llama_cpp", "layer-step", batch, 1, tokens, 0,
                    measure(rotation_body, &hot_calls, 1), note);
         snprintf(note, sizeof note, "%s; 30 distinct layer states, one step each, 30 ops in one graph,"
                  " one compute", op_note);
         snprintf(id, sizeof id, "decode_cold_chained_B%d", batch);
-        add_record(id, "decode_cold_chained", "layer-step", batch, 1, tokens,
+        add_record(id, "decode_cold_chained", "llama_cpp", "layer-step", batch, 1, tokens, 0,
                    measure(compute_body, cold_graph, LAYERS), note);
         snprintf(note, sizeof note, "%s; 30 distinct layer states, one graph of one op per compute"
                  " (successive calls walk the layers)", op_note);
         snprintf(id, sizeof id, "decode_cold_per_call_B%d", batch);
-        add_record(id, "decode_cold_per_call", "layer-step", batch, 1, tokens,
+        add_record(id, "decode_cold_per_call", "llama_cpp", "layer-step", batch, 1, tokens, 0,
                    measure(rotation_body, &cold_calls, 1), note);
     }
     for (int l = 0; l < LAYERS; l++) {
@@ -590,7 +551,8 @@ static int bench_prefill(int tokens) {
         char note[320];
         snprintf(note, sizeof note, "%s; no initial state (a zero state tensor), one graph of one op,"
                  " one compute (the op is sequential over tokens)", op_note);
-        add_record(id, "prefill", "call", 1, tokens, tokens, measure(compute_body, gf, 1), note);
+        add_record(id, "prefill", "llama_cpp", "call", 1, tokens, tokens, 0, measure(compute_body, gf, 1),
+                   note);
         cfg.budget_s = budget;
     }
     free_kern_inputs(&kin);
@@ -657,26 +619,11 @@ static void write_json(const char *path, double total_s) {
             first = 0;
         }
     }
-    fprintf(f, "],\n  \"total_s\": %.3f,\n  \"records\": [\n", total_s);
-    for (int i = 0; i < n_records; i++) {
-        const Record *r = &records[i];
-        fprintf(f, "    {\"id\": ");
-        json_string(f, r->id);
-        fprintf(f, ", \"op\": ");
-        json_string(f, r->op);
-        fprintf(f, ", \"impl\": \"llama_cpp\", \"unit\": ");
-        json_string(f, r->unit);
-        fprintf(f, ", \"B\": %d, \"T\": %d, \"tokens_per_unit\": %.6g, \"bytes_per_unit\": 0", r->batch,
-                r->tokens_t, r->tokens);
-        fprintf(f, ", \"n\": %d, \"inner\": %d, \"median_us\": %.4f, \"min_us\": %.4f, \"max_us\": %.4f"
-                   ", \"p10_us\": %.4f, \"p90_us\": %.4f",
-                r->st.n, r->st.inner, r->st.median * 1e6, r->st.min * 1e6, r->st.max * 1e6, r->st.p10 * 1e6,
-                r->st.p90 * 1e6);
-        fprintf(f, ", \"tokens_per_s\": %.6g, \"threads\": %d, \"note\": ", r->tokens / r->st.median, n_threads);
-        json_string(f, r->note);
-        fprintf(f, "}%s\n", i + 1 < n_records ? "," : "");
-    }
-    fprintf(f, "  ]\n}\n");
+    fprintf(f, "],\n  \"total_s\": %.3f,\n  \"records\": ", total_s);
+    char extra[32];
+    snprintf(extra, sizeof extra, ", \"threads\": %d", n_threads);
+    write_records(f, extra);
+    fprintf(f, "\n}\n");
     fclose(f);
 }
 
