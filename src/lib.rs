@@ -12,6 +12,7 @@
 pub mod bridge;
 pub mod capi;
 pub mod cpu;
+pub mod cuda;
 mod dtype;
 mod error;
 pub mod glm52;

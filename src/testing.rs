@@ -1,7 +1,7 @@
-//! Hooks for the test suites; not part of the C ABI. The `*_via_metal` entries run a kernel
-//! through its Metal launch whatever the default device (`gpu = false`: on a CPU stream, where
-//! MLX refuses with "No Metal back-end"), so tests build and check the Metal dispatch on
-//! machines without Metal.
+//! Hooks for the test suites; not part of the C ABI. The `*_via_gpu` entries run a kernel
+//! through its Metal or CUDA launch whatever the default device (`gpu = false`: on a CPU
+//! stream, where MLX refuses), so tests build and check both GPU dispatches on machines without
+//! a GPU.
 
 use crate::bridge;
 use crate::capi::gated_delta::{self, Form};
@@ -112,6 +112,28 @@ pub fn cpu_threads() -> usize {
     crate::cpu::pool::threads()
 }
 
+/// Which GPU launch a `*_via_gpu` hook builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuKernels {
+    /// `mx::fast::metal_kernel` (`crate::metal`).
+    Metal,
+    /// `mx::fast::cuda_kernel` on the same text (`crate::cuda`).
+    Cuda,
+}
+
+impl GpuKernels {
+    fn backend(self, gpu: bool) -> Backend {
+        match self {
+            GpuKernels::Metal => Backend::Metal { gpu },
+            GpuKernels::Cuda => Backend::Cuda { gpu },
+        }
+    }
+
+    fn label(self, entry: &str) -> String {
+        format!("{entry} ({self:?})")
+    }
+}
+
 /// The backend a default device of GPU (`true`) or CPU would give.
 fn as_if(gpu: bool) -> Backend {
     if gpu {
@@ -145,14 +167,15 @@ pub unsafe fn gated_delta_update_chunked_as_if(
     }
 }
 
-/// `mlxk_gated_delta_update` forced through the Metal launch (`gpu = false`: on a CPU stream,
-/// where MLX refuses with "No Metal back-end"). Lets tests build and check the Metal dispatch
-/// on machines without Metal.
+/// `mlxk_gated_delta_update` forced through a GPU launch (`gpu = false`: on a CPU stream,
+/// where MLX refuses, e.g. "No Metal back-end"). Lets tests build and check the GPU dispatch
+/// on machines without that GPU.
 ///
 /// # Safety
 /// `y` and `state_out` are NULL or valid for writing one handle each.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn gated_delta_update_via_metal(
+pub unsafe fn gated_delta_update_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     args: [*const mlxk_array; 9],
     y: *mut *mut mlxk_array,
@@ -161,8 +184,8 @@ pub unsafe fn gated_delta_update_via_metal(
     // SAFETY: forwarded contract on `y` and `state_out`.
     unsafe {
         gated_delta::update(
-            "mlxk_gated_delta_update (Metal)",
-            Form::Exact(Some(Backend::Metal { gpu })),
+            &kernels.label("mlxk_gated_delta_update"),
+            Form::Exact(Some(kernels.backend(gpu))),
             args,
             y,
             state_out,
@@ -170,12 +193,12 @@ pub unsafe fn gated_delta_update_via_metal(
     }
 }
 
-/// `mlxk_gated_delta_state` forced through the Metal launch (see
-/// [`gated_delta_update_via_metal`]).
+/// `mlxk_gated_delta_state` forced through a GPU launch (see [`gated_delta_update_via_gpu`]).
 ///
 /// # Safety
 /// `state_out` is NULL or valid for writing one handle.
-pub unsafe fn gated_delta_state_via_metal(
+pub unsafe fn gated_delta_state_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     args: [*const mlxk_array; 7],
     accepted_lengths: &[i32],
@@ -184,8 +207,8 @@ pub unsafe fn gated_delta_state_via_metal(
     // SAFETY: the lengths come from a slice; forwarded contract on `state_out`.
     unsafe {
         gated_delta::build_state(
-            "mlxk_gated_delta_state (Metal)",
-            Some(Backend::Metal { gpu }),
+            &kernels.label("mlxk_gated_delta_state"),
+            Some(kernels.backend(gpu)),
             args,
             accepted_lengths.as_ptr(),
             accepted_lengths.len(),
@@ -194,12 +217,13 @@ pub unsafe fn gated_delta_state_via_metal(
     }
 }
 
-/// `mlxk_silu_rms_heads` through the Metal launch (`gpu = false`: a CPU stream, which MLX
+/// `mlxk_silu_rms_heads` through a GPU launch (`gpu = false`: a CPU stream, which MLX
 /// refuses).
 ///
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.
-pub unsafe fn silu_rms_heads_via_metal(
+pub unsafe fn silu_rms_heads_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     arrays: [*const mlxk_array; 3],
     heads: [i32; 3],
@@ -209,8 +233,8 @@ pub unsafe fn silu_rms_heads_via_metal(
     // SAFETY: forwarded contract on `outs`.
     unsafe {
         crate::capi::silu_rms_heads::split(
-            "mlxk_silu_rms_heads (Metal)",
-            Some(Backend::Metal { gpu }),
+            &kernels.label("mlxk_silu_rms_heads"),
+            Some(kernels.backend(gpu)),
             arrays,
             heads,
             eps,
@@ -219,11 +243,12 @@ pub unsafe fn silu_rms_heads_via_metal(
     }
 }
 
-/// `mlxk_gated_rms_norm` through the Metal launch.
+/// `mlxk_gated_rms_norm` through a GPU launch.
 ///
 /// # Safety
 /// `out` is NULL or valid for writing one handle.
-pub unsafe fn gated_rms_norm_via_metal(
+pub unsafe fn gated_rms_norm_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     arrays: [*const mlxk_array; 3],
     eps: f32,
@@ -232,8 +257,8 @@ pub unsafe fn gated_rms_norm_via_metal(
     // SAFETY: forwarded contract on `out`.
     unsafe {
         crate::capi::gated_rms_norm::norm(
-            "mlxk_gated_rms_norm (Metal)",
-            Some(Backend::Metal { gpu }),
+            &kernels.label("mlxk_gated_rms_norm"),
+            Some(kernels.backend(gpu)),
             arrays,
             eps,
             out,

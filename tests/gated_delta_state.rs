@@ -230,17 +230,18 @@ fn speculative_step_equals_decoding_the_accepted_tokens() {
 }
 
 #[test]
-fn metal_replay_dispatch_is_built_and_reaches_mlx() {
+fn gpu_replay_dispatch_is_built_and_reaches_mlx() {
     let mut rng = Rng::fresh();
     let host = HostRecurrence::random(&mut rng, [2, 4, 1, 2, 64, 8]);
     let w = host.window(0, 4);
     let [_, k, v, a, b, al, dt, s, _] = w.args();
     let mut out = null_mut();
-    let st =
-        unsafe { gated_delta_state_via_metal(false, [k, v, a, b, al, dt, s], &[2, 4], &mut out) };
-    expect_err(st, MLXK_ERR_BACKEND, &["No Metal back-end"]);
-    let st =
-        unsafe { gated_delta_state_via_metal(false, [k, v, a, b, al, dt, s], &[2, 5], &mut out) };
-    expect_err(st, MLXK_ERR_INVALID_ARGUMENT, &["accepted_lengths[1]"]);
+    for kernels in GPU_KERNELS {
+        let args = [k, v, a, b, al, dt, s];
+        let st = unsafe { gated_delta_state_via_gpu(kernels, false, args, &[2, 4], &mut out) };
+        expect_err(st, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
+        let st = unsafe { gated_delta_state_via_gpu(kernels, false, args, &[2, 5], &mut out) };
+        expect_err(st, MLXK_ERR_INVALID_ARGUMENT, &["accepted_lengths[1]"]);
+    }
     w.free();
 }

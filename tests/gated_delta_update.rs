@@ -591,21 +591,25 @@ fn compute_g_checks() {
     }
 }
 
-/// The Metal launch is built and handed to MLX on every machine; without Metal, MLX refuses
-/// it with "No Metal back-end" — so the arguments reached `mx::fast::metal_kernel`.
+/// The Metal and CUDA launches are built and handed to MLX on every machine; without that GPU,
+/// MLX refuses them — so the arguments reached `mx::fast::metal_kernel` / `cuda_kernel`.
 #[test]
-fn metal_dispatch_is_built_and_reaches_mlx() {
+fn gpu_dispatch_is_built_and_reaches_mlx() {
     let mut rng = Rng::fresh();
-    for masked in [false, true] {
-        let r = Recurrence::random(&mut rng, [2, 3, 2, 4, 64, 8], masked, masked);
-        let (mut y, mut s) = (null_mut(), null_mut());
-        let status = unsafe { gated_delta_update_via_metal(false, r.args(), &mut y, &mut s) };
-        expect_err(status, MLXK_ERR_BACKEND, &["No Metal back-end"]);
-        // Argument checks run before the launch on this path too.
-        let mut args = r.args();
-        args[0] = args[2];
-        let status = unsafe { gated_delta_update_via_metal(false, args, &mut y, &mut s) };
-        expect_err(status, MLXK_ERR_SHAPE, &["q"]);
-        r.free();
+    for kernels in GPU_KERNELS {
+        for masked in [false, true] {
+            let r = Recurrence::random(&mut rng, [2, 3, 2, 4, 64, 8], masked, masked);
+            let (mut y, mut s) = (null_mut(), null_mut());
+            let status =
+                unsafe { gated_delta_update_via_gpu(kernels, false, r.args(), &mut y, &mut s) };
+            expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
+            // Argument checks run before the launch on this path too.
+            let mut args = r.args();
+            args[0] = args[2];
+            let status =
+                unsafe { gated_delta_update_via_gpu(kernels, false, args, &mut y, &mut s) };
+            expect_err(status, MLXK_ERR_SHAPE, &["q"]);
+            r.free();
+        }
     }
 }

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use mlxkern::capi::gated_rms_norm::*;
-use mlxkern::testing::gated_rms_norm_via_metal;
+use mlxkern::testing::{gated_rms_norm_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
 
 fn silu64(x: f64) -> f64 {
@@ -109,11 +109,16 @@ fn gated_norm_errors_name_the_argument() {
         &["x", "rank >= 1"],
     );
     let mut out = null_mut();
-    expect_err(
-        unsafe { gated_rms_norm_via_metal(false, [x, z, w], 1e-6, &mut out) },
-        MLXK_ERR_BACKEND,
-        &["No Metal back-end"],
-    );
+    for (kernels, refused) in [
+        (GpuKernels::Metal, "No Metal back-end"),
+        (GpuKernels::Cuda, "No CUDA back-end"),
+    ] {
+        expect_err(
+            unsafe { gated_rms_norm_via_gpu(kernels, false, [x, z, w], 1e-6, &mut out) },
+            MLXK_ERR_BACKEND,
+            &[refused],
+        );
+    }
     // A float32 gate with a bfloat16 x is accepted (the gate is read as f32).
     let z32 = new_f32(&rng.vec(12, 1.0), &[3, 4]);
     let (st, o) = gated(x, z32, w, 1e-6);

@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 use mlxkern::capi::silu_rms_heads::*;
-use mlxkern::testing::silu_rms_heads_via_metal;
+use mlxkern::testing::{silu_rms_heads_via_gpu, GpuKernels};
 use std::ptr::null_mut;
 
 fn silu64(x: f64) -> f64 {
@@ -189,13 +189,17 @@ fn head_split_errors_name_the_argument() {
         &["different places"],
     );
     let (mut a, mut b2, mut c2) = (null_mut(), null_mut(), null_mut());
-    expect_err(
-        unsafe {
-            silu_rms_heads_via_metal(false, [x, qs, ks], heads, 1e-6, [&mut a, &mut b2, &mut c2])
-        },
-        MLXK_ERR_BACKEND,
-        &["No Metal back-end"],
-    );
+    for (kernels, refused) in [
+        (GpuKernels::Metal, "No Metal back-end"),
+        (GpuKernels::Cuda, "No CUDA back-end"),
+    ] {
+        let outs = [&mut a as *mut _, &mut b2 as *mut _, &mut c2 as *mut _];
+        expect_err(
+            unsafe { silu_rms_heads_via_gpu(kernels, false, [x, qs, ks], heads, 1e-6, outs) },
+            MLXK_ERR_BACKEND,
+            &[refused],
+        );
+    }
     for h in [x, qs, ks, ks_short, qs_f32, wide, x2] {
         free(h);
     }

@@ -3,6 +3,9 @@
 // mlxkern passes T as a 1-element int32 input `Tin`, and replaces the token-active marker with `true`
 // (unmasked) or `mask[b_idx * T + t]` (masked variant).
 // Launch: grid (32, Dv, B * Hv), threadgroup (32, 4, 1); template InT, StT, Dk, Dv, Hk, Hv.
+#ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
+#define MLXK_MUL(a, b) ((a) * (b))
+#endif
     const int T = Tin[0];
     auto n = thread_position_in_grid.z;
     auto b_idx = n / Hv;
@@ -40,8 +43,8 @@
         float kv_mem = 0.0f;
         for (int i = 0; i < n_per_t; ++i) {
           auto s_idx = n_per_t * dk_idx + i;
-          state[i] = state[i] * g_[hv_idx];
-          kv_mem += state[i] * k_[s_idx];
+          state[i] = MLXK_MUL(state[i], g_[hv_idx]);
+          kv_mem += MLXK_MUL(state[i], k_[s_idx]);
         }
         kv_mem = simd_sum(kv_mem);
 
@@ -50,8 +53,8 @@
         float out = 0.0f;
         for (int i = 0; i < n_per_t; ++i) {
           auto s_idx = n_per_t * dk_idx + i;
-          state[i] = state[i] + k_[s_idx] * delta;
-          out += state[i] * q_[s_idx];
+          state[i] = state[i] + MLXK_MUL(k_[s_idx], delta);
+          out += MLXK_MUL(state[i], q_[s_idx]);
         }
         out = simd_sum(out);
         if (thread_index_in_simdgroup == 0) {

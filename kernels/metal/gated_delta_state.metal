@@ -3,6 +3,9 @@
 // Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md). The host validates every
 // length (0 <= lengths[b] <= T): this text does not clamp.
 // Launch: grid (32, Dv, B * Hv), threadgroup (32, 4, 1); template Dk, Dv, Hk, Hv.
+#ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
+#define MLXK_MUL(a, b) ((a) * (b))
+#endif
   const int T = Tin[0];
   auto n = thread_position_in_grid.z;
   auto b_idx = n / Hv;
@@ -25,14 +28,14 @@
     float kv_mem = 0.0f;
     for (int i = 0; i < n_per_t; ++i) {
       auto s_idx = n_per_t * dk_idx + i;
-      state[i] = state[i] * g_[hv_idx];
-      kv_mem += state[i] * k_[s_idx];
+      state[i] = MLXK_MUL(state[i], g_[hv_idx]);
+      kv_mem += MLXK_MUL(state[i], k_[s_idx]);
     }
     kv_mem = simd_sum(kv_mem);
     auto delta = (v_[dv_idx] - kv_mem) * beta_[hv_idx];
     for (int i = 0; i < n_per_t; ++i) {
       auto s_idx = n_per_t * dk_idx + i;
-      state[i] = state[i] + k_[s_idx] * delta;
+      state[i] = state[i] + MLXK_MUL(k_[s_idx], delta);
     }
     k_ += Hk * Dk;
     v_ += Hv * Dv;

@@ -3,6 +3,9 @@
 // Inc., MIT license (THIRD_PARTY_NOTICES.md). eps arrives as its float32 bit pattern (EPS).
 // Launch: grid (rows * THREADS, 1, 1), threadgroup (THREADS, 1, 1) with
 // THREADS = min(1024, ceil(D / 128) * 32); template T, D, THREADS, EPS.
+#ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
+#define MLXK_MUL(a, b) ((a) * (b))
+#endif
   const uint row = threadgroup_position_in_grid.x;
   const uint lane = thread_index_in_simdgroup;
   float acc = 0.0f;
@@ -13,7 +16,7 @@
     for (uint i = 0; i < 4u; ++i) {
       const uint col = r + tid * 4u + i;
       const float value = col < uint(D) ? float(x[row * uint(D) + col]) : 0.0f;
-      acc += value * value;
+      acc += MLXK_MUL(value, value);
     }
   }
   acc = metal::simd_sum(acc);

@@ -3,6 +3,9 @@
 // (THIRD_PARTY_NOTICES.md). eps arrives as its float32 bit pattern (template EPS).
 // Launch: grid (32 * (2 * HK + HV), B * S, 1), threadgroup (32, 1, 1); template T, C, HK, HV,
 // DK, DV, EPS. Heads of up to 128 values: lane l owns columns [4l, 4l + 4).
+#ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
+#define MLXK_MUL(a, b) ((a) * (b))
+#endif
   const uint lane = thread_index_in_simdgroup;
   const uint head = threadgroup_position_in_grid.x;
   const uint row = threadgroup_position_in_grid.y;
@@ -21,7 +24,7 @@
     const T sigmoid = T(value < T(0) ? y : 1.0f - y);
     values[i] = T(value * sigmoid);
     const float activated = float(values[i]);
-    sum += activated * activated;
+    sum += MLXK_MUL(activated, activated);
   }
   if (normalize) {
     sum = metal::simd_sum(sum);

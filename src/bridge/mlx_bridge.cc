@@ -322,29 +322,67 @@ std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayLis
   return out;
 }
 
-std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                           bool gpu) {
-  std::vector<std::string> input_names(launch.input_names.begin(), launch.input_names.end());
-  std::vector<std::string> output_names(launch.output_names.begin(), launch.output_names.end());
-  auto kernel = mx::fast::metal_kernel(std::string(launch.name), input_names, output_names,
-                                       std::string(launch.source), std::string(launch.header),
-                                       /*ensure_row_contiguous=*/true, /*atomic_outputs=*/false);
-  std::vector<mx::Dtype> dtypes;
-  for (auto code : launch.output_dtypes) dtypes.push_back(to_mlx(code));
-  std::vector<std::pair<std::string, mx::fast::TemplateArg>> template_args;
+namespace {
+// A launch's template arguments, integers then dtypes, as MLX takes them.
+std::vector<std::pair<std::string, mx::fast::TemplateArg>> template_args(const MetalLaunch& launch) {
+  std::vector<std::pair<std::string, mx::fast::TemplateArg>> args;
   for (size_t i = 0; i < launch.template_int_names.size(); ++i) {
-    template_args.emplace_back(std::string(launch.template_int_names[i]),
-                               static_cast<int>(launch.template_int_values[i]));
+    args.emplace_back(std::string(launch.template_int_names[i]),
+                      static_cast<int>(launch.template_int_values[i]));
   }
   for (size_t i = 0; i < launch.template_dtype_names.size(); ++i) {
-    template_args.emplace_back(std::string(launch.template_dtype_names[i]),
-                               to_mlx(launch.template_dtype_values[i]));
+    args.emplace_back(std::string(launch.template_dtype_names[i]),
+                      to_mlx(launch.template_dtype_values[i]));
   }
+  return args;
+}
+
+std::vector<mx::Dtype> output_dtypes(const MetalLaunch& launch) {
+  std::vector<mx::Dtype> dtypes;
+  for (auto code : launch.output_dtypes) dtypes.push_back(to_mlx(code));
+  return dtypes;
+}
+
+std::vector<std::string> strings(const rust::Vec<rust::String>& list) {
+  return std::vector<std::string>(list.begin(), list.end());
+}
+}  // namespace
+
+std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+                                           bool gpu) {
+  auto kernel = mx::fast::metal_kernel(std::string(launch.name), strings(launch.input_names),
+                                       strings(launch.output_names), std::string(launch.source),
+                                       std::string(launch.header),
+                                       /*ensure_row_contiguous=*/true, /*atomic_outputs=*/false);
   auto out = std::make_unique<ArrayList>();
-  out->items = kernel(inputs.items, output_shapes(launch.output_dims, launch.output_ndims), dtypes,
+  out->items = kernel(inputs.items, output_shapes(launch.output_dims, launch.output_ndims),
+                      output_dtypes(launch),
                       {launch.grid[0], launch.grid[1], launch.grid[2]},
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
-                      template_args, std::nullopt, false, stream_for(gpu));
+                      template_args(launch), std::nullopt, false, stream_for(gpu));
+  return out;
+}
+
+std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+                                          bool gpu) {
+  auto shapes = output_shapes(launch.output_dims, launch.output_ndims);
+  auto dtypes = output_dtypes(launch);
+  auto out = std::make_unique<ArrayList>();
+  if (launch.grid[0] == 0 || launch.grid[1] == 0 || launch.grid[2] == 0) {
+    // CUDA refuses a launch of zero blocks; every output of such a launch has no elements.
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      out->items.push_back(mx::zeros(shapes[i], dtypes[i], stream_for(gpu)));
+    }
+    return out;
+  }
+  auto kernel = mx::fast::cuda_kernel(std::string(launch.name), strings(launch.input_names),
+                                      strings(launch.output_names), std::string(launch.source),
+                                      std::string(launch.header),
+                                      /*ensure_row_contiguous=*/true, /*shared_memory=*/0);
+  out->items = kernel(inputs.items, shapes, dtypes,
+                      {launch.grid[0], launch.grid[1], launch.grid[2]},
+                      {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
+                      template_args(launch), std::nullopt, false, stream_for(gpu));
   return out;
 }
 

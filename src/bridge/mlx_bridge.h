@@ -43,6 +43,9 @@ std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayLis
 std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
                                            bool gpu);
 
+std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+                                          bool gpu);
+
 std::unique_ptr<Array> array_from_host(size_t host);
 size_t array_to_host(const Array& a);
 void host_array_free(size_t host);

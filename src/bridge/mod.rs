@@ -85,6 +85,16 @@ pub mod ffi {
             gpu: bool,
         ) -> Result<UniquePtr<ArrayList>>;
 
+        /// Calls `mx::fast::cuda_kernel` with the launch's header and geometry (`crate::cuda`
+        /// makes both); `gpu = false` uses a CPU stream (MLX then refuses, which tests use to
+        /// reach this code without CUDA). A grid with a zero axis runs nothing: the outputs are
+        /// empty arrays of their shapes.
+        fn cuda_kernel_op(
+            launch: &MetalLaunch,
+            inputs: &ArrayList,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+
         /// A new array sharing the host's `mlx::core::array` at address `host` (same buffer and
         /// graph node; lazy if the host's is).
         ///

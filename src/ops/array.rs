@@ -56,6 +56,6 @@ pub fn astype(array: &Array, dtype: Dtype) -> Result<UniquePtr<Array>> {
     Ok(bridge::array_astype(
         array,
         dtype as i32,
-        super::device::gpu(),
+        super::device::gpu() != super::device::GpuBackend::None,
     )?)
 }

@@ -1,48 +1,51 @@
 //! The process-wide default device.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::bridge;
 use crate::error::{Error, Result};
 use crate::registry;
 
-static GPU: AtomicBool = AtomicBool::new(false);
+/// The default device: `GpuBackend::None` for the CPU, else the GPU backend kernels run on.
+static GPU: AtomicU8 = AtomicU8::new(GpuBackend::None as u8);
 
-/// True when kernels should run on the GPU.
-pub fn gpu() -> bool {
-    GPU.load(Ordering::Relaxed)
+/// The GPU backend kernels run on, or `GpuBackend::None` when the default device is the CPU.
+pub fn gpu() -> GpuBackend {
+    match GPU.load(Ordering::Relaxed) {
+        x if x == GpuBackend::Metal as u8 => GpuBackend::Metal,
+        x if x == GpuBackend::Cuda as u8 => GpuBackend::Cuda,
+        _ => GpuBackend::None,
+    }
 }
 
 pub fn set_gpu(gpu: bool) -> Result<()> {
-    let _mlx = registry::lock();
-    if gpu {
-        if bridge::cuda_available() {
-            return Err(Error::Unsupported(
-                "MLXK_DEVICE_GPU: this MLX has a CUDA backend, and mlxkern's kernels have no CUDA \
-                 path yet; the default device stays CPU"
+    let backend =
+        if gpu {
+            match gpu_backend() {
+                GpuBackend::None => return Err(Error::Unsupported(
+                    "MLXK_DEVICE_GPU: the loaded MLX has no GPU backend (no Metal device and no \
+                     CUDA device; the Linux mlx[cpu] build is CPU only); the default device stays \
+                     CPU"
                     .into(),
-            ));
-        }
-        if !bridge::metal_available() {
-            return Err(Error::Unsupported(
-                "MLXK_DEVICE_GPU: the loaded MLX has no GPU backend (no Metal device; the Linux \
-                 mlx[cpu] build is CPU only); the default device stays CPU"
-                    .into(),
-            ));
-        }
-    }
+                )),
+                b => b,
+            }
+        } else {
+            GpuBackend::None
+        };
     // Every node names its stream explicitly: MLX's own default device (the host's, when the
     // host uses MLX too) is left as it is.
-    GPU.store(gpu, Ordering::Relaxed);
+    GPU.store(backend as u8, Ordering::Relaxed);
     Ok(())
 }
 
 /// The GPU backend of the loaded MLX.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum GpuBackend {
-    None,
-    Metal,
-    Cuda,
+    None = 0,
+    Metal = 1,
+    Cuda = 2,
 }
 
 pub fn gpu_backend() -> GpuBackend {

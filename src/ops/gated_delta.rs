@@ -3,7 +3,7 @@
 use cxx::UniquePtr;
 
 use super::shape::ArgInfo;
-use super::{cpu_node, metal_node, Backend};
+use super::{cpu_node, gpu_node, Backend};
 use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
@@ -58,7 +58,12 @@ pub fn check_compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Vec<
 
 pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<UniquePtr<Array>> {
     check_compute_g(a_log, a, dt_bias)?;
-    Ok(bridge::compute_g(a_log, a, dt_bias, super::device::gpu())?)
+    Ok(bridge::compute_g(
+        a_log,
+        a,
+        dt_bias,
+        Backend::current().gpu_stream(),
+    )?)
 }
 
 /// Validates every argument of `mlxk_gated_delta_update` (before any graph is built).
@@ -503,8 +508,8 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
                 &inputs,
             )
         }
-        Backend::Metal { gpu } => {
-            let m = MetalInputs::new(node, x, gpu)?;
+        gpu => {
+            let m = MetalInputs::new(node, x, gpu.gpu_stream())?;
             let inputs = node
                 .metal_inputs()
                 .into_iter()
@@ -516,7 +521,7 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
                     other => caller_array(x, other),
                 })
                 .collect::<Vec<_>>();
-            metal_node(&metal::gated_delta_launch(node), &inputs, gpu)
+            gpu_node(metal::gated_delta_launch(node), &inputs, gpu)
         }
     }
 }

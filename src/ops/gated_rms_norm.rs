@@ -3,7 +3,7 @@
 use cxx::UniquePtr;
 
 use super::shape::{check_eps, ArgInfo};
-use super::{cpu_node, metal_node, Backend};
+use super::{cpu_node, gpu_node, Backend};
 use crate::bridge::Array;
 use crate::error::{Error, Result};
 use crate::memory;
@@ -83,7 +83,7 @@ pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
             vec![-1],
             &inputs,
         )?,
-        Backend::Metal { gpu } => metal_node(&metal::gated_rms_norm_launch(&node), &inputs, gpu)?,
+        gpu => gpu_node(metal::gated_rms_norm_launch(&node), &inputs, gpu)?,
     };
     Ok(outputs.pop().expect("one output"))
 }

@@ -14,6 +14,7 @@ pub mod silu_rms_heads;
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array, CpuLaunch, MetalLaunch};
+use crate::cuda;
 use crate::error::Result;
 use crate::node::{self, Kernel, Output};
 
@@ -25,15 +26,26 @@ pub enum Backend {
     /// `mx::fast::metal_kernel`; `gpu = false` passes a CPU stream (only tests do that, to
     /// reach the Metal launch on machines without Metal).
     Metal { gpu: bool },
+    /// `mx::fast::cuda_kernel` on the same kernel text (`crate::cuda`); `gpu = false` as for
+    /// Metal.
+    Cuda { gpu: bool },
 }
 
 impl Backend {
     /// The default device's backend.
     pub fn current() -> Backend {
-        if device::gpu() {
-            Backend::Metal { gpu: true }
-        } else {
-            Backend::Cpu
+        match device::gpu() {
+            device::GpuBackend::None => Backend::Cpu,
+            device::GpuBackend::Metal => Backend::Metal { gpu: true },
+            device::GpuBackend::Cuda => Backend::Cuda { gpu: true },
+        }
+    }
+
+    /// Whether the kernel's MLX ops (gates, casts) go to a GPU stream.
+    pub fn gpu_stream(self) -> bool {
+        match self {
+            Backend::Cpu => false,
+            Backend::Metal { gpu } | Backend::Cuda { gpu } => gpu,
         }
     }
 }
@@ -62,15 +74,18 @@ pub(crate) fn cpu_node(
     )?))
 }
 
-/// Builds the Metal launch on the given inputs (in the launch's input order).
-pub(crate) fn metal_node(
-    launch: &MetalLaunch,
+/// Builds a GPU kernel's launch on the given inputs (in the launch's input order): the Metal
+/// launch as it is, or its CUDA form (`crate::cuda::launch`). `backend` is not `Cpu`.
+pub(crate) fn gpu_node(
+    launch: MetalLaunch,
     inputs: &[&Array],
-    gpu: bool,
+    backend: Backend,
 ) -> Result<Vec<UniquePtr<Array>>> {
-    Ok(bridge::take(&*bridge::metal_kernel_op(
-        launch,
-        &bridge::list(inputs),
-        gpu,
-    )?))
+    let list = bridge::list(inputs);
+    let outputs = match backend {
+        Backend::Metal { gpu } => bridge::metal_kernel_op(&launch, &list, gpu)?,
+        Backend::Cuda { gpu } => bridge::cuda_kernel_op(&cuda::launch(launch)?, &list, gpu)?,
+        Backend::Cpu => unreachable!("gpu_node takes a GPU backend"),
+    };
+    Ok(bridge::take(&*outputs))
 }

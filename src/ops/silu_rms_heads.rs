@@ -3,7 +3,7 @@
 use cxx::UniquePtr;
 
 use super::shape::{check_eps, ArgInfo};
-use super::{cpu_node, metal_node, Backend};
+use super::{cpu_node, gpu_node, Backend};
 use crate::bridge::Array;
 use crate::error::{Error, Result};
 use crate::memory;
@@ -110,7 +110,7 @@ pub fn split(
             vec![-1; 3],
             &inputs,
         )?,
-        Backend::Metal { gpu } => metal_node(&metal::silu_rms_heads_launch(&node), &inputs, gpu)?,
+        gpu => gpu_node(metal::silu_rms_heads_launch(&node), &inputs, gpu)?,
     };
     let v = outputs.pop().expect("three outputs");
     let k = outputs.pop().expect("three outputs");

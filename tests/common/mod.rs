@@ -12,7 +12,8 @@ pub use mlxkern::capi::mlx::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;
 pub use mlxkern::testing::{
-    gated_delta_state_via_metal, gated_delta_update_chunked_as_if, gated_delta_update_via_metal,
+    gated_delta_state_via_gpu, gated_delta_update_chunked_as_if, gated_delta_update_via_gpu,
+    GpuKernels,
 };
 
 pub type H = *mut mlxk_array;
@@ -377,3 +378,14 @@ impl Recurrence {
         }
     }
 }
+
+/// What MLX answers when a kernel's GPU launch is handed a CPU stream (MLX without that GPU).
+pub fn refused_launch(kernels: GpuKernels) -> &'static str {
+    match kernels {
+        GpuKernels::Metal => "No Metal back-end",
+        GpuKernels::Cuda => "No CUDA back-end",
+    }
+}
+
+/// Both GPU launches.
+pub const GPU_KERNELS: [GpuKernels; 2] = [GpuKernels::Metal, GpuKernels::Cuda];

@@ -1,0 +1,125 @@
+//! MLX CUDA: the Metal kernels' own text (`kernels/metal/`) through `mx::fast::cuda_kernel`,
+//! with `kernels/cuda/metal_compat.cuh` as its header (Metal's names, MLX's CPU `exp`, products
+//! that never fuse; docs/DESIGN.md §3). A CUDA launch is the Metal launch of the same node
+//! (`crate::metal`) with that header and a geometry CUDA can run.
+
+use crate::bridge::MetalLaunch;
+use crate::error::{Error, Result};
+
+/// The header that lets NVRTC compile the Metal kernel text.
+pub const METAL_COMPAT_HEADER: &str = include_str!("../kernels/cuda/metal_compat.cuh");
+
+/// CUDA's limit on the blocks of a grid's y and z axes (x allows 2^31 - 1).
+pub const MAX_BLOCKS_YZ: i32 = 65_535;
+
+/// The CUDA form of a Metal launch.
+///
+/// Metal dispatches exactly `grid` threads (partial threadgroups at the edge); MLX CUDA launches
+/// `ceil(grid / threadgroup)` whole blocks, so threads past the grid would run, and the kernel
+/// text has no bounds checks of its own. Each axis therefore takes the largest threadgroup
+/// extent, at most Metal's, that divides the grid (the recurrence's `Dv = 6` gets 3 rows a
+/// block instead of 4 and 2). Lanes stay on x, so a SIMD group is still one warp. Grids past
+/// CUDA's block limits are refused with the dimension that overflows.
+pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
+    l.header = METAL_COMPAT_HEADER.to_string();
+    for axis in 0..3 {
+        let (grid, group) = (l.grid[axis], &mut l.threadgroup[axis]);
+        if grid == 0 {
+            continue; // no thread runs; the bridge makes the empty outputs itself
+        }
+        *group = (1..=(*group).max(1))
+            .rev()
+            .find(|g| grid % g == 0)
+            .unwrap_or(1);
+        let blocks = grid / *group;
+        if axis > 0 && blocks > MAX_BLOCKS_YZ {
+            return Err(Error::Unsupported(format!(
+                "{}: the CUDA launch needs {blocks} blocks on grid axis {} ({}), over CUDA's \
+                 limit of {MAX_BLOCKS_YZ}; split the call along that dimension",
+                l.name,
+                ["x", "y", "z"][axis],
+                axis_meaning(&l.name, axis),
+            )));
+        }
+    }
+    Ok(l)
+}
+
+/// What a grid axis counts, for the error message.
+fn axis_meaning(kernel: &str, axis: usize) -> &'static str {
+    match (kernel, axis) {
+        ("mlxk_silu_rms_heads", 1) => "rows: batch x sequence",
+        (_, 1) => "value rows Dv",
+        (_, 2) => "batch x value heads",
+        _ => "threads",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metal(name: &str, grid: [i32; 3], threadgroup: [i32; 3]) -> MetalLaunch {
+        MetalLaunch {
+            name: name.into(),
+            source: String::new(),
+            header: String::new(),
+            input_names: vec![],
+            output_names: vec![],
+            output_dims: vec![],
+            output_ndims: vec![],
+            output_dtypes: vec![],
+            grid,
+            threadgroup,
+            template_int_names: vec![],
+            template_int_values: vec![],
+            template_dtype_names: vec![],
+            template_dtype_values: vec![],
+        }
+    }
+
+    #[test]
+    fn threadgroups_divide_the_grid() {
+        for dv in 1..=260 {
+            let l = launch(metal("mlxk_gated_delta_step", [32, dv, 64], [32, 4, 1])).unwrap();
+            assert_eq!(l.threadgroup[0], 32);
+            assert!(l.threadgroup[1] >= 1 && l.threadgroup[1] <= 4);
+            assert_eq!(dv % l.threadgroup[1], 0, "Dv {dv}");
+            if dv % 4 == 0 {
+                assert_eq!(l.threadgroup[1], 4);
+            }
+            assert_eq!(l.header, METAL_COMPAT_HEADER);
+        }
+        let l = launch(metal("mlxk_gated_rms_norm", [7 * 96, 1, 1], [96, 1, 1])).unwrap();
+        assert_eq!(l.threadgroup, [96, 1, 1]);
+        let l = launch(metal("mlxk_gated_delta_step", [32, 0, 0], [32, 4, 1])).unwrap();
+        assert_eq!(l.threadgroup, [32, 4, 1]);
+    }
+
+    #[test]
+    fn grids_past_the_block_limits_are_refused() {
+        let err = launch(metal(
+            "mlxk_silu_rms_heads",
+            [32 * 48, 70_000, 1],
+            [32, 1, 1],
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("70000 blocks") && err.contains("batch x sequence"),
+            "{err}"
+        );
+        let err = launch(metal(
+            "mlxk_gated_delta_step",
+            [32, 128, 65_536],
+            [32, 4, 1],
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("axis z") && err.contains("batch x value heads"),
+            "{err}"
+        );
+        assert!(launch(metal("mlxk_silu_rms_heads", [32, 65_535, 1], [32, 1, 1])).is_ok());
+    }
+}
