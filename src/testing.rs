@@ -107,6 +107,13 @@ pub unsafe fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> ml
     })
 }
 
+/// Makes the GPU recurrence and replay take g and beta from MLX's CPU ops (`true`), which equal
+/// the CPU kernel's fused gates bit for bit, instead of MLX's GPU ops (`false`, the library's
+/// behaviour). With it, a GPU result must equal the CPU kernel's bits. Process-wide.
+pub fn gpu_gates_on_cpu(on_cpu: bool) {
+    crate::ops::gated_delta::GPU_GATES_ON_CPU.store(on_cpu, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Threads the CPU kernels use (the calling thread plus the pool's helpers).
 pub fn cpu_threads() -> usize {
     crate::cpu::pool::threads()

@@ -1,5 +1,7 @@
 //! `compute_g` and the gated-delta recurrence: argument checks and graph building.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use cxx::UniquePtr;
 
 use super::shape::ArgInfo;
@@ -544,6 +546,11 @@ fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
     array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
 }
 
+/// Tests only (`crate::testing::gpu_gates_on_cpu`): the GPU kernels' g and beta come from MLX's
+/// CPU ops, which give the CPU kernel's fused gates bit for bit, so a GPU result can be compared
+/// with the CPU kernel's bits where only the gates' transcendentals differ.
+pub(crate) static GPU_GATES_ON_CPU: AtomicBool = AtomicBool::new(false);
+
 /// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),
 /// a zero state when none is given, and T as a 1-element int32 input.
 struct MetalInputs {
@@ -564,9 +571,15 @@ impl MetalInputs {
             )?),
         };
         let gate = |input| caller_array(x, input);
+        let gates_gpu = gpu && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
         Ok(MetalInputs {
-            g: bridge::compute_g(gate(Input::ALog), gate(Input::A), gate(Input::DtBias), gpu)?,
-            beta: bridge::sigmoid(gate(Input::B), gpu)?,
+            g: bridge::compute_g(
+                gate(Input::ALog),
+                gate(Input::A),
+                gate(Input::DtBias),
+                gates_gpu,
+            )?,
+            beta: bridge::sigmoid(gate(Input::B), gates_gpu)?,
             zeros,
             t_in: bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?,
         })

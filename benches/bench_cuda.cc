@@ -1,0 +1,281 @@
+// `make bench-cuda`: mlxkern's kernels on an MLX CUDA GPU beside MLX's own paths in the same
+// process, at Qwen3.5-35B-A3B dims (Hk 16, Hv 32, Dk = Dv = 128, bf16 activations, f32 state).
+//
+// Rows (each a graph built and evaluated as an engine would, one mx::eval per iteration):
+//   decode   B = 1, 8, 32, 256; 30 layers, each with its own state (working set above the
+//            H200's 60 MB L2), one graph of 30 layer steps per eval:
+//              mlxkern      mlxk_gated_delta_update on the GPU (gates as MLX ops)
+//              mlx fast     mx::fast::gated_delta_update (MLX CUDA: its ops fallback), same gates
+//              mlx floor    MLX's own elementwise op over the same states (mx::negative: reads
+//                           and writes every state byte once, what a state update must move) —
+//                           the floor inside MLX for one op per layer
+//   replay   mlxk_gated_delta_state, T = 8, B = 1 and 32, 30 layers
+//   split    mlxk_silu_rms_heads at S = 1 and 512 (the conv output: 8192 channels), 30 layers
+//   norm     mlxk_gated_rms_norm at S = 1 and 512 (rows = S · 32 heads, D = 128), 30 layers
+//   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
+// For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
+// must move (inputs read + outputs written) and the GB/s that gives, and the ratio to the floor.
+// Output: a table on stdout and JSON lines in $MLXK_BENCH_JSON (if set).
+#define MLXKERN_WITH_MLX
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mlx/mlx.h"
+#include "mlxkern.hpp"
+
+namespace mx = mlx::core;
+
+namespace {
+
+constexpr int kLayers = 30, kHk = 16, kHv = 32, kD = 128;
+
+FILE* json = nullptr;
+
+double now_us() {
+  using namespace std::chrono;
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+}
+
+// Median microseconds of one call of `step` (which builds and evaluates one graph).
+double time_us(const std::function<void()>& step, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    double t0 = now_us();
+    step();
+    t.push_back(now_us() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void row(const std::string& group, const std::string& name, const std::string& peer, double us,
+         double per, double bytes, double floor_us) {
+  const double gbs = bytes / (us / per) / 1e3;
+  std::printf("%-8s %-34s %-12s %10.2f us/layer  %8.1f GB/s", group.c_str(), name.c_str(),
+              peer.c_str(), us / per, gbs);
+  if (floor_us > 0) std::printf("  %5.2fx floor", us / floor_us);
+  std::printf("\n");
+  if (json) {
+    std::fprintf(json,
+                 "{\"group\":\"%s\",\"case\":\"%s\",\"impl\":\"%s\",\"us_per_layer\":%.3f,"
+                 "\"bytes_per_layer\":%.0f,\"gbs\":%.2f,\"vs_floor\":%.4f}\n",
+                 group.c_str(), name.c_str(), peer.c_str(), us / per, bytes, gbs,
+                 floor_us > 0 ? us / floor_us : 0.0);
+    std::fflush(json);
+  }
+}
+
+mx::array normal(const mx::Shape& shape, mx::Dtype dtype, float scale) {
+  return mx::astype(mx::multiply(mx::random::normal(shape), mx::array(scale)), dtype);
+}
+
+struct Layer {
+  mx::array q, k, v, a, b, a_log, dt_bias, state;
+};
+
+std::vector<Layer> layers(int batch, int t) {
+  std::vector<Layer> out;
+  for (int l = 0; l < kLayers; ++l) {
+    Layer x{normal({batch, t, kHk, kD}, mx::bfloat16, 0.088f),
+            normal({batch, t, kHk, kD}, mx::bfloat16, 0.088f),
+            normal({batch, t, kHv, kD}, mx::bfloat16, 1.0f),
+            normal({batch, t, kHv}, mx::bfloat16, 1.0f),
+            normal({batch, t, kHv}, mx::bfloat16, 1.0f),
+            normal({kHv}, mx::float32, 0.5f),
+            normal({kHv}, mx::bfloat16, 0.5f),
+            normal({batch, kHv, kD, kD}, mx::float32, 0.1f)};
+    mx::eval({x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, x.state});
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+// mlx-lm's compute_g and sigmoid as MLX ops (what mlxkern's GPU path builds too).
+std::pair<mx::array, mx::array> gates(const Layer& x) {
+  auto decay = mx::negative(mx::exp(mx::astype(x.a_log, mx::float32)));
+  auto z = mx::add(x.a, x.dt_bias);
+  auto g = mx::exp(mx::multiply(decay, mx::logaddexp(z, mx::array(0.0f, z.dtype()))));
+  return {g, mx::sigmoid(x.b)};
+}
+
+double update_bytes(int batch, int t) {
+  const double state = double(batch) * kHv * kD * kD * 4 * 2;
+  const double act = double(batch) * t * (2 * kHk * kD + 2 * kHv * kD + 2 * kHv) * 2;
+  return state + act;
+}
+
+void decode(int batch, int warmup, int iters) {
+  auto ls = layers(batch, 1);
+  const std::string name = "decode B=" + std::to_string(batch) + " (30 layers)";
+  auto floor = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) outs.push_back(mx::negative(x.state));
+    mx::eval(outs);
+  };
+  auto ours = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                        h(x.dt_bias), &st);
+      outs.push_back(r.y.to_mlx());
+      outs.push_back(r.state.to_mlx());
+    }
+    mx::eval(outs);
+  };
+  auto fast = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      auto [g, beta] = gates(x);
+      auto r = mx::fast::gated_delta_update(x.q, x.k, x.v, g, beta, x.state);
+      outs.insert(outs.end(), r.begin(), r.end());
+    }
+    mx::eval(outs);
+  };
+  const double bytes = update_bytes(batch, 1);
+  const double f = time_us(floor, warmup, iters);
+  row("decode", name, "mlx floor", f, kLayers, double(batch) * kHv * kD * kD * 8, 0);
+  row("decode", name, "mlxkern", time_us(ours, warmup, iters), kLayers, bytes, f);
+  row("decode", name, "mlx fast", time_us(fast, warmup, iters), kLayers, bytes, f);
+}
+
+void replay(int batch, int warmup, int iters) {
+  auto ls = layers(batch, 8);
+  const std::string name = "replay T=8 B=" + std::to_string(batch) + " (30 layers)";
+  std::vector<std::int32_t> lengths(batch, 8);
+  auto floor = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) outs.push_back(mx::negative(x.state));
+    mx::eval(outs);
+  };
+  auto ours = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_state(h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log), h(x.dt_bias),
+                                       &st, mlxk::Span<std::int32_t>(lengths));
+      outs.push_back(r.to_mlx());
+    }
+    mx::eval(outs);
+  };
+  const double f = time_us(floor, warmup, iters);
+  row("replay", name, "mlx floor", f, kLayers, double(batch) * kHv * kD * kD * 8, 0);
+  row("replay", name, "mlxkern", time_us(ours, warmup, iters), kLayers,
+      update_bytes(batch, 8) - double(batch) * 8 * (kHk + kHv) * kD * 2, f);
+}
+
+void head_split(int s, int warmup, int iters) {
+  const int c = 2 * kHk * kD + kHv * kD;
+  std::vector<mx::array> xs;
+  for (int l = 0; l < kLayers; ++l) xs.push_back(normal({1, s, c}, mx::bfloat16, 2.0f));
+  auto qs = normal({kD}, mx::bfloat16, 1.0f), ks = normal({kD}, mx::bfloat16, 1.0f);
+  mx::eval(xs);
+  mx::eval({qs, ks});
+  const std::string name = "head split S=" + std::to_string(s) + " (30 layers)";
+  auto floor = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : xs) outs.push_back(mx::negative(x));
+    mx::eval(outs);
+  };
+  auto ours = [&] {
+    std::vector<mx::array> outs;
+    auto hq = mlxk::Array::from_mlx(qs), hk = mlxk::Array::from_mlx(ks);
+    for (auto& x : xs) {
+      auto r = mlxk::silu_rms_heads(mlxk::Array::from_mlx(x), hq, hk, kHk, kHv, kD, 1e-6f);
+      outs.push_back(r.q.to_mlx());
+      outs.push_back(r.k.to_mlx());
+      outs.push_back(r.v.to_mlx());
+    }
+    mx::eval(outs);
+  };
+  const double bytes = double(s) * c * 2 * 2;
+  const double f = time_us(floor, warmup, iters);
+  row("split", name, "mlx floor", f, kLayers, bytes, 0);
+  row("split", name, "mlxkern", time_us(ours, warmup, iters), kLayers, bytes, f);
+}
+
+void gated_norm(int s, int warmup, int iters) {
+  std::vector<mx::array> xs, zs;
+  for (int l = 0; l < kLayers; ++l) {
+    xs.push_back(normal({s * kHv, kD}, mx::bfloat16, 1.0f));
+    zs.push_back(normal({s * kHv, kD}, mx::bfloat16, 2.0f));
+  }
+  auto w = normal({kD}, mx::bfloat16, 1.0f);
+  mx::eval(xs);
+  mx::eval(zs);
+  mx::eval(w);
+  const std::string name = "gated norm S=" + std::to_string(s) + " (30 layers)";
+  auto floor = [&] {
+    std::vector<mx::array> outs;
+    for (int l = 0; l < kLayers; ++l) outs.push_back(mx::add(xs[l], zs[l]));
+    mx::eval(outs);
+  };
+  auto ours = [&] {
+    std::vector<mx::array> outs;
+    auto hw = mlxk::Array::from_mlx(w);
+    for (int l = 0; l < kLayers; ++l) {
+      outs.push_back(mlxk::gated_rms_norm(mlxk::Array::from_mlx(xs[l]),
+                                          mlxk::Array::from_mlx(zs[l]), hw, 1e-6f)
+                         .to_mlx());
+    }
+    mx::eval(outs);
+  };
+  const double bytes = double(s) * kHv * kD * 2 * 3;
+  const double f = time_us(floor, warmup, iters);
+  row("norm", name, "mlx floor", f, kLayers, bytes, 0);
+  row("norm", name, "mlxkern", time_us(ours, warmup, iters), kLayers, bytes, f);
+}
+
+void prefill(int t, int warmup, int iters) {
+  Layer x = layers(1, t).front();
+  const std::string name = "prefill T=" + std::to_string(t) + " B=1 (1 layer)";
+  auto ours = [&] {
+    auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+    auto st = h(x.state);
+    auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                      h(x.dt_bias), &st);
+    mx::eval({r.y.to_mlx(), r.state.to_mlx()});
+  };
+  auto fast = [&] {
+    auto [g, beta] = gates(x);
+    auto r = mx::fast::gated_delta_update(x.q, x.k, x.v, g, beta, x.state);
+    mx::eval(r);
+  };
+  const double bytes = update_bytes(1, t);
+  const double o = time_us(ours, warmup, iters);
+  row("prefill", name, "mlxkern", o, 1, bytes, 0);
+  const double m = time_us(fast, 1, 3);
+  row("prefill", name, "mlx fast", m, 1, bytes, 0);
+  std::printf("prefill  mlx fast / mlxkern = %.1fx\n", m / o);
+}
+
+}  // namespace
+
+int main() {
+  if (mlxk::gpu_backend() != mlxk::GpuBackend::Cuda) {
+    std::printf("bench-cuda: skipped, the loaded MLX has no CUDA backend\n");
+    return 0;
+  }
+  mlxk::set_default_device(mlxk::Device::Gpu);
+  mx::set_default_device(mx::Device::gpu);
+  if (const char* path = std::getenv("MLXK_BENCH_JSON")) json = std::fopen(path, "w");
+  const bool quick = std::getenv("MLXK_BENCH_QUICK") != nullptr;
+  const int warmup = quick ? 3 : 10, iters = quick ? 10 : 50;
+  std::printf("mlxkern %s, MLX %s; median of %d evals after %d warm-up\n", mlxk_version(),
+              mlxk_mlx_version(), iters, warmup);
+  for (int b : {1, 8, 32, 256}) decode(b, warmup, iters);
+  for (int b : {1, 32}) replay(b, warmup, iters);
+  for (int s : {1, 512}) head_split(s, warmup, iters);
+  for (int s : {1, 512}) gated_norm(s, warmup, iters);
+  prefill(4096, 2, quick ? 3 : 10);
+  if (json) std::fclose(json);
+  return 0;
+}

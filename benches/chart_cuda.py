@@ -1,0 +1,42 @@
+"""Chart of `make bench-cuda`: per-layer decode time by batch for every implementation (log
+scale), and each mlxkern row's time relative to MLX's floor op on the same data.
+    chart_cuda.py OUT.png bench-cuda.jsonl [fla.jsonl]
+"""
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+rows = []
+for path in sys.argv[2:]:
+    try:
+        rows += [json.loads(line) for line in open(path) if line.strip()]
+    except FileNotFoundError:
+        pass
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+decode = [r for r in rows if r["group"] == "decode"]
+for impl in sorted({r["impl"] for r in decode}):
+    pts = sorted((int(r["case"].split("B=")[1].split()[0]), r["us_per_layer"])
+                 for r in decode if r["impl"] == impl)
+    left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+left.set_xscale("log", base=2)
+left.set_yscale("log")
+left.set_xlabel("batch B (decode, T = 1, 30 layers per eval)")
+left.set_ylabel("µs per layer-step")
+left.set_title("Gated DeltaNet decode on the GPU (Qwen3.5-35B-A3B dims)")
+left.legend()
+left.grid(True, which="both", alpha=0.3)
+
+ours = [r for r in rows if r["impl"] == "mlxkern" and r["vs_floor"] > 0]
+right.barh([r["case"] for r in ours], [1 / r["vs_floor"] for r in ours], color="tab:green")
+right.axvline(1.0, color="k", lw=0.8)
+right.set_xlabel("MLX floor-op time / mlxkern time (1 = as fast as MLX's own op)")
+right.set_title("mlxkern against MLX's floor on the same bytes")
+right.invert_yaxis()
+fig.tight_layout()
+fig.savefig(sys.argv[1], dpi=110)
+print(f"chart: {sys.argv[1]}")

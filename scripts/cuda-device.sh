@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On a CUDA machine (H100/H200, no Rust needed), from the repository root with build/cuda/carry
+# made by scripts/cuda-build.sh: stages MLX CUDA, then runs
+#   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide)
+#   bench   build/cuda/carry/bench_cuda, the fla peer (benches/peer_fla.py) and the chart
+# Usage: scripts/cuda-device.sh [test] [bench] (both by default). Logs, JSON and the chart go
+# to $OUT (build/cuda/out by default).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+carry=$PWD/build/cuda/carry
+out=${OUT:-$PWD/build/cuda/out}
+mkdir -p "$out"
+what=${*:-test bench}
+# shellcheck disable=SC1091
+source scripts/cuda/stage.sh "$carry/payload.tar.xz"
+export LD_LIBRARY_PATH=$carry:$MLX_DIR/lib:$LD_LIBRARY_PATH
+export MLXK_NUM_THREADS=${MLXK_NUM_THREADS:-8}
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  lscpu | grep -m1 'Model name'; } | tee "$out/device.txt"
+status=0
+if [[ " $what " == *" test "* ]]; then
+  start=$(date +%s)
+  "$carry/test_cuda" --test-threads=1 --nocapture 2>&1 | tee "$out/test-cuda.log"
+  rc=${PIPESTATUS[0]}; status=$((status | rc))
+  echo "test-cuda: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$out/test-cuda.log"
+fi
+if [[ " $what " == *" bench "* ]]; then
+  MLXK_BENCH_JSON=$out/bench-cuda.jsonl "$carry/bench_cuda" 2>&1 | tee "$out/bench-cuda.log"
+  status=$((status | PIPESTATUS[0]))
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \
+    "$carry"/wheels/*.whl >/dev/null 2>&1
+  PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla.py "$out/fla.jsonl" 2>&1 |
+    tee "$out/fla.log"
+  python3 benches/chart_cuda.py "$out/bench-cuda.png" "$out/bench-cuda.jsonl" "$out/fla.jsonl"
+fi
+exit $status

@@ -1,0 +1,518 @@
+//! `make test-cuda`: every kernel on an MLX CUDA GPU against the CPU kernels, through the C ABI
+//! (docs/DESIGN.md §3 "MLX CUDA", §6). Skips with a message where the loaded MLX has no CUDA
+//! backend (CI, `mlx[cpu]`).
+//!
+//! What must hold:
+//! - head split, gated norm: bit-identical (their transcendentals are inside the kernel text,
+//!   where kernels/cuda/metal_compat.cuh gives MLX's CPU formulas);
+//! - recurrence and replay with the gates made by MLX's CPU ops (`testing::gpu_gates_on_cpu`):
+//!   bit-identical. With the library's own GPU gates (MLX CUDA's `exp`, `log1p`, `sigmoid`,
+//!   as mlx-lm computes them on that GPU) only the gates' last bits may differ; the bound is
+//!   `GATE_BOUND` below, and every case prints how many outputs differ;
+//! - replay over the whole window equals the update's state, bit for bit, on the GPU;
+//! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
+//! - argument errors, the memory limit and the chunked form's refusal are unchanged with the
+//!   GPU as default device.
+//! Run it alone (`--test-threads=1`): the default device is process-wide.
+
+mod common;
+use common::*;
+use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
+use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
+use mlxkern::testing::gpu_gates_on_cpu;
+use std::ptr::null_mut;
+
+fn cuda() -> bool {
+    mlxk_gpu_backend() == MLXK_GPU_CUDA
+}
+
+fn on_gpu(gpu: bool) {
+    ok(mlxk_set_default_device(if gpu {
+        MLXK_DEVICE_GPU
+    } else {
+        MLXK_DEVICE_CPU
+    }));
+}
+
+fn half_to_f32(h: u16) -> f32 {
+    let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
+    let exp = ((h >> 10) & 0x1F) as i32;
+    let man = (h & 0x3FF) as f32;
+    sign * match exp {
+        0 => man * 2f32.powi(-24),
+        31 if man == 0.0 => f32::INFINITY,
+        31 => f32::NAN,
+        e => (1.0 + man / 1024.0) * 2f32.powi(e - 15),
+    }
+}
+
+fn values(a: H) -> Vec<f64> {
+    let bytes = read_bytes(a);
+    match dtype_of(a) {
+        MLXK_DTYPE_FLOAT32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as f64)
+            .collect(),
+        MLXK_DTYPE_BFLOAT16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])) as f64)
+            .collect(),
+        MLXK_DTYPE_FLOAT16 => bytes
+            .chunks_exact(2)
+            .map(|c| half_to_f32(u16::from_ne_bytes([c[0], c[1]])) as f64)
+            .collect(),
+        d => panic!("unexpected dtype {d}"),
+    }
+}
+
+/// How a GPU output compares with the CPU reference: elements with different bits, and the
+/// largest difference relative to the reference's largest magnitude.
+struct Diff {
+    differ: usize,
+    total: usize,
+    rel: f64,
+}
+
+fn diff(reference: H, gpu: H) -> Diff {
+    assert_eq!(shape_of(reference), shape_of(gpu));
+    assert_eq!(dtype_of(reference), dtype_of(gpu));
+    let (rb, gb) = (read_bytes(reference), read_bytes(gpu));
+    let size = rb.len() / values(reference).len().max(1);
+    let differ = rb
+        .chunks(size.max(1))
+        .zip(gb.chunks(size.max(1)))
+        .filter(|(a, b)| a != b)
+        .count();
+    let (r, g) = (values(reference), values(gpu));
+    let scale = r.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(1e-30);
+    let worst = r
+        .iter()
+        .zip(&g)
+        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    Diff {
+        differ,
+        total: r.len(),
+        rel: worst / scale,
+    }
+}
+
+#[track_caller]
+fn assert_identical(what: &str, reference: H, gpu: H) {
+    let d = diff(reference, gpu);
+    assert_eq!(
+        d.differ, 0,
+        "{what}: {} of {} elements differ from the CPU kernel (max rel {:.3e})",
+        d.differ, d.total, d.rel
+    );
+}
+
+/// The bound with the library's own GPU gates: gates within a few float32 ulps of the CPU's
+/// move the state by a relative ~T_eff · 2^-22 (T_eff: the decay's memory), far under 1e-4; a
+/// 16-bit output may then round to the neighbouring value: one ulp of its type at the largest
+/// magnitude (2^-8 bf16, 2^-11 f16).
+fn gate_bound(dtype: mlxk_dtype) -> f64 {
+    match dtype {
+        MLXK_DTYPE_BFLOAT16 => 2f64.powi(-8) + 1e-4,
+        MLXK_DTYPE_FLOAT16 => 2f64.powi(-11) + 1e-4,
+        _ => 1e-4,
+    }
+}
+
+fn dtype_name(d: mlxk_dtype) -> &'static str {
+    match d {
+        MLXK_DTYPE_FLOAT32 => "f32",
+        MLXK_DTYPE_BFLOAT16 => "bf16",
+        MLXK_DTYPE_FLOAT16 => "f16",
+        _ => "?",
+    }
+}
+
+/// `data` as an array of `dtype` (made on the CPU and evaluated).
+fn typed(data: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let f = new_f32(data, shape);
+    if dtype == MLXK_DTYPE_FLOAT32 {
+        return f;
+    }
+    let mut out = null_mut();
+    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
+    ok(mlxk_array_eval(out));
+    free(f);
+    out
+}
+
+struct Update {
+    dtype: mlxk_dtype,
+    h: [H; 9], // q k v a b a_log dt_bias state mask (state, mask may be null)
+}
+
+impl Update {
+    fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) -> Self {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let (bi, ti, hki, hvi, dki, dvi) = (
+            b as i32, t as i32, hk as i32, hv as i32, dk as i32, dv as i32,
+        );
+        let mut unit_heads = |scale: f32| {
+            let mut x = rng.vec(b * t * hk * dk, 1.0);
+            for head in x.chunks_mut(dk) {
+                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+                head.iter_mut().for_each(|v| *v = *v / n * scale);
+            }
+            x
+        };
+        let q = unit_heads((dk as f32).powf(-0.5));
+        let k = unit_heads(1.0);
+        let h = [
+            typed(&q, &[bi, ti, hki, dki], dtype),
+            typed(&k, &[bi, ti, hki, dki], dtype),
+            typed(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi], dtype),
+            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+            new_f32(&rng.vec(hv, 1.5), &[hvi]),
+            typed(&rng.vec(hv, 1.0), &[hvi], dtype),
+            if state {
+                new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
+            } else {
+                null_mut()
+            },
+            if mask {
+                // Row 0 fully masked, the others at random.
+                let m: Vec<bool> = (0..b * t).map(|i| i >= t && rng.below(4) != 0).collect();
+                new_bool(&m, &[bi, ti])
+            } else {
+                null_mut()
+            },
+        ];
+        Update { dtype, h }
+    }
+
+    fn run(&self) -> (H, H) {
+        let [q, k, v, a, b, al, dt, s, m] = self.h.map(|h| h as *const mlxk_array);
+        let (mut y, mut st) = (null_mut(), null_mut());
+        ok(unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) });
+        ok(mlxk_array_eval(y));
+        ok(mlxk_array_eval(st));
+        (y, st)
+    }
+
+    fn replay(&self, lengths: &[i32]) -> H {
+        let [_, k, v, a, b, al, dt, s, _] = self.h.map(|h| h as *const mlxk_array);
+        let mut out = null_mut();
+        ok(unsafe {
+            mlxk_gated_delta_state(
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                s,
+                lengths.as_ptr(),
+                lengths.len(),
+                &mut out,
+            )
+        });
+        ok(mlxk_array_eval(out));
+        out
+    }
+
+    fn free(self) {
+        for h in self.h {
+            if !h.is_null() {
+                free(h);
+            }
+        }
+    }
+}
+
+fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) {
+    let u = Update::random(rng, dims, dtype, state, mask);
+    let label = format!(
+        "update {} B={} T={} Hk={} Hv={} Dk={} Dv={} state={state} mask={mask}",
+        dtype_name(dtype),
+        dims[0],
+        dims[1],
+        dims[2],
+        dims[3],
+        dims[4],
+        dims[5]
+    );
+    on_gpu(false);
+    let (y0, s0) = u.run();
+    on_gpu(true);
+    gpu_gates_on_cpu(true);
+    let (y1, s1) = u.run();
+    assert_identical(&format!("{label}: y (CPU gates)"), y0, y1);
+    assert_identical(&format!("{label}: state (CPU gates)"), s0, s1);
+    gpu_gates_on_cpu(false);
+    let (y2, s2) = u.run();
+    let (dy, ds) = (diff(y0, y2), diff(s0, s2));
+    println!(
+        "PASS: {label}: bit-identical with CPU-op gates ({} y, {} state values); with GPU gates \
+         y {}/{} differ (max rel {:.2e}), state {}/{} (max rel {:.2e})",
+        dy.total, ds.total, dy.differ, dy.total, dy.rel, ds.differ, ds.total, ds.rel
+    );
+    assert!(
+        dy.rel <= gate_bound(u.dtype),
+        "{label}: y {:.3e} over the bound",
+        dy.rel
+    );
+    assert!(
+        ds.rel <= gate_bound(MLXK_DTYPE_FLOAT32),
+        "{label}: state {:.3e}",
+        ds.rel
+    );
+    // The replay: CPU vs GPU at random lengths, and the whole window equal to the update's state.
+    let t = dims[1] as i32;
+    let lengths: Vec<i32> = (0..dims[0])
+        .map(|_| rng.below(t as u64 + 1) as i32)
+        .collect();
+    on_gpu(false);
+    let r0 = u.replay(&lengths);
+    on_gpu(true);
+    gpu_gates_on_cpu(true);
+    let r1 = u.replay(&lengths);
+    assert_identical(&format!("{label}: replay {lengths:?}"), r0, r1);
+    gpu_gates_on_cpu(false);
+    if !mask {
+        let whole = u.replay(&vec![t; dims[0]]);
+        assert_identical(
+            &format!("{label}: replay of all T vs the update"),
+            s2,
+            whole,
+        );
+        free(whole);
+    }
+    on_gpu(false);
+    for h in [y0, s0, y1, s1, y2, s2, r0, r1] {
+        free(h);
+    }
+    u.free();
+}
+
+fn head_split(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) {
+    let [b, s, hk, hv, dk, dv] = dims;
+    let c = 2 * hk * dk + hv * dv;
+    let x = typed(
+        &rng.vec(b * s * c, 4.0),
+        &[b as i32, s as i32, c as i32],
+        dtype,
+    );
+    let qs = typed(&rng.vec(dk, 1.0), &[dk as i32], dtype);
+    let ks = typed(&rng.vec(dk, 1.0), &[dk as i32], dtype);
+    let run = || {
+        let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_silu_rms_heads(
+                x, qs, ks, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
+            )
+        });
+        for h in [q, k, v] {
+            ok(mlxk_array_eval(h));
+        }
+        [q, k, v]
+    };
+    on_gpu(false);
+    let cpu = run();
+    on_gpu(true);
+    let gpu = run();
+    on_gpu(false);
+    let label = format!(
+        "head split {} B={b} S={s} Hk={hk} Hv={hv} Dk={dk} Dv={dv}",
+        dtype_name(dtype)
+    );
+    for (i, name) in ["q", "k", "v"].iter().enumerate() {
+        assert_identical(&format!("{label}: {name}"), cpu[i], gpu[i]);
+    }
+    println!("PASS: {label}: q, k, v bit-identical to the CPU kernel");
+    for h in cpu.into_iter().chain(gpu).chain([x, qs, ks]) {
+        free(h);
+    }
+}
+
+fn gated_norm(rng: &mut Rng, rows: usize, d: usize, dtype: mlxk_dtype, gate: mlxk_dtype) {
+    let shape = [rows as i32, d as i32];
+    let x = typed(&rng.vec(rows * d, 3.0), &shape, dtype);
+    let z = typed(&rng.vec(rows * d, 4.0), &shape, gate);
+    let w = typed(&rng.vec(d, 1.5), &[d as i32], dtype);
+    let run = || {
+        let mut out = null_mut();
+        ok(unsafe { mlxk_gated_rms_norm(x, z, w, 1e-6, &mut out) });
+        ok(mlxk_array_eval(out));
+        out
+    };
+    on_gpu(false);
+    let cpu = run();
+    on_gpu(true);
+    let gpu = run();
+    on_gpu(false);
+    let label = format!(
+        "gated norm {} gate {} rows={rows} D={d}",
+        dtype_name(dtype),
+        dtype_name(gate)
+    );
+    assert_identical(&label, cpu, gpu);
+    println!("PASS: {label}: bit-identical to the CPU kernel");
+    for h in [cpu, gpu, x, z, w] {
+        free(h);
+    }
+}
+
+/// 40 chained decode steps, each state feeding the next, on both devices.
+fn decode_loop(rng: &mut Rng) {
+    let dims = [4, 1, 16, 32, 128, 128];
+    let steps: Vec<Update> = (0..40)
+        .map(|_| Update::random(rng, dims, MLXK_DTYPE_BFLOAT16, false, false))
+        .collect();
+    let chain = |gpu: bool| {
+        on_gpu(gpu);
+        let mut state = new_f32(&vec![0.0; 4 * 32 * 128 * 128], &[4, 32, 128, 128]);
+        let mut ys = Vec::new();
+        for u in &steps {
+            let [q, k, v, a, b, al, dt, _, _] = u.h.map(|h| h as *const mlxk_array);
+            let (mut y, mut next) = (null_mut(), null_mut());
+            ok(unsafe {
+                mlxk_gated_delta_update(q, k, v, a, b, al, dt, state, null_mut(), &mut y, &mut next)
+            });
+            free(state);
+            state = next;
+            ys.push(y);
+        }
+        ok(mlxk_array_eval(state));
+        on_gpu(false);
+        (ys, state)
+    };
+    gpu_gates_on_cpu(true);
+    let (cpu_ys, cpu_state) = chain(false);
+    let (gpu_ys, gpu_state) = chain(true);
+    gpu_gates_on_cpu(false);
+    assert_identical("decode loop: final state", cpu_state, gpu_state);
+    for (i, (a, b)) in cpu_ys.iter().zip(&gpu_ys).enumerate() {
+        assert_identical(&format!("decode loop: y of step {i}"), *a, *b);
+    }
+    println!("PASS: 40 chained decode steps (B=4, Qwen3.5 dims): every y and the final state bit-identical");
+    for h in cpu_ys
+        .into_iter()
+        .chain(gpu_ys)
+        .chain([cpu_state, gpu_state])
+    {
+        free(h);
+    }
+    steps.into_iter().for_each(Update::free);
+}
+
+fn errors_on_the_gpu(rng: &mut Rng) {
+    on_gpu(true);
+    let u = Update::random(rng, [2, 8, 2, 4, 64, 32], MLXK_DTYPE_BFLOAT16, true, false);
+    let [q, k, v, a, b, al, dt, s, m] = u.h.map(|h| h as *const mlxk_array);
+    let (mut y, mut st) = (null_mut(), null_mut());
+    expect_err(
+        unsafe { mlxk_gated_delta_update(v, k, v, a, b, al, dt, s, m, &mut y, &mut st) },
+        MLXK_ERR_SHAPE,
+        &["q"],
+    );
+    ok(mlxk_set_memory_limit(1024));
+    expect_err(
+        unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) },
+        MLXK_ERR_OUT_OF_MEMORY,
+        &[],
+    );
+    ok(mlxk_set_memory_limit(0));
+    expect_err(
+        unsafe {
+            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 64, &mut y, &mut st)
+        },
+        MLXK_ERR_UNSUPPORTED,
+        &["CPU only"],
+    );
+    on_gpu(false);
+    u.free();
+    println!(
+        "PASS: shape errors, the memory limit and the chunked form's refusal unchanged on the GPU"
+    );
+}
+
+/// mlxk_compute_g on both devices: how many gates MLX CUDA's ops round differently.
+fn gates(rng: &mut Rng) {
+    let n = 1 << 16;
+    let a_log = new_f32(&rng.vec(32, 1.5), &[32]);
+    let a = typed(&rng.vec(n * 32, 4.0), &[n as i32, 32], MLXK_DTYPE_BFLOAT16);
+    let dt = typed(&rng.vec(32, 1.0), &[32], MLXK_DTYPE_BFLOAT16);
+    let g = |gpu: bool| {
+        on_gpu(gpu);
+        let mut out = null_mut();
+        ok(unsafe { mlxk_compute_g(a_log, a, dt, &mut out) });
+        ok(mlxk_array_eval(out));
+        on_gpu(false);
+        out
+    };
+    let (cpu, gpu) = (g(false), g(true));
+    let d = diff(cpu, gpu);
+    let (c, x) = (read_f32(cpu), read_f32(gpu));
+    let ulps = c
+        .iter()
+        .zip(&x)
+        .map(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs())
+        .max()
+        .unwrap_or(0);
+    println!(
+        "INFO: mlxk_compute_g, MLX CUDA ops vs MLX CPU ops: {}/{} gates differ, at most {ulps} ulp",
+        d.differ, d.total
+    );
+    assert!(ulps <= 8, "gates {ulps} ulps apart");
+    for h in [a_log, a, dt, cpu, gpu] {
+        free(h);
+    }
+}
+
+#[test]
+fn cuda_kernels_match_the_cpu_kernels() {
+    if !cuda() {
+        eprintln!(
+            "skipped: the loaded MLX has no CUDA backend (mlxk_gpu_backend() = {}); \
+             `make test-cuda` runs this on a CUDA machine",
+            mlxk_gpu_backend()
+        );
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let (bf16, f16, f32) = (MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32);
+    gates(&mut rng);
+    // B, T, Hk, Hv, Dk, Dv: decode, prefill, GQA 1-4, Dk 32-256, Dv != Dk and odd, B to 64.
+    for (dims, dtype, state, mask) in [
+        ([1, 1, 16, 32, 128, 128], bf16, true, false),
+        ([64, 1, 16, 32, 128, 128], bf16, true, false),
+        ([2, 64, 16, 32, 128, 128], bf16, true, true),
+        ([2, 17, 4, 4, 64, 64], f16, false, false),
+        ([3, 33, 2, 4, 32, 48], f32, true, true),
+        ([2, 9, 2, 6, 96, 7], bf16, true, true),
+        ([1, 40, 1, 4, 256, 130], f16, true, false),
+        ([2, 5, 2, 2, 160, 33], f32, false, true),
+        ([3, 0, 2, 4, 64, 64], bf16, true, false),
+        ([1, 4096, 2, 4, 128, 128], bf16, true, false),
+    ] {
+        recurrence(&mut rng, dims, dtype, state, mask);
+    }
+    for (dims, dtype) in [
+        ([1, 1, 16, 32, 128, 128], bf16),
+        ([2, 512, 16, 32, 128, 128], bf16),
+        ([3, 7, 2, 4, 100, 72], f16),
+        ([2, 3, 1, 3, 5, 3], f32),
+        ([1, 64, 4, 8, 64, 128], f32),
+    ] {
+        head_split(&mut rng, dims, dtype);
+    }
+    for (rows, d, dtype, gate) in [
+        (32, 128, bf16, bf16),
+        (512 * 32, 128, bf16, bf16),
+        (7, 1000, f16, f32),
+        (3, 4096, f32, f32),
+        (5, 5000, bf16, f32),
+        (2, 1, f32, f32),
+        (0, 128, bf16, bf16),
+    ] {
+        gated_norm(&mut rng, rows, d, dtype, gate);
+    }
+    decode_loop(&mut rng);
+    errors_on_the_gpu(&mut rng);
+    println!("PASS: test-cuda: every kernel on MLX CUDA matches the CPU kernels");
+}
