@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo bench install test test-rust test-oracle test-c test-cpp test-interop test-bun test-metal-emu test-swift test-sanitizers fuzz clean
+.PHONY: bootstrap build header demo bench bench-cuda test-cuda cuda-carry install test test-rust test-oracle test-c test-cpp test-interop test-bun test-metal-emu test-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -99,3 +99,28 @@ test-bun: build
 clean:
 	$(CARGO) clean
 	rm -rf $(BUILD)
+
+# MLX CUDA (docs/DESIGN.md §3). On a machine with an NVIDIA GPU, Rust and an MLX CUDA install
+# (pip mlx-cuda-13==0.32.4; MLX_DIR=its `mlx` package folder): `make test-cuda` runs every kernel
+# on the GPU against the CPU kernels (tests/cuda.rs), `make bench-cuda` the GPU benchmark beside
+# MLX's own paths and fla (build/bench/bench-cuda.{log,jsonl,png}). Where the GPU machine has no
+# Rust, `make cuda-carry` builds the same programs here into build/cuda/carry and
+# scripts/cuda-device.sh runs them there.
+CUDA_TARGET := target/cuda
+test-cuda:
+	@test -n "$$MLX_DIR" || { echo "test-cuda: set MLX_DIR to an MLX CUDA install's mlx folder"; exit 2; }
+	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test cuda -- --test-threads=1 --nocapture
+
+bench-cuda:
+	@test -n "$$MLX_DIR" || { echo "bench-cuda: set MLX_DIR to an MLX CUDA install's mlx folder"; exit 2; }
+	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) build --lib
+	@mkdir -p $(BUILD)/bench
+	$(CXX) -O2 -std=c++20 -Iinclude -isystem "$$MLX_DIR/include" benches/bench_cuda.cc \
+	  -L$(CUDA_TARGET)/debug -lmlxkern -Wl,-rpath,$(abspath $(CUDA_TARGET)/debug) \
+	  -L"$$MLX_DIR/lib" -lmlx -Wl,-rpath,"$$MLX_DIR/lib" -o $(BUILD)/bench/bench_cuda
+	MLXK_BENCH_JSON=$(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/bench_cuda | tee $(BUILD)/bench/bench-cuda.log
+	-python3 benches/peer_fla.py $(BUILD)/bench/fla.jsonl
+	python3 benches/chart_cuda.py $(BUILD)/bench/bench-cuda.png $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl
+
+cuda-carry:
+	./scripts/cuda-build.sh

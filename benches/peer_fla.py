@@ -17,7 +17,8 @@ except Exception as e:  # pragma: no cover - reported, not fatal
     sys.exit(0)
 
 LAYERS, HK, HV, D = 30, 16, 32, 128
-out = open(sys.argv[1], "w") if len(sys.argv) > 1 else None
+# Each batch size appends its rows (a child process per size, see the end).
+out = open(sys.argv[1], "a") if len(sys.argv) > 1 and sys.argv[1] else None
 
 
 def timed(step, warmup=10, iters=50):
@@ -40,7 +41,7 @@ def row(name, impl, us, bytes_, floor=0.0):
     per = us / LAYERS
     gbs = bytes_ / per / 1e3
     extra = f"  {us / floor:5.2f}x floor" if floor else ""
-    print(f"decode   {name:<34} {impl:<12} {per:10.2f} us/layer  {gbs:8.1f} GB/s{extra}")
+    print(f"decode   {name:<34} {impl:<20} {per:10.2f} us/layer  {gbs:8.1f} GB/s{extra}")
     if out:
         out.write(json.dumps({"group": "decode", "case": name, "impl": impl,
                               "us_per_layer": round(per, 3), "bytes_per_layer": bytes_,
@@ -82,14 +83,38 @@ def decode(batch):
         for *_, state in layers:
             torch.neg(state)
 
+    def graphed(fn):
+        # The same calls captured once in a CUDA graph and replayed: kernel time without
+        # Python's launch cost (MLX has no such replay; the eager rows are the comparable ones).
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+
     name = f"decode B={batch} (30 layers)"
     state_bytes = batch * HV * D * D * 4 * 2
     act = batch * (2 * HK * D + 2 * HV * D + 2 * HV) * 2
     f = timed(floor)
     row(name, "torch floor", f, state_bytes)
     row(name, "fla", timed(ours), state_bytes + act, f)
+    try:
+        fg = timed(graphed(floor))
+        row(name, "torch floor (graph)", fg, state_bytes)
+        row(name, "fla (graph)", timed(graphed(ours)), state_bytes + act, fg)
+    except Exception as e:
+        print(f"peer_fla: CUDA graph capture failed ({type(e).__name__}: {e})")
 
 
-print(f"fla peer: torch {torch.__version__}, {torch.cuda.get_device_name()}")
-for b in (1, 8, 32, 256):
-    decode(b)
+if len(sys.argv) > 2:  # one batch size, in its own process (a CUDA fault ends only that one)
+    decode(int(sys.argv[2]))
+else:
+    import subprocess
+
+    print(f"fla peer: torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    if out:
+        out.close()
+    for b in (1, 8, 32, 256):
+        subprocess.run([sys.executable, __file__, sys.argv[1] if len(sys.argv) > 1 else "",
+                        str(b)], check=False)

@@ -96,6 +96,15 @@ start=$(now)
 echo "PASS: examples/cpp/qwen35_layer builds against include/ and MLX $("$PY" -c 'import mlx.core as mx; print(mx.__version__)')" \
   "(-std=c++20 -Werror -pedantic) [$(since "$start")]"
 
+# The CUDA benchmark driver builds on every machine (it runs its rows only on MLX CUDA).
+start=$(now)
+"$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT/benches/bench_cuda.cc" "${IN_TREE[@]}" "${WITH_MLX[@]}" \
+  -o "$OUT/bench_cuda" || fail "benches/bench_cuda.cc does not build"
+"$OUT/bench_cuda" | grep -q "skipped, the loaded MLX has no CUDA backend" ||
+  fail "benches/bench_cuda without CUDA should skip"
+echo "PASS: benches/bench_cuda.cc builds (-std=c++20 -Werror -pedantic) and skips without CUDA" \
+  "[$(since "$start")]"
+
 # 3. The acceptance test.
 start=$(now)
 WORK=$OUT/acceptance

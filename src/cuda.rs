@@ -9,6 +9,10 @@ use crate::error::{Error, Result};
 /// The header that lets NVRTC compile the Metal kernel text.
 pub const METAL_COMPAT_HEADER: &str = include_str!("../kernels/cuda/metal_compat.cuh");
 
+/// The gates computed inside the recurrence and replay (MLX's CPU formulas; the Metal text's
+/// MLXK_GATE_DECAY / MLXK_GATE_BETA hooks).
+pub const GATES_HEADER: &str = include_str!("../kernels/cuda/gates.cuh");
+
 /// CUDA's limit on the blocks of a grid's y and z axes (x allows 2^31 - 1).
 pub const MAX_BLOCKS_YZ: i32 = 65_535;
 
@@ -21,7 +25,7 @@ pub const MAX_BLOCKS_YZ: i32 = 65_535;
 /// block instead of 4 and 2). Lanes stay on x, so a SIMD group is still one warp. Grids past
 /// CUDA's block limits are refused with the dimension that overflows.
 pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
-    l.header = METAL_COMPAT_HEADER.to_string();
+    l.header = format!("{METAL_COMPAT_HEADER}{}", l.header);
     for axis in 0..3 {
         let (grid, group) = (l.grid[axis], &mut l.threadgroup[axis]);
         if grid == 0 {
@@ -43,6 +47,18 @@ pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
         }
     }
     Ok(l)
+}
+
+/// The recurrence or replay launch with its gates fused (`kernels/cuda/gates.cuh`): the inputs
+/// named g and beta carry a and b, and A_log and dt_bias follow
+/// (`node::gated_delta::Node::cuda_fused_inputs`). One op per layer step instead of eight: MLX
+/// CUDA's dispatch costs ~6-10 us per op, the kernel itself a few.
+pub fn with_fused_gates(mut l: MetalLaunch) -> MetalLaunch {
+    l.name.push_str("_gates");
+    l.header = GATES_HEADER.to_string();
+    l.input_names
+        .extend(["a_log".to_string(), "dt_bias".to_string()]);
+    l
 }
 
 /// What a grid axis counts, for the error message.
@@ -89,6 +105,14 @@ mod tests {
                 assert_eq!(l.threadgroup[1], 4);
             }
             assert_eq!(l.header, METAL_COMPAT_HEADER);
+            let fused = launch(with_fused_gates(metal(
+                "mlxk_gated_delta_step",
+                [32, dv, 2],
+                [32, 4, 1],
+            )))
+            .unwrap();
+            assert_eq!(fused.header, format!("{METAL_COMPAT_HEADER}{GATES_HEADER}"));
+            assert_eq!(fused.name, "mlxk_gated_delta_step_gates");
         }
         let l = launch(metal("mlxk_gated_rms_norm", [7 * 96, 1, 1], [96, 1, 1])).unwrap();
         assert_eq!(l.threadgroup, [96, 1, 1]);

@@ -5,10 +5,11 @@
 //! What must hold:
 //! - head split, gated norm: bit-identical (their transcendentals are inside the kernel text,
 //!   where kernels/cuda/metal_compat.cuh gives MLX's CPU formulas);
-//! - recurrence and replay with the gates made by MLX's CPU ops (`testing::gpu_gates_on_cpu`):
-//!   bit-identical. With the library's own GPU gates (MLX CUDA's `exp`, `log1p`, `sigmoid`,
-//!   as mlx-lm computes them on that GPU) only the gates' last bits may differ; the bound is
-//!   `GATE_BOUND` below, and every case prints how many outputs differ;
+//! - recurrence and replay with g and beta made by MLX's CPU ops and read by the kernel
+//!   (`testing::gpu_gates_on_cpu`, the Metal launch's form): bit-identical. With the library's
+//!   own CUDA path, whose kernel computes the gates (kernels/cuda/gates.cuh: MLX's CPU formulas
+//!   except CUDA's log1pf for glibc's), only gates whose log1p rounds differently can differ;
+//!   the bound is `gate_bound` below, and every case prints how many outputs differ;
 //! - replay over the whole window equals the update's state, bit for bit, on the GPU;
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
 //! - argument errors, the memory limit and the chunked form's refusal are unchanged with the
@@ -106,15 +107,22 @@ fn assert_identical(what: &str, reference: H, gpu: H) {
     );
 }
 
-/// The bound with the library's own GPU gates: gates within a few float32 ulps of the CPU's
-/// move the state by a relative ~T_eff · 2^-22 (T_eff: the decay's memory), far under 1e-4; a
-/// 16-bit output may then round to the neighbouring value: one ulp of its type at the largest
-/// magnitude (2^-8 bf16, 2^-11 f16).
-fn gate_bound(dtype: mlxk_dtype) -> f64 {
-    match dtype {
-        MLXK_DTYPE_BFLOAT16 => 2f64.powi(-8) + 1e-4,
-        MLXK_DTYPE_FLOAT16 => 2f64.powi(-11) + 1e-4,
-        _ => 1e-4,
+/// The bound for the fused CUDA gates: a softplus whose log1p rounds differently is one ulp of
+/// the gate inputs' dtype off (2^-8 bf16, 2^-11 f16, 2^-24 f32), which moves g by at most that
+/// relative amount times |exp(-exp(A_log)) softplus| (≤ 4.5 here) and the state by that times
+/// the decay's memory (≤ ~100 tokens for these inputs); y in a 16-bit dtype may then round to
+/// its neighbour. So: one ulp of the dtype for the state, two for y, plus 1e-4 for f32
+/// accumulation. Measured figures are printed per case.
+fn gate_bound(dtype: mlxk_dtype, y: bool) -> f64 {
+    let ulp = match dtype {
+        MLXK_DTYPE_BFLOAT16 => 2f64.powi(-8),
+        MLXK_DTYPE_FLOAT16 => 2f64.powi(-11),
+        _ => 0.0,
+    };
+    if y {
+        2.0 * ulp + 1e-4
+    } else {
+        ulp + 1e-4
     }
 }
 
@@ -247,17 +255,17 @@ fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, m
     let (y2, s2) = u.run();
     let (dy, ds) = (diff(y0, y2), diff(s0, s2));
     println!(
-        "PASS: {label}: bit-identical with CPU-op gates ({} y, {} state values); with GPU gates \
-         y {}/{} differ (max rel {:.2e}), state {}/{} (max rel {:.2e})",
+        "PASS: {label}: bit-identical with CPU-op gates ({} y, {} state values); with the fused \
+         CUDA gates y {}/{} differ (max rel {:.2e}), state {}/{} (max rel {:.2e})",
         dy.total, ds.total, dy.differ, dy.total, dy.rel, ds.differ, ds.total, ds.rel
     );
     assert!(
-        dy.rel <= gate_bound(u.dtype),
+        dy.rel <= gate_bound(u.dtype, true),
         "{label}: y {:.3e} over the bound",
         dy.rel
     );
     assert!(
-        ds.rel <= gate_bound(MLXK_DTYPE_FLOAT32),
+        ds.rel <= gate_bound(u.dtype, false),
         "{label}: state {:.3e}",
         ds.rel
     );
@@ -454,11 +462,21 @@ fn gates(rng: &mut Rng) {
         .map(|(a, b)| (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs())
         .max()
         .unwrap_or(0);
+    let rel = c
+        .iter()
+        .zip(&x)
+        .filter(|(a, _)| **a > 1e-30)
+        .map(|(a, b)| ((a - b) / a).abs() as f64)
+        .fold(0.0, f64::max);
     println!(
-        "INFO: mlxk_compute_g, MLX CUDA ops vs MLX CPU ops: {}/{} gates differ, at most {ulps} ulp",
+        "INFO: mlxk_compute_g, MLX CUDA ops vs MLX CPU ops: {}/{} gates differ, at most {ulps} \
+         ulp (relative {rel:.2e})",
         d.differ, d.total
     );
-    assert!(ulps <= 8, "gates {ulps} ulps apart");
+    // exp(-exp(A_log) softplus(a + dt_bias)): an argument of magnitude m carries m ulps of its
+    // own rounding into exp, so CUDA's and MLX CPU's formulas may part by tens of ulps for
+    // large m; relative to the gate that stays far under 1e-5 (m ≤ 88, each step 2^-24).
+    assert!(rel <= 1e-5, "gates {rel:.2e} apart (relative)");
     for h in [a_log, a, dt, cpu, gpu] {
         free(h);
     }

@@ -89,12 +89,20 @@ using metal::simd_sum;
 
 __device__ inline void threadgroup_barrier(metal::mem_flags) { __syncthreads(); }
 
+// as_type: the bit casts the kernels use (float from its uint/int bit pattern and back).
 template <typename To, typename From>
-__device__ inline To as_type(From from) {
-  static_assert(sizeof(To) == sizeof(From), "as_type: sizes differ");
-  To to;
-  __builtin_memcpy(&to, &from, sizeof(To));
-  return to;
+__device__ inline To as_type(From from);
+template <>
+__device__ inline float as_type<float, uint>(uint from) {
+  return __uint_as_float(from);
+}
+template <>
+__device__ inline float as_type<float, int>(int from) {
+  return __int_as_float(from);
+}
+template <>
+__device__ inline uint as_type<uint, float>(float from) {
+  return __float_as_uint(from);
 }
 
 // Mixed float / 16-bit arithmetic with Metal's promotion (see above).

@@ -6,6 +6,10 @@
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
+#ifndef MLXK_GATE_DECAY  // this token's gates: read from g and beta (computed on CUDA)
+#define MLXK_GATE_DECAY g_[hv_idx]
+#define MLXK_GATE_BETA beta_[hv_idx]
+#endif
   const int T = Tin[0];
   auto n = thread_position_in_grid.z;
   auto b_idx = n / Hv;
@@ -25,14 +29,15 @@
     state[i] = static_cast<float>(i_state[n_per_t * dk_idx + i]);
   const int keep = lengths[b_idx];
   for (int t = 0; t < keep; ++t) {
+    const float decay = MLXK_GATE_DECAY;
     float kv_mem = 0.0f;
     for (int i = 0; i < n_per_t; ++i) {
       auto s_idx = n_per_t * dk_idx + i;
-      state[i] = MLXK_MUL(state[i], g_[hv_idx]);
+      state[i] = MLXK_MUL(state[i], decay);
       kv_mem += MLXK_MUL(state[i], k_[s_idx]);
     }
     kv_mem = simd_sum(kv_mem);
-    auto delta = (v_[dv_idx] - kv_mem) * beta_[hv_idx];
+    auto delta = (v_[dv_idx] - kv_mem) * MLXK_GATE_BETA;
     for (int i = 0; i < n_per_t; ++i) {
       auto s_idx = n_per_t * dk_idx + i;
       state[i] = state[i] + MLXK_MUL(k_[s_idx], delta);

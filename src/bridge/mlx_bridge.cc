@@ -8,11 +8,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
 #include <mutex>
+#include <unordered_map>
 #include <typeinfo>
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -245,6 +248,19 @@ std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dty
   return std::make_unique<Array>(std::move(a));
 }
 
+std::unique_ptr<Array> int32_scalar(int32_t value) {
+  // Called under the library's MLX lock (every bridge call is), which guards the map.
+  // Never destroyed: its arrays must not be freed after MLX's allocator at exit.
+  static auto& cache = *new std::map<int32_t, mx::array>();
+  auto found = cache.find(value);
+  if (found != cache.end()) return std::make_unique<Array>(found->second);
+  void* dst = nullptr;
+  auto a = allocated(mx::Shape{1}, mx::int32, &dst);
+  std::memcpy(dst, &value, sizeof(value));
+  if (cache.size() < 256) cache.emplace(value, a);
+  return std::make_unique<Array>(std::move(a));
+}
+
 size_t array_ndim(const Array& a) { return a.ndim(); }
 int32_t array_dim(const Array& a, size_t axis) { return a.shape()[axis]; }
 int32_t array_dtype(const Array& a) { return from_mlx(a.dtype()); }
@@ -348,12 +364,32 @@ std::vector<std::string> strings(const rust::Vec<rust::String>& list) {
 }
 }  // namespace
 
+// The kernel objects MLX's metal_kernel / cuda_kernel make, kept per launch (name, header and
+// source): making one scans and copies the source, which a decode step would otherwise pay on
+// every call. Guarded by the library's MLX lock.
+template <class Make>
+const mx::fast::CustomKernelFunction& cached_kernel(const MetalLaunch& launch, Make make) {
+  static auto& kernels = *new std::unordered_map<std::string, mx::fast::CustomKernelFunction>();
+  std::string key(launch.name);
+  key += '\n';
+  key += std::to_string(std::hash<std::string_view>{}(
+      std::string_view(launch.header.data(), launch.header.size())));
+  key += '\n';
+  key += std::to_string(std::hash<std::string_view>{}(
+      std::string_view(launch.source.data(), launch.source.size())));
+  auto found = kernels.find(key);
+  if (found == kernels.end()) found = kernels.emplace(key, make()).first;
+  return found->second;
+}
+
 std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
                                            bool gpu) {
-  auto kernel = mx::fast::metal_kernel(std::string(launch.name), strings(launch.input_names),
-                                       strings(launch.output_names), std::string(launch.source),
-                                       std::string(launch.header),
-                                       /*ensure_row_contiguous=*/true, /*atomic_outputs=*/false);
+  const auto& kernel = cached_kernel(launch, [&] {
+    return mx::fast::metal_kernel(std::string(launch.name), strings(launch.input_names),
+                                  strings(launch.output_names), std::string(launch.source),
+                                  std::string(launch.header),
+                                  /*ensure_row_contiguous=*/true, /*atomic_outputs=*/false);
+  });
   auto out = std::make_unique<ArrayList>();
   out->items = kernel(inputs.items, output_shapes(launch.output_dims, launch.output_ndims),
                       output_dtypes(launch),
@@ -375,10 +411,12 @@ std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const Array
     }
     return out;
   }
-  auto kernel = mx::fast::cuda_kernel(std::string(launch.name), strings(launch.input_names),
-                                      strings(launch.output_names), std::string(launch.source),
-                                      std::string(launch.header),
-                                      /*ensure_row_contiguous=*/true, /*shared_memory=*/0);
+  const auto& kernel = cached_kernel(launch, [&] {
+    return mx::fast::cuda_kernel(std::string(launch.name), strings(launch.input_names),
+                                 strings(launch.output_names), std::string(launch.source),
+                                 std::string(launch.header),
+                                 /*ensure_row_contiguous=*/true, /*shared_memory=*/0);
+  });
   out->items = kernel(inputs.items, shapes, dtypes,
                       {launch.grid[0], launch.grid[1], launch.grid[2]},
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},

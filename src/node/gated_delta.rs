@@ -173,6 +173,23 @@ impl Node {
         inputs
     }
 
+    /// The CUDA launch's inputs with the gates fused (`crate::cuda::with_fused_gates`): the
+    /// Metal launch's order, with the raw gate inputs a and b in the places (and under the
+    /// names) of g and beta, then A_log and dt_bias.
+    pub fn cuda_fused_inputs(&self) -> Vec<Input> {
+        let mut inputs: Vec<Input> = self
+            .metal_inputs()
+            .into_iter()
+            .map(|input| match input {
+                Input::G => Input::A,
+                Input::Beta => Input::B,
+                other => other,
+            })
+            .collect();
+        inputs.extend([Input::ALog, Input::DtBias]);
+        inputs
+    }
+
     fn push_last(&self, inputs: &mut Vec<Input>) {
         if !self.updates() {
             inputs.push(Input::Lengths);

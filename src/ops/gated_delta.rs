@@ -7,6 +7,7 @@ use cxx::UniquePtr;
 use super::shape::ArgInfo;
 use super::{cpu_node, gpu_node, Backend};
 use crate::bridge::{self, Array};
+use crate::cuda;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
@@ -511,19 +512,32 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
             )
         }
         gpu => {
-            let m = MetalInputs::new(node, x, gpu.gpu_stream())?;
-            let inputs = node
-                .metal_inputs()
+            // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
+            let fused =
+                matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+            let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
+            let order = if fused {
+                node.cuda_fused_inputs()
+            } else {
+                node.metal_inputs()
+            };
+            let inputs = order
                 .into_iter()
                 .map(|input| match input {
-                    Input::G => &*m.g,
-                    Input::Beta => &*m.beta,
+                    Input::G => m.g.as_deref().expect("gates made for this launch"),
+                    Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
                     Input::T => &*m.t_in,
                     Input::State => x.state.unwrap_or_else(|| m.zeros()),
                     other => caller_array(x, other),
                 })
                 .collect::<Vec<_>>();
-            gpu_node(metal::gated_delta_launch(node), &inputs, gpu)
+            let launch = metal::gated_delta_launch(node);
+            let launch = if fused {
+                cuda::with_fused_gates(launch)
+            } else {
+                launch
+            };
+            gpu_node(launch, &inputs, gpu)
         }
     }
 }
@@ -554,14 +568,15 @@ pub(crate) static GPU_GATES_ON_CPU: AtomicBool = AtomicBool::new(false);
 /// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),
 /// a zero state when none is given, and T as a 1-element int32 input.
 struct MetalInputs {
-    g: UniquePtr<Array>,
-    beta: UniquePtr<Array>,
+    g: Option<UniquePtr<Array>>,
+    beta: Option<UniquePtr<Array>>,
     zeros: Option<UniquePtr<Array>>,
     t_in: UniquePtr<Array>,
 }
 
 impl MetalInputs {
-    fn new(node: &Node, x: &Arrays, gpu: bool) -> Result<MetalInputs> {
+    /// `gates`: whether to make g and beta (not when the kernel computes them).
+    fn new(node: &Node, x: &Arrays, gpu: bool, gates: bool) -> Result<MetalInputs> {
         let d = node.dims;
         let zeros = match x.state {
             Some(_) => None,
@@ -572,16 +587,24 @@ impl MetalInputs {
         };
         let gate = |input| caller_array(x, input);
         let gates_gpu = gpu && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+        let (g, beta) = if gates {
+            (
+                Some(bridge::compute_g(
+                    gate(Input::ALog),
+                    gate(Input::A),
+                    gate(Input::DtBias),
+                    gates_gpu,
+                )?),
+                Some(bridge::sigmoid(gate(Input::B), gates_gpu)?),
+            )
+        } else {
+            (None, None)
+        };
         Ok(MetalInputs {
-            g: bridge::compute_g(
-                gate(Input::ALog),
-                gate(Input::A),
-                gate(Input::DtBias),
-                gates_gpu,
-            )?,
-            beta: bridge::sigmoid(gate(Input::B), gates_gpu)?,
+            g,
+            beta,
             zeros,
-            t_in: bridge::array_from_bytes(&(d.t as i32).to_ne_bytes(), &[1], Dtype::Int32 as i32)?,
+            t_in: bridge::int32_scalar(d.t as i32)?,
         })
     }
 

@@ -15,6 +15,7 @@ use cxx::UniquePtr;
 
 use crate::bridge::{self, Array, CpuLaunch, MetalLaunch};
 use crate::cuda;
+use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::node::{self, Kernel, Output};
 
@@ -76,11 +77,21 @@ pub(crate) fn cpu_node(
 
 /// Builds a GPU kernel's launch on the given inputs (in the launch's input order): the Metal
 /// launch as it is, or its CUDA form (`crate::cuda::launch`). `backend` is not `Cpu`.
+///
+/// MLX caches a compiled custom kernel by its name and template arguments alone, so the name
+/// gets the dtypes of every input: inputs whose dtype is not a template argument (beta, the
+/// gate inputs, the scales, the weight) never meet a kernel compiled for other dtypes.
 pub(crate) fn gpu_node(
-    launch: MetalLaunch,
+    mut launch: MetalLaunch,
     inputs: &[&Array],
     backend: Backend,
 ) -> Result<Vec<UniquePtr<Array>>> {
+    for a in inputs {
+        let code = bridge::array_dtype(a);
+        let tag = Dtype::from_code(code).map_or("unknown", Dtype::name);
+        launch.name.push('_');
+        launch.name.push_str(tag);
+    }
     let list = bridge::list(inputs);
     let outputs = match backend {
         Backend::Metal { gpu } => bridge::metal_kernel_op(&launch, &list, gpu)?,
