@@ -5,6 +5,7 @@
 
 use crate::bridge::MetalLaunch;
 use crate::error::{Error, Result};
+use crate::node::gated_delta::Dims;
 
 /// The header that lets NVRTC compile the Metal kernel text.
 pub const METAL_COMPAT_HEADER: &str = include_str!("../kernels/cuda/metal_compat.cuh");
@@ -59,6 +60,20 @@ pub fn with_fused_gates(mut l: MetalLaunch) -> MetalLaunch {
     l.input_names
         .extend(["a_log".to_string(), "dt_bias".to_string()]);
     l
+}
+
+/// Value rows per SIMD group for the CUDA recurrence and replay: 4 (or 2) when they divide Dv
+/// and the launch has at least 256 (batch, value head) pairs, so each warp keeps 4x the state
+/// loads in flight (the seed's one row per warp leaves an H200 latency-bound); 1 for smaller
+/// launches, which need every warp they can get. The bits do not depend on it.
+pub fn rows_per_simd_group(dims: Dims) -> usize {
+    if dims.b * dims.hv < 256 {
+        return 1;
+    }
+    [4, 2, 1]
+        .into_iter()
+        .find(|r| dims.dv % r == 0)
+        .unwrap_or(1)
 }
 
 /// What a grid axis counts, for the error message.

@@ -56,7 +56,20 @@ fn launch(
 /// `[B, T]` bool mask; `Form::State` runs `gated_delta_state.metal`. There is no Metal form of
 /// the chunked update.
 pub fn gated_delta_launch(n: &gated_delta::Node) -> MetalLaunch {
+    gated_delta_launch_rows(n, 1)
+}
+
+/// The gated-delta launch with `rows` value rows per SIMD group (a divisor of Dv): grid
+/// (32, Dv / rows, B·Hv). Each row's arithmetic is that of the one-row launch, so the bits do not
+/// depend on `rows`; more rows give a SIMD group more state loads in flight (the CUDA launch,
+/// `crate::cuda::rows_per_simd_group`).
+pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunch {
     let d = n.dims;
+    assert!(
+        rows >= 1 && d.dv % rows == 0,
+        "rows {rows} must divide Dv {}",
+        d.dv
+    );
     let inputs = n
         .metal_inputs()
         .iter()
@@ -86,10 +99,16 @@ pub fn gated_delta_launch(n: &gated_delta::Node) -> MetalLaunch {
             l
         }
     };
-    l.grid = [32, d.dv as i32, (d.b * d.hv) as i32];
+    l.grid = [32, (d.dv / rows) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [32, 4, 1];
-    l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv"]);
-    l.template_int_values = vec![d.dk as i32, d.dv as i32, d.hk as i32, d.hv as i32];
+    l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv", "ROWS"]);
+    l.template_int_values = vec![
+        d.dk as i32,
+        d.dv as i32,
+        d.hk as i32,
+        d.hv as i32,
+        rows as i32,
+    ];
     l
 }
 

@@ -48,8 +48,13 @@ fn recurrence_launch_matches_mlx_lm() {
         assert_eq!(l.input_names, inputs);
         assert_eq!(l.output_names, ["y", "state_out"]);
         assert_eq!(l.output_dims, [3, 7, 6, 96, 3, 6, 96, 128]);
-        assert_eq!(l.template_int_names, ["Dk", "Dv", "Hk", "Hv"]);
-        assert_eq!(l.template_int_values, [128, 96, 2, 6]);
+        assert_eq!(l.template_int_names, ["Dk", "Dv", "Hk", "Hv", "ROWS"]);
+        assert_eq!(l.template_int_values, [128, 96, 2, 6, 1]);
+        // More value rows per SIMD group (the CUDA launch): a shorter grid, the same text.
+        let four = gated_delta_launch_rows(&node(d, Form::Exact, masked), 4);
+        assert_eq!(four.grid, [32, 24, 18]);
+        assert_eq!(four.template_int_values, [128, 96, 2, 6, 4]);
+        assert_eq!(four.source, l.source);
         assert_eq!(l.template_dtype_names, ["InT", "StT"]);
         assert_eq!(
             l.template_dtype_values,

@@ -2,7 +2,8 @@
 // generic layout), Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md).
 // mlxkern passes T as a 1-element int32 input `Tin`, and replaces the token-active marker with `true`
 // (unmasked) or `mask[b_idx * T + t]` (masked variant).
-// Launch: grid (32, Dv, B * Hv), threadgroup (32, 4, 1); template InT, StT, Dk, Dv, Hk, Hv.
+// Launch: grid (32, Dv / ROWS, B * Hv), threadgroup (32, 4, 1); template InT, StT, Dk, Dv, Hk, Hv,
+// ROWS (value rows per SIMD group: 1 on Metal; src/cuda.rs picks it on CUDA).
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
@@ -26,16 +27,20 @@
     y += b_idx * T * Hv * Dv + hv_idx * Dv;
 
     auto dk_idx = thread_position_in_threadgroup.x;
-    auto dv_idx = thread_position_in_grid.y;
+    // A SIMD group owns ROWS value rows (template; 1 on Metal, as in mlx-lm's kernel): rows
+    // ROWS * y .. ROWS * y + ROWS - 1 of its grid row y, each computed as the single row is.
+    auto dv_0 = ROWS * thread_position_in_grid.y;
 
     // state_in, state_out: [B, Hv, Dv, Dk]
-    auto i_state = state_in + (n * Dv + dv_idx) * Dk;
-    auto o_state = state_out + (n * Dv + dv_idx) * Dk;
+    auto i_state = state_in + (n * Dv + dv_0) * Dk;
+    auto o_state = state_out + (n * Dv + dv_0) * Dk;
 
-    float state[n_per_t];
-    for (int i = 0; i < n_per_t; ++i) {
-      auto s_idx = n_per_t * dk_idx + i;
-      state[i] = static_cast<float>(i_state[s_idx]);
+    float state[ROWS][n_per_t];
+    for (int r = 0; r < ROWS; ++r) {
+      for (int i = 0; i < n_per_t; ++i) {
+        auto s_idx = n_per_t * dk_idx + i;
+        state[r][i] = static_cast<float>(i_state[r * Dk + s_idx]);
+      }
     }
 
     // g: [B, T, Hv]
@@ -45,28 +50,34 @@
     for (int t = 0; t < T; ++t) {
       if (MLXK_TOKEN_ACTIVE) {
         const float decay = MLXK_GATE_DECAY;
-        float kv_mem = 0.0f;
-        for (int i = 0; i < n_per_t; ++i) {
-          auto s_idx = n_per_t * dk_idx + i;
-          state[i] = MLXK_MUL(state[i], decay);
-          kv_mem += MLXK_MUL(state[i], k_[s_idx]);
-        }
-        kv_mem = simd_sum(kv_mem);
+        const float beta_t = MLXK_GATE_BETA;
+        for (int r = 0; r < ROWS; ++r) {
+          auto dv_idx = dv_0 + r;
+          float kv_mem = 0.0f;
+          for (int i = 0; i < n_per_t; ++i) {
+            auto s_idx = n_per_t * dk_idx + i;
+            state[r][i] = MLXK_MUL(state[r][i], decay);
+            kv_mem += MLXK_MUL(state[r][i], k_[s_idx]);
+          }
+          kv_mem = simd_sum(kv_mem);
 
-        auto delta = (v_[dv_idx] - kv_mem) * MLXK_GATE_BETA;
+          auto delta = (v_[dv_idx] - kv_mem) * beta_t;
 
-        float out = 0.0f;
-        for (int i = 0; i < n_per_t; ++i) {
-          auto s_idx = n_per_t * dk_idx + i;
-          state[i] = state[i] + MLXK_MUL(k_[s_idx], delta);
-          out += MLXK_MUL(state[i], q_[s_idx]);
-        }
-        out = simd_sum(out);
-        if (thread_index_in_simdgroup == 0) {
-          y[dv_idx] = static_cast<InT>(out);
+          float out = 0.0f;
+          for (int i = 0; i < n_per_t; ++i) {
+            auto s_idx = n_per_t * dk_idx + i;
+            state[r][i] = state[r][i] + MLXK_MUL(k_[s_idx], delta);
+            out += MLXK_MUL(state[r][i], q_[s_idx]);
+          }
+          out = simd_sum(out);
+          if (thread_index_in_simdgroup == 0) {
+            y[dv_idx] = static_cast<InT>(out);
+          }
         }
       } else {
-        y[dv_idx] = static_cast<InT>(0);
+        for (int r = 0; r < ROWS; ++r) {
+          y[dv_0 + r] = static_cast<InT>(0);
+        }
       }
       // Increment data pointers to next time step
       q_ += Hk * Dk;
@@ -76,7 +87,9 @@
       g_ += Hv;
       beta_ += Hv;
     }
-    for (int i = 0; i < n_per_t; ++i) {
-      auto s_idx = n_per_t * dk_idx + i;
-      o_state[s_idx] = static_cast<StT>(state[i]);
+    for (int r = 0; r < ROWS; ++r) {
+      for (int i = 0; i < n_per_t; ++i) {
+        auto s_idx = n_per_t * dk_idx + i;
+        o_state[r * Dk + s_idx] = static_cast<StT>(state[r][i]);
+      }
     }

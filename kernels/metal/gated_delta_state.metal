@@ -2,7 +2,7 @@
 // b replaying its first lengths[b] tokens. Derived from mlx-lm's `gated_delta_step` kernel,
 // Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md). The host validates every
 // length (0 <= lengths[b] <= T): this text does not clamp.
-// Launch: grid (32, Dv, B * Hv), threadgroup (32, 4, 1); template Dk, Dv, Hk, Hv.
+// Launch: grid (32, Dv / ROWS, B * Hv), threadgroup (32, 4, 1); template Dk, Dv, Hk, Hv, ROWS.
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
@@ -17,35 +17,41 @@
   auto hk_idx = hv_idx / (Hv / Hk);
   constexpr int n_per_t = Dk / 32;
   auto dk_idx = thread_position_in_threadgroup.x;
-  auto dv_idx = thread_position_in_grid.y;
+  // ROWS value rows per SIMD group (template; 1 on Metal), as in gated_delta.metal.
+  auto dv_0 = ROWS * thread_position_in_grid.y;
   auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
   auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
   auto g_ = g + b_idx * T * Hv;
   auto beta_ = beta + b_idx * T * Hv;
-  auto i_state = state_in + (n * Dv + dv_idx) * Dk;
-  auto o_state = state_out + (n * Dv + dv_idx) * Dk;
-  float state[n_per_t];
-  for (int i = 0; i < n_per_t; ++i)
-    state[i] = static_cast<float>(i_state[n_per_t * dk_idx + i]);
+  auto i_state = state_in + (n * Dv + dv_0) * Dk;
+  auto o_state = state_out + (n * Dv + dv_0) * Dk;
+  float state[ROWS][n_per_t];
+  for (int r = 0; r < ROWS; ++r)
+    for (int i = 0; i < n_per_t; ++i)
+      state[r][i] = static_cast<float>(i_state[r * Dk + n_per_t * dk_idx + i]);
   const int keep = lengths[b_idx];
   for (int t = 0; t < keep; ++t) {
     const float decay = MLXK_GATE_DECAY;
-    float kv_mem = 0.0f;
-    for (int i = 0; i < n_per_t; ++i) {
-      auto s_idx = n_per_t * dk_idx + i;
-      state[i] = MLXK_MUL(state[i], decay);
-      kv_mem += MLXK_MUL(state[i], k_[s_idx]);
-    }
-    kv_mem = simd_sum(kv_mem);
-    auto delta = (v_[dv_idx] - kv_mem) * MLXK_GATE_BETA;
-    for (int i = 0; i < n_per_t; ++i) {
-      auto s_idx = n_per_t * dk_idx + i;
-      state[i] = state[i] + MLXK_MUL(k_[s_idx], delta);
+    const float beta_t = MLXK_GATE_BETA;
+    for (int r = 0; r < ROWS; ++r) {
+      float kv_mem = 0.0f;
+      for (int i = 0; i < n_per_t; ++i) {
+        auto s_idx = n_per_t * dk_idx + i;
+        state[r][i] = MLXK_MUL(state[r][i], decay);
+        kv_mem += MLXK_MUL(state[r][i], k_[s_idx]);
+      }
+      kv_mem = simd_sum(kv_mem);
+      auto delta = (v_[dv_0 + r] - kv_mem) * beta_t;
+      for (int i = 0; i < n_per_t; ++i) {
+        auto s_idx = n_per_t * dk_idx + i;
+        state[r][i] = state[r][i] + MLXK_MUL(k_[s_idx], delta);
+      }
     }
     k_ += Hk * Dk;
     v_ += Hv * Dv;
     g_ += Hv;
     beta_ += Hv;
   }
-  for (int i = 0; i < n_per_t; ++i)
-    o_state[n_per_t * dk_idx + i] = state[i];
+  for (int r = 0; r < ROWS; ++r)
+    for (int i = 0; i < n_per_t; ++i)
+      o_state[r * Dk + n_per_t * dk_idx + i] = state[r][i];

@@ -531,7 +531,12 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
                     other => caller_array(x, other),
                 })
                 .collect::<Vec<_>>();
-            let launch = metal::gated_delta_launch(node);
+            let launch = match gpu {
+                Backend::Cuda { .. } => {
+                    metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
+                }
+                _ => metal::gated_delta_launch(node),
+            };
             let launch = if fused {
                 cuda::with_fused_gates(launch)
             } else {
