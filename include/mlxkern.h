@@ -303,8 +303,11 @@ mlxk_status mlxk_array_astype(const struct mlxk_array *array, mlxk_dtype dtype, 
 
 /**
  * Sets the device later kernel calls run on (already-built results keep theirs).
- * MLXK_DEVICE_GPU needs a Metal GPU: without one it gives MLXK_ERR_UNSUPPORTED and the
- * default stays as it was. Thread: any; process-wide.
+ * MLXK_DEVICE_GPU needs a GPU backend in the loaded MLX (Metal on Apple GPUs, CUDA with MLX
+ * CUDA on NVIDIA GPUs: the same kernel text runs there): without one it gives
+ * MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update and the backward
+ * passes run on the CPU only and refuse while the GPU is the default. Thread: any;
+ * process-wide.
  */
 mlxk_status mlxk_set_default_device(mlxk_device device);
 
