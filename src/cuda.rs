@@ -3,6 +3,8 @@
 //! that never fuse; docs/DESIGN.md §3). A CUDA launch is the Metal launch of the same node
 //! (`crate::metal`) with that header and a geometry CUDA can run.
 
+use std::sync::OnceLock;
+
 use crate::bridge::MetalLaunch;
 use crate::error::{Error, Result};
 use crate::node::gated_delta::Dims;
@@ -26,7 +28,23 @@ pub const MAX_BLOCKS_YZ: i32 = 65_535;
 /// block instead of 4 and 2). Lanes stay on x, so a SIMD group is still one warp. Grids past
 /// CUDA's block limits are refused with the dimension that overflows.
 pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
-    l.header = format!("{METAL_COMPAT_HEADER}{}", l.header);
+    static WITH_GATES: OnceLock<String> = OnceLock::new();
+    l.header = if l.header.is_empty() {
+        METAL_COMPAT_HEADER.to_string()
+    } else if l.header == GATES_HEADER {
+        WITH_GATES
+            .get_or_init(|| format!("{METAL_COMPAT_HEADER}{GATES_HEADER}"))
+            .clone()
+    } else {
+        format!("{METAL_COMPAT_HEADER}{}", l.header)
+    };
+    if l.name.starts_with("mlxk_silu_rms_heads") {
+        // One SIMD group per (row, head) on Metal; on CUDA up to eight heads share a block, so
+        // an SM is not limited by its block count to a quarter of its warps.
+        let heads = l.grid[0] / 32;
+        let k = (1..=8).rev().find(|k| heads % k == 0).unwrap_or(1);
+        l.threadgroup[0] = 32 * k;
+    }
     for axis in 0..3 {
         let (grid, group) = (l.grid[axis], &mut l.threadgroup[axis]);
         if grid == 0 {
@@ -131,6 +149,11 @@ mod tests {
         }
         let l = launch(metal("mlxk_gated_rms_norm", [7 * 96, 1, 1], [96, 1, 1])).unwrap();
         assert_eq!(l.threadgroup, [96, 1, 1]);
+        // The head split: up to eight heads a block (80 heads: 8; 6 heads: 6; 7 heads: 7).
+        for (heads, k) in [(80, 8), (6, 6), (7, 7), (11, 1), (9, 3)] {
+            let l = launch(metal("mlxk_silu_rms_heads", [32 * heads, 5, 1], [32, 1, 1])).unwrap();
+            assert_eq!(l.threadgroup, [32 * k, 1, 1], "{heads} heads");
+        }
         let l = launch(metal("mlxk_gated_delta_step", [32, 0, 0], [32, 4, 1])).unwrap();
         assert_eq!(l.threadgroup, [32, 4, 1]);
     }

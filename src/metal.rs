@@ -3,6 +3,8 @@
 //! kernel's typed node (`crate::node`), which also fixes the input order and output shapes.
 
 pub use crate::bridge::MetalLaunch;
+use std::sync::OnceLock;
+
 use crate::dtype::Dtype;
 use crate::node::{self, gated_delta, gated_rms_norm, silu_rms_heads, Output};
 
@@ -83,14 +85,21 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
             (&["state_out"], &n.outputs()),
         ),
         _ => {
-            let (name, active) = if n.has_mask {
-                ("mlxk_gated_delta_step_mask", "mask[b_idx * T + t]")
+            static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
+            let sources = SOURCES.get_or_init(|| {
+                [
+                    GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, "true"),
+                    GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, "mask[b_idx * T + t]"),
+                ]
+            });
+            let name = if n.has_mask {
+                "mlxk_gated_delta_step_mask"
             } else {
-                ("mlxk_gated_delta_step", "true")
+                "mlxk_gated_delta_step"
             };
             let mut l = launch(
                 name,
-                GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, active),
+                sources[n.has_mask as usize].clone(),
                 inputs,
                 (&["y", "state_out"], &n.outputs()),
             );

@@ -1,14 +1,16 @@
 // SiLU + RMS head split of the convolution output into q, k (normalized, scaled) and v.
 // RMS reduction adapted from MLX's rms_norm kernel, Copyright © 2024 Apple Inc., MIT license
 // (THIRD_PARTY_NOTICES.md). eps arrives as its float32 bit pattern (template EPS).
-// Launch: grid (32 * (2 * HK + HV), B * S, 1), threadgroup (32, 1, 1); template T, C, HK, HV,
+// Launch: grid (32 * (2 * HK + HV), B * S, 1), threadgroup (32 k, 1, 1) for k dividing the heads
+// (1 on Metal); template T, C, HK, HV,
 // DK, DV, EPS. Heads of up to 128 values: lane l owns columns [4l, 4l + 4).
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
   const uint lane = thread_index_in_simdgroup;
-  const uint head = threadgroup_position_in_grid.x;
-  const uint row = threadgroup_position_in_grid.y;
+  // One SIMD group per (head, row): 32 lanes of grid x per head (a threadgroup may hold several).
+  const uint head = thread_position_in_grid.x / 32u;
+  const uint row = thread_position_in_grid.y;
   const bool normalize = head < uint(2 * HK);
   const uint width = normalize ? uint(DK) : uint(DV);
   const uint channel = normalize ? head * uint(DK)
