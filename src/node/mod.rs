@@ -30,25 +30,51 @@ pub enum Kernel {
     GatedDeltaChunked = 5,
     /// The update's backward pass (`gated_delta::Backward`).
     GatedDeltaBackward = 6,
+    /// The head split's backward pass (`silu_rms_heads::Backward`).
+    SiluRmsHeadsBackward = 7,
+    /// The gated norm's backward pass (`gated_rms_norm::Backward`).
+    GatedRmsNormBackward = 8,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 7] = [
+    const ALL: [Kernel; 9] = [
         Kernel::GatedDelta,
         Kernel::GatedDeltaState,
         Kernel::SiluRmsHeads,
         Kernel::GatedRmsNorm,
         Kernel::GatedDeltaChunked,
         Kernel::GatedDeltaBackward,
+        Kernel::SiluRmsHeadsBackward,
+        Kernel::GatedRmsNormBackward,
         Kernel::PanicProbe,
     ];
 
     pub fn from_code(code: u32) -> Option<Kernel> {
         Kernel::ALL.into_iter().find(|k| *k as u32 == code)
     }
+
+    /// The C function whose node this is (for messages).
+    pub fn function(self) -> &'static str {
+        match self {
+            Kernel::GatedDelta => "mlxk_gated_delta_update",
+            Kernel::GatedDeltaState => "mlxk_gated_delta_state",
+            Kernel::SiluRmsHeads => "mlxk_silu_rms_heads",
+            Kernel::GatedRmsNorm => "mlxk_gated_rms_norm",
+            Kernel::GatedDeltaChunked => "mlxk_gated_delta_update_chunked",
+            Kernel::GatedDeltaBackward => "mlxk_gated_delta_update_vjp",
+            Kernel::SiluRmsHeadsBackward => "mlxk_silu_rms_heads_vjp",
+            Kernel::GatedRmsNormBackward => "mlxk_gated_rms_norm_vjp",
+            Kernel::PanicProbe => "the panic probe",
+        }
+    }
+}
+
+/// The C function of CPU kernel `code`, for messages ("kernel <code>" if unknown).
+pub fn function_name(code: u32) -> String {
+    Kernel::from_code(code).map_or_else(|| format!("kernel {code}"), |k| k.function().into())
 }
 
 /// One output of a node.
