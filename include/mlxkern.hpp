@@ -652,6 +652,47 @@ struct HeadSplit {
   return out;
 }
 
+/** The gradients of silu_rms_heads' inputs (see silu_rms_heads_vjp). */
+struct HeadSplitGradients {
+  Array x;        ///< x's shape and dtype
+  Array q_scale;  ///< [Dk], x's dtype
+  Array k_scale;  ///< [Dk], x's dtype
+};
+
+/** The head split's backward pass (mlxk_silu_rms_heads_vjp): the gradients of
+ * sum(dq * q) + sum(dk * k) + sum(dv * v) with respect to x, q_scale and k_scale; nullptr
+ * cotangents are zeros. The other arguments as silu_rms_heads. CPU only. */
+[[nodiscard]] inline HeadSplitGradients silu_rms_heads_vjp(
+    const Array &x, const Array &q_scale, const Array &k_scale, std::int32_t key_heads,
+    std::int32_t value_heads, std::int32_t value_width, float eps, const Array *dq,
+    const Array *dk, const Array *dv) {
+  HeadSplitGradients g;
+  check(mlxk_silu_rms_heads_vjp(x.get(), q_scale.get(), k_scale.get(), key_heads, value_heads,
+                                value_width, eps, detail::optional_handle(dq),
+                                detail::optional_handle(dk), detail::optional_handle(dv),
+                                OutHandle(g.x), OutHandle(g.q_scale), OutHandle(g.k_scale)));
+  return g;
+}
+
+/** The gradients of gated_rms_norm's inputs (see gated_rms_norm_vjp). */
+struct NormGradients {
+  Array x;       ///< x's shape and dtype
+  Array gate;    ///< the gate's shape and dtype
+  Array weight;  ///< [D], x's dtype
+};
+
+/** The gated norm's backward pass (mlxk_gated_rms_norm_vjp): the gradients of sum(dout * out)
+ * with respect to x, gate and weight; a nullptr dout is zeros. CPU only. */
+[[nodiscard]] inline NormGradients gated_rms_norm_vjp(const Array &x, const Array &gate,
+                                                      const Array &weight, float eps,
+                                                      const Array *dout) {
+  NormGradients g;
+  check(mlxk_gated_rms_norm_vjp(x.get(), gate.get(), weight.get(), eps,
+                                detail::optional_handle(dout), OutHandle(g.x), OutHandle(g.gate),
+                                OutHandle(g.weight)));
+  return g;
+}
+
 // ---------------------------------------------------------------------------------------------
 // GLM-5.2 expert-slot layout
 

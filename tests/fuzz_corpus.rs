@@ -87,6 +87,11 @@ fn corpus_norms() {
 }
 
 #[test]
+fn corpus_norms_vjp() {
+    replay(Target::NormsVjp, 50);
+}
+
+#[test]
 fn corpus_glm52() {
     replay(Target::Glm52, 50);
 }

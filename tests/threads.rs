@@ -1,6 +1,7 @@
-//! The thread contract, through the C ABI: 8 threads × 1 000 mixed calls (every kernel, array
-//! calls, and calls that fail) run concurrently give bit for bit the results, statuses and
-//! messages the same calls give when run on one thread; each thread's mlxk_last_error() is
+//! The thread contract, through the C ABI: 8 threads × 1 000 mixed calls (every kernel, the
+//! backward passes of the head split and the gated norm, array calls, and calls that fail) run
+//! concurrently give bit for bit the results, statuses and messages the same calls give when
+//! run on one thread; each thread's mlxk_last_error() is
 //! the message of its own last failure, whatever the other threads do; nothing deadlocks (a
 //! watchdog ends the process). Then threads free and use the same handles concurrently: every
 //! use either completes (with the handle's own data: tokens are never reused) or gets
@@ -15,10 +16,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
+use mlxkern::capi::gated_rms_norm::{mlxk_gated_rms_norm, mlxk_gated_rms_norm_vjp};
 use mlxkern::capi::glm52::{mlxk_glm52_layout, mlxk_glm52_layout_validate};
 use mlxkern::capi::live_handles;
-use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
+use mlxkern::capi::silu_rms_heads::{mlxk_silu_rms_heads, mlxk_silu_rms_heads_vjp};
 
 const THREADS: usize = 8;
 const CALLS_PER_THREAD: usize = 1000;
@@ -308,6 +309,20 @@ impl Worker {
                     mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, 1e-6, &mut q, &mut k, &mut v)
                 };
                 self.record(step, "mlxk_silu_rms_heads", st, vec![], None);
+                // Half the time the backward pass too, the results as their own cotangents.
+                if self.rng.below(2) == 0 {
+                    let (mut dx, mut dqs, mut dks) = (null_mut(), null_mut(), null_mut());
+                    let st = unsafe {
+                        mlxk_silu_rms_heads_vjp(
+                            x, qs, ks, hk, hv, dv, 1e-6, q, k, v, &mut dx, &mut dqs, &mut dks,
+                        )
+                    };
+                    self.record(step, "mlxk_silu_rms_heads_vjp", st, vec![], None);
+                    for o in [dx, dqs, dks] {
+                        self.read(step, o);
+                        self.free(step, o);
+                    }
+                }
                 for o in [q, k, v] {
                     self.read(step, o);
                     self.free(step, o);
@@ -323,6 +338,17 @@ impl Worker {
                 let mut out = null_mut();
                 let st = unsafe { mlxk_gated_rms_norm(x, g, w, 1e-6, &mut out) };
                 self.record(step, "mlxk_gated_rms_norm", st, vec![], None);
+                if self.rng.below(2) == 0 {
+                    let (mut dx, mut dg, mut dw) = (null_mut(), null_mut(), null_mut());
+                    let st = unsafe {
+                        mlxk_gated_rms_norm_vjp(x, g, w, 1e-6, out, &mut dx, &mut dg, &mut dw)
+                    };
+                    self.record(step, "mlxk_gated_rms_norm_vjp", st, vec![], None);
+                    for o in [dx, dg, dw] {
+                        self.read(step, o);
+                        self.free(step, o);
+                    }
+                }
                 self.read(step, out);
                 self.free(step, out);
                 [x, g, w].into_iter().for_each(|h| self.free(step, h));

@@ -38,8 +38,24 @@ export {
 export type { Dtype, HostArray, HostArrays } from "./dtype";
 export { liveArrayCount, MlxArray, setLeakWarnings } from "./array";
 export type { ArrayInit } from "./array";
-export { computeG, gatedDeltaState, gatedDeltaUpdate, gatedDeltaUpdateChunked, gatedRmsNorm, siluRmsHeads } from "./kernels";
-export type { GatedDeltaResult, HeadSplit } from "./kernels";
+export {
+  computeG,
+  gatedDeltaState,
+  gatedDeltaUpdate,
+  gatedDeltaUpdateChunked,
+  gatedDeltaUpdateVjp,
+  gatedRmsNorm,
+  gatedRmsNormVjp,
+  siluRmsHeads,
+  siluRmsHeadsVjp,
+} from "./kernels";
+export type {
+  GatedDeltaGradients,
+  GatedDeltaResult,
+  GatedRmsNormGradients,
+  HeadSplit,
+  HeadSplitGradients,
+} from "./kernels";
 export { GLM52_LAYOUT_KEYS, glm52Canonical, glm52Validate } from "./glm52";
 export type { Glm52Layout, U64 } from "./glm52";
 export { mlxArrayFree, mlxVersion, withMlxLock } from "./mlx";

@@ -209,3 +209,143 @@ export function gatedRmsNorm(x: MlxArray, gate: MlxArray, weight: MlxArray, eps:
   check(lib.mlxk_gated_rms_norm(handleOf(x, "x"), handleOf(gate, "gate"), handleOf(weight, "weight"), floatArg("eps", eps), out));
   return adopt(out, "gatedRmsNorm out");
 }
+
+/** Runs a backward entry (`call` fills `names.length` slots) and adopts its results by name. */
+function gradients<K extends string>(
+  fn: string,
+  names: readonly K[],
+  call: (...slots: BigUint64Array[]) => number,
+): Record<K, MlxArray> {
+  const slots = names.map(() => outSlot());
+  check(call(...slots));
+  const out = {} as Record<K, MlxArray>;
+  names.forEach((name, i) => {
+    out[name] = adopt(slots[i]!, `${fn} ${name}`);
+  });
+  return out;
+}
+
+export interface GatedDeltaGradients {
+  /** [B, T, Hk, Dk] in q's dtype. */
+  dq: MlxArray;
+  /** [B, T, Hk, Dk] in q's dtype. */
+  dk: MlxArray;
+  /** [B, T, Hv, Dv] in q's dtype. */
+  dv: MlxArray;
+  /** a's shape and dtype. */
+  da: MlxArray;
+  /** b's shape and dtype. */
+  db: MlxArray;
+  /** [Hv] in aLog's dtype. */
+  daLog: MlxArray;
+  /** [Hv] in dtBias's dtype. */
+  dDtBias: MlxArray;
+  /** float32 [B, Hv, Dv, Dk]: the initial state's gradient (also when state is null). */
+  dState: MlxArray;
+}
+
+/**
+ * The backward pass of gatedDeltaUpdate (its vector-Jacobian product), for hosts without
+ * automatic differentiation: the gradients of sum(dy * y) + sum(dStateOut * stateOut) with
+ * respect to every input. Arguments as gatedDeltaUpdate, plus dy [B, T, Hv, Dv] (any float
+ * dtype) and dStateOut float32 [B, Hv, Dv, Dk]; null cotangents are zeros. float32
+ * arithmetic; CPU only (UnsupportedError with the GPU as the default device).
+ */
+export function gatedDeltaUpdateVjp(
+  q: MlxArray,
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null = null,
+  mask: MlxArray | null = null,
+  dy: MlxArray | null = null,
+  dStateOut: MlxArray | null = null,
+): GatedDeltaGradients {
+  const inputs = updateInputs(q, k, v, a, b, aLog, dtBias, state, mask);
+  const cotangents = [optionalHandle(dy), optionalHandle(dStateOut)] as const;
+  return gradients(
+    "gatedDeltaUpdateVjp",
+    ["dq", "dk", "dv", "da", "db", "daLog", "dDtBias", "dState"] as const,
+    (...s) => lib.mlxk_gated_delta_update_vjp(...inputs, ...cotangents, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]),
+  );
+}
+
+export interface HeadSplitGradients {
+  /** x's shape and dtype. */
+  dx: MlxArray;
+  /** [Dk] in x's dtype. */
+  dqScale: MlxArray;
+  /** [Dk] in x's dtype. */
+  dkScale: MlxArray;
+}
+
+/**
+ * The backward pass of siluRmsHeads: the gradients of sum(dq * q) + sum(dk * k) + sum(dv * v)
+ * with respect to x, qScale and kScale. Arguments as siluRmsHeads, plus the cotangents dq, dk
+ * [B, S, Hk, Dk] and dv [B, S, Hv, Dv] (any float dtype; null: zeros). float32 arithmetic with
+ * float64 sums, rounded once to x's dtype; CPU only.
+ */
+export function siluRmsHeadsVjp(
+  x: MlxArray,
+  qScale: MlxArray,
+  kScale: MlxArray,
+  keyHeads: number,
+  valueHeads: number,
+  valueWidth: number,
+  eps: number,
+  dq: MlxArray | null = null,
+  dk: MlxArray | null = null,
+  dv: MlxArray | null = null,
+): HeadSplitGradients {
+  const args = [
+    handleOf(x, "x"),
+    handleOf(qScale, "qScale"),
+    handleOf(kScale, "kScale"),
+    int32Arg("keyHeads", keyHeads),
+    int32Arg("valueHeads", valueHeads),
+    int32Arg("valueWidth", valueWidth),
+    floatArg("eps", eps),
+    optionalHandle(dq),
+    optionalHandle(dk),
+    optionalHandle(dv),
+  ] as const;
+  return gradients("siluRmsHeadsVjp", ["dx", "dqScale", "dkScale"] as const, (...s) =>
+    lib.mlxk_silu_rms_heads_vjp(...args, s[0], s[1], s[2]),
+  );
+}
+
+export interface GatedRmsNormGradients {
+  /** x's shape and dtype. */
+  dx: MlxArray;
+  /** The gate's shape and dtype. */
+  dgate: MlxArray;
+  /** [D] in x's dtype. */
+  dweight: MlxArray;
+}
+
+/**
+ * The backward pass of gatedRmsNorm: the gradients of sum(dout * out) with respect to x, gate
+ * and weight. Arguments as gatedRmsNorm, plus dout of x's shape (any float dtype; null:
+ * zeros). float32 arithmetic with float64 sums, rounded once to each input's dtype; CPU only.
+ */
+export function gatedRmsNormVjp(
+  x: MlxArray,
+  gate: MlxArray,
+  weight: MlxArray,
+  eps: number,
+  dout: MlxArray | null = null,
+): GatedRmsNormGradients {
+  const args = [
+    handleOf(x, "x"),
+    handleOf(gate, "gate"),
+    handleOf(weight, "weight"),
+    floatArg("eps", eps),
+    optionalHandle(dout),
+  ] as const;
+  return gradients("gatedRmsNormVjp", ["dx", "dgate", "dweight"] as const, (...s) =>
+    lib.mlxk_gated_rms_norm_vjp(...args, s[0], s[1], s[2]),
+  );
+}

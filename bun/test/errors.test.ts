@@ -12,7 +12,9 @@ import {
   errorFor,
   gatedDeltaState,
   gatedDeltaUpdate,
+  gatedDeltaUpdateVjp,
   gatedRmsNorm,
+  gatedRmsNormVjp,
   getMemoryLimit,
   gpuBackend,
   InvalidArgumentError,
@@ -29,6 +31,7 @@ import {
   setMemoryLimit,
   ShapeError,
   siluRmsHeads,
+  siluRmsHeadsVjp,
   statusName,
   UnsupportedError,
 } from "../src/index";
@@ -161,6 +164,30 @@ describe("kernel argument errors", () => {
     const hv = thrown(() => siluRmsHeads(heads, scale, scale, 1, 0, 4, 1e-6));
     expect(hv).toBeInstanceOf(InvalidArgumentError);
     expect(hv.message).toContain("value_heads is 0; expected >= 1");
+  });
+
+  test("the backward passes name their cotangents", () => {
+    using x = recurrenceInputs();
+    const dy = thrown(() => gatedDeltaUpdateVjp(x.q, x.k, x.v, x.a, x.b, x.aLog, x.dtBias, null, null, x.q));
+    expect(dy).toBeInstanceOf(ShapeError);
+    expect(dy.message).toStartWith("mlxk_gated_delta_update_vjp: dy: dimension 2 (Hv) is 1, expected 2");
+    using bfState = MlxArray.fromBits(new Uint16Array(256), [1, 2, 4, 32], "bfloat16");
+    const ds = thrown(() => gatedDeltaUpdateVjp(x.q, x.k, x.v, x.a, x.b, x.aLog, x.dtBias, null, null, null, bfState));
+    expect(ds).toBeInstanceOf(DtypeError);
+    expect(ds.message).toContain("dstate_out: dtype bfloat16 is not accepted");
+    using heads = MlxArray.fromFloat32(new Float32Array(12), [1, 1, 12]);
+    using scale = MlxArray.fromFloat32(new Float32Array(4), [4]);
+    using dv = MlxArray.fromFloat32(new Float32Array(5), [1, 1, 1, 5]);
+    const v = thrown(() => siluRmsHeadsVjp(heads, scale, scale, 1, 1, 4, 1e-6, null, null, dv));
+    expect(v).toBeInstanceOf(ShapeError);
+    expect(v.message).toContain("mlxk_silu_rms_heads_vjp: dv: dimension 3 (Dv) is 5, expected 4");
+    using xf = MlxArray.fromFloat32(new Float32Array(8), [2, 4]);
+    using w = MlxArray.fromFloat32(new Float32Array(4), [4]);
+    using di = MlxArray.fromInt32(new Int32Array(8), [2, 4]);
+    const dout = thrown(() => gatedRmsNormVjp(xf, xf, w, 1e-6, di));
+    expect(dout).toBeInstanceOf(DtypeError);
+    expect(dout.message).toContain("mlxk_gated_rms_norm_vjp: dout: dtype int32 is not a float dtype");
+    expect(thrown(() => gatedRmsNormVjp(xf, xf, w, -1))).toBeInstanceOf(InvalidArgumentError);
   });
 
   test("JavaScript-side checks: RangeError for non-integers, TypeError for non-arrays", () => {

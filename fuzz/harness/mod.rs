@@ -56,14 +56,16 @@ pub enum Target {
     Array,
     GatedDelta,
     Norms,
+    NormsVjp,
     Glm52,
 }
 
 impl Target {
-    pub const ALL: [Target; 4] = [
+    pub const ALL: [Target; 5] = [
         Target::Array,
         Target::GatedDelta,
         Target::Norms,
+        Target::NormsVjp,
         Target::Glm52,
     ];
 
@@ -73,6 +75,7 @@ impl Target {
             Target::Array => "array",
             Target::GatedDelta => "gated_delta",
             Target::Norms => "norms",
+            Target::NormsVjp => "norms_vjp",
             Target::Glm52 => "glm52",
         }
     }
@@ -99,6 +102,7 @@ pub fn run(target: Target, data: &[u8]) {
         Target::Array => array::run(&mut input),
         Target::GatedDelta => gated_delta::run(&mut input),
         Target::Norms => norms::run(&mut input),
+        Target::NormsVjp => norms::run_vjp(&mut input),
         Target::Glm52 => glm52::run(&mut input),
     }
     let after = mlxkern::capi::live_handles();

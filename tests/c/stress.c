@@ -398,6 +398,18 @@ static void norms(void) {
         size_t n;
         free(read_all(q, &n));
     }
+    /* The backward pass, the results as their own cotangents (dq absent half the time). */
+    mlxk_array *g0 = NULL, *g1 = NULL, *g2 = NULL;
+    OK(mlxk_silu_rms_heads_vjp(x, qs, kk, hk, hv, dv, 1e-6f, below(2) ? q : NULL, k, v, &g0, &g1,
+                               &g2));
+    if (g0 != NULL) {
+        check_dims(g0, xs, 3, __LINE__);
+        check_dims(g1, ks, 1, __LINE__);
+        OK(mlxk_array_eval(g2));
+    }
+    release(g0);
+    release(g1);
+    release(g2);
     release(q);
     release(k);
     release(v);
@@ -425,6 +437,16 @@ static void norms(void) {
         check_dims(out, ns, 2, __LINE__);
         OK(mlxk_array_eval(out));
     }
+    g0 = g1 = g2 = NULL;
+    OK(mlxk_gated_rms_norm_vjp(nx, gate, w, 1e-6f, below(2) ? out : NULL, &g0, &g1, &g2));
+    if (g0 != NULL) {
+        check_dims(g1, ns, 2, __LINE__);
+        check_dims(g2, ws, 1, __LINE__);
+        OK(mlxk_array_eval(g0));
+    }
+    release(g0);
+    release(g1);
+    release(g2);
     release(out);
     out = NULL;
     switch (below(4)) {

@@ -343,6 +343,39 @@ void test_norms() {
   EXPECT_ERROR(MLXK_ERR_DTYPE, (void)mlxk::gated_rms_norm(y, z, w32, 1e-6f));
   mlxk::Array out = mlxk::gated_rms_norm(y, z, w32.astype(mlxk::Dtype::BFloat16), 1e-6f);
   CHECK(out.dtype() == mlxk::Dtype::BFloat16 && (out.shape() == y.shape()));
+
+  // The backward passes: gradients in their inputs' shapes and dtypes, all zero without
+  // cotangents, finite and not all zero with them; argument errors thrown.
+  auto all = [](const mlxk::Array &a, bool (*pred)(float)) {
+    bool ok = true;
+    for (float value : a.to_floats()) ok = ok && pred(value);
+    return ok;
+  };
+  auto zero = [](float value) { return value == 0.0f; };
+  auto finite = [](float value) { return std::isfinite(value); };
+  {
+    mlxk::HeadSplitGradients none =
+        mlxk::silu_rms_heads_vjp(x, qs, ks, Hk, Hv, Dv, 1e-6f / Dk, nullptr, nullptr, nullptr);
+    CHECK(none.x.shape() == x.shape() && none.x.dtype() == x.dtype());
+    CHECK((none.q_scale.shape() == mlxk::Shape{Dk}) && (none.k_scale.shape() == mlxk::Shape{Dk}));
+    CHECK(all(none.x, zero) && all(none.q_scale, zero) && all(none.k_scale, zero));
+    mlxk::HeadSplitGradients g = mlxk::silu_rms_heads_vjp(x, qs, ks, Hk, Hv, Dv, 1e-6f / Dk,
+                                                          &heads.q, &heads.k, &heads.v);
+    CHECK(all(g.x, finite) && !all(g.x, zero) && !all(g.q_scale, zero));
+    std::string bad = EXPECT_ERROR(
+        MLXK_ERR_SHAPE, (void)mlxk::silu_rms_heads_vjp(x, qs, ks, Hk, Hv, Dv, 1e-6f / Dk,
+                                                       &heads.v, nullptr, nullptr));
+    CHECK(bad.find("mlxk_silu_rms_heads_vjp: dq:") != std::string::npos);
+  }
+  {
+    mlxk::Array w = w32.astype(mlxk::Dtype::BFloat16);
+    mlxk::NormGradients none = mlxk::gated_rms_norm_vjp(y, z, w, 1e-6f, nullptr);
+    CHECK(none.x.shape() == y.shape() && none.gate.dtype() == z.dtype());
+    CHECK((none.weight.shape() == mlxk::Shape{Dv}) && all(none.x, zero) && all(none.gate, zero));
+    mlxk::NormGradients g = mlxk::gated_rms_norm_vjp(y, z, w, 1e-6f, &out);
+    CHECK(all(g.x, finite) && !all(g.gate, zero) && !all(g.weight, zero));
+    EXPECT_ERROR(MLXK_ERR_SHAPE, (void)mlxk::gated_rms_norm_vjp(y, z, w, 1e-6f, &w));
+  }
 }
 
 void test_glm52() {

@@ -208,6 +208,12 @@ _PROTOTYPES = {
                                       ctypes.c_int32, ctypes.c_float,
                                       _ARR_OUT, _ARR_OUT, _ARR_OUT]),
     "mlxk_gated_rms_norm": (_STATUS, [_ARR, _ARR, _ARR, ctypes.c_float, _ARR_OUT]),
+    "mlxk_gated_delta_update_vjp": (_STATUS, [_ARR] * 11 + [_ARR_OUT] * 8),
+    "mlxk_silu_rms_heads_vjp": (_STATUS, [_ARR, _ARR, _ARR, ctypes.c_int32, ctypes.c_int32,
+                                          ctypes.c_int32, ctypes.c_float, _ARR, _ARR, _ARR,
+                                          _ARR_OUT, _ARR_OUT, _ARR_OUT]),
+    "mlxk_gated_rms_norm_vjp": (_STATUS, [_ARR, _ARR, _ARR, ctypes.c_float, _ARR,
+                                          _ARR_OUT, _ARR_OUT, _ARR_OUT]),
     "mlxk_last_error": (ctypes.c_char_p, []),
     "mlxk_status_name": (ctypes.c_char_p, [ctypes.c_int32]),
     "mlxk_version": (ctypes.c_char_p, []),
@@ -491,3 +497,31 @@ def gated_rms_norm(x, gate, weight, eps):
     call("mlxk_gated_rms_norm", _arg(x), _arg(gate), _arg(weight), ctypes.c_float(eps),
          ctypes.byref(out))
     return Array(out.value)
+
+
+def gated_delta_update_vjp(q, k, v, a, b, a_log, dt_bias, state=None, mask=None, dy=None,
+                           dstate_out=None):
+    """Returns (dq, dk, dv, da, db, da_log, ddt_bias, dstate); None cotangents are zeros."""
+    outs = _outs(8)
+    call("mlxk_gated_delta_update_vjp",
+         *map(_arg, (q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out)),
+         *map(ctypes.byref, outs))
+    return tuple(Array(o.value) for o in outs)
+
+
+def silu_rms_heads_vjp(x, q_scale, k_scale, key_heads, value_heads, value_width, eps, dq=None,
+                       dk=None, dv=None):
+    """Returns (dx, dq_scale, dk_scale); None cotangents are zeros."""
+    outs = _outs(3)
+    call("mlxk_silu_rms_heads_vjp", _arg(x), _arg(q_scale), _arg(k_scale), key_heads,
+         value_heads, value_width, ctypes.c_float(eps), _arg(dq), _arg(dk), _arg(dv),
+         *map(ctypes.byref, outs))
+    return tuple(Array(o.value) for o in outs)
+
+
+def gated_rms_norm_vjp(x, gate, weight, eps, dout=None):
+    """Returns (dx, dgate, dweight); a None dout is zeros."""
+    outs = _outs(3)
+    call("mlxk_gated_rms_norm_vjp", _arg(x), _arg(gate), _arg(weight), ctypes.c_float(eps),
+         _arg(dout), *map(ctypes.byref, outs))
+    return tuple(Array(o.value) for o in outs)

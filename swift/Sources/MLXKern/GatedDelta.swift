@@ -90,6 +90,34 @@ extension MLXKern {
                 MLXKArray.adopt(stateOut, "mlxk_gated_delta_update_chunked"))
     }
 
+    /// The backward pass of `gatedDeltaUpdate` (its vector-Jacobian product), for hosts
+    /// without automatic differentiation: the gradients of `sum(dy · y) + sum(dStateOut ·
+    /// stateOut)` with respect to every input. float32 arithmetic, the forward recomputed from
+    /// states kept every 64 tokens. CPU only.
+    ///
+    /// - Parameters: as `gatedDeltaUpdate`, plus `dy` `[B, T, Hv, Dv]` (any float dtype) and
+    ///   `dStateOut` `[B, Hv, Dv, Dk]` float32; nil cotangents are zeros.
+    /// - Returns: the gradients, each in its input's shape and dtype (`dState` float32, also
+    ///   when `state` is nil). Lazy.
+    /// - Throws: `MLXKError` as `gatedDeltaUpdate`, `.shape` / `.dtype` naming `dy` or
+    ///   `dstate_out`, `.unsupported` when the default device is the GPU.
+    public static func gatedDeltaUpdateVJP(
+        q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
+        aLog: MLXKArray, dtBias: MLXKArray, state: MLXKArray? = nil, mask: MLXKArray? = nil,
+        dy: MLXKArray? = nil, dStateOut: MLXKArray? = nil
+    ) throws -> GatedDeltaGradients {
+        var g0, g1, g2, g3, g4, g5, g6, g7: OpaquePointer?
+        try withExtendedLifetime((q, k, v, a, b, aLog, dtBias, state, mask, dy, dStateOut)) {
+            try check(mlxk_gated_delta_update_vjp(
+                q.handle, k.handle, v.handle, a.handle, b.handle, aLog.handle, dtBias.handle,
+                state?.handle, mask?.handle, dy?.handle, dStateOut?.handle,
+                &g0, &g1, &g2, &g3, &g4, &g5, &g6, &g7))
+        }
+        let g = [g0, g1, g2, g3, g4, g5, g6, g7].map { MLXKArray.adopt($0, "mlxk_gated_delta_update_vjp") }
+        return GatedDeltaGradients(dq: g[0], dk: g[1], dv: g[2], da: g[3], db: g[4],
+                                   daLog: g[5], dDtBias: g[6], dState: g[7])
+    }
+
     /// Prefix-state replay for speculative decoding: after a verify window of T draft tokens
     /// of which row b accepted `acceptedLengths[b]`, recomputes each row's state from the
     /// pre-verify `state` over exactly that prefix. Bit-identical to the state
@@ -114,4 +142,17 @@ extension MLXKern {
         }
         return MLXKArray.adopt(stateOut, "mlxk_gated_delta_state")
     }
+}
+
+/// The gradients `MLXKern.gatedDeltaUpdateVJP` returns, each in its input's shape and dtype.
+public struct GatedDeltaGradients {
+    public let dq: MLXKArray
+    public let dk: MLXKArray
+    public let dv: MLXKArray
+    public let da: MLXKArray
+    public let db: MLXKArray
+    public let daLog: MLXKArray
+    public let dDtBias: MLXKArray
+    /// float32 `[B, Hv, Dv, Dk]`: the initial state's gradient.
+    public let dState: MLXKArray
 }

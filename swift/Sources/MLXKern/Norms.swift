@@ -55,11 +55,74 @@ extension MLXKern {
         return MLXKArray.adopt(out, "mlxk_gated_rms_norm")
     }
 
+    /// The backward pass of `siluRMSHeads` (its vector-Jacobian product), for hosts without
+    /// automatic differentiation: the gradients of `sum(dq·q) + sum(dk·k) + sum(dv·v)` with
+    /// respect to x, qScale and kScale. Per head, with `s = silu(x)`, `n = s · inv`:
+    /// `dqScale = Σ dq · n` over rows and q heads (kScale likewise),
+    /// `dx = inv · (g − n · mean(g · n)) · silu'(x)` with `g = dq · qScale` on q heads, and
+    /// `dx = dv · silu'(x)` on v heads. Computed in float32 with float64 sums, rounded once to
+    /// x's dtype. CPU only.
+    ///
+    /// - Parameters: as `siluRMSHeads`, plus the cotangents `dq`, `dk` `[B, S, Hk, Dk]` and `dv`
+    ///   `[B, S, Hv, Dv]` in any float dtype; nil is zeros.
+    /// - Returns: `dx` (x's shape), `dqScale` and `dkScale` `[Dk]`, all in x's dtype. Lazy.
+    /// - Throws: `MLXKError` as `siluRMSHeads`, `.shape` / `.dtype` naming `dq`, `dk` or `dv`,
+    ///   `.unsupported` when the default device is the GPU.
+    public static func siluRMSHeadsVJP(
+        x: MLXKArray, qScale: MLXKArray, kScale: MLXKArray,
+        keyHeads: Int, valueHeads: Int, valueWidth: Int, eps: Float,
+        dq: MLXKArray? = nil, dk: MLXKArray? = nil, dv: MLXKArray? = nil
+    ) throws -> (dx: MLXKArray, dqScale: MLXKArray, dkScale: MLXKArray) {
+        let function = "MLXKern.siluRMSHeadsVJP"
+        let hk = try int32(keyHeads, "key_heads", function)
+        let hv = try int32(valueHeads, "value_heads", function)
+        let width = try int32(valueWidth, "value_width", function)
+        var dx: OpaquePointer?
+        var dqScale: OpaquePointer?
+        var dkScale: OpaquePointer?
+        try withExtendedLifetime((x, qScale, kScale, dq, dk, dv)) {
+            try check(mlxk_silu_rms_heads_vjp(x.handle, qScale.handle, kScale.handle, hk, hv, width,
+                                              eps, dq?.handle, dk?.handle, dv?.handle,
+                                              &dx, &dqScale, &dkScale))
+        }
+        return (MLXKArray.adopt(dx, "mlxk_silu_rms_heads_vjp"),
+                MLXKArray.adopt(dqScale, "mlxk_silu_rms_heads_vjp"),
+                MLXKArray.adopt(dkScale, "mlxk_silu_rms_heads_vjp"))
+    }
+
+    /// The backward pass of `gatedRMSNorm`: the gradients of `sum(dout · out)` with respect to
+    /// x, gate and weight. Per row, with `n = x · inv` and `a = silu(gate)`:
+    /// `dgate = dout · weight · n · silu'(gate)`, `dweight = Σ dout · a · n` over rows,
+    /// `dx = inv · (g − n · mean(g · n))` with `g = dout · a · weight`. Computed in float32
+    /// with float64 sums, rounded once to each input's dtype. CPU only.
+    ///
+    /// - Parameters: as `gatedRMSNorm`, plus `dout` of x's shape in any float dtype; nil is
+    ///   zeros.
+    /// - Returns: `dx` (x's shape and dtype), `dgate` (the gate's), `dweight` `[D]` in x's
+    ///   dtype. Lazy.
+    /// - Throws: `MLXKError` as `gatedRMSNorm`, `.shape` / `.dtype` naming `dout`,
+    ///   `.unsupported` when the default device is the GPU.
+    public static func gatedRMSNormVJP(
+        x: MLXKArray, gate: MLXKArray, weight: MLXKArray, eps: Float, dout: MLXKArray? = nil
+    ) throws -> (dx: MLXKArray, dgate: MLXKArray, dweight: MLXKArray) {
+        var dx: OpaquePointer?
+        var dgate: OpaquePointer?
+        var dweight: OpaquePointer?
+        try withExtendedLifetime((x, gate, weight, dout)) {
+            try check(mlxk_gated_rms_norm_vjp(x.handle, gate.handle, weight.handle, eps,
+                                              dout?.handle, &dx, &dgate, &dweight))
+        }
+        return (MLXKArray.adopt(dx, "mlxk_gated_rms_norm_vjp"),
+                MLXKArray.adopt(dgate, "mlxk_gated_rms_norm_vjp"),
+                MLXKArray.adopt(dweight, "mlxk_gated_rms_norm_vjp"))
+    }
+
     /// A count as the C ABI's int32, or the error the library would give for it.
-    private static func int32(_ value: Int, _ name: String) throws -> Int32 {
+    private static func int32(_ value: Int, _ name: String,
+                              _ function: String = "MLXKern.siluRMSHeads") throws -> Int32 {
         guard let value = Int32(exactly: value) else {
             throw MLXKError(status: .invalidArgument,
-                            message: "MLXKern.siluRMSHeads: \(name) is \(value); it does not fit in int32")
+                            message: "\(function): \(name) is \(value); it does not fit in int32")
         }
         return value
     }

@@ -140,6 +140,22 @@ final class ErrorTests: XCTestCase {
             try MLXKern.siluRMSHeads(x: x, qScale: scale, kScale: scale, keyHeads: 1 << 32, valueHeads: 1,
                                      valueWidth: 4, eps: 1e-6)
         }
+        // The backward passes check the forward's arguments, then their cotangents.
+        assertMLXKError(.invalidArgument, mentioning: "mlxk_gated_rms_norm_vjp: eps is -1") {
+            try MLXKern.gatedRMSNormVJP(x: norm, gate: norm, weight: weight, eps: -1)
+        }
+        let ints = try MLXKArray.zeros(shape: [2, 16], dtype: .int32)
+        assertMLXKError(.dtype, mentioning: "dout: dtype int32") {
+            try MLXKern.gatedRMSNormVJP(x: norm, gate: norm, weight: weight, eps: 1e-6, dout: ints)
+        }
+        assertMLXKError(.invalidArgument, mentioning: "mlxk_silu_rms_heads_vjp: value_heads is 0") {
+            try MLXKern.siluRMSHeadsVJP(x: x, qScale: scale, kScale: scale, keyHeads: 1, valueHeads: 0,
+                                        valueWidth: 4, eps: 1e-6)
+        }
+        assertMLXKError(.invalidArgument, mentioning: "MLXKern.siluRMSHeadsVJP: key_heads is 4294967296") {
+            try MLXKern.siluRMSHeadsVJP(x: x, qScale: scale, kScale: scale, keyHeads: 1 << 32,
+                                        valueHeads: 1, valueWidth: 4, eps: 1e-6)
+        }
     }
 
     /// Linux's MLX is CPU only: asking for the GPU is refused and the CPU stays the default.
