@@ -466,6 +466,30 @@ mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk
 mlxk_status mlxk_gated_rms_norm(const struct mlxk_array *x, const struct mlxk_array *gate, const struct mlxk_array *weight, float eps, struct mlxk_array **out);
 
 /**
+ * The backward pass of mlxk_gated_rms_norm (its vector-Jacobian product), for hosts without
+ * automatic differentiation: given the cotangent `dout` of out, the gradients of
+ * `sum(dout · out)` with respect to x, gate and weight. Per row, with `n = x · inv`,
+ * `inv = rsqrt(mean(x²) + eps)`, `a = silu(gate)`: `dgate = dout · weight · n · silu'(gate)`,
+ * `dweight = sum over rows of dout · a · n`, and
+ * `dx = inv · (g − n · mean(g · n))` with `g = dout · a · weight`.
+ *
+ * Arguments as mlxk_gated_rms_norm (x [..., D], gate of x's shape, weight [D] in x's dtype,
+ * eps; the same checks), plus `dout` of x's shape in any float dtype; NULL is zeros.
+ * Results: `*dx` (x's shape and dtype), `*dgate` (the gate's shape and dtype), `*dweight`
+ * [D] in x's dtype.
+ *
+ * Numerics: the forward's formula differentiated in exact arithmetic (its roundings are not
+ * differentiated), evaluated in float32 with every sum in float64, then rounded to each
+ * result's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
+ * default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
+ * NULL: `dout` may be NULL; nothing else. Errors: those of mlxk_gated_rms_norm,
+ * MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dout`, MLXK_ERR_INVALID_ARGUMENT (two
+ * out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
+ * errors surface at eval/read.
+ */
+mlxk_status mlxk_gated_rms_norm_vjp(const struct mlxk_array *x, const struct mlxk_array *gate, const struct mlxk_array *weight, float eps, const struct mlxk_array *dout, struct mlxk_array **dx, struct mlxk_array **dgate, struct mlxk_array **dweight);
+
+/**
  * Writes the canonical layout of one expert slot for `hidden` x `intermediate` in format Q`bits`
  * (4 or 8) with `group_size` (32, 64 or 128) to `*out`: gate, up and down weights, then gate,
  * up and down scales, each starting on a MLXK_GLM52_EXPERT_SLOT_ALIGNMENT (16 KiB) boundary;
@@ -585,6 +609,31 @@ mlxk_status mlxk_mlx_unlock(void);
  * value_width, eps, the same out-pointer twice), MLXK_ERR_OUT_OF_MEMORY. Thread: any. Lazy.
  */
 mlxk_status mlxk_silu_rms_heads(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, struct mlxk_array **q, struct mlxk_array **k, struct mlxk_array **v);
+
+/**
+ * The backward pass of mlxk_silu_rms_heads (its vector-Jacobian product), for hosts without
+ * automatic differentiation: given the cotangents `dq`, `dk`, `dv` of q, k and v, the
+ * gradients of `sum(dq · q) + sum(dk · k) + sum(dv · v)` with respect to x, q_scale and
+ * k_scale. With `s = silu(x)` per head, `n = s · inv`, `inv = rsqrt(mean(s²) + eps)`:
+ * `dq_scale = sum over rows and q heads of dq · n` (k_scale likewise),
+ * `dx = inv · (g − n · mean(g · n)) · silu'(x)` with `g = dq · q_scale` on q heads (k heads
+ * likewise), and `dx = dv · silu'(x)` on v heads.
+ *
+ * Arguments as mlxk_silu_rms_heads (x, q_scale, k_scale, key_heads, value_heads,
+ * value_width, eps; the same checks), plus `dq`, `dk` [B, S, Hk, Dk] and `dv` [B, S, Hv, Dv]
+ * in any float dtype; a NULL cotangent is zeros. Results: `*dx` with x's shape,
+ * `*dq_scale` and `*dk_scale` [Dk], all in x's dtype.
+ *
+ * Numerics: the forward's formula differentiated in exact arithmetic (its roundings to x's
+ * dtype are not differentiated), evaluated in float32 with every sum in float64, then rounded
+ * to x's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
+ * default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
+ * NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of mlxk_silu_rms_heads,
+ * MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`, MLXK_ERR_INVALID_ARGUMENT (two
+ * out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
+ * errors surface at eval/read.
+ */
+mlxk_status mlxk_silu_rms_heads_vjp(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array *dq, const struct mlxk_array *dk, const struct mlxk_array *dv, struct mlxk_array **dx, struct mlxk_array **dq_scale, struct mlxk_array **dk_scale);
 
 /**
  * The message of the last failed call on the calling thread ("" if none failed yet). It names

@@ -2,7 +2,8 @@
 # Hosts that keep their arrays in MLX and share them with mlxkern (docs/DESIGN.md §5, "Host
 # arrays"):
 #   1. tests/interop/host_cpp.cc, a C++ host on libmlx: zero copy, laziness, views, results
-#      consumed by host ops, misuse, the MLX lock with a second host thread (ASan + LSan);
+#      consumed by host ops, misuse, the MLX lock with a second host thread, MLX's autograd
+#      through the kernels (ASan + LSan);
 #   2. tests/interop/host_dlclose.cc: a lazy result evaluated and destroyed after the host
 #      dlcloses mlxkern; a second copy of libmlx makes the exchange refuse;
 #   3. tests/interop/host_mlxc.c, a C host on mlx-c through include/mlxkern_mlxc.h (ASan +

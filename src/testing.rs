@@ -240,3 +240,53 @@ pub unsafe fn gated_rms_norm_via_metal(
         )
     }
 }
+
+/// `mlxk_silu_rms_heads_vjp` as if the default device were (`gpu = true`) or were not the GPU.
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub unsafe fn silu_rms_heads_vjp_as_if(
+    gpu: bool,
+    arrays: [*const mlxk_array; 3],
+    heads: [i32; 3],
+    eps: f32,
+    cotangents: [*const mlxk_array; 3],
+    outs: [*mut *mut mlxk_array; 3],
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `outs`.
+    unsafe {
+        crate::capi::silu_rms_heads::split_vjp(
+            "mlxk_silu_rms_heads_vjp",
+            Some(as_if(gpu)),
+            arrays,
+            heads,
+            eps,
+            cotangents,
+            outs,
+        )
+    }
+}
+
+/// `mlxk_gated_rms_norm_vjp` as if the default device were (`gpu = true`) or were not the GPU.
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub unsafe fn gated_rms_norm_vjp_as_if(
+    gpu: bool,
+    arrays: [*const mlxk_array; 3],
+    eps: f32,
+    dout: *const mlxk_array,
+    outs: [*mut *mut mlxk_array; 3],
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `outs`.
+    unsafe {
+        crate::capi::gated_rms_norm::norm_vjp(
+            "mlxk_gated_rms_norm_vjp",
+            Some(as_if(gpu)),
+            arrays,
+            eps,
+            dout,
+            outs,
+        )
+    }
+}

@@ -16,9 +16,9 @@ use common::*;
 use std::ptr::{null, null_mut};
 use std::sync::{Mutex, MutexGuard};
 
-use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
+use mlxkern::capi::gated_rms_norm::{mlxk_gated_rms_norm, mlxk_gated_rms_norm_vjp};
 use mlxkern::capi::live_handles;
-use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
+use mlxkern::capi::silu_rms_heads::{mlxk_silu_rms_heads, mlxk_silu_rms_heads_vjp};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -76,6 +76,9 @@ struct Fixture {
     sx: H,
     q_scale: H,
     k_scale: H,
+    /// Cotangents of the head split's q (and k), v.
+    dqk: H,
+    dv: H,
 }
 
 /// Head split fixture: Hk 1, Hv 2, Dk 4, Dv 3: x [2, 3, 2*1*4 + 2*3 = 14].
@@ -93,6 +96,8 @@ impl Fixture {
             sx: new_bf16(&rng.vec(84, 1.0), &[2, 3, 14]),
             q_scale: new_bf16(&[0.25; 4], &[4]),
             k_scale: new_bf16(&[0.5; 4], &[4]),
+            dqk: new_bf16(&rng.vec(24, 1.0), &[2, 3, 1, 4]),
+            dv: new_f32(&rng.vec(36, 1.0), &[2, 3, 2, 3]),
         }
     }
 
@@ -105,6 +110,8 @@ impl Fixture {
             self.sx,
             self.q_scale,
             self.k_scale,
+            self.dqk,
+            self.dv,
         ] {
             free(h);
         }
@@ -270,6 +277,29 @@ impl Fixture {
                 },
             ),
             Entry::new(
+                "mlxk_silu_rms_heads_vjp",
+                &[
+                    ("x", self.sx),
+                    ("q_scale", self.q_scale),
+                    ("k_scale", self.k_scale),
+                    ("dq", self.dqk),
+                    ("dk", self.dqk),
+                    ("dv", self.dv),
+                ],
+                |h| {
+                    let mut g = [sentinel(); 3];
+                    let [g0, g1, g2] = &mut g;
+                    let [hk, hv, dv] = SPLIT;
+                    let st = unsafe {
+                        mlxk_silu_rms_heads_vjp(
+                            h[0], h[1], h[2], hk, hv, dv, 1e-6, h[3], h[4], h[5], g0, g1, g2,
+                        )
+                    };
+                    (st, g.to_vec(), g == [sentinel(); 3])
+                },
+            )
+            .optional(&["dq", "dk", "dv"]),
+            Entry::new(
                 "mlxk_gated_rms_norm",
                 &[("x", self.x), ("gate", self.gate), ("weight", self.weight)],
                 |h| {
@@ -278,6 +308,24 @@ impl Fixture {
                     (st, vec![out], out == sentinel())
                 },
             ),
+            Entry::new(
+                "mlxk_gated_rms_norm_vjp",
+                &[
+                    ("x", self.x),
+                    ("gate", self.gate),
+                    ("weight", self.weight),
+                    ("dout", self.gate),
+                ],
+                |h| {
+                    let mut g = [sentinel(); 3];
+                    let [g0, g1, g2] = &mut g;
+                    let st = unsafe {
+                        mlxk_gated_rms_norm_vjp(h[0], h[1], h[2], 1e-6, h[3], g0, g1, g2)
+                    };
+                    (st, g.to_vec(), g == [sentinel(); 3])
+                },
+            )
+            .optional(&["dout"]),
         ]
     }
 }
@@ -752,6 +800,65 @@ fn null_out_parameters_everywhere() {
         &["out"],
         n,
     );
+    // The backward passes: each out-parameter NULL in turn, then two at one place.
+    let (dqk, dvc) = (fx.dqk, fx.dv);
+    for (slot, name) in ["dx", "dq_scale", "dk_scale"].into_iter().enumerate() {
+        let mut o = [sentinel(); 3];
+        let [a, b, c] = &mut o;
+        let ptrs = [a as *mut H, b as *mut H, c as *mut H];
+        let mut args = ptrs;
+        args[slot] = null_mut();
+        refused(
+            unsafe {
+                mlxk_silu_rms_heads_vjp(
+                    x, qs, ks, hk, hv, dv, 1e-6, dqk, dqk, dvc, args[0], args[1], args[2],
+                )
+            },
+            MLXK_ERR_NULL_POINTER,
+            "mlxk_silu_rms_heads_vjp",
+            &[name],
+            n,
+        );
+        args = ptrs;
+        args[(slot + 1) % 3] = args[slot];
+        refused(
+            unsafe {
+                mlxk_silu_rms_heads_vjp(
+                    x, qs, ks, hk, hv, dv, 1e-6, dqk, dqk, dvc, args[0], args[1], args[2],
+                )
+            },
+            MLXK_ERR_INVALID_ARGUMENT,
+            "mlxk_silu_rms_heads_vjp",
+            &["same place"],
+            n,
+        );
+        assert_eq!(o, [sentinel(); 3]);
+    }
+    for (slot, name) in ["dx", "dgate", "dweight"].into_iter().enumerate() {
+        let mut o = [sentinel(); 3];
+        let [a, b, c] = &mut o;
+        let ptrs = [a as *mut H, b as *mut H, c as *mut H];
+        let mut args = ptrs;
+        args[slot] = null_mut();
+        let (x, g, w) = (fx.x, fx.gate, fx.weight);
+        refused(
+            unsafe { mlxk_gated_rms_norm_vjp(x, g, w, 1e-6, g, args[0], args[1], args[2]) },
+            MLXK_ERR_NULL_POINTER,
+            "mlxk_gated_rms_norm_vjp",
+            &[name],
+            n,
+        );
+        args = ptrs;
+        args[(slot + 1) % 3] = args[slot];
+        refused(
+            unsafe { mlxk_gated_rms_norm_vjp(x, g, w, 1e-6, g, args[0], args[1], args[2]) },
+            MLXK_ERR_INVALID_ARGUMENT,
+            "mlxk_gated_rms_norm_vjp",
+            &["same place"],
+            n,
+        );
+        assert_eq!(o, [sentinel(); 3]);
+    }
     let f = "mlxk_glm52_layout_canonical";
     refused(
         unsafe { mlxkern::capi::glm52::mlxk_glm52_layout_canonical(6144, 2048, 4, 64, null_mut()) },
@@ -1361,6 +1468,9 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
         "mlxk_gated_delta_state",
         "mlxk_silu_rms_heads",
         "mlxk_gated_rms_norm",
+        "mlxk_gated_delta_update_vjp",
+        "mlxk_silu_rms_heads_vjp",
+        "mlxk_gated_rms_norm_vjp",
     ];
     ok(mlxk_set_memory_limit(8));
     let mut refused_count = 0;

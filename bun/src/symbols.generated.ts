@@ -100,6 +100,8 @@ export const symbols = {
   mlxk_gated_delta_state: { args: ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "usize", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_rms_norm(const struct mlxk_array * x, const struct mlxk_array * gate, const struct mlxk_array * weight, float eps, struct mlxk_array ** out)
   mlxk_gated_rms_norm: { args: ["ptr", "ptr", "ptr", "f32", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_gated_rms_norm_vjp(const struct mlxk_array * x, const struct mlxk_array * gate, const struct mlxk_array * weight, float eps, const struct mlxk_array * dout, struct mlxk_array ** dx, struct mlxk_array ** dgate, struct mlxk_array ** dweight)
+  mlxk_gated_rms_norm_vjp: { args: ["ptr", "ptr", "ptr", "f32", "ptr", "ptr", "ptr", "ptr"], returns: "i32" },
   // mlxk_status mlxk_glm52_layout_canonical(uint64_t hidden, uint64_t intermediate, uint32_t bits, uint32_t group_size, struct mlxk_glm52_layout * out)
   mlxk_glm52_layout_canonical: { args: ["u64", "u64", "u32", "u32", "ptr"], returns: "i32" },
   // mlxk_status mlxk_glm52_layout_validate(const struct mlxk_glm52_layout * layout, uint32_t bits, uint32_t group_size)
@@ -118,6 +120,8 @@ export const symbols = {
   mlxk_mlx_unlock: { args: [], returns: "i32" },
   // mlxk_status mlxk_silu_rms_heads(const struct mlxk_array * x, const struct mlxk_array * q_scale, const struct mlxk_array * k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, struct mlxk_array ** q, struct mlxk_array ** k, struct mlxk_array ** v)
   mlxk_silu_rms_heads: { args: ["ptr", "ptr", "ptr", "i32", "i32", "i32", "f32", "ptr", "ptr", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_silu_rms_heads_vjp(const struct mlxk_array * x, const struct mlxk_array * q_scale, const struct mlxk_array * k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array * dq, const struct mlxk_array * dk, const struct mlxk_array * dv, struct mlxk_array ** dx, struct mlxk_array ** dq_scale, struct mlxk_array ** dk_scale)
+  mlxk_silu_rms_heads_vjp: { args: ["ptr", "ptr", "ptr", "i32", "i32", "i32", "f32", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr"], returns: "i32" },
   // const char * mlxk_last_error(void)
   mlxk_last_error: { args: [], returns: "cstring" },
   // const char * mlxk_status_name(mlxk_status status)
@@ -151,6 +155,7 @@ export const parameterNames = {
   mlxk_gated_delta_update_vjp: ["q", "k", "v", "a", "b", "a_log", "dt_bias", "state", "mask", "dy", "dstate_out", "dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"],
   mlxk_gated_delta_state: ["k", "v", "a", "b", "a_log", "dt_bias", "state", "accepted_lengths", "n_lengths", "state_out"],
   mlxk_gated_rms_norm: ["x", "gate", "weight", "eps", "out"],
+  mlxk_gated_rms_norm_vjp: ["x", "gate", "weight", "eps", "dout", "dx", "dgate", "dweight"],
   mlxk_glm52_layout_canonical: ["hidden", "intermediate", "bits", "group_size", "out"],
   mlxk_glm52_layout_validate: ["layout", "bits", "group_size"],
   mlxk_mlx_version: [],
@@ -160,6 +165,7 @@ export const parameterNames = {
   mlxk_mlx_lock: [],
   mlxk_mlx_unlock: [],
   mlxk_silu_rms_heads: ["x", "q_scale", "k_scale", "key_heads", "value_heads", "value_width", "eps", "q", "k", "v"],
+  mlxk_silu_rms_heads_vjp: ["x", "q_scale", "k_scale", "key_heads", "value_heads", "value_width", "eps", "dq", "dk", "dv", "dx", "dq_scale", "dk_scale"],
   mlxk_last_error: [],
   mlxk_status_name: ["status"],
   mlxk_version: [],

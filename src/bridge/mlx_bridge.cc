@@ -176,54 +176,67 @@ class RustCpuKernel : public mx::Primitive {
     throw std::runtime_error("mlxkern CPU kernel scheduled on a GPU stream");
   }
 
-  // MLX's autograd: the gated-delta update's gradients come from its backward node (kernel 6),
-  // whose inputs are the forward's (`primals`, in the node's order) and the cotangents of y
-  // and state_out, and whose outputs are dq, dk, dv, da, db, da_log, ddt_bias, dstate.
+  // MLX's autograd. A kernel's gradients come from its backward node (node::vjp_plan, via
+  // mlxk_vjp_launch), whose inputs are the forward's (`primals`, in the node's order) followed
+  // by the cotangents of all its outputs, each in the dtype the plan names. `gradients` says
+  // which backward output is the gradient of each forward input (-1: none, zeros).
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
                              const std::vector<mx::array>& cotangents,
                              const std::vector<int>& argnums,
                              const std::vector<mx::array>& outputs) override {
-    if (cotangents.size() != 2 || outputs.size() != 2) {
-      throw std::invalid_argument("mlxkern: no gradient for this kernel yet");
+    (void)outputs;
+    std::vector<int32_t> dtypes;
+    for (const auto& c : cotangents) dtypes.push_back(from_mlx(c.dtype()));
+    VjpLaunch plan;
+    try {
+      plan = mlxk_vjp_launch(
+          launch_.kernel, rust::Slice<const int64_t>(launch_.params.data(), launch_.params.size()),
+          rust::Slice<const int32_t>(dtypes.data(), dtypes.size()));
+    } catch (const rust::Error& e) {
+      throw std::invalid_argument(e.what());
     }
-    auto words = mlxk_vjp_words(
-        launch_.kernel, rust::Slice<const int64_t>(launch_.params.data(), launch_.params.size()),
-        from_mlx(cotangents[0].dtype()));
-    CpuLaunch back;
-    back.kernel = 6;
-    for (auto w : words) back.params.push_back(w);
-    std::vector<mx::Shape> shapes;
-    std::vector<mx::Dtype> dtypes;
-    for (size_t i = 0; i < 7; ++i) {
-      shapes.push_back(primals[i].shape());
-      dtypes.push_back(primals[i].dtype());
+    if (plan.gradients.size() != primals.size() ||
+        plan.cotangent_dtypes.size() != cotangents.size()) {
+      throw std::invalid_argument("mlxkern: the backward node of " + kernel_name() +
+                                  " does not fit its forward's inputs and outputs");
     }
-    shapes.push_back(outputs[1].shape());
-    dtypes.push_back(mx::float32);
-    for (size_t i = 0; i < 8; ++i) back.donate_from.push_back(-1);
-    std::vector<mx::array> inputs;
-    for (const auto& p : primals) inputs.push_back(p);
     auto s = stream();
-    for (const auto& c : cotangents) inputs.push_back(mx::contiguous(c, false, s));
-    auto grads = mx::array::make_arrays(std::move(shapes), dtypes,
-                                        std::make_shared<RustCpuKernel>(s, back), inputs);
+    std::vector<mx::array> inputs(primals.begin(), primals.end());
+    for (size_t i = 0; i < cotangents.size(); ++i) {
+      auto c = mx::astype(cotangents[i], to_mlx(plan.cotangent_dtypes[i]), s);
+      inputs.push_back(mx::contiguous(c, false, s));
+    }
+    std::vector<mx::Dtype> out_dtypes;
+    for (auto code : plan.launch.output_dtypes) out_dtypes.push_back(to_mlx(code));
+    auto grads = mx::array::make_arrays(
+        mlxk::output_shapes(plan.launch.output_dims, plan.launch.output_ndims), out_dtypes,
+        std::make_shared<RustCpuKernel>(s, plan.launch), inputs);
     std::vector<mx::array> result;
     for (int arg : argnums) {
-      const auto& primal = primals[arg];
-      if (arg < 7) {
-        result.push_back(grads[arg]);
-      } else if (primal.dtype() == mx::float32) {
-        result.push_back(grads[7]);  // the initial state
-      } else {
-        result.push_back(mx::zeros_like(primal, s));  // the mask
-      }
+      int32_t g = plan.gradients[arg];
+      result.push_back(g >= 0 ? grads[g] : mx::zeros_like(primals[arg], s));
     }
     return result;
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>&, const std::vector<mx::array>&,
+                             const std::vector<int>&) override {
+    throw std::invalid_argument("mlxkern: jvp is not implemented for " + kernel_name() +
+                                "; use vjp (mx::vjp, mx::grad, mx::value_and_grad)");
+  }
+
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>&,
+                                                           const std::vector<int>&) override {
+    throw std::invalid_argument("mlxkern: vmap is not implemented for " + kernel_name() +
+                                "; call it on the batched arrays (its leading dimensions are "
+                                "batch dimensions)");
   }
 
   const char* name() const override { return "MlxkernCpuKernel"; }
 
  private:
+  std::string kernel_name() const { return std::string(mlxk_kernel_name(launch_.kernel)); }
+
   CpuLaunch launch_;
 };
 

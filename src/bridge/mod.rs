@@ -40,6 +40,16 @@ pub mod ffi {
         pub donate_from: Vec<i32>,
     }
 
+    /// The backward node MLX's autograd builds for a forward CPU node (`node::VjpPlan`): its
+    /// launch, which backward output is the gradient of each forward input (-1: zeros), and
+    /// the dtype each cotangent is passed in.
+    #[derive(Debug, Clone)]
+    pub struct VjpLaunch {
+        pub launch: CpuLaunch,
+        pub gradients: Vec<i32>,
+        pub cotangent_dtypes: Vec<i32>,
+    }
+
     unsafe extern "C++" {
         include!("src/bridge/mlx_bridge.h");
 
@@ -117,10 +127,17 @@ pub mod ffi {
     }
 
     extern "Rust" {
-        /// The parameter words of the backward node of CPU kernel `kernel` (its forward words
-        /// `params`) for MLX's vjp, with dy in dtype `dy_dtype`; an error for kernels without
-        /// a gradient.
-        fn mlxk_vjp_words(kernel: u32, params: &[i64], dy_dtype: i32) -> Result<Vec<i64>>;
+        /// The backward node of CPU kernel `kernel` (its forward words `params`) for MLX's vjp,
+        /// given the dtype codes of the cotangents of its outputs; an error naming the kernel
+        /// for kernels without a gradient.
+        fn mlxk_vjp_launch(
+            kernel: u32,
+            params: &[i64],
+            cotangent_dtypes: &[i32],
+        ) -> Result<VjpLaunch>;
+
+        /// The C function whose node CPU kernel `kernel` is, for messages.
+        fn mlxk_kernel_name(kernel: u32) -> String;
 
         /// Runs CPU kernel `kernel` on MLX's stream thread. Buffers arrive as addresses and byte
         /// lengths; `aliased` lists, per output, the input whose buffer the output took over
@@ -138,7 +155,6 @@ pub mod ffi {
 }
 
 use crate::cpu::mlxk_cpu_kernel;
-use crate::node::gated_delta::vjp_words as mlxk_vjp_words;
 pub use ffi::*;
 
 use cxx::UniquePtr;
@@ -155,4 +171,33 @@ pub fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
 /// A node's outputs, each as its own array.
 pub fn take(list: &ArrayList) -> Vec<UniquePtr<Array>> {
     (0..list_len(list)).map(|i| list_get(list, i)).collect()
+}
+
+fn mlxk_vjp_launch(
+    kernel: u32,
+    params: &[i64],
+    cotangent_dtypes: &[i32],
+) -> Result<VjpLaunch, String> {
+    let plan = crate::node::vjp_plan(kernel, params, cotangent_dtypes)?;
+    let (output_dims, output_ndims, output_dtypes) = crate::node::flatten(&plan.outputs);
+    Ok(VjpLaunch {
+        launch: CpuLaunch {
+            kernel: plan.kernel as u32,
+            params: plan.params,
+            output_dims,
+            output_ndims,
+            output_dtypes,
+            donate_from: vec![-1; plan.outputs.len()],
+        },
+        gradients: plan
+            .gradients
+            .iter()
+            .map(|g| g.map_or(-1, |i| i as i32))
+            .collect(),
+        cotangent_dtypes: plan.cotangents.iter().map(|&d| d as i32).collect(),
+    })
+}
+
+fn mlxk_kernel_name(kernel: u32) -> String {
+    crate::node::function_name(kernel)
 }

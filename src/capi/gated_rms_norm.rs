@@ -53,3 +53,96 @@ pub unsafe extern "C" fn mlxk_gated_rms_norm(
     // SAFETY: forwarded contract on `out`.
     unsafe { norm("mlxk_gated_rms_norm", None, [x, gate, weight], eps, out) }
 }
+
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub(crate) unsafe fn norm_vjp(
+    function: &str,
+    backend: Option<Backend>,
+    arrays: [*const mlxk_array; 3],
+    eps: f32,
+    dout: *const mlxk_array,
+    outs: [*mut *mut mlxk_array; 3],
+) -> mlxk_status {
+    boundary(function, || {
+        let names = ["dx", "dgate", "dweight"];
+        // SAFETY: the documented contract on `dx`, `dgate` and `dweight`.
+        let (dx, dgate, dweight) = unsafe {
+            (
+                Out::new(outs[0], names[0])?,
+                Out::new(outs[1], names[1])?,
+                Out::new(outs[2], names[2])?,
+            )
+        };
+        for (a, b, i, j) in [
+            (&dx, &dgate, 0, 1),
+            (&dx, &dweight, 0, 2),
+            (&dgate, &dweight, 1, 2),
+        ] {
+            if a.same_place(b) {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "{} and {} point to the same place (three handles are returned)",
+                    names[i], names[j]
+                )));
+            }
+        }
+        let mut mlx = registry::lock();
+        let inputs = Inputs {
+            x: mlx.get(arrays[0], "x")?,
+            gate: mlx.get(arrays[1], "gate")?,
+            weight: mlx.get(arrays[2], "weight")?,
+            eps,
+        };
+        let dout = mlx.get_opt(dout, "dout")?;
+        let grads = ops::norm_vjp(&inputs, dout, backend.unwrap_or_else(Backend::current))?;
+        for (out, grad) in [dx, dgate, dweight].into_iter().zip(grads) {
+            out.write(mlx.insert(grad));
+        }
+        Ok(())
+    })
+}
+
+/// The backward pass of mlxk_gated_rms_norm (its vector-Jacobian product), for hosts without
+/// automatic differentiation: given the cotangent `dout` of out, the gradients of
+/// `sum(dout · out)` with respect to x, gate and weight. Per row, with `n = x · inv`,
+/// `inv = rsqrt(mean(x²) + eps)`, `a = silu(gate)`: `dgate = dout · weight · n · silu'(gate)`,
+/// `dweight = sum over rows of dout · a · n`, and
+/// `dx = inv · (g − n · mean(g · n))` with `g = dout · a · weight`.
+///
+/// Arguments as mlxk_gated_rms_norm (x [..., D], gate of x's shape, weight [D] in x's dtype,
+/// eps; the same checks), plus `dout` of x's shape in any float dtype; NULL is zeros.
+/// Results: `*dx` (x's shape and dtype), `*dgate` (the gate's shape and dtype), `*dweight`
+/// [D] in x's dtype.
+///
+/// Numerics: the forward's formula differentiated in exact arithmetic (its roundings are not
+/// differentiated), evaluated in float32 with every sum in float64, then rounded to each
+/// result's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
+/// default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
+/// NULL: `dout` may be NULL; nothing else. Errors: those of mlxk_gated_rms_norm,
+/// MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dout`, MLXK_ERR_INVALID_ARGUMENT (two
+/// out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
+/// errors surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_rms_norm_vjp(
+    x: *const mlxk_array,
+    gate: *const mlxk_array,
+    weight: *const mlxk_array,
+    eps: f32,
+    dout: *const mlxk_array,
+    dx: *mut *mut mlxk_array,
+    dgate: *mut *mut mlxk_array,
+    dweight: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `dx`, `dgate` and `dweight`.
+    unsafe {
+        norm_vjp(
+            "mlxk_gated_rms_norm_vjp",
+            None,
+            [x, gate, weight],
+            eps,
+            dout,
+            [dx, dgate, dweight],
+        )
+    }
+}

@@ -89,3 +89,112 @@ pub unsafe extern "C" fn mlxk_silu_rms_heads(
         )
     }
 }
+
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn split_vjp(
+    function: &str,
+    backend: Option<Backend>,
+    arrays: [*const mlxk_array; 3],
+    heads: [i32; 3],
+    eps: f32,
+    cotangents: [*const mlxk_array; 3],
+    outs: [*mut *mut mlxk_array; 3],
+) -> mlxk_status {
+    boundary(function, || {
+        let names = ["dx", "dq_scale", "dk_scale"];
+        // SAFETY: the documented contract on `dx`, `dq_scale` and `dk_scale`.
+        let (dx, dqs, dks) = unsafe {
+            (
+                Out::new(outs[0], names[0])?,
+                Out::new(outs[1], names[1])?,
+                Out::new(outs[2], names[2])?,
+            )
+        };
+        for (a, b, i, j) in [(&dx, &dqs, 0, 1), (&dx, &dks, 0, 2), (&dqs, &dks, 1, 2)] {
+            if a.same_place(b) {
+                return Err(crate::Error::InvalidArgument(format!(
+                    "{} and {} point to the same place (three handles are returned)",
+                    names[i], names[j]
+                )));
+            }
+        }
+        let mut mlx = registry::lock();
+        let inputs = Inputs {
+            x: mlx.get(arrays[0], "x")?,
+            q_scale: mlx.get(arrays[1], "q_scale")?,
+            k_scale: mlx.get(arrays[2], "k_scale")?,
+            key_heads: heads[0],
+            value_heads: heads[1],
+            value_width: heads[2],
+            eps,
+        };
+        let cotangents = [
+            mlx.get_opt(cotangents[0], "dq")?,
+            mlx.get_opt(cotangents[1], "dk")?,
+            mlx.get_opt(cotangents[2], "dv")?,
+        ];
+        let grads = ops::split_vjp(
+            &inputs,
+            cotangents,
+            backend.unwrap_or_else(Backend::current),
+        )?;
+        for (out, grad) in [dx, dqs, dks].into_iter().zip(grads) {
+            out.write(mlx.insert(grad));
+        }
+        Ok(())
+    })
+}
+
+/// The backward pass of mlxk_silu_rms_heads (its vector-Jacobian product), for hosts without
+/// automatic differentiation: given the cotangents `dq`, `dk`, `dv` of q, k and v, the
+/// gradients of `sum(dq · q) + sum(dk · k) + sum(dv · v)` with respect to x, q_scale and
+/// k_scale. With `s = silu(x)` per head, `n = s · inv`, `inv = rsqrt(mean(s²) + eps)`:
+/// `dq_scale = sum over rows and q heads of dq · n` (k_scale likewise),
+/// `dx = inv · (g − n · mean(g · n)) · silu'(x)` with `g = dq · q_scale` on q heads (k heads
+/// likewise), and `dx = dv · silu'(x)` on v heads.
+///
+/// Arguments as mlxk_silu_rms_heads (x, q_scale, k_scale, key_heads, value_heads,
+/// value_width, eps; the same checks), plus `dq`, `dk` [B, S, Hk, Dk] and `dv` [B, S, Hv, Dv]
+/// in any float dtype; a NULL cotangent is zeros. Results: `*dx` with x's shape,
+/// `*dq_scale` and `*dk_scale` [Dk], all in x's dtype.
+///
+/// Numerics: the forward's formula differentiated in exact arithmetic (its roundings to x's
+/// dtype are not differentiated), evaluated in float32 with every sum in float64, then rounded
+/// to x's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
+/// default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
+/// NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of mlxk_silu_rms_heads,
+/// MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`, MLXK_ERR_INVALID_ARGUMENT (two
+/// out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
+/// errors surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_silu_rms_heads_vjp(
+    x: *const mlxk_array,
+    q_scale: *const mlxk_array,
+    k_scale: *const mlxk_array,
+    key_heads: i32,
+    value_heads: i32,
+    value_width: i32,
+    eps: f32,
+    dq: *const mlxk_array,
+    dk: *const mlxk_array,
+    dv: *const mlxk_array,
+    dx: *mut *mut mlxk_array,
+    dq_scale: *mut *mut mlxk_array,
+    dk_scale: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `dx`, `dq_scale` and `dk_scale`.
+    unsafe {
+        split_vjp(
+            "mlxk_silu_rms_heads_vjp",
+            None,
+            [x, q_scale, k_scale],
+            [key_heads, value_heads, value_width],
+            eps,
+            [dq, dk, dv],
+            [dx, dq_scale, dk_scale],
+        )
+    }
+}

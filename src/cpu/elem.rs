@@ -3,6 +3,9 @@
 
 use half::{bf16, f16};
 
+use super::{typed, typed_mut};
+use crate::dtype::Dtype;
+
 /// A float element the kernels read and write; arithmetic happens in f32.
 pub trait Elem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
@@ -61,4 +64,79 @@ pub fn bf16_bits(x: f32) -> u16 {
 #[inline(always)]
 pub fn round_to<T: Elem>(x: f32) -> f32 {
     T::from_f32(x).to_f32()
+}
+
+/// A float buffer whose dtype is known at run time (bfloat16, float16 or float32), read as f32.
+#[derive(Clone, Copy)]
+pub enum Floats<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl<'a> Floats<'a> {
+    /// `bytes` as elements of `dtype` (a float dtype).
+    pub fn new(bytes: &'a [u8], dtype: Dtype) -> Floats<'a> {
+        match dtype {
+            Dtype::Float32 => Floats::F32(typed(bytes)),
+            Dtype::Bfloat16 => Floats::Bf16(typed(bytes)),
+            Dtype::Float16 => Floats::F16(typed(bytes)),
+            other => panic!("a float buffer of dtype {}", other.name()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Floats::F32(x) => x.len(),
+            Floats::Bf16(x) => x.len(),
+            Floats::F16(x) => x.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Widens elements `[start, start + out.len())` into `out` (exactly).
+    pub fn widen(&self, start: usize, out: &mut [f32]) {
+        fn copy<T: Elem>(src: &[T], out: &mut [f32]) {
+            for (o, &s) in out.iter_mut().zip(src) {
+                *o = s.to_f32();
+            }
+        }
+        let end = start + out.len();
+        match self {
+            Floats::F32(x) => out.copy_from_slice(&x[start..end]),
+            Floats::Bf16(x) => copy(&x[start..end], out),
+            Floats::F16(x) => copy(&x[start..end], out),
+        }
+    }
+
+    /// Every element as f32.
+    pub fn to_vec(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.len()];
+        self.widen(0, &mut out);
+        out
+    }
+}
+
+/// `bytes` of float dtype `dtype` as f32 values.
+pub fn widen(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
+    Floats::new(bytes, dtype).to_vec()
+}
+
+/// Writes `values` into `out` as elements of float dtype `dtype`, with MLX's rounding.
+pub fn narrow(values: &[f32], out: &mut [u8], dtype: Dtype) {
+    fn store<T: Elem>(values: &[f32], out: &mut [T]) {
+        assert_eq!(values.len(), out.len(), "narrow: lengths differ");
+        for (o, &v) in out.iter_mut().zip(values) {
+            *o = T::from_f32(v);
+        }
+    }
+    match dtype {
+        Dtype::Float32 => store(values, typed_mut::<f32>(out)),
+        Dtype::Bfloat16 => store(values, typed_mut::<bf16>(out)),
+        Dtype::Float16 => store(values, typed_mut::<f16>(out)),
+        other => panic!("a float output of dtype {}", other.name()),
+    }
 }

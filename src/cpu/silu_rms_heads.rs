@@ -39,16 +39,16 @@ pub struct Dims {
 
 impl Dims {
     #[inline(always)]
-    fn heads(&self) -> usize {
+    pub(crate) fn heads(&self) -> usize {
         2 * self.hk + self.hv
     }
     #[inline(always)]
-    fn channels(&self) -> usize {
+    pub(crate) fn channels(&self) -> usize {
         2 * self.hk * self.dk + self.hv * self.dv
     }
     /// (width, first channel) of head `head` of a row.
     #[inline(always)]
-    fn head(&self, head: usize) -> (usize, usize) {
+    pub(crate) fn head(&self, head: usize) -> (usize, usize) {
         if head < 2 * self.hk {
             (self.dk, head * self.dk)
         } else {

@@ -337,31 +337,6 @@ impl Words for Backward {
     }
 }
 
-/// The backward node's words for MLX's autograd: the forward node's words (`GatedDelta` or
-/// `GatedDeltaChunked`, both differentiated as the exact update) with both cotangents given, dy
-/// in `dy_dtype` (an `mlxk_dtype` code).
-pub fn vjp_words(kernel: u32, params: &[i64], dy_dtype: i32) -> Result<Vec<i64>, String> {
-    match Kernel::from_code(kernel) {
-        Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked) => {}
-        _ => {
-            return Err(format!(
-                "mlxkern: no gradient for CPU kernel {kernel} yet (the gated-delta update has one)"
-            ))
-        }
-    }
-    let mut forward = Node::decode(params)?;
-    forward.form = Form::Exact;
-    let dy_dtype = Dtype::from_code(dy_dtype).ok_or("mlxkern: a cotangent of a non-float dtype")?;
-    Ok(Backward {
-        forward,
-        has_dy: true,
-        dy_dtype,
-        has_dstate_out: true,
-        checkpoint: 0,
-    }
-    .encode())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

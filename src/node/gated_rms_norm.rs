@@ -79,6 +79,59 @@ impl Words for Node {
     }
 }
 
+/// The gated norm's backward pass (`mlxk_gated_rms_norm_vjp`): the gradients of x, gate and
+/// weight from the cotangent of out. CPU only.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Backward {
+    /// The forward it differentiates.
+    pub forward: Node,
+    /// The dtype of out's cotangent (x's shape) when one is given (absent: zeros).
+    pub cotangent: Option<Dtype>,
+}
+
+impl Backward {
+    pub fn kernel(&self) -> Kernel {
+        Kernel::GatedRmsNormBackward
+    }
+
+    /// Inputs: x, gate, weight (the forward's, `INPUTS`), then dout when given.
+    pub fn inputs(&self) -> usize {
+        3 + self.cotangent.is_some() as usize
+    }
+
+    /// dx (x's shape and dtype), dgate (the gate's shape and dtype), dweight `[D]` (x's dtype).
+    pub fn outputs(&self) -> Vec<Output> {
+        let f = &self.forward;
+        vec![
+            Output {
+                shape: f.shape.clone(),
+                dtype: f.dtype,
+            },
+            Output {
+                shape: f.shape.clone(),
+                dtype: f.gate_dtype,
+            },
+            Output {
+                shape: vec![f.width()],
+                dtype: f.dtype,
+            },
+        ]
+    }
+}
+
+impl Words for Backward {
+    const WHAT: &'static str = "gated norm backward";
+
+    fn fields(&mut self, c: &mut impl Codec) {
+        self.forward.fields(c);
+        let mut given = self.cotangent.is_some();
+        let mut dtype = self.cotangent.unwrap_or(Dtype::Float32);
+        c.bool(&mut given);
+        c.dtype(&mut dtype);
+        self.cotangent = given.then_some(dtype);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +151,31 @@ mod tests {
         let mut huge = n.encode();
         huge[0] = 1 << 40; // an absurd rank
         assert!(Node::decode(&huge).is_err());
+    }
+
+    #[test]
+    fn backward_words() {
+        let forward = Node {
+            shape: vec![3, 5, 33],
+            dtype: Dtype::Float16,
+            gate_dtype: Dtype::Bfloat16,
+            eps: 1e-6,
+        };
+        for cotangent in [None, Some(Dtype::Float32)] {
+            let n = Backward {
+                forward: forward.clone(),
+                cotangent,
+            };
+            assert_eq!(Backward::decode(&n.encode()), Ok(n.clone()));
+            assert_eq!(n.inputs(), 3 + cotangent.is_some() as usize);
+        }
+        let n = Backward {
+            forward: forward.clone(),
+            cotangent: None,
+        };
+        let outputs = n.outputs();
+        assert_eq!(outputs[1].dtype, Dtype::Bfloat16);
+        assert_eq!(outputs[2].shape, [33]);
+        assert!(Backward::decode(&forward.encode()).is_err());
     }
 }

@@ -30,24 +30,175 @@ pub enum Kernel {
     GatedDeltaChunked = 5,
     /// The update's backward pass (`gated_delta::Backward`).
     GatedDeltaBackward = 6,
+    /// The head split's backward pass (`silu_rms_heads::Backward`).
+    SiluRmsHeadsBackward = 7,
+    /// The gated norm's backward pass (`gated_rms_norm::Backward`).
+    GatedRmsNormBackward = 8,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 7] = [
+    const ALL: [Kernel; 9] = [
         Kernel::GatedDelta,
         Kernel::GatedDeltaState,
         Kernel::SiluRmsHeads,
         Kernel::GatedRmsNorm,
         Kernel::GatedDeltaChunked,
         Kernel::GatedDeltaBackward,
+        Kernel::SiluRmsHeadsBackward,
+        Kernel::GatedRmsNormBackward,
         Kernel::PanicProbe,
     ];
 
     pub fn from_code(code: u32) -> Option<Kernel> {
         Kernel::ALL.into_iter().find(|k| *k as u32 == code)
+    }
+
+    /// The C function whose node this is (for messages).
+    pub fn function(self) -> &'static str {
+        match self {
+            Kernel::GatedDelta => "mlxk_gated_delta_update",
+            Kernel::GatedDeltaState => "mlxk_gated_delta_state",
+            Kernel::SiluRmsHeads => "mlxk_silu_rms_heads",
+            Kernel::GatedRmsNorm => "mlxk_gated_rms_norm",
+            Kernel::GatedDeltaChunked => "mlxk_gated_delta_update_chunked",
+            Kernel::GatedDeltaBackward => "mlxk_gated_delta_update_vjp",
+            Kernel::SiluRmsHeadsBackward => "mlxk_silu_rms_heads_vjp",
+            Kernel::GatedRmsNormBackward => "mlxk_gated_rms_norm_vjp",
+            Kernel::PanicProbe => "the panic probe",
+        }
+    }
+}
+
+/// The C function of CPU kernel `code`, for messages ("kernel <code>" if unknown).
+pub fn function_name(code: u32) -> String {
+    Kernel::from_code(code).map_or_else(|| format!("kernel {code}"), |k| k.function().into())
+}
+
+/// How MLX's autograd differentiates a forward CPU node (the bridge's `vjp`): the backward
+/// node to build on the forward's inputs followed by the cotangents of all its outputs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VjpPlan {
+    pub kernel: Kernel,
+    pub params: Vec<i64>,
+    pub outputs: Vec<Output>,
+    /// Per input of the forward node, the backward output holding its gradient (None: the
+    /// input has none, e.g. a mask; its gradient is zeros).
+    pub gradients: Vec<Option<usize>>,
+    /// The dtype each cotangent is passed in (the bridge casts those that differ).
+    pub cotangents: Vec<Dtype>,
+}
+
+/// The backward node for forward kernel `kernel` with parameter words `params`, given the
+/// dtype codes of the cotangents MLX passes (one per output); an error naming the kernel for
+/// nodes without a gradient.
+pub fn vjp_plan(kernel: u32, params: &[i64], cotangents: &[i32]) -> Result<VjpPlan, String> {
+    let no_vjp = || {
+        format!(
+            "mlxkern: vjp is not implemented for {}",
+            function_name(kernel)
+        )
+    };
+    // A cotangent in a float dtype stays as it is; any other becomes `fallback`.
+    let float_or = |i: usize, fallback: Dtype| {
+        cotangents
+            .get(i)
+            .and_then(|&c| Dtype::from_code(c))
+            .filter(|d| d.is_float())
+            .unwrap_or(fallback)
+    };
+    let outputs_of = |n: usize| -> Result<(), String> {
+        if cotangents.len() != n {
+            return Err(format!(
+                "mlxkern: {} has {n} outputs, MLX passed {} cotangents",
+                function_name(kernel),
+                cotangents.len()
+            ));
+        }
+        Ok(())
+    };
+    match Kernel::from_code(kernel) {
+        Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked) => {
+            outputs_of(2)?;
+            let mut forward = gated_delta::Node::decode(params)?;
+            // Both forms compute the same function: the backward is the exact update's.
+            forward.form = gated_delta::Form::Exact;
+            let backward = gated_delta::Backward {
+                forward,
+                has_dy: true,
+                dy_dtype: float_or(0, forward.dtype),
+                has_dstate_out: true,
+                checkpoint: 0,
+            };
+            let gradients = forward
+                .cpu_inputs()
+                .into_iter()
+                .map(|input| {
+                    use gated_delta::Input::*;
+                    match input {
+                        Q => Some(0),
+                        K => Some(1),
+                        V => Some(2),
+                        A => Some(3),
+                        B => Some(4),
+                        ALog => Some(5),
+                        DtBias => Some(6),
+                        State => Some(7),
+                        _ => None,
+                    }
+                })
+                .collect();
+            Ok(VjpPlan {
+                kernel: backward.kernel(),
+                params: backward.encode(),
+                outputs: backward.outputs(),
+                gradients,
+                cotangents: vec![backward.dy_dtype, Dtype::Float32],
+            })
+        }
+        Some(Kernel::SiluRmsHeads) => {
+            outputs_of(3)?;
+            let forward = silu_rms_heads::Node::decode(params)?;
+            let dtypes = [0, 1, 2].map(|i| float_or(i, forward.dtype));
+            let backward = silu_rms_heads::Backward {
+                forward,
+                cotangents: dtypes.map(Some),
+            };
+            Ok(VjpPlan {
+                kernel: backward.kernel(),
+                params: backward.encode(),
+                outputs: backward.outputs(),
+                gradients: vec![Some(0), Some(1), Some(2)],
+                cotangents: dtypes.to_vec(),
+            })
+        }
+        Some(Kernel::GatedRmsNorm) => {
+            outputs_of(1)?;
+            let forward = gated_rms_norm::Node::decode(params)?;
+            let dtype = float_or(0, forward.dtype);
+            let backward = gated_rms_norm::Backward {
+                forward,
+                cotangent: Some(dtype),
+            };
+            Ok(VjpPlan {
+                kernel: backward.kernel(),
+                params: backward.encode(),
+                outputs: backward.outputs(),
+                gradients: vec![Some(0), Some(1), Some(2)],
+                cotangents: vec![dtype],
+            })
+        }
+        Some(
+            Kernel::GatedDeltaBackward
+            | Kernel::SiluRmsHeadsBackward
+            | Kernel::GatedRmsNormBackward,
+        ) => Err(format!(
+            "{} (second derivatives are not available)",
+            no_vjp()
+        )),
+        _ => Err(no_vjp()),
     }
 }
 
@@ -204,5 +355,97 @@ impl Codec for Decoder<'_> {
 
     fn fail(&mut self, what: String) {
         self.error.get_or_insert(what);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vjp_plans_map_gradients_to_the_forward_inputs() {
+        let update = gated_delta::Node {
+            dims: gated_delta::Dims {
+                b: 1,
+                t: 3,
+                hk: 1,
+                hv: 2,
+                dk: 32,
+                dv: 4,
+            },
+            dtype: Dtype::Bfloat16,
+            has_state: true,
+            has_mask: true,
+            form: gated_delta::Form::Chunked { chunk: 32 },
+            ..Default::default()
+        };
+        let f32_code = Dtype::Float32 as i32;
+        let plan = vjp_plan(
+            Kernel::GatedDeltaChunked as u32,
+            &update.encode(),
+            &[Dtype::Bfloat16 as i32, f32_code],
+        )
+        .unwrap();
+        assert_eq!(plan.kernel, Kernel::GatedDeltaBackward);
+        // q, k, v, a, b, a_log, dt_bias, state, then the mask (no gradient).
+        let want: Vec<Option<usize>> = (0..8).map(Some).chain([None]).collect();
+        assert_eq!(plan.gradients, want);
+        assert_eq!(plan.cotangents, [Dtype::Bfloat16, Dtype::Float32]);
+        let backward = gated_delta::Backward::decode(&plan.params).unwrap();
+        assert_eq!(backward.forward.form, gated_delta::Form::Exact);
+
+        let split = silu_rms_heads::Node {
+            dims: silu_rms_heads::Dims {
+                b: 1,
+                s: 2,
+                hk: 1,
+                hv: 1,
+                dk: 8,
+                dv: 8,
+            },
+            dtype: Dtype::Float16,
+            eps: 1e-6,
+        };
+        // A cotangent of a non-float dtype is passed in the forward's.
+        let plan = vjp_plan(
+            Kernel::SiluRmsHeads as u32,
+            &split.encode(),
+            &[f32_code, Dtype::Int32 as i32, Dtype::Float16 as i32],
+        )
+        .unwrap();
+        assert_eq!(
+            plan.cotangents,
+            [Dtype::Float32, Dtype::Float16, Dtype::Float16]
+        );
+        assert_eq!(plan.gradients, [Some(0), Some(1), Some(2)]);
+        assert_eq!(plan.outputs.len(), 3);
+
+        let norm = gated_rms_norm::Node {
+            shape: vec![2, 16],
+            dtype: Dtype::Float32,
+            gate_dtype: Dtype::Bfloat16,
+            eps: 1e-6,
+        };
+        let plan = vjp_plan(Kernel::GatedRmsNorm as u32, &norm.encode(), &[f32_code]).unwrap();
+        assert_eq!(plan.kernel, Kernel::GatedRmsNormBackward);
+        assert_eq!(plan.outputs[1].dtype, Dtype::Bfloat16);
+    }
+
+    #[test]
+    fn kernels_without_a_gradient_are_named() {
+        let err = vjp_plan(Kernel::GatedDeltaState as u32, &[], &[]).unwrap_err();
+        assert!(err.contains("mlxk_gated_delta_state"), "{err}");
+        let err = vjp_plan(Kernel::GatedRmsNormBackward as u32, &[], &[]).unwrap_err();
+        assert!(
+            err.contains("mlxk_gated_rms_norm_vjp") && err.contains("second"),
+            "{err}"
+        );
+        let norm = gated_rms_norm::Node {
+            shape: vec![2, 16],
+            ..Default::default()
+        };
+        let err = vjp_plan(Kernel::GatedRmsNorm as u32, &norm.encode(), &[7, 7]).unwrap_err();
+        assert!(err.contains("1 outputs, MLX passed 2"), "{err}");
+        assert_eq!(function_name(12345), "kernel 12345");
     }
 }

@@ -5,10 +5,11 @@ use cxx::UniquePtr;
 use super::shape::{check_eps, ArgInfo};
 use super::{cpu_node, metal_node, Backend};
 use crate::bridge::Array;
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
-use crate::node::gated_rms_norm::Node;
+use crate::node::gated_rms_norm::{Backward, Node};
 use crate::node::Words;
 
 pub struct Inputs<'a> {
@@ -18,7 +19,16 @@ pub struct Inputs<'a> {
     pub eps: f32,
 }
 
+/// Validates `mlxk_gated_rms_norm`'s arguments, then the size of its result.
 pub fn check(x: &Inputs) -> Result<Node> {
+    let node = check_args(x)?;
+    let shape: Vec<i64> = node.shape.iter().map(|&d| d as i64).collect();
+    memory::check_outputs(&[("out", &shape, node.dtype)])?;
+    Ok(node)
+}
+
+/// Validates the arguments the forward and its backward pass share (no sizes of results).
+fn check_args(x: &Inputs) -> Result<Node> {
     let xi = ArgInfo::of("x", x.x)?;
     let gi = ArgInfo::of("gate", x.gate)?;
     let wi = ArgInfo::of("weight", x.weight)?;
@@ -52,7 +62,6 @@ pub fn check(x: &Inputs) -> Result<Node> {
         )));
     }
     check_eps(x.eps)?;
-    memory::check_outputs(&[("out", &xi.shape, xi.dtype)])?;
     let node = Node {
         shape: xi.shape.iter().map(|&d| d as usize).collect(),
         dtype: xi.dtype,
@@ -86,4 +95,65 @@ pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
         Backend::Metal { gpu } => metal_node(&metal::gated_rms_norm_launch(&node), &inputs, gpu)?,
     };
     Ok(outputs.pop().expect("one output"))
+}
+
+/// The gated norm's gradients as `mlxk_gated_rms_norm_vjp` returns them: dx, dgate, dweight
+/// (lazy).
+pub type Gradients = [UniquePtr<Array>; 3];
+
+/// Validates the cotangent of `mlxk_gated_rms_norm_vjp` against the forward's node: dout of
+/// x's shape, any float dtype, optional.
+pub fn check_vjp(node: &Node, dout: Option<&Array>) -> Result<Backward> {
+    let shape: Vec<i64> = node.shape.iter().map(|&d| d as i64).collect();
+    let mut cotangent = None;
+    if let Some(dout) = dout {
+        let info = ArgInfo::of("dout", dout)?;
+        if info.shape != shape {
+            return Err(Error::Shape(format!(
+                "dout: shape {:?} differs from x's shape {shape:?} (the cotangent has out's \
+                 shape, which is x's)",
+                info.shape
+            )));
+        }
+        info.float()?;
+        cotangent = Some(info.dtype);
+    }
+    let width = node.width() as i64;
+    // dweight as f64 sums per job (at most 64 jobs): 2 · 64 f32 words per column.
+    memory::check_outputs(&[
+        ("dx", &shape, node.dtype),
+        ("dgate", &shape, node.gate_dtype),
+        ("dweight", &[width], node.dtype),
+        ("weight sums (internal)", &[2 * 64, width], Dtype::Float32),
+    ])?;
+    Ok(Backward {
+        forward: node.clone(),
+        cotangent,
+    })
+}
+
+/// Builds the gated norm's backward pass on the CPU: the gradients of `sum(dout · out)` with
+/// respect to x, gate and weight (an absent dout is zeros), lazy.
+pub fn norm_vjp(x: &Inputs, dout: Option<&Array>, backend: Backend) -> Result<Gradients> {
+    let node = check_args(x)?;
+    let backward = check_vjp(&node, dout)?;
+    if backend != Backend::Cpu {
+        return Err(Error::Unsupported(
+            "the gated norm's backward pass runs on the CPU only (no Metal kernel yet) and the \
+             default device is the GPU; select MLXK_DEVICE_CPU for it"
+                .into(),
+        ));
+    }
+    let mut inputs = vec![x.x, x.gate, x.weight];
+    inputs.extend(dout);
+    let outputs = cpu_node(
+        backward.kernel(),
+        backward.encode(),
+        &backward.outputs(),
+        vec![-1; 3],
+        &inputs,
+    )?;
+    outputs
+        .try_into()
+        .map_err(|_| Error::Backend("the backward node made the wrong number of outputs".into()))
 }

@@ -5,10 +5,11 @@ use cxx::UniquePtr;
 use super::shape::{check_eps, ArgInfo};
 use super::{cpu_node, metal_node, Backend};
 use crate::bridge::Array;
+use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
-use crate::node::silu_rms_heads::{Dims, Node};
+use crate::node::silu_rms_heads::{Backward, BackwardInput, Dims, Node};
 use crate::node::Words;
 
 /// The widest head the kernel handles (32 lanes × 4 values).
@@ -24,7 +25,21 @@ pub struct Inputs<'a> {
     pub eps: f32,
 }
 
+/// Validates `mlxk_silu_rms_heads`'s arguments, then the size of its results.
 pub fn check(x: &Inputs) -> Result<Node> {
+    let node = check_args(x)?;
+    let d = node.dims;
+    let shape = |heads: usize, width: usize| [d.b, d.s, heads, width].map(|v| v as i64);
+    memory::check_outputs(&[
+        ("q", &shape(d.hk, d.dk), node.dtype),
+        ("k", &shape(d.hk, d.dk), node.dtype),
+        ("v", &shape(d.hv, d.dv), node.dtype),
+    ])?;
+    Ok(node)
+}
+
+/// Validates the arguments the forward and its backward pass share (no sizes of results).
+fn check_args(x: &Inputs) -> Result<Node> {
     let xi = ArgInfo::of("x", x.x)?;
     let qs = ArgInfo::of("q_scale", x.q_scale)?;
     let ks = ArgInfo::of("k_scale", x.k_scale)?;
@@ -69,11 +84,6 @@ pub fn check(x: &Inputs) -> Result<Node> {
         )));
     }
     let (b, s) = (xi.shape[0], xi.shape[1]);
-    memory::check_outputs(&[
-        ("q", &[b, s, hk, dk], xi.dtype),
-        ("k", &[b, s, hk, dk], xi.dtype),
-        ("v", &[b, s, hv, dv], xi.dtype),
-    ])?;
     if 32 * (2 * hk + hv) > i32::MAX as i64 {
         return Err(Error::InvalidArgument(format!(
             "key_heads {hk} and value_heads {hv}: too many heads for one launch"
@@ -116,4 +126,100 @@ pub fn split(
     let k = outputs.pop().expect("three outputs");
     let q = outputs.pop().expect("three outputs");
     Ok((q, k, v))
+}
+
+/// The head split's gradients as `mlxk_silu_rms_heads_vjp` returns them: dx, dq_scale, dk_scale
+/// (lazy).
+pub type Gradients = [UniquePtr<Array>; 3];
+
+/// Validates the cotangents of `mlxk_silu_rms_heads_vjp` against the forward's node: dq, dk
+/// `[B, S, Hk, Dk]` and dv `[B, S, Hv, Dv]`, any float dtype, each optional.
+pub fn check_vjp(node: &Node, cotangents: [Option<&Array>; 3]) -> Result<Backward> {
+    let d = node.dims;
+    let (b, s, hk, hv, dk, dv) = (
+        d.b as i64,
+        d.s as i64,
+        d.hk as i64,
+        d.hv as i64,
+        d.dk as i64,
+        d.dv as i64,
+    );
+    let names = ["dq", "dk", "dv"];
+    let mut dtypes = [None; 3];
+    for (i, cotangent) in cotangents.iter().enumerate() {
+        let Some(array) = cotangent else { continue };
+        let info = ArgInfo::of(names[i], array)?;
+        let (layout, heads, width, heads_from, width_from) = if i < 2 {
+            ("[B, S, Hk, Dk]", hk, dk, "key_heads", "q_scale")
+        } else {
+            ("[B, S, Hv, Dv]", hv, dv, "value_heads", "value_width")
+        };
+        info.rank(4, layout)?
+            .dim(0, "B", b, "x")?
+            .dim(1, "S", s, "x")?
+            .dim(2, if i < 2 { "Hk" } else { "Hv" }, heads, heads_from)?
+            .dim(3, if i < 2 { "Dk" } else { "Dv" }, width, width_from)?
+            .float()?;
+        dtypes[i] = Some(info.dtype);
+    }
+    let backward = Backward {
+        forward: *node,
+        cotangents: dtypes,
+    };
+    let outputs = backward.outputs();
+    let shape = |i: usize| {
+        outputs[i]
+            .shape
+            .iter()
+            .map(|&x| x as i64)
+            .collect::<Vec<_>>()
+    };
+    let (dx, dscale) = (shape(0), shape(1));
+    // The scales' gradients as f64 sums per job (at most 64 jobs): 2 · 64 f32 words each.
+    let sums = [2 * 64, 2 * dk];
+    memory::check_outputs(&[
+        ("dx", &dx, node.dtype),
+        ("dq_scale", &dscale, node.dtype),
+        ("dk_scale", &dscale, node.dtype),
+        ("scale sums (internal)", &sums, Dtype::Float32),
+    ])?;
+    Ok(backward)
+}
+
+/// Builds the head split's backward pass on the CPU: the gradients of `sum(dq · q) + sum(dk ·
+/// k) + sum(dv · v)` with respect to x, q_scale and k_scale (absent cotangents are zeros), lazy.
+pub fn split_vjp(
+    x: &Inputs,
+    cotangents: [Option<&Array>; 3],
+    backend: Backend,
+) -> Result<Gradients> {
+    let node = check_args(x)?;
+    let backward = check_vjp(&node, cotangents)?;
+    if backend != Backend::Cpu {
+        return Err(Error::Unsupported(
+            "the head split's backward pass runs on the CPU only (no Metal kernel yet) and the \
+             default device is the GPU; select MLXK_DEVICE_CPU for it"
+                .into(),
+        ));
+    }
+    let inputs: Vec<&Array> = backward
+        .cpu_inputs()
+        .into_iter()
+        .map(|input| match input {
+            BackwardInput::X => x.x,
+            BackwardInput::QScale => x.q_scale,
+            BackwardInput::KScale => x.k_scale,
+            BackwardInput::Cotangent(i) => cotangents[i].expect("listed only when given"),
+        })
+        .collect();
+    let outputs = cpu_node(
+        backward.kernel(),
+        backward.encode(),
+        &backward.outputs(),
+        vec![-1; 3],
+        &inputs,
+    )?;
+    outputs
+        .try_into()
+        .map_err(|_| Error::Backend("the backward node made the wrong number of outputs".into()))
 }

@@ -1259,6 +1259,108 @@ static void test_gated_rms_norm(void) {
     }
 }
 
+/* sum(g * gated_rms_norm(x, z, w)) in float64 over ROWS rows of D. */
+static double norm_loss(const double *x, const double *z, const double *w, const float *g, int rows,
+                        int d, double eps) {
+    double total = 0.0;
+    for (int r = 0; r < rows; r++) {
+        double ss = 0.0;
+        for (int i = 0; i < d; i++) {
+            ss += x[r * d + i] * x[r * d + i];
+        }
+        double inv = 1.0 / sqrt(ss / d + eps);
+        for (int i = 0; i < d; i++) {
+            total += g[r * d + i] * ref_silu(z[r * d + i]) * w[i] * x[r * d + i] * inv;
+        }
+    }
+    return total;
+}
+
+/* The gated norm's backward pass: each gradient against a central difference of the float64
+ * loss along a random direction (<grad, u> = dL/dt at t = 0 for x + t u); NULL dout gives
+ * zeros; its own arguments named when wrong. */
+static void test_gated_rms_norm_vjp(void) {
+    enum { ROWS = 4, D = 48, N = ROWS * D };
+    const char *fn = "mlxk_gated_rms_norm_vjp";
+    const double eps = 1e-5;
+    static float x[N], z[N], w[D], g[N];
+    static double in[3][N], dir[3][N];
+    for (int i = 0; i < N; i++) {
+        x[i] = 2.0f * mlxkt_rng_sym(&rng);
+        z[i] = 3.0f * mlxkt_rng_sym(&rng);
+        g[i] = mlxkt_rng_sym(&rng);
+    }
+    for (int i = 0; i < D; i++) {
+        w[i] = 1.0f + 0.5f * mlxkt_rng_sym(&rng);
+    }
+    int32_t xs[2] = {ROWS, D}, ws[1] = {D};
+    mlxk_array *xa = new_f32(x, xs, 2), *za = new_f32(z, xs, 2), *wa = new_f32(w, ws, 1);
+    mlxk_array *ga = new_f32(g, xs, 2);
+    mlxk_array *grads[3] = {NULL, NULL, NULL};
+    CHECK_OK(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, ga, &grads[0], &grads[1], &grads[2]));
+    check_shape(grads[0], xs, 2, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(grads[1], xs, 2, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(grads[2], ws, 1, MLXK_DTYPE_FLOAT32, __LINE__);
+    const int counts[3] = {N, N, D};
+    for (int which = 0; which < 3; which++) {
+        const float *src = which == 0 ? x : which == 1 ? z : w;
+        for (int i = 0; i < counts[which]; i++) {
+            in[which][i] = src[i];
+            dir[which][i] = mlxkt_rng_sym(&rng);
+        }
+    }
+    for (int which = 0; which < 3; which++) {
+        float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
+        double along = 0.0, scale = 0.0;
+        for (int i = 0; i < counts[which]; i++) {
+            along += got[i] * dir[which][i];
+            scale += fabs(got[i] * dir[which][i]);
+        }
+        const double h = 1e-6;
+        double *p = in[which];
+        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
+        double up = norm_loss(in[0], in[1], in[2], g, ROWS, D, eps);
+        for (int i = 0; i < counts[which]; i++) p[i] -= 2 * h * dir[which][i];
+        double down = norm_loss(in[0], in[1], in[2], g, ROWS, D, eps);
+        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
+        double want = (up - down) / (2 * h);
+        /* float32 gradients summed along u: a few float32 roundings of each term. */
+        CHECK(fabs(along - want) <= 1e-5 * scale + 1e-7);
+        if (fabs(along - want) > 1e-5 * scale + 1e-7) {
+            fprintf(stderr, "  gated_rms_norm_vjp input %d: %.9g vs %.9g\n", which, along, want);
+        }
+        free(got);
+        free_ok(grads[which]);
+    }
+    CHECK_OK(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, NULL, &grads[0], &grads[1], &grads[2]));
+    for (int which = 0; which < 3; which++) {
+        float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
+        int zero = 1;
+        for (int i = 0; i < counts[which]; i++) zero &= got[i] == 0.0f;
+        CHECK(zero);
+        free(got);
+        free_ok(grads[which]);
+    }
+    mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
+    mlxk_array *o[3] = {sentinel, sentinel, sentinel};
+    int32_t short_shape[2] = {ROWS, D - 1};
+    mlxk_array *short_g = new_f32(g, short_shape, 2);
+    EXPECT_ERROR(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, short_g, &o[0], &o[1], &o[2]),
+                 MLXK_ERR_SHAPE, fn, ": dout: shape");
+    EXPECT_ERROR(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, ga, &o[0], &o[0], &o[2]),
+                 MLXK_ERR_INVALID_ARGUMENT, fn, "dx and dgate");
+    EXPECT_ERROR(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, ga, &o[0], &o[1], NULL),
+                 MLXK_ERR_NULL_POINTER, fn, ": dweight is NULL");
+    EXPECT_ERROR(mlxk_gated_rms_norm_vjp(xa, za, wa, -1.0f, ga, &o[0], &o[1], &o[2]),
+                 MLXK_ERR_INVALID_ARGUMENT, fn, "eps");
+    CHECK(o[0] == sentinel && o[1] == sentinel && o[2] == sentinel);
+    free_ok(short_g);
+    free_ok(xa);
+    free_ok(za);
+    free_ok(wa);
+    free_ok(ga);
+}
+
 /* Head split of the conv output x [B, S, 2*Hk*Dk + Hv*Dv]: silu everywhere, q and k
  * RMS-normalized per head and scaled, v = silu. */
 static void test_silu_rms_heads(void) {
@@ -1354,6 +1456,134 @@ static void test_silu_rms_heads(void) {
     free_ok(xa);
     free_ok(qa);
     free_ok(ka);
+}
+
+enum { SB = 2, SS = 2, SHK = 2, SDK = 12, SHV = 3, SDV = 5, SC = 2 * SHK * SDK + SHV * SDV };
+
+/* sum(gq * q) + sum(gk * k) + sum(gv * v) of the head split in float64. */
+static double split_loss(const double *x, const double *qs, const double *ks, const float *gq,
+                         const float *gk, const float *gv, double eps) {
+    double total = 0.0;
+    for (int bs = 0; bs < SB * SS; bs++) {
+        const double *row = x + bs * SC;
+        for (int which = 0; which < 2; which++) {
+            for (int h = 0; h < SHK; h++) {
+                const double *head = row + (which * SHK + h) * SDK;
+                double ssum = 0.0;
+                for (int i = 0; i < SDK; i++) ssum += ref_silu(head[i]) * ref_silu(head[i]);
+                double inv = 1.0 / sqrt(ssum / SDK + eps);
+                const float *g = (which == 0 ? gq : gk) + (bs * SHK + h) * SDK;
+                const double *scale = which == 0 ? qs : ks;
+                for (int i = 0; i < SDK; i++) total += g[i] * scale[i] * ref_silu(head[i]) * inv;
+            }
+        }
+        for (int i = 0; i < SHV * SDV; i++) {
+            total += gv[bs * SHV * SDV + i] * ref_silu(row[2 * SHK * SDK + i]);
+        }
+    }
+    return total;
+}
+
+/* The head split's backward pass: each gradient against a central difference of the float64
+ * loss along a random direction; absent cotangents are zeros; its own arguments named. */
+static void test_silu_rms_heads_vjp(void) {
+    enum { NX = SB * SS * SC, NQ = SB * SS * SHK * SDK, NV = SB * SS * SHV * SDV };
+    const char *fn = "mlxk_silu_rms_heads_vjp";
+    const double eps = 1e-4;
+    static float x[NX], qs[SDK], ks[SDK], gq[NQ], gk[NQ], gv[NV];
+    static double in[3][NX], dir[3][NX];
+    for (int i = 0; i < NX; i++) x[i] = 3.0f * mlxkt_rng_sym(&rng);
+    for (int i = 0; i < SDK; i++) {
+        qs[i] = 0.5f + mlxkt_rng_sym(&rng);
+        ks[i] = 0.5f + mlxkt_rng_sym(&rng);
+    }
+    for (int i = 0; i < NQ; i++) {
+        gq[i] = mlxkt_rng_sym(&rng);
+        gk[i] = mlxkt_rng_sym(&rng);
+    }
+    for (int i = 0; i < NV; i++) gv[i] = mlxkt_rng_sym(&rng);
+    int32_t xs[3] = {SB, SS, SC}, ss[1] = {SDK};
+    int32_t qk_shape[4] = {SB, SS, SHK, SDK}, v_shape[4] = {SB, SS, SHV, SDV};
+    mlxk_array *xa = new_f32(x, xs, 3), *qa = new_f32(qs, ss, 1), *ka = new_f32(ks, ss, 1);
+    mlxk_array *gqa = new_f32(gq, qk_shape, 4), *gka = new_f32(gk, qk_shape, 4);
+    mlxk_array *gva = new_f32(gv, v_shape, 4);
+    mlxk_array *grads[3] = {NULL, NULL, NULL};
+    CHECK_OK(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, gqa, gka, gva,
+                                     &grads[0], &grads[1], &grads[2]));
+    check_shape(grads[0], xs, 3, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(grads[1], ss, 1, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(grads[2], ss, 1, MLXK_DTYPE_FLOAT32, __LINE__);
+    const int counts[3] = {NX, SDK, SDK};
+    for (int which = 0; which < 3; which++) {
+        const float *src = which == 0 ? x : which == 1 ? qs : ks;
+        for (int i = 0; i < counts[which]; i++) {
+            in[which][i] = src[i];
+            dir[which][i] = mlxkt_rng_sym(&rng);
+        }
+    }
+    for (int which = 0; which < 3; which++) {
+        float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
+        double along = 0.0, scale = 0.0;
+        for (int i = 0; i < counts[which]; i++) {
+            along += got[i] * dir[which][i];
+            scale += fabs(got[i] * dir[which][i]);
+        }
+        const double h = 1e-6;
+        double *p = in[which];
+        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
+        double up = split_loss(in[0], in[1], in[2], gq, gk, gv, eps);
+        for (int i = 0; i < counts[which]; i++) p[i] -= 2 * h * dir[which][i];
+        double down = split_loss(in[0], in[1], in[2], gq, gk, gv, eps);
+        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
+        double want = (up - down) / (2 * h);
+        CHECK(fabs(along - want) <= 1e-5 * scale + 1e-7);
+        if (fabs(along - want) > 1e-5 * scale + 1e-7) {
+            fprintf(stderr, "  silu_rms_heads_vjp input %d: %.9g vs %.9g\n", which, along, want);
+        }
+        free(got);
+        free_ok(grads[which]);
+    }
+    /* Only dv: the scales get zero gradients, x only on its v channels. */
+    CHECK_OK(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, NULL, NULL, gva,
+                                     &grads[0], &grads[1], &grads[2]));
+    float *dx = mlxkt_read_floats(grads[0], NX);
+    int qk_zero = 1, v_nonzero = 0;
+    for (int bs = 0; bs < SB * SS; bs++) {
+        for (int c = 0; c < SC; c++) {
+            if (c < 2 * SHK * SDK) {
+                qk_zero &= dx[bs * SC + c] == 0.0f;
+            } else {
+                v_nonzero |= dx[bs * SC + c] != 0.0f;
+            }
+        }
+    }
+    CHECK(qk_zero && v_nonzero);
+    free(dx);
+    for (int which = 1; which < 3; which++) {
+        float *got = mlxkt_read_floats(grads[which], SDK);
+        int zero = 1;
+        for (int i = 0; i < SDK; i++) zero &= got[i] == 0.0f;
+        CHECK(zero);
+        free(got);
+    }
+    for (int which = 0; which < 3; which++) free_ok(grads[which]);
+    mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
+    mlxk_array *o[3] = {sentinel, sentinel, sentinel};
+    EXPECT_ERROR(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, gva, gka, gva,
+                                         &o[0], &o[1], &o[2]),
+                 MLXK_ERR_SHAPE, fn, ": dq: dimension 2 (Hk)");
+    EXPECT_ERROR(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV + 1, (float)eps, gqa, gka, gva,
+                                         &o[0], &o[1], &o[2]),
+                 MLXK_ERR_SHAPE, fn, ": x: dimension 2 (channels)");
+    EXPECT_ERROR(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, gqa, gka, gva,
+                                         &o[0], &o[1], &o[1]),
+                 MLXK_ERR_INVALID_ARGUMENT, fn, "dq_scale and dk_scale");
+    EXPECT_ERROR(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, gqa, gka, gva,
+                                         NULL, &o[1], &o[2]),
+                 MLXK_ERR_NULL_POINTER, fn, ": dx is NULL");
+    CHECK(o[0] == sentinel && o[1] == sentinel && o[2] == sentinel);
+    mlxk_array *all[6] = {xa, qa, ka, gqa, gka, gva};
+    for (int i = 0; i < 6; i++) free_ok(all[i]);
 }
 
 /* mlxk_last_error() is per thread. */
@@ -1480,7 +1710,9 @@ int main(void) {
     test_gated_delta_errors();
     test_gated_delta_state();
     test_gated_rms_norm();
+    test_gated_rms_norm_vjp();
     test_silu_rms_heads();
+    test_silu_rms_heads_vjp();
     test_threads();
     test_host_mlx();
 #ifdef MLXK_GLM52_EXPERT_SLOT_ALIGNMENT

@@ -1,8 +1,10 @@
 // A C++ host that keeps its arrays in MLX (mlx::core) and hands them to mlxkern without a
 // copy (mlxk_array_from_mlx / mlxk_array_to_mlx): zero copy, laziness across the boundary,
 // views (transposed, broadcast, offset), results consumed by the host's own ops, the misuse
-// cases, and the MLX lock with a host thread using MLX concurrently. Fresh random inputs every
-// run (the seed is printed). Built and run by scripts/test-interop.sh under ASan + LSan.
+// cases, the MLX lock with a host thread using MLX concurrently, and MLX's autograd through the
+// kernels (mx::vjp and mx::value_and_grad against the explicit backward calls, bit for bit; jvp,
+// vmap and second derivatives refused by name). Fresh random inputs every run (the seed is
+// printed). Built and run by scripts/test-interop.sh under ASan + LSan.
 #include <mlx/mlx.h>
 
 #include <atomic>
@@ -321,6 +323,245 @@ static void autograd_matches_the_explicit_backward(mx::array &key) {
   CHECK(dq[0].shape() == in.q.shape());
 }
 
+// A host function over handles: the arrays go in through from_mlx, the kernel's results come
+// back through to_mlx (the handles are freed at once; the host's arrays keep the nodes).
+template <class Call>
+static std::vector<mx::array> through(const std::vector<mx::array> &x, size_t outputs, Call call) {
+  std::vector<mlxk_array *> h;
+  for (const auto &a : x) h.push_back(from_host(a));
+  std::vector<mlxk_array *> out(outputs, nullptr);
+  OK(call(h, out));
+  std::vector<mx::array> result;
+  for (auto *o : out) {
+    if (o == nullptr) return result;
+    result.push_back(*to_host(o));
+  }
+  for (auto *a : h) OK(mlxk_array_free(a));
+  for (auto *o : out) OK(mlxk_array_free(o));
+  return result;
+}
+
+static std::vector<mx::array> head_split(const std::vector<mx::array> &x, int hk, int hv, int dv,
+                                         float eps) {
+  return through(x, 3, [&](std::vector<mlxk_array *> &h, std::vector<mlxk_array *> &o) {
+    return mlxk_silu_rms_heads(h[0], h[1], h[2], hk, hv, dv, eps, &o[0], &o[1], &o[2]);
+  });
+}
+
+static std::vector<mx::array> gated_norm(const std::vector<mx::array> &x, float eps) {
+  return through(x, 1, [&](std::vector<mlxk_array *> &h, std::vector<mlxk_array *> &o) {
+    return mlxk_gated_rms_norm(h[0], h[1], h[2], eps, &o[0]);
+  });
+}
+
+static std::vector<mx::array> delta_update(const std::vector<mx::array> &x) {
+  return through(x, 2, [&](std::vector<mlxk_array *> &h, std::vector<mlxk_array *> &o) {
+    return mlxk_gated_delta_update(h[0], h[1], h[2], h[3], h[4], h[5], h[6],
+                                   h.size() > 7 ? h[7] : nullptr, nullptr, &o[0], &o[1]);
+  });
+}
+
+// Explicit C-ABI calls on copies of the host's arrays (NULL where `a` is empty).
+static std::vector<mlxk_array *> copies(const std::vector<mx::array> &x) {
+  std::vector<mlxk_array *> h;
+  for (const auto &a : x) h.push_back(a.size() ? copy_in(a) : nullptr);
+  return h;
+}
+
+static void free_all(const std::vector<mlxk_array *> &h) {
+  for (auto *a : h) OK(mlxk_array_free(a));
+}
+
+// mx::vjp through the head split and the gated norm gives the bits of their explicit backward
+// calls on the same cotangents, and its forward values are the inference calls'.
+static void autograd_through_the_norms(mx::array &key) {
+  const int B = 2, S = 3, Hk = 2, Hv = 4, Dk = 32, Dv = 24, C = 2 * Hk * Dk + Hv * Dv;
+  const float eps = 1e-6f / Dk;
+  for (auto dtype : {mx::bfloat16, mx::float32}) {
+    std::vector<mx::array> primals = {normal({B, S, C}, dtype, key), normal({Dk}, dtype, key),
+                                      normal({Dk}, dtype, key)};
+    std::vector<mx::array> cot = {normal({B, S, Hk, Dk}, dtype, key),
+                                  normal({B, S, Hk, Dk}, mx::float32, key),
+                                  normal({B, S, Hv, Dv}, dtype, key)};
+    mx::eval(primals);
+    mx::eval(cot);
+    auto fun = [&](const std::vector<mx::array> &x) { return head_split(x, Hk, Hv, Dv, eps); };
+    auto [outs, grads] = mx::vjp(fun, primals, cot);
+    mx::eval(outs);
+    mx::eval(grads);
+    CHECK(grads.size() == 3);
+    auto h = copies(primals);
+    // mx::vjp hands the primitive each cotangent cast to its output's dtype (dk's float32
+    // becomes bfloat16 here); the explicit call gets the same.
+    auto c = copies({mx::astype(cot[0], dtype), mx::astype(cot[1], dtype), cot[2]});
+    mlxk_array *inference[3] = {nullptr, nullptr, nullptr}, *g[3] = {nullptr, nullptr, nullptr};
+    OK(mlxk_silu_rms_heads(h[0], h[1], h[2], Hk, Hv, Dv, eps, &inference[0], &inference[1],
+                           &inference[2]));
+    OK(mlxk_silu_rms_heads_vjp(h[0], h[1], h[2], Hk, Hv, Dv, eps, c[0], c[1], c[2], &g[0], &g[1],
+                               &g[2]));
+    for (int i = 0; i < 3 && outs.size() == 3 && grads.size() == 3; ++i) {
+      CHECK(bytes_of(outs[i]) == read_handle(inference[i]));
+      CHECK(bytes_of(grads[i]) == read_handle(g[i]));
+      CHECK(grads[i].dtype() == primals[i].dtype());
+      OK(mlxk_array_free(inference[i]));
+      OK(mlxk_array_free(g[i]));
+    }
+    // Gradients that are not all zero: the comparison above means something.
+    CHECK(mx::any(mx::not_equal(grads[0], mx::array(0.0f))).item<bool>());
+    free_all(h);
+    free_all(c);
+
+    // The gated norm with a gate of another dtype.
+    std::vector<mx::array> np = {normal({B, S, Hv, Dv}, dtype, key),
+                                 normal({B, S, Hv, Dv}, mx::float16, key),
+                                 normal({Dv}, dtype, key)};
+    auto dout = normal({B, S, Hv, Dv}, dtype, key);
+    mx::eval(np);
+    mx::eval(dout);
+    auto norm = [&](const std::vector<mx::array> &x) { return gated_norm(x, 1e-6f); };
+    auto [nouts, ngrads] = mx::vjp(norm, np, {dout});
+    mx::eval(nouts);
+    mx::eval(ngrads);
+    auto nh = copies(np);
+    auto dh = copy_in(dout);
+    mlxk_array *out = nullptr, *ng[3] = {nullptr, nullptr, nullptr};
+    OK(mlxk_gated_rms_norm(nh[0], nh[1], nh[2], 1e-6f, &out));
+    OK(mlxk_gated_rms_norm_vjp(nh[0], nh[1], nh[2], 1e-6f, dh, &ng[0], &ng[1], &ng[2]));
+    CHECK(nouts.size() == 1 && ngrads.size() == 3);
+    if (nouts.size() == 1 && ngrads.size() == 3) {
+      CHECK(bytes_of(nouts[0]) == read_handle(out));
+      for (int i = 0; i < 3; ++i) {
+        CHECK(bytes_of(ngrads[i]) == read_handle(ng[i]));
+        CHECK(ngrads[i].dtype() == np[i].dtype());
+      }
+    }
+    OK(mlxk_array_free(out));
+    for (auto *a : ng) OK(mlxk_array_free(a));
+    OK(mlxk_array_free(dh));
+    free_all(nh);
+  }
+}
+
+// value_and_grad of a small graph, head split -> update -> gated norm -> a host loss: the value
+// is the inference graph's, and every gradient equals the chain of explicit backward calls
+// (the cotangents MLX passes down are the ones the chain computes; the unused final state gets
+// a zero cotangent, the explicit call a NULL one).
+static void value_and_grad_of_a_layer(mx::array &key) {
+  const int B = 2, T = 5, Hk = 1, Hv = 2, Dk = 32, Dv = 16, C = 2 * Hk * Dk + Hv * Dv;
+  const float eps = 1e-6f / Dk, norm_eps = 1e-6f;
+  auto bf = mx::bfloat16;
+  // x, q_scale, k_scale, a, b, a_log, dt_bias, z, weight.
+  std::vector<mx::array> p = {normal({B, T, C}, bf, key),         normal({Dk}, bf, key),
+                              normal({Dk}, bf, key),              normal({B, T, Hv}, bf, key),
+                              normal({B, T, Hv}, bf, key),        normal({Hv}, mx::float32, key),
+                              normal({Hv}, bf, key),              normal({B, T, Hv, Dv}, bf, key),
+                              normal({Dv}, bf, key)};
+  auto weights = normal({B, T, Hv, Dv}, mx::float32, key);
+  mx::eval(p);
+  mx::eval(weights);
+  auto layer = [&](const std::vector<mx::array> &x) {
+    auto qkv = head_split({x[0], x[1], x[2]}, Hk, Hv, Dv, eps);
+    auto ys = delta_update({qkv[0], qkv[1], qkv[2], x[3], x[4], x[5], x[6]});
+    return gated_norm({ys[0], x[7], x[8]}, norm_eps);
+  };
+  auto loss = [&](const std::vector<mx::array> &x) -> std::vector<mx::array> {
+    return {mx::sum(mx::astype(layer(x)[0], mx::float32) * weights)};
+  };
+  std::vector<int> all = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  auto [value, grads] = mx::value_and_grad(loss, all)(p);
+  mx::eval(value);
+  mx::eval(grads);
+  CHECK(grads.size() == 9);
+  auto expect = loss(p);
+  mx::eval(expect);
+  CHECK(bytes_of(value[0]) == bytes_of(expect[0]));
+  if (grads.size() != 9) return;
+
+  // The chain by hand: forward, then each backward call with the cotangent the next gave.
+  auto h = copies(p);
+  mlxk_array *q = nullptr, *k = nullptr, *v = nullptr, *y = nullptr, *s = nullptr;
+  OK(mlxk_silu_rms_heads(h[0], h[1], h[2], Hk, Hv, Dv, eps, &q, &k, &v));
+  OK(mlxk_gated_delta_update(q, k, v, h[3], h[4], h[5], h[6], nullptr, nullptr, &y, &s));
+  // d loss / d out = weights, cast to out's dtype by astype's vjp.
+  auto dout = copy_in(mx::astype(weights, bf));
+  mlxk_array *dy = nullptr, *dz = nullptr, *dw = nullptr;
+  OK(mlxk_gated_rms_norm_vjp(y, h[7], h[8], norm_eps, dout, &dy, &dz, &dw));
+  mlxk_array *d[8] = {nullptr};
+  OK(mlxk_gated_delta_update_vjp(q, k, v, h[3], h[4], h[5], h[6], nullptr, nullptr, dy, nullptr,
+                                 &d[0], &d[1], &d[2], &d[3], &d[4], &d[5], &d[6], &d[7]));
+  mlxk_array *dx = nullptr, *dqs = nullptr, *dks = nullptr;
+  OK(mlxk_silu_rms_heads_vjp(h[0], h[1], h[2], Hk, Hv, Dv, eps, d[0], d[1], d[2], &dx, &dqs,
+                             &dks));
+  mlxk_array *chain[9] = {dx, dqs, dks, d[3], d[4], d[5], d[6], dz, dw};
+  for (int i = 0; i < 9; ++i) {
+    CHECK(grads[i].shape() == p[i].shape() && grads[i].dtype() == p[i].dtype());
+    CHECK(bytes_of(grads[i]) == read_handle(chain[i]));
+    OK(mlxk_array_free(chain[i]));
+  }
+  auto magnitude = mx::sum(mx::abs(mx::astype(grads[0], mx::float32)));
+  CHECK(std::isfinite(magnitude.item<float>()) && magnitude.item<float>() > 0);
+  for (auto *a : {q, k, v, y, s, dout, dy, d[0], d[1], d[2], d[7]}) OK(mlxk_array_free(a));
+  free_all(h);
+}
+
+// What the CPU primitive does not offer says so, naming the kernel.
+static void unsupported_transforms_name_the_kernel(mx::array &key) {
+  auto x = normal({2, 16}, mx::float32, key);
+  auto w = normal({16}, mx::float32, key);
+  mx::eval({x, w});
+  auto norm = [&](const std::vector<mx::array> &a) { return gated_norm({a[0], a[1], w}, 1e-6f); };
+  auto message = [](auto &&f) -> std::string {
+    try {
+      f();
+    } catch (const std::exception &e) {
+      return e.what();
+    }
+    return "(no exception)";
+  };
+  auto jvp = message([&] {
+    auto r = mx::jvp(norm, {x, x}, {x, x});
+    mx::eval(r.second);
+  });
+  CHECK(jvp.find("mlxkern: jvp is not implemented for mlxk_gated_rms_norm; use vjp") !=
+        std::string::npos);
+  auto vmap = message([&] {
+    auto batched = mx::vmap(norm, {0, 0}, {0});
+    auto r = batched({mx::stack({x, x}), mx::stack({x, x})});
+    mx::eval(r);
+  });
+  CHECK(vmap.find("mlxkern: vmap is not implemented for mlxk_gated_rms_norm") !=
+        std::string::npos);
+  // Second derivatives: the backward node has no vjp of its own.
+  auto second = message([&] {
+    using Scalar = std::function<mx::array(const std::vector<mx::array> &)>;
+    Scalar inner = [&](const std::vector<mx::array> &a) { return mx::sum(norm(a)[0]); };
+    Scalar outer = [&](const std::vector<mx::array> &a) {
+      return mx::sum(mx::grad(inner, 0)(a)[0]);
+    };
+    auto g = mx::grad(outer, 0)({x, x});
+    mx::eval(g);
+  });
+  CHECK(second.find("vjp is not implemented for mlxk_gated_rms_norm_vjp") != std::string::npos);
+  // The prefix replay has no gradient.
+  auto in = random_inputs(1, 3, 1, 2, 32, 4, key);
+  mx::eval({in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state});
+  auto replay = [&](const std::vector<mx::array> &a) {
+    return through(a, 1, [&](std::vector<mlxk_array *> &hh, std::vector<mlxk_array *> &o) {
+      int32_t lengths[1] = {2};
+      return mlxk_gated_delta_state(hh[0], hh[1], hh[2], hh[3], hh[4], hh[5], hh[6], lengths, 1,
+                                    &o[0]);
+    });
+  };
+  auto state = message([&] {
+    auto r = mx::vjp(replay, {in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state},
+                     {in.state});
+    mx::eval(r.second);
+  });
+  CHECK(state.find("vjp is not implemented for mlxk_gated_delta_state") != std::string::npos);
+  std::printf("host_cpp: refusals: \"%s\" | \"%s\" | \"%s\" | \"%s\"\n", jvp.c_str(), vmap.c_str(),
+              second.c_str(), state.c_str());
+}
+
 int main() {
   uint64_t seed = std::random_device{}();
   if (const char *s = std::getenv("MLXK_INTEROP_SEED")) seed = std::strtoull(s, nullptr, 10);
@@ -333,6 +574,9 @@ int main() {
   misuse(key);
   lock_serializes_host_threads(key);
   autograd_matches_the_explicit_backward(key);
+  autograd_through_the_norms(key);
+  value_and_grad_of_a_layer(key);
+  unsupported_transforms_name_the_kernel(key);
   std::printf("host_cpp: %d checks, %d failed\n", checks, failures);
   return failures == 0 ? 0 : 1;
 }

@@ -7,6 +7,7 @@ use half::{bf16, f16};
 use super::exact::{solve, Problem};
 use super::gates::{gates, GateInputs};
 use super::StateIn;
+use crate::cpu::elem::{narrow, widen};
 use crate::cpu::{chunked, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_delta::{Form, Input, Node};
@@ -86,32 +87,6 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
         Dtype::Float16 => go!(f16),
         Dtype::Float32 => go!(f32),
         other => panic!("gated delta: unsupported input dtype {}", other.name()),
-    }
-}
-
-/// `bytes` of `dtype` (a float dtype) as f32 values.
-fn widen(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
-    match dtype {
-        Dtype::Float32 => typed::<f32>(bytes).to_vec(),
-        Dtype::Bfloat16 => typed::<bf16>(bytes).iter().map(|x| x.to_f32()).collect(),
-        Dtype::Float16 => typed::<f16>(bytes).iter().map(|x| x.to_f32()).collect(),
-        other => panic!("gated delta backward: input of dtype {}", other.name()),
-    }
-}
-
-/// Writes `values` into `out` in `dtype`, rounding to nearest even.
-fn narrow(values: &[f32], out: &mut [u8], dtype: Dtype) {
-    match dtype {
-        Dtype::Float32 => typed_mut::<f32>(out).copy_from_slice(values),
-        Dtype::Bfloat16 => typed_mut::<bf16>(out)
-            .iter_mut()
-            .zip(values)
-            .for_each(|(o, &v)| *o = bf16::from_f32(v)),
-        Dtype::Float16 => typed_mut::<f16>(out)
-            .iter_mut()
-            .zip(values)
-            .for_each(|(o, &v)| *o = f16::from_f32(v)),
-        other => panic!("gated delta backward: output of dtype {}", other.name()),
     }
 }
 
