@@ -137,12 +137,13 @@ int run(int argc, char **argv) {
   mx::eval({xs, targets, lora_a, lora_b});
 
   std::printf("qwen35_train: mlxkern %s on MLX %s; hidden %d, Hk %d, Hv %d, Dk %d, Dv %d, K %d, "
-              "%s; LoRA rank %d (scale %g) on in_proj_qkv; %d steps of B = %d, T = %d over %d "
-              "batches; Adam lr %g%s; %s recurrence\n",
+              "%s; LoRA rank %d (scale %g) on in_proj_qkv; %d steps of B = %d, T = %d over %d %s; "
+              "Adam lr %g%s; %s recurrence\n",
               mlxk::version().c_str(), mlxk_mlx_version(), config.hidden_size, config.key_heads,
               config.value_heads, config.key_dim, config.value_dim, config.conv_kernel,
               xs.dtype() == mx::float32 ? "float32" : "bfloat16", rank, lora_scale, steps,
-              xs.shape(1), xs.shape(2), batches, adam.learning_rate,
+              xs.shape(1), xs.shape(2), batches, batches == 1 ? "batch" : "batches",
+              adam.learning_rate,
               adam.decay_steps ? " (cosine decay)" : "", chunked ? "chunked" : "exact");
 
   // The batch of the current step; the loss reads it, value_and_grad differentiates the loss
