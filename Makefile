@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo bench bench-cuda test-cuda cuda-carry install test test-rust test-oracle test-c test-cpp test-interop test-bun test-metal-emu test-swift test-sanitizers fuzz clean
+.PHONY: bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun test-metal-emu test-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -77,6 +77,12 @@ test-swift: build
 # in build/bench/). MLXK_BENCH_QUICK=1 for a short run.
 bench: build
 	CC=$(CC) LIBDIR=$(LIBDIR) ./scripts/bench.sh
+
+# The training example: a LoRA adapter on one Qwen3.5 layer trained from C++ through the
+# kernels' gradients (MLX autograd) next to the same training in mlx-lm; writes
+# build/bench/train_loss.png and the curves (.csv, .json). MLXK_TRAIN_STEPS=N for another length.
+train-example: build
+	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/train-example.sh
 
 # C clients under ASan/LSan and valgrind memcheck, 10 000 mixed calls, resident memory check.
 test-sanitizers: build

@@ -5,10 +5,15 @@
 #      its MLX part (MLXKERN_WITH_MLX: Array::from_mlx / to_mlx) the same way, built against
 #      libmlx with MLX's headers as -isystem (tests/cpp/test_mlxkern_hpp_mlx.cpp);
 #   2. the example engine layer (examples/cpp/qwen35_layer.cpp: MLX ops and mlxkern kernels in
-#      one graph) built against the in-tree headers and the .venv's MLX;
+#      one graph) and the training example (examples/cpp/qwen35_train.cpp) built against the
+#      in-tree headers and the .venv's MLX;
 #   3. the acceptance test (tests/cpp/test_qwen35_layer.py): the engine against mlx-lm 0.32.2's
 #      Qwen3.5 GatedDeltaNet (small shapes, Qwen3.5-35B-A3B's, and a chunked-prefill run),
-#      prefill, decode, speculative rollback;
+#      prefill, decode, speculative rollback; then a short training run
+#      (tests/cpp/test_qwen35_train.py, 25 steps, exact and chunked recurrence): a LoRA adapter
+#      trained from C++ through the kernels' gradients against the same training in mlx-lm, the
+#      loss curves equal within tolerance and decreasing (`make train-example` runs it long and
+#      plots it);
 #   4. scripts/install.sh into a temporary PREFIX;
 #   5. the example rebuilt from a copy of its sources with only
 #      `pkg-config --cflags --libs mlxkern-mlx` (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig: mlxkern
@@ -18,7 +23,8 @@
 #
 # Environment: CXX (default c++), LIBDIR (folder of the built libmlxkern.so; default
 # target/debug), BUILD (output folder; default build), MLXK_CPP_SEED (replay the acceptance
-# test's random inputs), KEEP_PREFIX=1 (keep the temporary install).
+# test's random inputs), MLXK_TRAIN_SEED (replay the training run's), KEEP_PREFIX=1 (keep the
+# temporary install).
 # Needs: the library built (cargo build --lib), the .venv (make bootstrap), g++ >= 8 (C++17),
 # pkg-config and binutils (Debian: apt-get install g++ pkg-config binutils).
 set -euo pipefail
@@ -93,7 +99,9 @@ echo "PASS: include/mlxkern.hpp with MLXKERN_WITH_MLX (from_mlx / to_mlx against
 start=$(now)
 "$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT/examples/cpp/qwen35_layer.cpp" "${IN_TREE[@]}" "${WITH_MLX[@]}" \
   -o "$OUT/qwen35_layer" || fail "examples/cpp/qwen35_layer.cpp does not build against include/"
-echo "PASS: examples/cpp/qwen35_layer builds against include/ and MLX $("$PY" -c 'import mlx.core as mx; print(mx.__version__)')" \
+"$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT/examples/cpp/qwen35_train.cpp" "${IN_TREE[@]}" "${WITH_MLX[@]}" \
+  -o "$OUT/qwen35_train" || fail "examples/cpp/qwen35_train.cpp does not build against include/"
+echo "PASS: examples/cpp/qwen35_layer and qwen35_train build against include/ and MLX $("$PY" -c 'import mlx.core as mx; print(mx.__version__)')" \
   "(-std=c++20 -Werror -pedantic) [$(since "$start")]"
 
 # The CUDA benchmark driver builds on every machine (it runs its rows only on MLX CUDA).
@@ -114,6 +122,14 @@ mkdir -p "$WORK"
   || fail "acceptance test (tests/cpp/test_qwen35_layer.py)"
 echo "PASS: acceptance test against mlx-lm 0.32.2 (small and 35B-A3B shapes, chunked prefill)" \
   "[$(since "$start")]"
+
+start=$(now)
+for recurrence in exact chunked; do
+  "$PY" "$ROOT/tests/cpp/test_qwen35_train.py" --binary "$OUT/qwen35_train" --steps 25 \
+    --recurrence "$recurrence" || fail "training test, $recurrence recurrence (tests/cpp/test_qwen35_train.py)"
+done
+echo "PASS: LoRA training from C++ through the kernels' gradients matches mlx-lm's loss curve" \
+  "(25 steps, exact and chunked recurrence) [$(since "$start")]"
 
 # 4. Install into a temporary PREFIX.
 start=$(now)

@@ -1,8 +1,9 @@
 // One Qwen3.5 Gated DeltaNet layer (mlx-lm 0.32.2 `qwen3_5.GatedDeltaNet`) for a bfloat16
-// model, batch 1, written the way an engine on MLX's C++ API writes it: the dense parts are MLX
-// ops, the Gated DeltaNet parts are mlxkern's kernels, and the arrays go back and forth without
-// a copy (mlxk::Array::from_mlx / to_mlx), so one step is ONE lazy MLX graph and the caller
-// evaluates it with ONE mx::eval (the output, the recurrent state and the conv state together):
+// model (or a float32 one: the weights' dtype is the model's), batch 1, written the way an
+// engine on MLX's C++ API writes it: the dense parts are MLX ops, the Gated DeltaNet parts are
+// mlxkern's kernels, and the arrays go back and forth without a copy (mlxk::Array::from_mlx /
+// to_mlx), so one step is ONE lazy MLX graph and the caller evaluates it with ONE mx::eval (the
+// output, the recurrent state and the conv state together):
 //
 //   MLX ops     qkv, z, b, a = x·W_qkv^T, x·W_z^T, x·W_b^T, x·W_a^T         (nn.Linear)
 //               conv_in      = concatenate(conv_state, qkv)                 (conv state: K-1 rows)
@@ -13,10 +14,16 @@
 //               normed       = mlxk_gated_rms_norm(y, z, norm.weight)
 //   MLX op      out          = normed·W_out^T                               (out_proj)
 //
-// The recurrent state [1, Hv, Dv, Dk] float32 and the conv state [1, K-1, conv_dim] bfloat16
-// are MLX arrays owned by the layer and replaced by each step's (lazy) results; once the
-// layer drops the old state, the graph holds its last reference and the CPU kernel writes the
-// new state into the old buffer.
+// The recurrent state [1, Hv, Dv, Dk] float32 and the conv state [1, K-1, conv_dim] (the
+// model's dtype) are MLX arrays owned by the layer and replaced by each step's (lazy) results;
+// once the layer drops the old state, the graph holds its last reference and the CPU kernel
+// writes the new state into the old buffer.
+//
+// Training: sequence() runs the layer over a batch of whole sequences from zero states, with an
+// optional low-rank adapter (LoRA) on in_proj_qkv, as a pure function of its inputs. The
+// kernels are nodes of MLX's graph with backward nodes of their own, so mx::value_and_grad of a
+// loss built on sequence() differentiates through the gated norm, the recurrence, the head
+// split, the conv and the projection (qwen35_train.cpp).
 //
 // Speculative decoding: verify() runs a draft window from the current state and keeps a
 // checkpoint (the pre-verify state, the conv input, the window's k, v, a, b); accept(m) keeps
@@ -103,7 +110,7 @@ struct Config {
 };
 
 /** The layer's parameters under mlx-lm's names, as MLX arrays (a converted checkpoint:
- * bfloat16, A_log float32). */
+ * bfloat16, A_log float32; or all float32). in_proj_qkv's dtype is the model's. */
 struct Weights {
   mx::array in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;  // [out, hidden]
   mx::array conv1d;                                        // [conv_dim, K, 1]
@@ -168,6 +175,14 @@ struct Weights {
   }
 };
 
+/** A low-rank adapter on a projection, as mlx-lm's LoRALinear computes it (without dropout):
+ * y = x W^T + scale * ((x A) B), with A [in, rank] and B [rank, out]. */
+struct LoRA {
+  mx::array a;  // [in, rank]
+  mx::array b;  // [rank, out]
+  float scale = 1.0f;
+};
+
 /** Which recurrence a step runs: the exact one (decode, speculative verify; bit-identical
  * across call patterns) or the chunked (WY) form (faster long prefill on the CPU, equal up to
  * float32 rounding). */
@@ -175,23 +190,23 @@ enum class Recurrence { Exact, Chunked };
 
 /** A step's dense inputs of the kernels (lazy MLX arrays). */
 struct Projections {
-  mx::array qkv;  // [1, T, conv_dim]
-  mx::array z;    // [1, T, Hv, Dv]
-  mx::array b;    // [1, T, Hv]
-  mx::array a;    // [1, T, Hv]
+  mx::array qkv;  // [B, T, conv_dim]
+  mx::array z;    // [B, T, Hv, Dv]
+  mx::array b;    // [B, T, Hv]
+  mx::array a;    // [B, T, Hv]
 };
 
 struct Conv {
-  mx::array input;       // [1, K-1+T, conv_dim]: the conv state, then the step's qkv
-  mx::array out;         // [1, T, conv_dim], before SiLU (the head split applies it)
-  mx::array next_state;  // [1, K-1, conv_dim]: the last K-1 rows of input
+  mx::array input;       // [B, K-1+T, conv_dim]: the conv state, then the step's qkv
+  mx::array out;         // [B, T, conv_dim], before SiLU (the head split applies it)
+  mx::array next_state;  // [B, K-1, conv_dim]: the last K-1 rows of input
 };
 
 /** The kernels' results: MLX arrays for the host's graph, and the head split's handles (the
  * speculative checkpoint keeps k and v for the replay). */
 struct KernelResults {
-  mx::array normed;  // [1, T, Hv, Dv] bfloat16
-  mx::array state;   // [1, Hv, Dv, Dk] float32
+  mx::array normed;  // [B, T, Hv, Dv], the model's dtype
+  mx::array state;   // [B, Hv, Dv, Dk] float32
   mlxk::HeadSplit heads;
 };
 
@@ -207,17 +222,19 @@ class GatedDeltaNet {
       : config_(config),
         w_(std::move(weights)),
         state_(mx::zeros({1, config.value_heads, config.value_dim, config.key_dim}, mx::float32)),
-        conv_state_(mx::zeros({1, config.conv_kernel - 1, config.conv_dim()}, mx::bfloat16)) {
+        conv_state_(mx::zeros({1, config.conv_kernel - 1, config.conv_dim()},
+                              w_.in_proj_qkv.dtype())) {
     config_.check();
-    if (w_.norm.dtype() != mx::bfloat16) w_.norm = mx::astype(w_.norm, mx::bfloat16);
+    const mx::Dtype dtype = w_.in_proj_qkv.dtype();
+    if (w_.norm.dtype() != dtype) w_.norm = mx::astype(w_.norm, dtype);
     // mlx-lm's normalize_qk(q, k, inv_scale = Dk**-0.5, eps = 1e-6):
     //   q = inv_scale**2 * rms_norm(q, eps * inv_scale**2); k = inv_scale * rms_norm(k, ...)
-    // The Python scalars multiply a bfloat16 array, so each is rounded to bfloat16 first; the
-    // rms_norm eps is a float32 (the double product rounded once).
+    // The Python scalars multiply an array of the model's dtype, so each is rounded to it
+    // first; the rms_norm eps is a float32 (the double product rounded once).
     const double inv_scale = std::pow(static_cast<double>(config.key_dim), -0.5);
     const double inv_scale_sq = std::pow(inv_scale, 2.0);
-    mx::array q_scale = mx::full({config.key_dim}, static_cast<float>(inv_scale_sq), mx::bfloat16);
-    mx::array k_scale = mx::full({config.key_dim}, static_cast<float>(inv_scale), mx::bfloat16);
+    mx::array q_scale = mx::full({config.key_dim}, static_cast<float>(inv_scale_sq), dtype);
+    mx::array k_scale = mx::full({config.key_dim}, static_cast<float>(inv_scale), dtype);
     std::vector<mx::array> ready = w_.all();
     ready.insert(ready.end(), {q_scale, k_scale, state_, conv_state_});
     mx::eval(ready);  // the weights (a checkpoint loads lazily) and the zero states, once
@@ -236,7 +253,7 @@ class GatedDeltaNet {
   /** The recurrent state [1, Hv, Dv, Dk] float32 after the committed tokens (lazy until the
    * step's eval). */
   [[nodiscard]] const mx::array &state() const { return state_; }
-  /** The conv state [1, K-1, conv_dim] bfloat16 (lazy until the step's eval). */
+  /** The conv state [1, K-1, conv_dim] in the model's dtype (lazy until the step's eval). */
   [[nodiscard]] const mx::array &conv_state() const { return conv_state_; }
 
   /** What one eval must compute after a step: its output and the layer's two states. */
@@ -244,7 +261,8 @@ class GatedDeltaNet {
     return {out, state_, conv_state_};
   }
 
-  /** The layer over x [1, T, hidden] bfloat16 from the current states, committing the tokens.
+  /** The layer over x [1, T, hidden] (the model's dtype) from the current states, committing
+   * the tokens.
    * Lazy: returns the output [1, T, hidden]; evaluate it with state() and conv_state(). */
   mx::array forward(const mx::array &x, Recurrence recurrence = Recurrence::Exact) {
     if (pending_) throw std::logic_error("forward() during a verify: call accept() first");
@@ -255,6 +273,23 @@ class GatedDeltaNet {
     // writes the new state into its buffer.
     state_ = k.state;
     conv_state_ = c.next_state;
+    return out_proj(k.normed);
+  }
+
+  /** The layer over whole sequences x [B, T, hidden] from zero states (no conv history, a zero
+   * recurrent state), with `qkv_adapter` (if given) added to in_proj_qkv. Leaves the layer's
+   * states alone: a pure function of x and the adapter's arrays, which is what a training step
+   * differentiates (mx::value_and_grad over the adapter's A and B: the gradient flows back
+   * through out_proj, the gated norm, the recurrence, the head split, the conv and the
+   * adapter). Lazy: returns the output [B, T, hidden]. */
+  [[nodiscard]] mx::array sequence(const mx::array &x, const LoRA *qkv_adapter = nullptr,
+                                   Recurrence recurrence = Recurrence::Exact) const {
+    const Config &c = config_;
+    const int batch = x.shape(0);
+    const Projections p = project(x, qkv_adapter);
+    const Conv cv = conv(mx::zeros({batch, c.conv_kernel - 1, c.conv_dim()}, p.qkv.dtype()), p.qkv);
+    const mx::array state = mx::zeros({batch, c.value_heads, c.value_dim, c.key_dim}, mx::float32);
+    const KernelResults k = kernels(cv.out, p.a, p.b, p.z, state, recurrence);
     return out_proj(k.normed);
   }
 
@@ -318,14 +353,24 @@ class GatedDeltaNet {
 
   // --- the step's parts (forward() composes them; public for benchmarks and tests) ---
 
-  /** The four input projections (MLX ops; nn.Linear without bias). */
-  [[nodiscard]] Projections project(const mx::array &x) const {
+  /** The four input projections of x [B, T, hidden] (MLX ops; nn.Linear without bias), with
+   * `qkv_adapter` (if given) on in_proj_qkv as mlx-lm's LoRALinear adds it:
+   * x W^T + (scale * ((x A) B)).astype(x.dtype). */
+  [[nodiscard]] Projections project(const mx::array &x, const LoRA *qkv_adapter = nullptr) const {
     const int tokens = x.shape(1);
     auto linear = [&x](const mx::array &w) { return mx::matmul(x, mx::transpose(w)); };
-    return Projections{
-        linear(w_.in_proj_qkv),
-        mx::reshape(linear(w_.in_proj_z), {1, tokens, config_.value_heads, config_.value_dim}),
-        linear(w_.in_proj_b), linear(w_.in_proj_a)};
+    mx::array qkv = linear(w_.in_proj_qkv);
+    if (qkv_adapter != nullptr) {
+      const mx::array low_rank = mx::matmul(mx::matmul(x, qkv_adapter->a), qkv_adapter->b);
+      // A Python float times an array: a scalar of the array's dtype.
+      qkv = mx::add(qkv, mx::astype(mx::multiply(mx::array(qkv_adapter->scale, low_rank.dtype()),
+                                                 low_rank),
+                                    x.dtype()));
+    }
+    return Projections{std::move(qkv),
+                       mx::reshape(linear(w_.in_proj_z),
+                                   {x.shape(0), tokens, config_.value_heads, config_.value_dim}),
+                       linear(w_.in_proj_b), linear(w_.in_proj_a)};
   }
 
   /** The depthwise causal conv over [conv_state | qkv] (MLX ops). */
@@ -334,7 +379,7 @@ class GatedDeltaNet {
     mx::array input = mx::concatenate({conv_state, qkv}, 1);
     const int rows = input.shape(1);
     mx::array next = mx::contiguous(
-        mx::slice(input, {0, rows - window, 0}, {1, rows, config_.conv_dim()}));
+        mx::slice(input, {0, rows - window, 0}, {input.shape(0), rows, config_.conv_dim()}));
     mx::array out = mx::conv1d(input, w_.conv1d, /*stride=*/1, /*padding=*/0, /*dilation=*/1,
                                /*groups=*/config_.conv_dim());
     return Conv{std::move(input), std::move(out), std::move(next)};
@@ -362,9 +407,9 @@ class GatedDeltaNet {
     return KernelResults{normed.to_mlx(), update.state.to_mlx(), std::move(heads)};
   }
 
-  /** out_proj over the gated norm's output [1, T, Hv, Dv] (an MLX op). */
+  /** out_proj over the gated norm's output [B, T, Hv, Dv] (an MLX op). */
   [[nodiscard]] mx::array out_proj(const mx::array &normed) const {
-    return mx::matmul(mx::reshape(normed, {1, normed.shape(1), -1}),
+    return mx::matmul(mx::reshape(normed, {normed.shape(0), normed.shape(1), -1}),
                       mx::transpose(w_.out_proj));
   }
 
@@ -381,7 +426,7 @@ class GatedDeltaNet {
   Weights w_;
   KernelParams params_;
   mx::array state_;       // [1, Hv, Dv, Dk] float32
-  mx::array conv_state_;  // [1, K-1, conv_dim] bfloat16
+  mx::array conv_state_;  // [1, K-1, conv_dim], the model's dtype
   std::optional<Pending> pending_;
 };
 
