@@ -11,8 +11,8 @@
  *   JSON     json_string, host_json
  *   records  Record, add_record (printed as they come), write_records (the JSON array)
  *
- * Header-only (static functions) for one-file C11 programs; needs mlxk_test_util.h (clock,
- * xmalloc) included first, _POSIX_C_SOURCE 200809L, and -lm.
+ * Header-only (static functions) for one-file C11 or C++17 programs; needs mlxk_test_util.h
+ * (clock, xmalloc) included first, in C _POSIX_C_SOURCE 200809L, and -lm.
  */
 
 #ifndef MLXKERN_BENCH_HARNESS_H
@@ -44,11 +44,9 @@ static Config cfg;
 static void config_from_env(void) {
     const char *quick = getenv("MLXK_BENCH_QUICK");
     int q = quick != NULL && quick[0] != '\0' && strcmp(quick, "0") != 0;
-    if (q) {
-        cfg = (Config){0.25, 0.8, 2, 30, 1};
-    } else {
-        cfg = (Config){1.0, 3.0, 3, 200, 0};
-    }
+    const Config quick_cfg = {0.25, 0.8, 2, 30, 1};
+    const Config full_cfg = {1.0, 3.0, 3, 200, 0};
+    cfg = q ? quick_cfg : full_cfg;
 }
 
 typedef struct {
@@ -109,7 +107,7 @@ static Stats measure(Body body, void *ctx, double units) {
             reps = 1;
         }
     }
-    double *samples = mlxkt_xmalloc(sizeof(double) * (size_t)reps);
+    double *samples = (double *)mlxkt_xmalloc(sizeof(double) * (size_t)reps);
     for (int r = 0; r < reps; r++) {
         double s0 = mlxkt_now_seconds();
         for (int i = 0; i < inner; i++) {
@@ -220,7 +218,7 @@ static HostInfo host_info(void) {
     }
     /* The lines run to a few kB (x86 flags): read them whole. */
     size_t cap = 16384;
-    char *line = mlxkt_xmalloc(cap);
+    char *line = (char *)mlxkt_xmalloc(cap);
     int have_model = 0, have_flags = 0;
     while (fgets(line, (int)cap, f) != NULL && !(have_model && have_flags)) {
         const char *v;

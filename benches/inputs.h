@@ -25,7 +25,9 @@ enum {
     TAG_CONV_OUT = 9,
     TAG_NORM_X = 10,
     TAG_NORM_GATE = 11,
-    TAG_NORM_WEIGHT = 12
+    TAG_NORM_WEIGHT = 12,
+    TAG_DY = 13,         /* the gradient bench's cotangents (benches/grad.cpp, grad_peer.py) */
+    TAG_DSTATE_OUT = 14
 };
 
 /* Case kinds (part of the seed). */

@@ -10,6 +10,13 @@
 # same through host memory, its parts alone (benches/engine.cpp, C++ on the .venv's MLX), and
 # (c) mlx-lm's module (benches/engine_peer.py); its own table and results.json's "engine_layer".
 #
+# Then gradients: one layer's forward and backward at T = 512, 2048, 4096 (Qwen3.5-35B-A3B dims,
+# B = 1): mlxkern's mlxk_gated_delta_update and mlxk_gated_delta_update_vjp (benches/grad.cpp)
+# and MLX's paths under mx.value_and_grad (benches/grad_peer.py), each measurement in a fresh
+# process (time and peak memory), T by T; an MLX path is skipped, with the reason printed, where
+# its estimated memory or time would not fit. Their tables, results.json's "gradients" and
+# build/bench/grad_chart.png.
+#
 # The llama.cpp peer needs ggml, fetched and built once into build/llama.cpp/ by
 # scripts/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
 # them it is skipped with one line and the rest runs. A disagreement of its outputs with
@@ -18,8 +25,10 @@
 # Expects the library built (`cargo build --lib`; the Makefile target does it) and .venv made
 # by scripts/bootstrap.sh. matplotlib (for the chart only) is installed into .venv on first use.
 # Environment: CC, CXX; LIBDIR (folder holding libmlxkern.so / .dylib, default target/debug);
-# MLXK_BENCH_QUICK=1 (short run); MLXK_BENCH_PEER_FULL=1 (run MLX's prefill at T=4096 too,
-# about 10 s a call per path, instead of scaling its T=512 figure).
+# MLXK_BENCH_QUICK=1 (short run; gradients at T = 512 only); MLXK_BENCH_PEER_FULL=1 (run MLX's
+# prefill at T=4096 too, about 10 s a call per path, instead of scaling its T=512 figure);
+# MLXK_BENCH_ONLY=grad (the gradient section alone); MLXK_BENCH_GRAD_PEER_MAX_S and
+# MLXK_BENCH_GRAD_PEER_MEM_GIB (benches/grad_peer.py's limits).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,6 +38,13 @@ CXX=${CXX:-c++}
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 OUT=$ROOT/build/bench
 PY=$ROOT/.venv/bin/python3
+ONLY=${MLXK_BENCH_ONLY:-}
+case $ONLY in
+  ""|grad) ;;
+  *) echo "bench: MLXK_BENCH_ONLY must be empty or grad, not $ONLY" >&2; exit 2 ;;
+esac
+quick=0
+case ${MLXK_BENCH_QUICK:-} in ""|0) ;; *) quick=1 ;; esac
 
 case "$(uname -s)" in
   Darwin) LIB=$LIBDIR/libmlxkern.dylib ;;
@@ -49,9 +65,12 @@ MLX=$("$PY" -m mlx --cmake-dir)
 "$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/examples/cpp" \
   -isystem "$MLX/include" "$ROOT/benches/engine.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
   -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/engine"
+"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/common" \
+  -isystem "$MLX/include" "$ROOT/benches/grad.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
+  -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/grad"
 
 llama=0
-if CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
+if [ -z "$ONLY" ] && CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
   llama=1
 fi
 
@@ -74,7 +93,11 @@ peer_parts=()
 llama_parts=()
 start=$(date +%s)
 load_start=$(loadavg)
-for group in decode1 decode4 decode16 prefill replay small; do
+groups=(decode1 decode4 decode16 prefill replay small)
+if [ -n "$ONLY" ]; then
+  groups=()
+fi
+for group in ${groups[@]+"${groups[@]}"}; do
   echo "== $group: mlxkern (C ABI) =="
   "$OUT/bench" "$PARTS/mlxkern-$group.json" "$group"
   echo "== $group: MLX CPU peer =="
@@ -101,11 +124,33 @@ for group in decode1 decode4 decode16 prefill replay small; do
   esac
   echo
 done
-echo "== engine layer: (a) zero copy, (b) through host memory, the parts alone =="
-"$OUT/engine" "$PARTS/engine.json"
-echo "== engine layer: (c) mlx-lm's module =="
-"$PY" "$ROOT/benches/engine_peer.py" "$PARTS/engine-peer.json"
-echo
+if [ -z "$ONLY" ]; then
+  echo "== engine layer: (a) zero copy, (b) through host memory, the parts alone =="
+  "$OUT/engine" "$PARTS/engine.json"
+  echo "== engine layer: (c) mlx-lm's module =="
+  "$PY" "$ROOT/benches/engine_peer.py" "$PARTS/engine-peer.json"
+  echo
+fi
+
+# Gradients, T by T: mlxkern's forward and backward (a process each), then MLX's paths (which
+# estimate their memory and time from the smaller T already measured, in the earlier parts).
+grad_lengths=(512 2048 4096)
+if [ "$quick" = 1 ]; then
+  grad_lengths=(512)
+fi
+grad_parts=()
+grad_peer_parts=()
+for t in "${grad_lengths[@]}"; do
+  for phase in fwd bwd; do
+    echo "== gradients T=$t: mlxkern $phase (C ABI, own process) =="
+    "$OUT/grad" "$PARTS/grad-$phase-T$t.json" "$t" "$phase"
+    grad_parts+=("$PARTS/grad-$phase-T$t.json")
+  done
+  echo "== gradients T=$t: MLX CPU paths (a process per measurement) =="
+  "$PY" "$ROOT/benches/grad_peer.py" "$PARTS/grad-peer-T$t.json" "$t" ${grad_peer_parts[@]+"${grad_peer_parts[@]}"}
+  grad_peer_parts+=("$PARTS/grad-peer-T$t.json")
+  echo
+done
 load_end=$(loadavg)
 printf '{"loadavg_start": %s, "loadavg_end": %s, "seconds": %d}\n' "$load_start" "$load_end" \
   "$(( $(date +%s) - start ))" >"$PARTS/run.json"
@@ -114,7 +159,11 @@ llama_args=()
 if [ "${#llama_parts[@]}" -gt 0 ]; then
   llama_args=(--llama "${llama_parts[@]}")
 fi
-"$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" --mlxkern "${kern_parts[@]}" \
-  --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"} \
-  --engine "$PARTS/engine.json" "$PARTS/engine-peer.json"
+kernel_args=()
+if [ -z "$ONLY" ]; then
+  kernel_args=(--mlxkern "${kern_parts[@]}" --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"}
+               --engine "$PARTS/engine.json" "$PARTS/engine-peer.json")
+fi
+"$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" ${kernel_args[@]+"${kernel_args[@]}"} \
+  --grad "${grad_parts[@]}" --grad-peer "${grad_peer_parts[@]}"
 echo "bench: total $(( $(date +%s) - start )) s"

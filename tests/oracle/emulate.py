@@ -25,6 +25,11 @@ Also emulated, in the same style:
 Those two use MLX's CPU exp / sigmoid formulas (exp_f32, sigmoid, silu; fused multiply-adds
 emulated exactly by fma_f32) and rsqrt(x) = 1 / sqrt(x), as the library's CPU kernels do
 (docs/DESIGN.md §3: bit-exact given identical transcendental results).
+
+Precision references in float64 with plain sums (not an order): gated_delta_f64 (the
+recurrence); gated_delta_vjp_f64 (its backward pass, an analytic reverse sweep), with
+gates_f64 and gated_delta_loss_f64 (the gates and the loss it differentiates, for central
+differences).
 """
 
 import numpy as np
@@ -152,6 +157,109 @@ def gated_delta_f64(q, k, v, g, beta, state=None, mask=None, magnitude=False):
             size = np.einsum("bhvk,bhk->bhv", np.abs(new), np.abs(qt))
             terms[:, t] = np.where(live[:, None, None], size, 0.0)
     return (y, s, terms) if magnitude else (y, s)
+
+
+def gates_f64(a, b, a_log, dt_bias):
+    """The gates in float64 with no rounding: g = exp(-exp(A_log) * softplus(a + dt_bias)) and
+    beta = sigmoid(b) (a, b [B, T, Hv]; a_log, dt_bias [Hv])."""
+    a, b, a_log, dt_bias = (np.asarray(x, dtype=np.float64) for x in (a, b, a_log, dt_bias))
+    x = a + dt_bias
+    softplus = np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
+    return np.exp(-np.exp(a_log) * softplus), 1.0 / (1.0 + np.exp(-b))
+
+
+def gated_delta_vjp_f64(q, k, v, g, beta, state, mask, dy, dstate_out, a, b, a_log, dt_bias):
+    """The recurrence's backward pass in float64: an analytic reverse sweep over every stored
+    forward state (a precision reference; memory T x state).
+
+    q, k, v, g, beta, state, mask as for gated_delta (g and beta the values the forward uses);
+    dy [B, T, Hv, Dv] and dstate_out [B, Hv, Dv, Dk] (None: zeros) the cotangents of y and the
+    final state; a, b, a_log, dt_bias the gate inputs, whose chain is differentiated exactly
+    (dg/da = dg/ddt_bias = -exp(A_log) sigmoid(x) g, dg/dA_log = -exp(A_log) softplus(x) g,
+    x = a + dt_bias, with g and beta recomputed here in float64: gates_f64).
+
+    Returns a dict of float64 gradients dq, dk, dv, da, db, da_log, ddt_bias, dstate, and the
+    sizes of what the gate gradients add up, which bound the rounding error of any order of
+    summation: "size:da" = |dg terms| |dg/da|, "size:ddt_bias" its sum over (row, token) per
+    head, "size:da_log" = the sum of |dg terms| |dg/dA_log|, and "size:db" = |dbeta terms| / 4
+    (beta (1 - beta) <= 1/4), where |dg terms| = sum |ds1 * s| over the state (dg's summands)
+    and |dbeta terms| = sum |ddelta * err| over the value rows. Masked tokens get zero
+    gradients and pass the state's gradient through; a key head sums its value heads' dq, dk."""
+    q, k, v, g, beta = (np.asarray(x, dtype=np.float64) for x in (q, k, v, g, beta))
+    B, T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[2], v.shape[3]
+    group = Hv // Hk
+    live = np.ones((B, T), dtype=bool) if mask is None else np.asarray(mask, bool)
+    s = np.zeros((B, Hv, Dv, Dk)) if state is None else np.array(state, dtype=np.float64)
+    dy = np.zeros((B, T, Hv, Dv)) if dy is None else np.asarray(dy, dtype=np.float64)
+    ds = (np.zeros((B, Hv, Dv, Dk)) if dstate_out is None
+          else np.array(dstate_out, dtype=np.float64))
+
+    states = [s]  # the state entering token t
+    for t in range(T):
+        kt = np.repeat(k[:, t], group, axis=1)
+        new = s * g[:, t, :, None, None]
+        delta = (v[:, t] - np.einsum("bhvk,bhk->bhv", new, kt)) * beta[:, t, :, None]
+        new = new + kt[:, :, None, :] * delta[..., None]
+        s = np.where(live[:, t, None, None, None], new, s)
+        states.append(s)
+
+    dq, dk = np.zeros(q.shape), np.zeros(k.shape)
+    dv = np.zeros(v.shape)
+    dg, dbeta = np.zeros(g.shape), np.zeros(beta.shape)
+    dg_terms, dbeta_terms = np.zeros(g.shape), np.zeros(beta.shape)
+    for t in reversed(range(T)):
+        on = live[:, t]
+        kt = np.repeat(k[:, t], group, axis=1)  # [B, Hv, Dk]
+        qt = np.repeat(q[:, t], group, axis=1)
+        prev, after = states[t], states[t + 1]
+        dyt = np.where(on[:, None, None], dy[:, t], 0.0)  # a masked token's y is a constant 0
+        # y = s' . q
+        dq_h = np.einsum("bhv,bhvk->bhk", dyt, after)
+        dsn = ds + dyt[..., None] * qt[:, :, None, :]
+        # s1 = g s;  err = v - s1 . k;  delta = err beta;  s' = s1 + k delta
+        s1 = prev * g[:, t, :, None, None]
+        err = v[:, t] - np.einsum("bhvk,bhk->bhv", s1, kt)
+        delta = err * beta[:, t, :, None]
+        ddelta = np.einsum("bhvk,bhk->bhv", dsn, kt)
+        dv[:, t] = np.where(on[:, None, None], ddelta * beta[:, t, :, None], 0.0)
+        dbeta[:, t] = np.where(on[:, None], np.sum(ddelta * err, axis=-1), 0.0)
+        dbeta_terms[:, t] = np.where(on[:, None], np.sum(np.abs(ddelta * err), axis=-1), 0.0)
+        dkv = -ddelta * beta[:, t, :, None]
+        dk_h = np.einsum("bhv,bhvk->bhk", delta, dsn) + np.einsum("bhv,bhvk->bhk", dkv, s1)
+        ds1 = dsn + dkv[..., None] * kt[:, :, None, :]
+        dg[:, t] = np.where(on[:, None], np.einsum("bhvk,bhvk->bh", ds1, prev), 0.0)
+        dg_terms[:, t] = np.where(on[:, None], np.einsum("bhvk,bhvk->bh", np.abs(ds1),
+                                                          np.abs(prev)), 0.0)
+        ds = np.where(on[:, None, None, None], ds1 * g[:, t, :, None, None], ds)
+        # Value head h read key head h // group: sum each group.
+        dq[:, t] = np.where(on[:, None, None], dq_h.reshape(B, Hk, group, Dk).sum(axis=2), 0.0)
+        dk[:, t] = np.where(on[:, None, None], dk_h.reshape(B, Hk, group, Dk).sum(axis=2), 0.0)
+
+    a, b, a_log, dt_bias = (np.asarray(x, dtype=np.float64) for x in (a, b, a_log, dt_bias))
+    x = a + dt_bias
+    softplus = np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
+    rate = np.exp(a_log)
+    g64, beta64 = gates_f64(a, b, a_log, dt_bias)
+    dg_da = -rate * (1.0 / (1.0 + np.exp(-x))) * g64  # = dg/ddt_bias
+    dg_dlog = -rate * softplus * g64
+    sum_axes = tuple(range(dg.ndim - 1))
+    return {"dq": dq, "dk": dk, "dv": dv, "da": dg * dg_da, "db": dbeta * beta64 * (1 - beta64),
+            "da_log": (dg * dg_dlog).sum(axis=sum_axes),
+            "ddt_bias": (dg * dg_da).sum(axis=sum_axes), "dstate": ds,
+            "size:da": dg_terms * np.abs(dg_da), "size:db": dbeta_terms / 4.0,
+            "size:da_log": (dg_terms * np.abs(dg_dlog)).sum(axis=sum_axes),
+            "size:ddt_bias": (dg_terms * np.abs(dg_da)).sum(axis=sum_axes)}
+
+
+def gated_delta_loss_f64(q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out):
+    """sum(dy * y) + sum(dstate_out * state_out) in float64, gates from gates_f64: the function
+    whose gradient gated_delta_vjp_f64 computes (when its g and beta are gates_f64's), for
+    central differences."""
+    g, beta = gates_f64(a, b, a_log, dt_bias)
+    y, s = gated_delta_f64(q, k, v, g, beta, state, mask)
+    return float(np.sum(np.asarray(dy, np.float64) * y)
+                 + np.sum(np.asarray(dstate_out, np.float64) * s))
 
 
 def gated_delta_state(k, v, g, beta, state=None, lengths=None):

@@ -202,6 +202,7 @@ _PROTOTYPES = {
     "mlxk_set_cache_limit": (_STATUS, [ctypes.c_size_t]),
     "mlxk_compute_g": (_STATUS, [_ARR, _ARR, _ARR, _ARR_OUT]),
     "mlxk_gated_delta_update": (_STATUS, [_ARR] * 9 + [_ARR_OUT, _ARR_OUT]),
+    "mlxk_gated_delta_update_vjp": (_STATUS, [_ARR] * 11 + [_ARR_OUT] * 8),
     "mlxk_gated_delta_state": (_STATUS, [_ARR] * 7 + [ctypes.POINTER(ctypes.c_int32),
                                                       ctypes.c_size_t, _ARR_OUT]),
     "mlxk_silu_rms_heads": (_STATUS, [_ARR, _ARR, _ARR, ctypes.c_int32, ctypes.c_int32,
@@ -472,6 +473,21 @@ def gated_delta_update(q, k, v, a, b, a_log, dt_bias, state=None, mask=None):
     call("mlxk_gated_delta_update", *map(_arg, (q, k, v, a, b, a_log, dt_bias, state, mask)),
          ctypes.byref(y), ctypes.byref(s))
     return Array(y.value), Array(s.value)
+
+
+VJP_NAMES = ("dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate")
+
+
+def gated_delta_update_vjp(q, k, v, a, b, a_log, dt_bias, state=None, mask=None, dy=None,
+                           dstate_out=None):
+    """The update's backward pass: returns the eight gradients as Arrays, in VJP_NAMES' order
+    (dq, dk, dv, da, db, da_log, ddt_bias, dstate). state, mask, dy and dstate_out may be None
+    (NULL: a zero state, no mask, zero cotangents); dstate is returned either way."""
+    outs = _outs(8)
+    call("mlxk_gated_delta_update_vjp",
+         *map(_arg, (q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out)),
+         *(ctypes.byref(o) for o in outs))
+    return tuple(Array(o.value) for o in outs)
 
 
 def gated_delta_state(k, v, a, b, a_log, dt_bias, state, accepted_lengths):
