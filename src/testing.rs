@@ -273,11 +273,35 @@ pub unsafe fn gated_rms_norm_via_gpu(
     }
 }
 
-/// `mlxk_silu_rms_heads_vjp` as if the default device were (`gpu = true`) or were not the GPU.
+/// `mlxk_gated_delta_update_vjp` through its GPU path, the MLX ops backward (`gpu = false`: on
+/// a CPU stream, where MLX runs `mx::fast::gated_delta_update`'s ops fallback), whatever the
+/// default device. `args`: q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out.
 ///
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.
-pub unsafe fn silu_rms_heads_vjp_as_if(
+pub unsafe fn gated_delta_update_vjp_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    args: [*const mlxk_array; 11],
+    outs: [*mut *mut mlxk_array; 8],
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `outs`.
+    unsafe {
+        gated_delta::update_vjp(
+            &kernels.label("mlxk_gated_delta_update_vjp"),
+            Some(kernels.backend(gpu)),
+            args,
+            outs,
+        )
+    }
+}
+
+/// `mlxk_silu_rms_heads_vjp` through its GPU path (see [`gated_delta_update_vjp_via_gpu`]).
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub unsafe fn silu_rms_heads_vjp_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     arrays: [*const mlxk_array; 3],
     heads: [i32; 3],
@@ -288,8 +312,8 @@ pub unsafe fn silu_rms_heads_vjp_as_if(
     // SAFETY: forwarded contract on `outs`.
     unsafe {
         crate::capi::silu_rms_heads::split_vjp(
-            "mlxk_silu_rms_heads_vjp",
-            Some(as_if(gpu)),
+            &kernels.label("mlxk_silu_rms_heads_vjp"),
+            Some(kernels.backend(gpu)),
             arrays,
             heads,
             eps,
@@ -299,11 +323,12 @@ pub unsafe fn silu_rms_heads_vjp_as_if(
     }
 }
 
-/// `mlxk_gated_rms_norm_vjp` as if the default device were (`gpu = true`) or were not the GPU.
+/// `mlxk_gated_rms_norm_vjp` through its GPU path (see [`gated_delta_update_vjp_via_gpu`]).
 ///
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.
-pub unsafe fn gated_rms_norm_vjp_as_if(
+pub unsafe fn gated_rms_norm_vjp_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     arrays: [*const mlxk_array; 3],
     eps: f32,
@@ -313,8 +338,8 @@ pub unsafe fn gated_rms_norm_vjp_as_if(
     // SAFETY: forwarded contract on `outs`.
     unsafe {
         crate::capi::gated_rms_norm::norm_vjp(
-            "mlxk_gated_rms_norm_vjp",
-            Some(as_if(gpu)),
+            &kernels.label("mlxk_gated_rms_norm_vjp"),
+            Some(kernels.backend(gpu)),
             arrays,
             eps,
             dout,

@@ -1,9 +1,16 @@
 //! `mlxk_gated_delta_update_vjp` through the C ABI: every gradient (q, k, v, the gate inputs and
 //! the initial state) against central differences of a float64 forward on fresh random inputs,
-//! masks, GQA, absent state and cotangents, output shapes and dtypes, and argument checks.
+//! masks, GQA, absent state and cotangents, output shapes and dtypes, and argument checks; and
+//! the GPU device's path (MLX ops under `mx::vjp`, run here on a CPU stream) against the CPU
+//! backward.
 
 mod common;
+#[path = "common/grad.rs"]
+mod grad;
+
 use common::*;
+use grad::{check_paths, check_paths_at, Float};
+use mlxkern::testing::{gated_delta_update_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
 
 /// Inputs of one call, f32 on the host side.
@@ -344,5 +351,282 @@ fn arguments_are_checked_and_named() {
     assert!(last_error().contains("dstate is NULL"), "{}", last_error());
     for h in [q, v, g, hv1, bad_dy, bf16_ds] {
         free(h);
+    }
+}
+
+/// One comparison of the GPU device's backward (MLX ops, here on a CPU stream) with the CPU
+/// kernel: inputs in `dtype` (a_log f32 unless bf16), f32 state, bool mask.
+struct GpuCase {
+    dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    dtype: Float,
+    dy_dtype: Float,
+    state: bool,
+    mask: Option<Vec<bool>>,
+    dy: bool,
+    dstate_out: bool,
+}
+
+const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+
+/// A gradient as f32 values, after checking it is a float array.
+fn widened(h: H) -> Vec<f32> {
+    let mut f = null_mut();
+    ok(unsafe { mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &mut f) });
+    let values = read_f32(f);
+    free(f);
+    values
+}
+
+/// The gradients of both paths: per gradient, (CPU values, fallback values, dtype code).
+type Paths = Vec<(Vec<f32>, Vec<f32>, i32)>;
+
+/// Runs both paths on fresh random inputs; checks equal shapes and dtypes and returns the
+/// gradients and the values of a and dt_bias.
+fn both_paths_with_gates(
+    rng: &mut Rng,
+    c: &GpuCase,
+    kernels: GpuKernels,
+) -> (Paths, Vec<f32>, Vec<f32>) {
+    let [b, t, hk, hv, dk, dv] = c.dims;
+    let i = |x: usize| x as i32;
+    let (bi, ti, hki, hvi, dki, dvi) = (i(b), i(t), i(hk), i(hv), i(dk), i(dv));
+    let scale = (dk as f32).powf(-0.5);
+    let a_log_dtype = if c.dtype == Float::Bf16 {
+        Float::Bf16
+    } else {
+        Float::F32
+    };
+    let q = c
+        .dtype
+        .array(&rng.vec(b * t * hk * dk, scale), &[bi, ti, hki, dki])
+        .0;
+    let k = c
+        .dtype
+        .array(&rng.vec(b * t * hk * dk, scale), &[bi, ti, hki, dki])
+        .0;
+    let v = c
+        .dtype
+        .array(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi])
+        .0;
+    let (a, a_values) = c.dtype.array(&rng.vec(b * t * hv, 1.5), &[bi, ti, hvi]);
+    let bb = c.dtype.array(&rng.vec(b * t * hv, 2.0), &[bi, ti, hvi]).0;
+    let a_log = a_log_dtype.array(&rng.vec(hv, 1.0), &[hvi]).0;
+    let (dt, dt_values) = c.dtype.array(&rng.vec(hv, 0.5), &[hvi]);
+    let state_shape = [bi, hvi, dvi, dki];
+    let state = if c.state {
+        new_f32(&rng.vec(b * hv * dv * dk, 0.5), &state_shape)
+    } else {
+        null_mut()
+    };
+    let mask = c
+        .mask
+        .as_ref()
+        .map_or(null_mut(), |m| new_bool(m, &[bi, ti]));
+    let dy = if c.dy {
+        c.dy_dtype
+            .array(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi])
+            .0
+    } else {
+        null_mut()
+    };
+    let ds = if c.dstate_out {
+        new_f32(&rng.vec(b * hv * dv * dk, 0.5), &state_shape)
+    } else {
+        null_mut()
+    };
+    let args = [q, k, v, a, bb, a_log, dt, state, mask, dy, ds].map(|h| h as *const mlxk_array);
+    let mut cpu = [null_mut(); 8];
+    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut cpu;
+    ok(unsafe {
+        mlxk_gated_delta_update_vjp(
+            q, k, v, a, bb, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
+        )
+    });
+    let mut ops = [null_mut(); 8];
+    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut ops;
+    let outs = [o0, o1, o2, o3, o4, o5, o6, o7].map(|o| o as *mut H);
+    ok(unsafe { gated_delta_update_vjp_via_gpu(kernels, false, args, outs) });
+    let result = cpu
+        .iter()
+        .zip(&ops)
+        .zip(NAMES)
+        .map(|((&x, &y), name)| {
+            assert_eq!(shape_of(x), shape_of(y), "{name}: shape");
+            assert_eq!(dtype_of(x), dtype_of(y), "{name}: dtype");
+            let out = (widened(x), widened(y), dtype_of(x));
+            free(x);
+            free(y);
+            out
+        })
+        .collect();
+    for h in [q, k, v, a, bb, a_log, dt, state, mask, dy, ds] {
+        if !h.is_null() {
+            free(h);
+        }
+    }
+    (result, a_values, dt_values)
+}
+
+fn both_paths(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) -> Paths {
+    both_paths_with_gates(rng, c, kernels).0
+}
+
+fn float_of(code: i32) -> Float {
+    match code {
+        MLXK_DTYPE_BFLOAT16 => Float::Bf16,
+        MLXK_DTYPE_FLOAT16 => Float::F16,
+        _ => Float::F32,
+    }
+}
+
+/// The GPU device's backward pass is `mx::vjp` of MLX's own update (its ops fallback here, on a
+/// CPU stream), which computes in another order and, for 16-bit inputs, rounds intermediate
+/// values (the gates, products with q, k, v, the cotangent cast to y's dtype) to the input
+/// dtype. Each gradient must lie within `bound · u · scale` of the CPU kernel's, where scale is
+/// the largest magnitude of the CPU gradient and u the coarser unit roundoff of the input
+/// dtype and the gradient's dtype (2^-8, 2^-11, 2^-24); for da_log and ddt_bias, sums over
+/// tokens, the scale is that of their terms. 16-bit: bound 8, a few roundings of intermediate
+/// values, each within one unit of the scale (measured <= 4). f32: bound 64, f32 sums over up
+/// to T·Dk terms in another order, T up to 70 (measured <= 13).
+#[test]
+fn the_gpu_path_matches_the_cpu_backward() {
+    let mut rng = Rng::fresh();
+    // Row 1 of the first case is fully masked; the third masks every third token.
+    let cases = [
+        GpuCase {
+            dims: [2, 9, 1, 2, 32, 8],
+            dtype: Float::Bf16,
+            dy_dtype: Float::Bf16,
+            state: true,
+            mask: Some((0..18).map(|i| i < 9 && i % 4 != 3).collect()),
+            dy: true,
+            dstate_out: true,
+        },
+        GpuCase {
+            dims: [1, 7, 2, 4, 32, 16],
+            dtype: Float::F16,
+            dy_dtype: Float::F16,
+            state: false,
+            mask: None,
+            dy: true,
+            dstate_out: false,
+        },
+        GpuCase {
+            dims: [2, 70, 1, 3, 64, 5],
+            dtype: Float::F32,
+            dy_dtype: Float::F32,
+            state: true,
+            mask: Some((0..140).map(|i| i % 3 != 1).collect()),
+            dy: false,
+            dstate_out: true,
+        },
+        GpuCase {
+            dims: [1, 5, 2, 2, 32, 4],
+            dtype: Float::F32,
+            dy_dtype: Float::F32,
+            state: false,
+            mask: Some(vec![true, false, true, true, false]),
+            dy: true,
+            dstate_out: true,
+        },
+        GpuCase {
+            dims: [1, 6, 1, 2, 32, 4],
+            dtype: Float::Bf16,
+            dy_dtype: Float::F32,
+            state: true,
+            mask: None,
+            dy: true,
+            dstate_out: true,
+        },
+    ];
+    for (n, c) in cases.iter().enumerate() {
+        let kernels = if n % 2 == 0 {
+            GpuKernels::Metal
+        } else {
+            GpuKernels::Cuda
+        };
+        let bound = if c.dtype == Float::F32 { 64.0 } else { 8.0 };
+        let (paths, a, dt_bias) = both_paths_with_gates(&mut rng, c, kernels);
+        // da_log and ddt_bias sum a term per token over B·T: da's for ddt_bias, and
+        // da · softplus(x) / sigmoid(x) (x = a + dt_bias) for da_log. Their scale is the
+        // largest sum of those terms' magnitudes.
+        let hv = c.dims[3];
+        let mut sums = [vec![0f64; hv], vec![0f64; hv]];
+        for (i, &da) in paths[3].0.iter().enumerate() {
+            let h = i % hv;
+            let x = a[i] as f64 + dt_bias[h] as f64;
+            let softplus = x.max(0.0) + (-x.abs()).exp().ln_1p();
+            let sigmoid = 1.0 / (1.0 + (-x).exp());
+            sums[0][h] += (da as f64).abs() * softplus / sigmoid;
+            sums[1][h] += (da as f64).abs();
+        }
+        let sum_scale = sums.map(|s| s.into_iter().fold(0f64, f64::max));
+        for (n_grad, ((cpu, ops, dtype), name)) in paths.into_iter().zip(NAMES).enumerate() {
+            let u = c.dtype.unit().max(float_of(dtype).unit());
+            let what = format!("case {n} {:?} {} {name}", c.dims, c.dtype.name());
+            if !c.dy && name == "dq" {
+                // q reaches the loss only through y.
+                assert!(
+                    cpu.iter().chain(&ops).all(|&x| x == 0.0),
+                    "{what}: not zero"
+                );
+                continue;
+            }
+            if n_grad == 5 || n_grad == 6 {
+                let scale = sum_scale[n_grad - 5];
+                check_paths_at(&what, u, bound, &cpu, &ops, scale);
+            } else {
+                check_paths(&what, u, bound, &cpu, &ops);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_gpu_path_without_cotangents_gives_zeros_of_the_cpu_shapes() {
+    let mut rng = Rng::fresh();
+    let c = GpuCase {
+        dims: [1, 4, 1, 2, 32, 4],
+        dtype: Float::Bf16,
+        dy_dtype: Float::Bf16,
+        state: true,
+        mask: None,
+        dy: false,
+        dstate_out: false,
+    };
+    for ((cpu, ops, _), name) in both_paths(&mut rng, &c, GpuKernels::Metal)
+        .into_iter()
+        .zip(NAMES)
+    {
+        assert!(!cpu.is_empty(), "{name}");
+        assert!(
+            cpu.iter().chain(&ops).all(|&x| x == 0.0),
+            "{name}: not zero"
+        );
+    }
+}
+
+#[test]
+fn the_gpu_path_without_tokens_passes_the_state_gradient_through() {
+    let mut rng = Rng::fresh();
+    for dims in [[2, 0, 1, 2, 32, 4], [0, 3, 1, 1, 32, 4]] {
+        let c = GpuCase {
+            dims,
+            dtype: Float::F32,
+            dy_dtype: Float::F32,
+            state: true,
+            mask: None,
+            dy: true,
+            dstate_out: true,
+        };
+        for ((cpu, ops, _), name) in both_paths(&mut rng, &c, GpuKernels::Metal)
+            .into_iter()
+            .zip(NAMES)
+        {
+            assert_eq!(cpu, ops, "{dims:?} {name}");
+            if dims[0] > 0 && name == "dstate" {
+                assert!(cpu.iter().any(|&x| x != 0.0), "{name}: only zeros");
+            }
+        }
     }
 }

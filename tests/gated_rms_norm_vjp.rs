@@ -16,6 +16,7 @@ mod grad;
 use common::*;
 use grad::*;
 use mlxkern::capi::gated_rms_norm::*;
+use mlxkern::testing::{gated_rms_norm_vjp_via_gpu, GpuKernels};
 use std::ptr::null_mut;
 
 /// One call's inputs (values as the arrays hold them).
@@ -71,6 +72,11 @@ impl Case {
 
     /// Runs the C function; returns dx, dgate, dweight as f32 (dtypes and shapes checked).
     fn run(&self, with_dout: bool) -> [Vec<f32>; 3] {
+        self.run_on(with_dout, None)
+    }
+
+    /// As `run`, through the GPU device's path (MLX ops, on a CPU stream) when `gpu` is given.
+    fn run_on(&self, with_dout: bool, gpu: Option<GpuKernels>) -> [Vec<f32>; 3] {
         let (x, _) = self.x_dtype.array(&self.x, &self.shape);
         let (gate, _) = self.gate_dtype.array(&self.gate, &self.shape);
         let (weight, _) = self.x_dtype.array(&self.weight, &[self.width() as i32]);
@@ -81,7 +87,19 @@ impl Case {
         };
         let mut outs = [null_mut(); 3];
         let [o0, o1, o2] = &mut outs;
-        ok(unsafe { mlxk_gated_rms_norm_vjp(x, gate, weight, self.eps, dout, o0, o1, o2) });
+        ok(match gpu {
+            None => unsafe { mlxk_gated_rms_norm_vjp(x, gate, weight, self.eps, dout, o0, o1, o2) },
+            Some(kernels) => unsafe {
+                gated_rms_norm_vjp_via_gpu(
+                    kernels,
+                    false,
+                    [x, gate, weight].map(|h| h as _),
+                    self.eps,
+                    dout,
+                    [o0 as *mut H, o1 as *mut H, o2 as *mut H],
+                )
+            },
+        });
         let shapes = [
             self.shape.clone(),
             self.shape.clone(),
@@ -365,28 +383,68 @@ fn arguments_are_checked_and_named() {
     }
 }
 
+/// The GPU device's path (`mx::vjp` of mlx-lm's Qwen RMSNormGated in MLX ops, run here on a
+/// CPU stream) against the CPU backward: shapes and dtypes equal, and each gradient within
+/// `bound · u · scale` of the CPU kernel's, scale being the CPU gradient's largest magnitude and
+/// u the unit roundoff of x's dtype (MLX works in it, the cotangent arrives cast to it, dx and
+/// dweight are in it), for dgate the coarser of x's and the gate's (dgate is in the gate's).
+/// 16-bit: MLX rounds some six intermediate values to the dtype, each within one unit of the
+/// scale, the weight's gradient sums over rows: bound 8 (measured <= 3.3). f32: another
+/// order of f32 sums of up to D terms: bound 64 (measured <= 9.5).
 #[test]
-fn the_gpu_as_default_device_is_refused() {
+fn the_gpu_path_matches_the_cpu_backward() {
     let mut rng = Rng::fresh();
-    let x = new_f32(&rng.vec(16, 1.0), &[2, 8]);
-    let w = new_f32(&rng.vec(8, 1.0), &[8]);
-    let mut outs: [H; 3] = [null_mut(); 3];
-    let [o0, o1, o2] = &mut outs;
-    let status = unsafe {
-        mlxkern::testing::gated_rms_norm_vjp_as_if(
-            true,
-            [x, x, w].map(|h| h as _),
-            1e-6,
-            x,
-            [o0 as *mut H, o1 as *mut H, o2 as *mut H],
-        )
-    };
-    expect_err(
-        status,
-        MLXK_ERR_UNSUPPORTED,
-        &["CPU only", "MLXK_DEVICE_CPU"],
+    use Float::*;
+    let shapes: [&[i32]; 4] = [&[3, 32], &[2, 3, 128], &[4, 33], &[2, 1000]];
+    for (n, shape) in shapes.iter().enumerate() {
+        for x_dtype in FLOATS {
+            let other = FLOATS[(n + 1) % 3];
+            for (gate_dtype, dout_dtype) in [(x_dtype, x_dtype), (other, F32)] {
+                let eps = [1e-6, 1e-5, 0.0][n % 3];
+                let c = Case::random(&mut rng, shape, [x_dtype, gate_dtype, dout_dtype], eps);
+                let kernels = if n % 2 == 0 {
+                    GpuKernels::Metal
+                } else {
+                    GpuKernels::Cuda
+                };
+                let cpu = c.run(true);
+                let ops = c.run_on(true, Some(kernels));
+                for i in 0..3 {
+                    let u = if i == 1 {
+                        x_dtype.unit().max(gate_dtype.unit())
+                    } else {
+                        x_dtype.unit()
+                    };
+                    let bound = if u == F32.unit() { 64.0 } else { 8.0 };
+                    let what = format!("{}: {}", c.describe(), NAMES[i]);
+                    check_paths(&what, u, bound, &cpu[i], &ops[i]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_gpu_path_without_dout_or_rows_gives_zeros() {
+    let mut rng = Rng::fresh();
+    let c = Case::random(
+        &mut rng,
+        &[3, 40],
+        [Float::Bf16, Float::F32, Float::Bf16],
+        1e-6,
     );
-    assert!(outs.iter().all(|h| h.is_null()));
-    free(x);
-    free(w);
+    assert!(c.run_on(true, Some(GpuKernels::Metal))[0]
+        .iter()
+        .any(|&v| v != 0.0));
+    for (i, g) in c.run_on(false, Some(GpuKernels::Metal)).iter().enumerate() {
+        assert!(
+            !g.is_empty() && g.iter().all(|&v| v == 0.0),
+            "{} not zero",
+            NAMES[i]
+        );
+    }
+    let empty = Case::random(&mut rng, &[0, 8], [Float::F32; 3], 1e-6);
+    let [dx, dgate, dweight] = empty.run_on(true, Some(GpuKernels::Cuda));
+    assert!(dx.is_empty() && dgate.is_empty());
+    assert_eq!(dweight, vec![0.0; 8]);
 }

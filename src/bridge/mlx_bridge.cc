@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <typeinfo>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -320,6 +322,121 @@ std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array
 
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu) {
   return std::make_unique<Array>(mx::sigmoid(x, stream_for(gpu)));
+}
+
+// The backward passes as MLX ops (the GPU default device's path, docs/DESIGN.md §4
+// "Gradients"): each forward written with MLX ops in mlx-lm's formulation, differentiated by
+// mx::vjp on the chosen stream, each gradient cast to its primal's dtype.
+namespace {
+// mx::vjp of `fun` at `primals` with `cotangents`; the gradients in the primals' dtypes.
+std::unique_ptr<ArrayList> vjp_cast(
+    const std::function<std::vector<mx::array>(const std::vector<mx::array>&)>& fun,
+    const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
+    mx::Stream s) {
+  auto grads = mx::vjp(fun, primals, cotangents).second;
+  auto out = std::make_unique<ArrayList>();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    out->items.push_back(mx::astype(grads[i], primals[i].dtype(), s));
+  }
+  return out;
+}
+
+// The cotangent `given` (cast to `dtype`), or zeros of `shape` and `dtype`.
+mx::array cotangent(const ArrayList& inputs, size_t& at, bool given, const mx::Shape& shape,
+                    mx::Dtype dtype, mx::Stream s) {
+  return given ? mx::astype(inputs.items.at(at++), dtype, s) : mx::zeros(shape, dtype, s);
+}
+
+// mlx-lm's compute_g on stream `s` (the ops of compute_g above).
+mx::array gates_g(const mx::array& a_log, const mx::array& a, const mx::array& dt_bias,
+                  mx::Stream s) {
+  auto decay_rate = mx::negative(mx::exp(mx::astype(a_log, mx::float32, s), s), s);
+  auto x = mx::add(a, dt_bias, s);
+  auto softplus = mx::logaddexp(x, mx::array(0.0f, x.dtype()), s);
+  return mx::exp(mx::multiply(decay_rate, softplus, s), s);
+}
+}  // namespace
+
+std::unique_ptr<ArrayList> gated_delta_update_vjp_ops(const ArrayList& inputs, bool has_state,
+                                                      bool has_mask, bool has_dy,
+                                                      bool has_dstate_out, bool gpu) {
+  auto s = stream_for(gpu);
+  const auto& in = inputs.items;
+  const auto &q = in.at(0), &v = in.at(2);
+  int B = q.shape(0), T = q.shape(1), Dk = q.shape(3), Hv = v.shape(2), Dv = v.shape(3);
+  size_t at = 7;
+  mx::Shape state_shape{B, Hv, Dv, Dk};
+  auto state = has_state ? in.at(at++) : mx::zeros(state_shape, mx::float32, s);
+  std::optional<mx::array> mask;
+  if (has_mask) mask = in.at(at++);
+  // MLX autograd hands a primitive its cotangent in the output's dtype; y has q's.
+  auto dy = cotangent(inputs, at, has_dy, {B, T, Hv, Dv}, q.dtype(), s);
+  auto dstate_out = cotangent(inputs, at, has_dstate_out, state_shape, mx::float32, s);
+  if (mask) {
+    // A masked token's y is +0 here, whatever MLX's update writes there: no gradient flows
+    // from it.
+    dy = mx::multiply(dy, mx::astype(mx::reshape(*mask, {B, T, 1, 1}, s), dy.dtype(), s), s);
+  }
+  auto fun = [mask, s](const std::vector<mx::array>& p) {
+    auto g = gates_g(p[5], p[3], p[6], s);
+    auto beta = mx::sigmoid(p[4], s);
+    return mx::fast::gated_delta_update(p[0], p[1], p[2], g, beta, p[7], mask, s);
+  };
+  std::vector<mx::array> primals(in.begin(), in.begin() + 7);
+  primals.push_back(state);
+  if (B == 0 || T == 0) {
+    // No token (MLX's update refuses an empty sequence): the state passes through unchanged.
+    auto out = std::make_unique<ArrayList>();
+    for (size_t i = 0; i < 7; ++i) out->items.push_back(mx::zeros_like(primals[i], s));
+    out->items.push_back(dstate_out);
+    return out;
+  }
+  return vjp_cast(fun, primals, {dy, dstate_out}, s);
+}
+
+std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
+                                                  int32_t value_heads, int32_t value_width,
+                                                  float eps, bool has_dq, bool has_dk,
+                                                  bool has_dv, bool gpu) {
+  auto s = stream_for(gpu);
+  const auto& in = inputs.items;
+  const auto& x = in.at(0);
+  int B = x.shape(0), S = x.shape(1), Dk = in.at(1).shape(0);
+  int Hk = key_heads, Hv = value_heads, Dv = value_width;
+  size_t at = 3;
+  auto dq = cotangent(inputs, at, has_dq, {B, S, Hk, Dk}, x.dtype(), s);
+  auto dk = cotangent(inputs, at, has_dk, {B, S, Hk, Dk}, x.dtype(), s);
+  auto dv = cotangent(inputs, at, has_dv, {B, S, Hv, Dv}, x.dtype(), s);
+  // mlx-lm: nn.silu(conv_out), split into q | k | v heads, mx.fast.rms_norm(q, q_scale, eps).
+  auto fun = [=](const std::vector<mx::array>& p) {
+    auto silu = mx::multiply(p[0], mx::sigmoid(p[0], s), s);
+    auto parts = mx::split(silu, mx::Shape{Hk * Dk, 2 * Hk * Dk}, -1, s);
+    auto q = mx::reshape(parts[0], {B, S, Hk, Dk}, s);
+    auto k = mx::reshape(parts[1], {B, S, Hk, Dk}, s);
+    auto v = mx::reshape(parts[2], {B, S, Hv, Dv}, s);
+    return std::vector<mx::array>{mx::fast::rms_norm(q, p[1], eps, s),
+                                  mx::fast::rms_norm(k, p[2], eps, s), v};
+  };
+  return vjp_cast(fun, {x, in.at(1), in.at(2)}, {dq, dk, dv}, s);
+}
+
+std::unique_ptr<ArrayList> gated_rms_norm_vjp_ops(const ArrayList& inputs, float eps,
+                                                  bool has_dout, bool gpu) {
+  auto s = stream_for(gpu);
+  const auto& in = inputs.items;
+  const auto& x = in.at(0);
+  size_t at = 3;
+  auto dout = cotangent(inputs, at, has_dout, x.shape(), x.dtype(), s);
+  // Qwen's RMSNormGated (mlx-lm qwen3_next): mx.fast.rms_norm(x, weight, eps), then
+  // precise_swiglu: (silu(f32(gate)) * f32(normed)) in x's dtype.
+  auto fun = [=](const std::vector<mx::array>& p) {
+    auto normed = mx::fast::rms_norm(p[0], p[2], eps, s);
+    auto z = mx::astype(p[1], mx::float32, s);
+    auto gate = mx::multiply(z, mx::sigmoid(z, s), s);
+    auto out = mx::multiply(gate, mx::astype(normed, mx::float32, s), s);
+    return std::vector<mx::array>{mx::astype(out, p[0].dtype(), s)};
+  };
+  return vjp_cast(fun, {x, in.at(1), in.at(2)}, {dout}, s);
 }
 
 namespace {

@@ -39,6 +39,15 @@ std::unique_ptr<Array> list_get(const ArrayList& list, size_t i);
 std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array& dt_bias,
                                  bool gpu);
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu);
+std::unique_ptr<ArrayList> gated_delta_update_vjp_ops(const ArrayList& inputs, bool has_state,
+                                                      bool has_mask, bool has_dy,
+                                                      bool has_dstate_out, bool gpu);
+std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
+                                                  int32_t value_heads, int32_t value_width,
+                                                  float eps, bool has_dq, bool has_dk,
+                                                  bool has_dv, bool gpu);
+std::unique_ptr<ArrayList> gated_rms_norm_vjp_ops(const ArrayList& inputs, float eps,
+                                                  bool has_dout, bool gpu);
 
 std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayList& inputs);
 std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,

@@ -89,6 +89,44 @@ pub mod ffi {
         /// `mx.sigmoid(x)` on the chosen device.
         fn sigmoid(x: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
 
+        /// The update's backward pass as MLX ops on the chosen device: `mx::vjp` of mlx-lm's
+        /// `compute_g`, `sigmoid` and `mx::fast::gated_delta_update`. `inputs`: q, k, v, a, b,
+        /// a_log, dt_bias, then state, mask, dy, dstate_out where the flags say they are given
+        /// (absent: the zero state, no mask, zero cotangents). Returns the eight gradients of
+        /// q, k, v, a, b, a_log, dt_bias and the state, each in its primal's dtype.
+        fn gated_delta_update_vjp_ops(
+            inputs: &ArrayList,
+            has_state: bool,
+            has_mask: bool,
+            has_dy: bool,
+            has_dstate_out: bool,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+        /// The head split's backward pass as MLX ops: `mx::vjp` of mlx-lm's SiLU, head split
+        /// and `mx::fast::rms_norm(q, q_scale, eps)` (k likewise). `inputs`: x, q_scale,
+        /// k_scale, then the given cotangents of q, k, v. Returns dx, dq_scale, dk_scale.
+        #[allow(clippy::too_many_arguments)]
+        fn silu_rms_heads_vjp_ops(
+            inputs: &ArrayList,
+            key_heads: i32,
+            value_heads: i32,
+            value_width: i32,
+            eps: f32,
+            has_dq: bool,
+            has_dk: bool,
+            has_dv: bool,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+        /// The gated norm's backward pass as MLX ops: `mx::vjp` of Qwen's RMSNormGated
+        /// (`mx::fast::rms_norm(x, weight, eps)`, then mlx-lm's `precise_swiglu`). `inputs`: x,
+        /// gate, weight, then dout if given. Returns dx, dgate, dweight.
+        fn gated_rms_norm_vjp_ops(
+            inputs: &ArrayList,
+            eps: f32,
+            has_dout: bool,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+
         /// Builds the lazy CPU primitive node that runs `mlxk_cpu_kernel` at eval.
         fn cpu_kernel_op(launch: &CpuLaunch, inputs: &ArrayList) -> Result<UniquePtr<ArrayList>>;
         /// Calls `mx::fast::metal_kernel`; `gpu = false` uses a CPU stream (MLX then refuses with

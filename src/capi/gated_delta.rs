@@ -246,9 +246,30 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_vjp(
     ddt_bias: *mut *mut mlxk_array,
     dstate: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    boundary("mlxk_gated_delta_update_vjp", || {
+    // SAFETY: forwarded contract on the out-parameters.
+    unsafe {
+        update_vjp(
+            "mlxk_gated_delta_update_vjp",
+            None,
+            [q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out],
+            [dq, dk, dv, da, db, da_log, ddt_bias, dstate],
+        )
+    }
+}
+
+/// `mlxk_gated_delta_update_vjp` on `backend` (None: the default device's).
+///
+/// # Safety
+/// Each of `ptrs` is NULL or valid for writing one handle.
+pub(crate) unsafe fn update_vjp(
+    function: &str,
+    backend: Option<Backend>,
+    args: [*const mlxk_array; 11],
+    ptrs: [*mut *mut mlxk_array; 8],
+) -> mlxk_status {
+    let [q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out] = args;
+    boundary(function, || {
         let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
-        let ptrs = [dq, dk, dv, da, db, da_log, ddt_bias, dstate];
         let mut outs = Vec::with_capacity(8);
         for (ptr, name) in ptrs.into_iter().zip(names) {
             // SAFETY: the documented contract on each out-parameter.
@@ -268,7 +289,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_vjp(
         let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, state, mask])?;
         let dy = mlx.get_opt(dy, "dy")?;
         let dstate_out = mlx.get_opt(dstate_out, "dstate_out")?;
-        let grads = ops::update_vjp(&inputs, dy, dstate_out, Backend::current())?;
+        let backend = backend.unwrap_or_else(Backend::current);
+        let grads = ops::update_vjp(&inputs, dy, dstate_out, backend)?;
         for (out, grad) in outs.into_iter().zip(grads) {
             out.write(mlx.insert(grad));
         }

@@ -391,7 +391,8 @@ pub fn check_vjp(node: &Node, dy: Option<&Array>, dstate_out: Option<&Array>) ->
     Ok(backward)
 }
 
-/// Builds the update's backward pass on the CPU: the gradients of `sum(dy · y) + sum(dstate_out
+/// Builds the update's backward pass (CPU kernel; with a GPU backend, MLX ops on its
+/// stream): the gradients of `sum(dy · y) + sum(dstate_out
 /// · state_out)` with respect to every input (NULL cotangents are zeros), lazy.
 pub fn update_vjp(
     x: &Inputs,
@@ -402,11 +403,7 @@ pub fn update_vjp(
     let node = check_update(x)?;
     let backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
-        return Err(Error::Unsupported(
-            "the update's backward pass runs on the CPU only (no Metal kernel yet) and the \
-             default device is the GPU; select MLXK_DEVICE_CPU for it"
-                .into(),
-        ));
+        return update_vjp_ops(x, dy, dstate_out, backend.gpu_stream());
     }
     let arrays = x.arrays();
     let inputs: Vec<&Array> = backward
@@ -429,6 +426,33 @@ pub fn update_vjp(
         .try_into()
         .map_err(|_| Error::Backend("the backward node made the wrong number of outputs".into()))?;
     Ok(grads)
+}
+
+/// The update's backward pass with a GPU as default device: MLX ops on the GPU stream (`gpu`;
+/// `false` only in tests), `mx::vjp` of mlx-lm's gates and `mx::fast::gated_delta_update`
+/// (docs/DESIGN.md §4 "Gradients"). Arguments already checked.
+fn update_vjp_ops(
+    x: &Inputs,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+    gpu: bool,
+) -> Result<Gradients> {
+    let mut inputs = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
+    inputs.extend(x.state);
+    inputs.extend(x.mask);
+    inputs.extend(dy);
+    inputs.extend(dstate_out);
+    let outputs = bridge::gated_delta_update_vjp_ops(
+        &bridge::list(&inputs),
+        x.state.is_some(),
+        x.mask.is_some(),
+        dy.is_some(),
+        dstate_out.is_some(),
+        gpu,
+    )?;
+    bridge::take(&outputs)
+        .try_into()
+        .map_err(|_| Error::Backend("the backward pass made the wrong number of outputs".into()))
 }
 
 /// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.

@@ -4,7 +4,7 @@ use cxx::UniquePtr;
 
 use super::shape::{check_eps, ArgInfo};
 use super::{cpu_node, gpu_node, Backend};
-use crate::bridge::Array;
+use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
@@ -132,20 +132,26 @@ pub fn check_vjp(node: &Node, dout: Option<&Array>) -> Result<Backward> {
     })
 }
 
-/// Builds the gated norm's backward pass on the CPU: the gradients of `sum(dout · out)` with
+/// Builds the gated norm's backward pass (CPU kernel; with a GPU backend, MLX ops on its
+/// stream): the gradients of `sum(dout · out)` with
 /// respect to x, gate and weight (an absent dout is zeros), lazy.
 pub fn norm_vjp(x: &Inputs, dout: Option<&Array>, backend: Backend) -> Result<Gradients> {
     let node = check_args(x)?;
     let backward = check_vjp(&node, dout)?;
-    if backend != Backend::Cpu {
-        return Err(Error::Unsupported(
-            "the gated norm's backward pass runs on the CPU only (no Metal kernel yet) and the \
-             default device is the GPU; select MLXK_DEVICE_CPU for it"
-                .into(),
-        ));
-    }
     let mut inputs = vec![x.x, x.gate, x.weight];
     inputs.extend(dout);
+    if backend != Backend::Cpu {
+        // With a GPU as default device: MLX ops on its stream (docs/DESIGN.md §4 "Gradients").
+        let outputs = bridge::gated_rms_norm_vjp_ops(
+            &bridge::list(&inputs),
+            x.eps,
+            dout.is_some(),
+            backend.gpu_stream(),
+        )?;
+        return bridge::take(&outputs).try_into().map_err(|_| {
+            Error::Backend("the backward pass made the wrong number of outputs".into())
+        });
+    }
     let outputs = cpu_node(
         backward.kernel(),
         backward.encode(),

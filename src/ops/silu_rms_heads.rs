@@ -4,7 +4,7 @@ use cxx::UniquePtr;
 
 use super::shape::{check_eps, ArgInfo};
 use super::{cpu_node, gpu_node, Backend};
-use crate::bridge::Array;
+use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
@@ -186,7 +186,8 @@ pub fn check_vjp(node: &Node, cotangents: [Option<&Array>; 3]) -> Result<Backwar
     Ok(backward)
 }
 
-/// Builds the head split's backward pass on the CPU: the gradients of `sum(dq · q) + sum(dk ·
+/// Builds the head split's backward pass (CPU kernel; with a GPU backend, MLX ops on its
+/// stream): the gradients of `sum(dq · q) + sum(dk ·
 /// k) + sum(dv · v)` with respect to x, q_scale and k_scale (absent cotangents are zeros), lazy.
 pub fn split_vjp(
     x: &Inputs,
@@ -196,11 +197,23 @@ pub fn split_vjp(
     let node = check_args(x)?;
     let backward = check_vjp(&node, cotangents)?;
     if backend != Backend::Cpu {
-        return Err(Error::Unsupported(
-            "the head split's backward pass runs on the CPU only (no Metal kernel yet) and the \
-             default device is the GPU; select MLXK_DEVICE_CPU for it"
-                .into(),
-        ));
+        // With a GPU as default device: MLX ops on its stream (docs/DESIGN.md §4 "Gradients").
+        let mut inputs = vec![x.x, x.q_scale, x.k_scale];
+        inputs.extend(cotangents.iter().flatten());
+        let outputs = bridge::silu_rms_heads_vjp_ops(
+            &bridge::list(&inputs),
+            x.key_heads,
+            x.value_heads,
+            x.value_width,
+            x.eps,
+            cotangents[0].is_some(),
+            cotangents[1].is_some(),
+            cotangents[2].is_some(),
+            backend.gpu_stream(),
+        )?;
+        return bridge::take(&outputs).try_into().map_err(|_| {
+            Error::Backend("the backward pass made the wrong number of outputs".into())
+        });
     }
     let inputs: Vec<&Array> = backward
         .cpu_inputs()

@@ -228,3 +228,45 @@ impl Table {
         }
     }
 }
+
+/// Compares one gradient of the GPU device's backward pass (MLX ops under `mx::vjp`, run on a
+/// CPU stream in the tests) with the CPU kernel's: the largest difference must be at most
+/// `bound · u · scale`, scale being the largest magnitude of the CPU gradient (which must not
+/// be all zeros) and `u` a unit roundoff. Prints and returns the largest difference in those
+/// units.
+#[track_caller]
+pub fn check_paths(what: &str, u: f64, bound: f64, cpu: &[f32], ops: &[f32]) -> f64 {
+    let scale = cpu.iter().fold(0f64, |m, &x| m.max((x as f64).abs()));
+    check_paths_at(what, u, bound, cpu, ops, scale)
+}
+
+/// [`check_paths`] with a given scale: for a gradient that sums terms over tokens, the
+/// magnitude of those terms, since float sums are accurate relative to their terms, not to a
+/// (possibly cancelling) result.
+#[track_caller]
+pub fn check_paths_at(what: &str, u: f64, bound: f64, cpu: &[f32], ops: &[f32], scale: f64) -> f64 {
+    assert_eq!(cpu.len(), ops.len(), "{what}: length");
+    assert!(
+        cpu.iter().any(|&x| x != 0.0),
+        "{what}: the CPU gradient is all zeros (a case that proves nothing)"
+    );
+    assert!(
+        ops.iter().all(|x| x.is_finite()),
+        "{what}: a non-finite gradient"
+    );
+    let worst = cpu
+        .iter()
+        .zip(ops)
+        .map(|(&x, &y)| (x as f64 - y as f64).abs())
+        .fold(0f64, f64::max);
+    let units = worst / (u * scale);
+    eprintln!(
+        "{what}: max |ops - cpu| = {worst:.3e} = {units:.2} units of {u:e} x scale {scale:.3e}"
+    );
+    assert!(
+        units <= bound,
+        "{what}: the GPU path's largest difference from the CPU backward is {units:.1} units \
+         (bound {bound})"
+    );
+    units
+}
