@@ -305,9 +305,9 @@ mlxk_status mlxk_array_astype(const struct mlxk_array *array, mlxk_dtype dtype, 
  * Sets the device later kernel calls run on (already-built results keep theirs).
  * MLXK_DEVICE_GPU needs a GPU backend in the loaded MLX (Metal on Apple GPUs, CUDA with MLX
  * CUDA on NVIDIA GPUs: the same kernel text runs there): without one it gives
- * MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update and the backward
- * passes run on the CPU only and refuse while the GPU is the default. Thread: any;
- * process-wide.
+ * MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update runs on the CPU
+ * only and refuses while the GPU is the default; the backward passes then run as MLX ops on
+ * the GPU stream. Thread: any; process-wide.
  */
 mlxk_status mlxk_set_default_device(mlxk_device device);
 
@@ -421,13 +421,22 @@ mlxk_status mlxk_gated_delta_update_chunked(const struct mlxk_array *q, const st
  * [B, Hv, Dv, Dk]. A masked token gets zero gradients and passes the state's gradient through;
  * a key head's gradients sum over the value heads that read it.
  *
- * Numerics: float32 arithmetic in a sequential order (not the forward's bit-exact order), the
- * forward recomputed from states kept every 64 tokens, so memory grows as
- * O((T/64 + 64) · state) per worker, never O(T · state). Device: CPU only (the GPU as default
- * device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; eight new handles.
+ * Numerics (CPU device): float32 arithmetic in a sequential order (not the forward's
+ * bit-exact order), the forward recomputed from states kept every 64 tokens, so memory grows
+ * as O((T/64 + 64) · state) per worker, never O(T · state).
+ * Device: with the GPU as default device (Metal, MLX CUDA) the same gradients come from MLX
+ * ops on the GPU stream instead: mx::vjp of mlx-lm's compute_g, sigmoid and
+ * mx::fast::gated_delta_update (MLX's own VJP of it, or its ops fallback), with `dy` cast to
+ * q's dtype. They differ from the CPU device's by MLX's roundings (a few units of the input
+ * dtype of the gradient's scale), and their memory is MLX's (its ops fallback keeps every
+ * token's state). Same shapes and dtypes either way.
+ * On the GPU a host's MLX autograd cannot go through the forward kernel itself (MLX's custom
+ * kernel primitive has no vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this
+ * call gives its gradients there.
+ * Ownership: inputs borrowed; eight new handles.
  * NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
  * mlxk_gated_delta_update, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dy` or `dstate_out`,
- * MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place), MLXK_ERR_UNSUPPORTED.
+ * MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place).
  * Thread: any. Lazy: computation errors surface at eval/read.
  */
 mlxk_status mlxk_gated_delta_update_vjp(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, const struct mlxk_array *dy, const struct mlxk_array *dstate_out, struct mlxk_array **dq, struct mlxk_array **dk, struct mlxk_array **dv, struct mlxk_array **da, struct mlxk_array **db, struct mlxk_array **da_log, struct mlxk_array **ddt_bias, struct mlxk_array **dstate);
@@ -483,12 +492,19 @@ mlxk_status mlxk_gated_rms_norm(const struct mlxk_array *x, const struct mlxk_ar
  *
  * Numerics: the forward's formula differentiated in exact arithmetic (its roundings are not
  * differentiated), evaluated in float32 with every sum in float64, then rounded to each
- * result's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
- * default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
+ * result's dtype. The results do not depend on the thread count. Device: that is the CPU
+ * device's kernel; with the GPU as default device (Metal, MLX CUDA) the gradients come from
+ * MLX ops on the GPU stream: mx::vjp of Qwen's RMSNormGated as mlx-lm writes it
+ * (mx::fast::rms_norm(x, weight, eps), then silu(f32(gate)) · f32(normed) in x's dtype), the
+ * cotangent cast to x's dtype, within a few units of x's (for dgate also the gate's) dtype of
+ * the CPU kernel's results. On the GPU a host's MLX autograd cannot go through the forward
+ * kernel itself (MLX's custom kernel primitive has no vjp: "[Primitive::vjp] Not implemented
+ * for CustomKernel"); this call gives its gradients there. Ownership: inputs borrowed; three
+ * new handles.
  * NULL: `dout` may be NULL; nothing else. Errors: those of mlxk_gated_rms_norm,
  * MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dout`, MLXK_ERR_INVALID_ARGUMENT (two
- * out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
- * errors surface at eval/read.
+ * out-parameters at the same place). Thread: any. Lazy: computation errors surface at
+ * eval/read.
  */
 mlxk_status mlxk_gated_rms_norm_vjp(const struct mlxk_array *x, const struct mlxk_array *gate, const struct mlxk_array *weight, float eps, const struct mlxk_array *dout, struct mlxk_array **dx, struct mlxk_array **dgate, struct mlxk_array **dweight);
 
@@ -629,12 +645,17 @@ mlxk_status mlxk_silu_rms_heads(const struct mlxk_array *x, const struct mlxk_ar
  *
  * Numerics: the forward's formula differentiated in exact arithmetic (its roundings to x's
  * dtype are not differentiated), evaluated in float32 with every sum in float64, then rounded
- * to x's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
- * default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
- * NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of mlxk_silu_rms_heads,
- * MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`, MLXK_ERR_INVALID_ARGUMENT (two
- * out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
- * errors surface at eval/read.
+ * to x's dtype. The results do not depend on the thread count. Device: that is the CPU
+ * device's kernel; with the GPU as default device (Metal, MLX CUDA) the gradients come from
+ * MLX ops on the GPU stream: mx::vjp of mlx-lm's formulation (SiLU, the split into heads,
+ * mx::fast::rms_norm with the scales as weights), in x's dtype (the cotangents cast to it),
+ * within a few units of x's dtype of the CPU kernel's results. On the GPU a host's MLX
+ * autograd cannot go through the forward kernel itself (MLX's custom kernel primitive has no
+ * vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this call gives its gradients
+ * there. Ownership: inputs borrowed; three new handles. NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of
+ * mlxk_silu_rms_heads, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`,
+ * MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place). Thread: any. Lazy:
+ * computation errors surface at eval/read.
  */
 mlxk_status mlxk_silu_rms_heads_vjp(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array *dq, const struct mlxk_array *dk, const struct mlxk_array *dv, struct mlxk_array **dx, struct mlxk_array **dq_scale, struct mlxk_array **dk_scale);
 

@@ -19,9 +19,9 @@ pub const MLXK_GPU_CUDA: mlxk_gpu_backend_kind = 2;
 /// Sets the device later kernel calls run on (already-built results keep theirs).
 /// MLXK_DEVICE_GPU needs a GPU backend in the loaded MLX (Metal on Apple GPUs, CUDA with MLX
 /// CUDA on NVIDIA GPUs: the same kernel text runs there): without one it gives
-/// MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update and the backward
-/// passes run on the CPU only and refuse while the GPU is the default. Thread: any;
-/// process-wide.
+/// MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update runs on the CPU
+/// only and refuses while the GPU is the default; the backward passes then run as MLX ops on
+/// the GPU stream. Thread: any; process-wide.
 #[no_mangle]
 pub extern "C" fn mlxk_set_default_device(device: mlxk_device) -> mlxk_status {
     boundary("mlxk_set_default_device", || match device {

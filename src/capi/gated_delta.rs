@@ -215,13 +215,22 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked(
 /// [B, Hv, Dv, Dk]. A masked token gets zero gradients and passes the state's gradient through;
 /// a key head's gradients sum over the value heads that read it.
 ///
-/// Numerics: float32 arithmetic in a sequential order (not the forward's bit-exact order), the
-/// forward recomputed from states kept every 64 tokens, so memory grows as
-/// O((T/64 + 64) · state) per worker, never O(T · state). Device: CPU only (the GPU as default
-/// device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; eight new handles.
+/// Numerics (CPU device): float32 arithmetic in a sequential order (not the forward's
+/// bit-exact order), the forward recomputed from states kept every 64 tokens, so memory grows
+/// as O((T/64 + 64) · state) per worker, never O(T · state).
+/// Device: with the GPU as default device (Metal, MLX CUDA) the same gradients come from MLX
+/// ops on the GPU stream instead: mx::vjp of mlx-lm's compute_g, sigmoid and
+/// mx::fast::gated_delta_update (MLX's own VJP of it, or its ops fallback), with `dy` cast to
+/// q's dtype. They differ from the CPU device's by MLX's roundings (a few units of the input
+/// dtype of the gradient's scale), and their memory is MLX's (its ops fallback keeps every
+/// token's state). Same shapes and dtypes either way.
+/// On the GPU a host's MLX autograd cannot go through the forward kernel itself (MLX's custom
+/// kernel primitive has no vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this
+/// call gives its gradients there.
+/// Ownership: inputs borrowed; eight new handles.
 /// NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
 /// mlxk_gated_delta_update, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dy` or `dstate_out`,
-/// MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place), MLXK_ERR_UNSUPPORTED.
+/// MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place).
 /// Thread: any. Lazy: computation errors surface at eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]

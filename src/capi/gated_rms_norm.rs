@@ -116,12 +116,19 @@ pub(crate) unsafe fn norm_vjp(
 ///
 /// Numerics: the forward's formula differentiated in exact arithmetic (its roundings are not
 /// differentiated), evaluated in float32 with every sum in float64, then rounded to each
-/// result's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
-/// default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
+/// result's dtype. The results do not depend on the thread count. Device: that is the CPU
+/// device's kernel; with the GPU as default device (Metal, MLX CUDA) the gradients come from
+/// MLX ops on the GPU stream: mx::vjp of Qwen's RMSNormGated as mlx-lm writes it
+/// (mx::fast::rms_norm(x, weight, eps), then silu(f32(gate)) · f32(normed) in x's dtype), the
+/// cotangent cast to x's dtype, within a few units of x's (for dgate also the gate's) dtype of
+/// the CPU kernel's results. On the GPU a host's MLX autograd cannot go through the forward
+/// kernel itself (MLX's custom kernel primitive has no vjp: "[Primitive::vjp] Not implemented
+/// for CustomKernel"); this call gives its gradients there. Ownership: inputs borrowed; three
+/// new handles.
 /// NULL: `dout` may be NULL; nothing else. Errors: those of mlxk_gated_rms_norm,
 /// MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dout`, MLXK_ERR_INVALID_ARGUMENT (two
-/// out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
-/// errors surface at eval/read.
+/// out-parameters at the same place). Thread: any. Lazy: computation errors surface at
+/// eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_rms_norm_vjp(

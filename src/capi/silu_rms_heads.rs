@@ -162,12 +162,17 @@ pub(crate) unsafe fn split_vjp(
 ///
 /// Numerics: the forward's formula differentiated in exact arithmetic (its roundings to x's
 /// dtype are not differentiated), evaluated in float32 with every sum in float64, then rounded
-/// to x's dtype. The results do not depend on the thread count. Device: CPU only (the GPU as
-/// default device gives MLXK_ERR_UNSUPPORTED). Ownership: inputs borrowed; three new handles.
-/// NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of mlxk_silu_rms_heads,
-/// MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`, MLXK_ERR_INVALID_ARGUMENT (two
-/// out-parameters at the same place), MLXK_ERR_UNSUPPORTED. Thread: any. Lazy: computation
-/// errors surface at eval/read.
+/// to x's dtype. The results do not depend on the thread count. Device: that is the CPU
+/// device's kernel; with the GPU as default device (Metal, MLX CUDA) the gradients come from
+/// MLX ops on the GPU stream: mx::vjp of mlx-lm's formulation (SiLU, the split into heads,
+/// mx::fast::rms_norm with the scales as weights), in x's dtype (the cotangents cast to it),
+/// within a few units of x's dtype of the CPU kernel's results. On the GPU a host's MLX
+/// autograd cannot go through the forward kernel itself (MLX's custom kernel primitive has no
+/// vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this call gives its gradients
+/// there. Ownership: inputs borrowed; three new handles. NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of
+/// mlxk_silu_rms_heads, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`,
+/// MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place). Thread: any. Lazy:
+/// computation errors surface at eval/read.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_silu_rms_heads_vjp(
