@@ -597,7 +597,7 @@ struct DeltaGradients {
 
 /** The update's backward pass (mlxk_gated_delta_update_vjp): the gradients of
  * sum(dy * y) + sum(dstate_out * state_out) with respect to every input; nullptr cotangents
- * are zeros. CPU only. */
+ * are zeros. On the GPU default device: MLX ops on the GPU stream. */
 [[nodiscard]] inline DeltaGradients gated_delta_update_vjp(
     const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
     const Array &a_log, const Array &dt_bias, const Array *state, const Array *mask,
@@ -661,7 +661,7 @@ struct HeadSplitGradients {
 
 /** The head split's backward pass (mlxk_silu_rms_heads_vjp): the gradients of
  * sum(dq * q) + sum(dk * k) + sum(dv * v) with respect to x, q_scale and k_scale; nullptr
- * cotangents are zeros. The other arguments as silu_rms_heads. CPU only. */
+ * cotangents are zeros. The other arguments as silu_rms_heads. On the GPU: MLX ops. */
 [[nodiscard]] inline HeadSplitGradients silu_rms_heads_vjp(
     const Array &x, const Array &q_scale, const Array &k_scale, std::int32_t key_heads,
     std::int32_t value_heads, std::int32_t value_width, float eps, const Array *dq,
@@ -682,7 +682,7 @@ struct NormGradients {
 };
 
 /** The gated norm's backward pass (mlxk_gated_rms_norm_vjp): the gradients of sum(dout * out)
- * with respect to x, gate and weight; a nullptr dout is zeros. CPU only. */
+ * with respect to x, gate and weight; a nullptr dout is zeros. On the GPU: MLX ops. */
 [[nodiscard]] inline NormGradients gated_rms_norm_vjp(const Array &x, const Array &gate,
                                                       const Array &weight, float eps,
                                                       const Array *dout) {

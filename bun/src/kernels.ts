@@ -249,7 +249,7 @@ export interface GatedDeltaGradients {
  * automatic differentiation: the gradients of sum(dy * y) + sum(dStateOut * stateOut) with
  * respect to every input. Arguments as gatedDeltaUpdate, plus dy [B, T, Hv, Dv] (any float
  * dtype) and dStateOut float32 [B, Hv, Dv, Dk]; null cotangents are zeros. float32
- * arithmetic; CPU only (UnsupportedError with the GPU as the default device).
+ * arithmetic on the CPU; with the GPU as the default device, MLX ops on the GPU stream.
  */
 export function gatedDeltaUpdateVjp(
   q: MlxArray,
@@ -286,7 +286,7 @@ export interface HeadSplitGradients {
  * The backward pass of siluRmsHeads: the gradients of sum(dq * q) + sum(dk * k) + sum(dv * v)
  * with respect to x, qScale and kScale. Arguments as siluRmsHeads, plus the cotangents dq, dk
  * [B, S, Hk, Dk] and dv [B, S, Hv, Dv] (any float dtype; null: zeros). float32 arithmetic with
- * float64 sums, rounded once to x's dtype; CPU only.
+ * float64 sums, rounded once to x's dtype (on the GPU: MLX ops).
  */
 export function siluRmsHeadsVjp(
   x: MlxArray,
@@ -329,7 +329,7 @@ export interface GatedRmsNormGradients {
 /**
  * The backward pass of gatedRmsNorm: the gradients of sum(dout * out) with respect to x, gate
  * and weight. Arguments as gatedRmsNorm, plus dout of x's shape (any float dtype; null:
- * zeros). float32 arithmetic with float64 sums, rounded once to each input's dtype; CPU only.
+ * zeros). float32 arithmetic with float64 sums, rounded once to each input's dtype (on the GPU: MLX ops).
  */
 export function gatedRmsNormVjp(
   x: MlxArray,

@@ -61,7 +61,7 @@ extension MLXKern {
     /// `dqScale = Σ dq · n` over rows and q heads (kScale likewise),
     /// `dx = inv · (g − n · mean(g · n)) · silu'(x)` with `g = dq · qScale` on q heads, and
     /// `dx = dv · silu'(x)` on v heads. Computed in float32 with float64 sums, rounded once to
-    /// x's dtype. CPU only.
+    /// x's dtype (on the GPU default device: MLX ops on the GPU stream).
     ///
     /// - Parameters: as `siluRMSHeads`, plus the cotangents `dq`, `dk` `[B, S, Hk, Dk]` and `dv`
     ///   `[B, S, Hv, Dv]` in any float dtype; nil is zeros.
@@ -94,7 +94,7 @@ extension MLXKern {
     /// x, gate and weight. Per row, with `n = x · inv` and `a = silu(gate)`:
     /// `dgate = dout · weight · n · silu'(gate)`, `dweight = Σ dout · a · n` over rows,
     /// `dx = inv · (g − n · mean(g · n))` with `g = dout · a · weight`. Computed in float32
-    /// with float64 sums, rounded once to each input's dtype. CPU only.
+    /// with float64 sums, rounded once to each input's dtype (on the GPU: MLX ops).
     ///
     /// - Parameters: as `gatedRMSNorm`, plus `dout` of x's shape in any float dtype; nil is
     ///   zeros.
