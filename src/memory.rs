@@ -82,3 +82,15 @@ pub fn check_outputs(outputs: &[(&str, &[i64], Dtype)]) -> Result<()> {
     }
     Ok(())
 }
+
+/// Checks a working-set estimate (`bytes`, saturated) against the limit, naming `what`.
+pub fn check_bytes(what: &str, bytes: u64) -> Result<()> {
+    let limit = limit() as u64;
+    if bytes > limit {
+        return Err(Error::OutOfMemory(format!(
+            "{what} needs about {bytes} bytes, above the memory limit of {limit} bytes \
+             (mlxk_set_memory_limit)"
+        )));
+    }
+    Ok(())
+}

@@ -49,5 +49,50 @@ fn kernels_refuse_results_above_the_limit_before_building() {
     ok(status);
     free(y);
     free(s);
+
+    // The backward pass with a GPU as default device keeps every token's state (MLX's ops):
+    // about 2 * 65 * 512 KiB here, refused under an 8 MiB limit that the CPU backward fits.
+    let [q, k, v, a, b, al, dt, st, m] = r.args();
+    let args = [q, k, v, a, b, al, dt, st, m, null_mut(), null_mut()];
+    let mut grads: [H; 8] = [null_mut(); 8];
+    ok(mlxk_set_memory_limit(8 << 20));
+    let [g0, g1, g2, g3, g4, g5, g6, g7] = &mut grads;
+    let cpu = unsafe {
+        mlxk_gated_delta_update_vjp(
+            q,
+            k,
+            v,
+            a,
+            b,
+            al,
+            dt,
+            st,
+            m,
+            null_mut(),
+            null_mut(),
+            g0,
+            g1,
+            g2,
+            g3,
+            g4,
+            g5,
+            g6,
+            g7,
+        )
+    };
+    let outs = grads.each_mut().map(|g| g as *mut H);
+    let ops = unsafe {
+        mlxkern::testing::gated_delta_update_vjp_via_gpu(GpuKernels::Cuda, false, args, outs)
+    };
+    ok(mlxk_set_memory_limit(0));
+    ok(cpu);
+    expect_err(
+        ops,
+        MLXK_ERR_OUT_OF_MEMORY,
+        &["GPU backward pass", "memory limit"],
+    );
+    for g in grads {
+        free(g);
+    }
     r.free();
 }

@@ -437,6 +437,17 @@ fn update_vjp_ops(
     dstate_out: Option<&Array>,
     gpu: bool,
 ) -> Result<Gradients> {
+    // MLX's ops path keeps every token's state for its backward (no checkpoints): its working
+    // set is about two states per token (the forward's and the gradient's), checked here as
+    // the CPU path's outputs are, since MLX crashes rather than throws when memory runs out.
+    let d = check_update(x)?.dims;
+    let state = [d.b, d.hv, d.dv, d.dk]
+        .iter()
+        .fold(4u64, |n, &k| n.saturating_mul(k as u64));
+    memory::check_bytes(
+        "the GPU backward pass (MLX ops, every token's state kept)",
+        state.saturating_mul(2).saturating_mul(d.t as u64 + 1),
+    )?;
     let mut inputs = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
     inputs.extend(x.state);
     inputs.extend(x.mask);
