@@ -92,6 +92,11 @@ fn corpus_norms_vjp() {
 }
 
 #[test]
+fn corpus_gated_delta_vjp() {
+    replay(Target::GatedDeltaVjp, 30);
+}
+
+#[test]
 fn corpus_glm52() {
     replay(Target::Glm52, 50);
 }

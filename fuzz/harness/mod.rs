@@ -57,15 +57,17 @@ pub enum Target {
     GatedDelta,
     Norms,
     NormsVjp,
+    GatedDeltaVjp,
     Glm52,
 }
 
 impl Target {
-    pub const ALL: [Target; 5] = [
+    pub const ALL: [Target; 6] = [
         Target::Array,
         Target::GatedDelta,
         Target::Norms,
         Target::NormsVjp,
+        Target::GatedDeltaVjp,
         Target::Glm52,
     ];
 
@@ -76,6 +78,7 @@ impl Target {
             Target::GatedDelta => "gated_delta",
             Target::Norms => "norms",
             Target::NormsVjp => "norms_vjp",
+            Target::GatedDeltaVjp => "gated_delta_vjp",
             Target::Glm52 => "glm52",
         }
     }
@@ -103,6 +106,7 @@ pub fn run(target: Target, data: &[u8]) {
         Target::GatedDelta => gated_delta::run(&mut input),
         Target::Norms => norms::run(&mut input),
         Target::NormsVjp => norms::run_vjp(&mut input),
+        Target::GatedDeltaVjp => gated_delta::run_vjp(&mut input),
         Target::Glm52 => glm52::run(&mut input),
     }
     let after = mlxkern::capi::live_handles();
@@ -155,6 +159,11 @@ impl Expect {
     /// The call may fail with `status` (or succeed, if nothing is required).
     pub fn maybe(&mut self, status: mlxk_status, why: impl Into<String>) {
         self.optional.push((status, why.into()));
+    }
+
+    /// Every reason recorded, required ones first: (status, why).
+    pub fn reasons(&self) -> impl Iterator<Item = &(mlxk_status, String)> {
+        self.required.iter().chain(&self.optional)
     }
 
     pub fn must_fail(&self) -> bool {
