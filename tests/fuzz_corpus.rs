@@ -93,7 +93,7 @@ fn corpus_norms_vjp() {
 
 #[test]
 fn corpus_gated_delta_vjp() {
-    replay(Target::GatedDeltaVjp, 30);
+    replay(Target::GatedDeltaVjp, 50);
 }
 
 #[test]
