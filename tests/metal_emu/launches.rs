@@ -95,12 +95,15 @@ enum Kind {
         d: Dims,
         masked: bool,
         with_state: bool,
+        /// Value rows per SIMD group (1: the Metal launch; more: the CUDA launch's text path).
+        rows: usize,
     },
     /// The prefix replay with the accepted lengths.
     Replay {
         d: Dims,
         with_state: bool,
         lengths: Vec<i32>,
+        rows: usize,
     },
     /// The SiLU + RMS head split.
     HeadSplit { d: HeadSplitDims },
@@ -138,11 +141,19 @@ fn heads(b: i64, s: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> HeadSplitDims {
 }
 
 fn rec(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool) -> Case {
+    rec_rows(dtype, b_dtype, d, masked, with_state, 1)
+}
+
+/// A recurrence case whose launch gives `rows` value rows to each SIMD group, as the CUDA
+/// launch does for large batches (src/cuda.rs `rows_per_simd_group`): the same text, so the
+/// same bits as the CPU kernel.
+fn rec_rows(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, rows: usize) -> Case {
     Case {
         kind: Kind::Recurrence {
             d,
             masked,
             with_state,
+            rows,
         },
         dtype,
         aux: b_dtype,
@@ -151,11 +162,23 @@ fn rec(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool) ->
 }
 
 fn replay(dtype: Dtype, b_dtype: Dtype, d: Dims, with_state: bool, lengths: &[i32]) -> Case {
+    replay_rows(dtype, b_dtype, d, with_state, lengths, 1)
+}
+
+fn replay_rows(
+    dtype: Dtype,
+    b_dtype: Dtype,
+    d: Dims,
+    with_state: bool,
+    lengths: &[i32],
+    rows: usize,
+) -> Case {
     Case {
         kind: Kind::Replay {
             d,
             with_state,
             lengths: lengths.to_vec(),
+            rows,
         },
         dtype,
         aux: b_dtype,
@@ -204,6 +227,10 @@ fn cases() -> Vec<Case> {
         rec(F16, F16, dims(3, 2, 1, 3, 32, 3), true, true),
         rec(F32, F32, dims(2, 5, 2, 2, 64, 5), true, false),
         rec(F32, BF16, dims(2, 3, 1, 4, 128, 9), true, true),
+        // Several value rows per SIMD group (the CUDA launch for 256+ (batch, head) pairs).
+        rec_rows(BF16, BF16, dims(2, 4, 2, 4, 128, 16), false, true, 4),
+        rec_rows(F16, F32, dims(3, 3, 1, 3, 64, 6), true, true, 2),
+        rec_rows(F32, F32, dims(2, 2, 2, 4, 32, 12), true, false, 4),
         // Prefix replay (lengths [B]: B < 8 passes them in constant memory).
         replay(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3]),
         replay(BF16, F32, dims(2, 6, 1, 3, 128, 6), false, &[6, 2]),
@@ -216,6 +243,8 @@ fn cases() -> Vec<Case> {
             &[0, 1, 2, 3, 3, 2, 1, 0, 3],
         ),
         replay(F32, BF16, dims(2, 3, 1, 2, 256, 3), true, &[3, 2]),
+        replay_rows(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3], 4),
+        replay_rows(F16, F16, dims(2, 4, 1, 2, 32, 6), true, &[4, 2], 2),
         // Head split (Dk, Dv <= 128; qscale/kscale [Dk]: Dk < 8 passes them in constant memory).
         split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
         split(BF16, heads(2, 2, 1, 2, 64, 96), 1e-6),
@@ -399,9 +428,11 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             d,
             masked,
             with_state,
+            rows,
         } => {
-            let l = metal::gated_delta_launch(&gated_delta_node(d, c, Form::Exact, *masked, *with_state));
-            assert_eq!(l.grid, [32, d.dv as i32, (d.b * d.hv) as i32]);
+            let node = gated_delta_node(d, c, Form::Exact, *masked, *with_state);
+            let l = metal::gated_delta_launch_rows(&node, *rows);
+            assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta.rs `update`, Backend::Metal: q, k, v, g (f32, compute_g),
             // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), Tin (int32 [1]),
@@ -431,7 +462,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 d.dk,
                 d.dv,
                 if *with_state { "" } else { " zero-state" }
-            );
+            ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
             let extra = format!(
                 "masked {}\nwith_state {}\n",
                 *masked as i32, *with_state as i32
@@ -454,10 +485,12 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             d,
             with_state,
             lengths,
+            rows,
         } => {
             assert_eq!(lengths.len() as i64, d.b);
-            let l = metal::gated_delta_launch(&gated_delta_node(d, c, Form::State, false, *with_state));
-            assert_eq!(l.grid, [32, d.dv as i32, (d.b * d.hv) as i32]);
+            let node = gated_delta_node(d, c, Form::State, false, *with_state);
+            let l = metal::gated_delta_launch_rows(&node, *rows);
+            assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta.rs `state`, Backend::Metal.
             let inputs: Inputs = vec![
@@ -482,7 +515,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 d.dv,
                 lengths,
                 if *with_state { "" } else { " zero-state" }
-            );
+            ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
             let extra = format!(
                 "masked 0\nwith_state {}\nlengths {}\n",
                 *with_state as i32,
