@@ -25,9 +25,11 @@
 //! Memory: the forward states are kept every `checkpoint` tokens and one chunk's states are
 //! recomputed at a time, so each job holds `(ceil(T/C) + C + 1)` states of one value head
 //! (`Dv · Dk` f32 each): O((T/C + C) · state), never O(T · state). The arithmetic is f32 in a
-//! plain sequential order (gradients are not part of the bit-exact contract).
+//! plain sequential order (gradients are not part of the bit-exact contract), the same on
+//! every path: with AVX2 the row loops run in `backward_avx2`, which computes the same bits.
 
 use super::Dims;
+use crate::cpu::features;
 use crate::cpu::pool::{self, SharedMut};
 
 /// Tokens between kept forward states when the caller passes 0.
@@ -73,6 +75,11 @@ struct Outs {
 /// The backward pass; `checkpoint` tokens between kept states (0: the default). Jobs run per
 /// (batch row, key head), each over the value heads that read that key head.
 pub fn backward(x: &Inputs, checkpoint: usize) -> Grads {
+    backward_on(x, checkpoint, features::kernels().avx2)
+}
+
+/// `backward` with the AVX2 row loops or the portable ones; `avx2` only where the CPU has it.
+fn backward_on(x: &Inputs, checkpoint: usize, avx2: bool) -> Grads {
     let d = x.d;
     let checkpoint = if checkpoint == 0 {
         DEFAULT_CHECKPOINT
@@ -101,16 +108,18 @@ pub fn backward(x: &Inputs, checkpoint: usize) -> Grads {
         let group = d.hv / d.hk;
         for hv in hk * group..(hk + 1) * group {
             // SAFETY: the job for (b, hk) is the only writer of dq/dk rows (b, ·, hk) and of the
-            // dv/dg/dbeta/dstate entries of its value heads; the buffers outlive the pool run.
-            unsafe { value_head(x, outs, b, hk, hv, checkpoint) };
+            // dv/dg/dbeta/dstate entries of its value heads; the buffers outlive the pool run;
+            // `avx2` says the CPU has it.
+            unsafe { value_head(x, outs, b, hk, hv, checkpoint, avx2) };
         }
     });
     g
 }
 
 /// # Safety
-/// No other thread writes the parts of `o` that (b, hk, hv) owns while this runs.
-unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usize) {
+/// No other thread writes the parts of `o` that (b, hk, hv) owns while this runs; `avx2`
+/// only where the CPU has AVX2.
+unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usize, avx2: bool) {
     let d = x.d;
     let (dk, dv, t_len) = (d.dk, d.dv, d.t);
     let size = dv * dk;
@@ -119,6 +128,8 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
     let gate_at = |t: usize| (b * t_len + t) * d.hv + hv;
     let active = |t: usize| x.mask.is_none_or(|m| m[b * t_len + t] != 0);
     let state0 = (b * d.hv + hv) * size;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx2;
 
     // One forward token on `s` (Dv rows of Dk), in place.
     let step = |s: &mut [f32], t: usize| {
@@ -131,6 +142,12 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
             x.beta[gate_at(t)],
         );
         for (row, r) in s.chunks_exact_mut(dk).enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU has AVX2; r and k hold Dk values.
+                unsafe { super::backward_avx2::step_row(r, k, g, x.v[v_at(t) + row], beta) };
+                continue;
+            }
             r.iter_mut().for_each(|si| *si *= g);
             let delta = (x.v[v_at(t) + row] - dot(r, k)) * beta;
             for (si, &ki) in r.iter_mut().zip(k) {
@@ -202,6 +219,20 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
                 );
                 let dsr = &mut ds[row * dk..(row + 1) * dk];
                 let dy = x.dy[v_at(t) + row];
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    let vr = x.v[v_at(t) + row];
+                    // SAFETY: the CPU has AVX2; every slice holds Dk values.
+                    let (ddelta, err, dg_row) = unsafe {
+                        super::backward_avx2::grad_row(
+                            s_prev, s_next, dsr, q, k, &mut dq_t, &mut dk_t, dy, vr, g, beta,
+                        )
+                    };
+                    put(o.dv, v_at(t) + row, ddelta * beta);
+                    dbeta += ddelta * err;
+                    dg += dg_row;
+                    continue;
+                }
                 // y = s' · q
                 for j in 0..dk {
                     dq_t[j] += dy * s_next[j];
@@ -314,6 +345,12 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
         lanes[l] += x * y;
     }
+    sum_lanes(lanes)
+}
+
+/// The eight partial sums of a dot product, added in order (every path's last step).
+#[inline(always)]
+pub(super) fn sum_lanes(lanes: [f32; 8]) -> f32 {
     lanes.iter().sum()
 }
 
@@ -514,6 +551,30 @@ mod tests {
                 reference,
                 "checkpoint {chunk}"
             );
+        }
+    }
+
+    /// The AVX2 row loops give the portable bits, also at key widths that leave a tail past
+    /// the last group of eight (the C ABI takes multiples of 32 only).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_loops_give_the_portable_bits() {
+        if !features::cpu().avx2 {
+            return;
+        }
+        for (n, dk) in [1, 7, 8, 13, 36, 100, 128, 259].into_iter().enumerate() {
+            let d = Dims {
+                b: 2,
+                t: 19,
+                hk: 1,
+                hv: 2,
+                dk,
+                dv: 3,
+            };
+            let c = case(0x5EED + n as u64, d, n % 2 == 0, n % 3 == 0);
+            let portable = backward_on(&inputs(&c), 4, false);
+            assert!(portable.dq.iter().any(|&x| x != 0.0), "Dk {dk}");
+            assert_eq!(backward_on(&inputs(&c), 4, true), portable, "Dk {dk}");
         }
     }
 

@@ -5,6 +5,8 @@
 //! types here are shared with the chunked form.
 
 pub mod backward;
+#[cfg(target_arch = "x86_64")]
+mod backward_avx2;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;
