@@ -113,3 +113,66 @@ fn every_path_gives_the_same_gradients() {
         }
     }
 }
+
+/// Timing probe (not a test: `cargo test --test gated_delta_update_vjp_paths -- --ignored
+/// --nocapture`, threads from MLXK_NUM_THREADS): one call at Qwen3.5-35B-A3B's dims (B = 1,
+/// T = 512, Hk 16, Hv 32, Dk = Dv = 128, bf16, no state or mask) with the portable row loops
+/// and with the vectorized ones, interleaved so that both see the same load; milliseconds
+/// per call (median and best of MLXK_TIMING_REPS, default 7, each).
+#[test]
+#[ignore]
+fn backward_timing() {
+    let mut rng = Rng::seeded(11);
+    let [b, t, hk, hv, dk, dv] = [1, 512, 16, 32, 128, 128];
+    let bf = MLXK_DTYPE_BFLOAT16;
+    let inputs: [H; 11] = [
+        array_of(&rng.vec(b * t * hk * dk, 0.088), &[b, t, hk, dk], bf),
+        array_of(&rng.vec(b * t * hk * dk, 0.088), &[b, t, hk, dk], bf),
+        array_of(&rng.vec(b * t * hv * dv, 1.0), &[b, t, hv, dv], bf),
+        array_of(&rng.vec(b * t * hv, 1.5), &[b, t, hv], bf),
+        array_of(&rng.vec(b * t * hv, 2.0), &[b, t, hv], bf),
+        array_of(&rng.vec(hv, 1.0), &[hv], MLXK_DTYPE_FLOAT32),
+        array_of(&rng.vec(hv, 0.5), &[hv], bf),
+        null_mut(),
+        null_mut(),
+        array_of(&rng.vec(b * t * hv * dv, 1.0), &[b, t, hv, dv], bf),
+        array_of(
+            &rng.vec(b * hv * dv * dk, 0.5),
+            &[b, hv, dv, dk],
+            MLXK_DTYPE_FLOAT32,
+        ),
+    ];
+    let reps: usize = std::env::var("MLXK_TIMING_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7);
+    let mut times = [Vec::new(), Vec::new()];
+    let mut first: [Option<Vec<Vec<u8>>>; 2] = [None, None];
+    for rep in 0..reps + 1 {
+        for (i, portable) in [true, false].into_iter().enumerate() {
+            mlxkern::testing::force_portable_kernels(portable);
+            let start = std::time::Instant::now();
+            let grads = gradients(&inputs);
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            if rep > 0 {
+                times[i].push(ms);
+            }
+            first[i].get_or_insert(grads);
+        }
+    }
+    mlxkern::testing::force_portable_kernels(false);
+    assert!(first[0] == first[1], "the paths differ");
+    println!("threads {}", mlxkern::testing::cpu_threads());
+    for (name, mut ts) in ["portable", "vectorized"].into_iter().zip(times) {
+        ts.sort_by(f64::total_cmp);
+        println!(
+            "{name:>10}: median {:.1} ms, best {:.1} ms ({} calls)",
+            ts[ts.len() / 2],
+            ts[0],
+            ts.len()
+        );
+    }
+    for h in inputs.into_iter().filter(|h| !h.is_null()) {
+        free(h);
+    }
+}

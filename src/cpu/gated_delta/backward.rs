@@ -144,8 +144,9 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
         for (row, r) in s.chunks_exact_mut(dk).enumerate() {
             #[cfg(target_arch = "x86_64")]
             if avx2 {
+                let (p, v) = (r.as_mut_ptr(), x.v[v_at(t) + row]);
                 // SAFETY: the CPU has AVX2; r and k hold Dk values.
-                unsafe { super::backward_avx2::step_row(r, k, g, x.v[v_at(t) + row], beta) };
+                unsafe { super::backward_avx2::step_row(p, p, k, g, v, beta) };
                 continue;
             }
             r.iter_mut().for_each(|si| *si *= g);
@@ -197,6 +198,31 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
         for t in t0..t1 {
             let i = t - t0;
             let (prev, next) = states.split_at_mut((i + 1) * size);
+            #[cfg(target_arch = "x86_64")]
+            if avx2 && active(t) {
+                // The copy fused into the step: the same values.
+                let (k, g, beta) = (
+                    &x.k[qk_at(t)..qk_at(t) + dk],
+                    x.g[gate_at(t)],
+                    x.beta[gate_at(t)],
+                );
+                for row in 0..dv {
+                    let (src, dst) = (&prev[i * size + row * dk..], &mut next[row * dk..]);
+                    let v = x.v[v_at(t) + row];
+                    // SAFETY: the CPU has AVX2; src and dst hold Dk values each, disjoint.
+                    unsafe {
+                        super::backward_avx2::step_row(
+                            src.as_ptr(),
+                            dst.as_mut_ptr(),
+                            k,
+                            g,
+                            v,
+                            beta,
+                        )
+                    };
+                }
+                continue;
+            }
             next[..size].copy_from_slice(&prev[i * size..]);
             step(&mut next[..size], t);
         }

@@ -33,34 +33,37 @@ unsafe fn lanes_of(v: __m256) -> [f32; 8] {
     lanes
 }
 
-/// One forward token on one state row `r` (Dk values): `r *= g`, `δ = (v − r · k) β`,
-/// `r += k δ`; as the portable `step`.
+/// One forward token on one state row (Dk values) read at `src` and written at `dst` (the
+/// same row in place, or a copy): `r = src · g`, `δ = (v − r · k) β`, `r += k δ`; as the
+/// portable `step` after a copy.
 ///
 /// # Safety
-/// AVX2 is available; `k.len() == r.len()`.
+/// AVX2 is available; `src` and `dst` address `k.len()` values, the same ones or disjoint.
 #[target_feature(enable = "avx2")]
-pub unsafe fn step_row(r: &mut [f32], k: &[f32], g: f32, v: f32, beta: f32) {
-    let n = r.len();
+pub unsafe fn step_row(src: *const f32, dst: *mut f32, k: &[f32], g: f32, v: f32, beta: f32) {
+    let n = k.len();
     let whole = n - n % 8;
     let gv = _mm256_set1_ps(g);
     let mut acc = _mm256_setzero_ps();
     for j in (0..whole).step_by(8) {
-        let x = _mm256_mul_ps(ld(r, j), gv);
-        st(r, j, x);
+        let x = _mm256_mul_ps(_mm256_loadu_ps(src.add(j)), gv);
+        _mm256_storeu_ps(dst.add(j), x);
         acc = _mm256_add_ps(acc, _mm256_mul_ps(x, ld(k, j)));
     }
     let mut lanes = lanes_of(acc);
     for j in whole..n {
-        r[j] *= g;
-        lanes[j - whole] += r[j] * k[j];
+        let x = *src.add(j) * g;
+        *dst.add(j) = x;
+        lanes[j - whole] += x * k[j];
     }
     let delta = (v - sum_lanes(lanes)) * beta;
     let dv = _mm256_set1_ps(delta);
     for j in (0..whole).step_by(8) {
-        st(r, j, _mm256_add_ps(ld(r, j), _mm256_mul_ps(ld(k, j), dv)));
+        let r = _mm256_loadu_ps(dst.add(j));
+        _mm256_storeu_ps(dst.add(j), _mm256_add_ps(r, _mm256_mul_ps(ld(k, j), dv)));
     }
     for j in whole..n {
-        r[j] += k[j] * delta;
+        *dst.add(j) += k[j] * delta;
     }
 }
 
