@@ -16,6 +16,13 @@ pub fn simd_sum(partials: &[f32; 32]) -> f32 {
     w[0]
 }
 
+/// The eight partial sums of a dot product, added in order: the last step of the backward
+/// pass's dot products on every path (portable and AVX2), so they give the same bits.
+#[inline(always)]
+pub fn sum_lanes(lanes: [f32; 8]) -> f32 {
+    lanes.iter().sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,7 @@
 use super::Dims;
 use crate::cpu::features;
 use crate::cpu::pool::{self, SharedMut};
+use crate::cpu::reduce::sum_lanes;
 
 /// Tokens between kept forward states when the caller passes 0.
 pub const DEFAULT_CHECKPOINT: usize = 64;
@@ -372,12 +373,6 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         lanes[l] += x * y;
     }
     sum_lanes(lanes)
-}
-
-/// The eight partial sums of a dot product, added in order (every path's last step).
-#[inline(always)]
-pub(super) fn sum_lanes(lanes: [f32; 8]) -> f32 {
-    lanes.iter().sum()
 }
 
 #[cfg(test)]

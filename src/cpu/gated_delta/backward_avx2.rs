@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::backward::sum_lanes;
+use crate::cpu::reduce::sum_lanes;
 
 #[inline(always)]
 unsafe fn ld(x: &[f32], j: usize) -> __m256 {
