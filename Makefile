@@ -125,6 +125,7 @@ bench-cuda:
 	  -L$(CUDA_TARGET)/debug -lmlxkern -Wl,-rpath,$(abspath $(CUDA_TARGET)/debug) \
 	  -L"$$MLX_DIR/lib" -lmlx -Wl,-rpath,"$$MLX_DIR/lib" -o $(BUILD)/bench/bench_cuda
 	MLXK_BENCH_JSON=$(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/bench_cuda | tee $(BUILD)/bench/bench-cuda.log
+	rm -f $(BUILD)/bench/fla.jsonl
 	-python3 benches/peer_fla.py $(BUILD)/bench/fla.jsonl
 	python3 benches/chart_cuda.py $(BUILD)/bench/bench-cuda.png $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl
 

@@ -29,6 +29,7 @@ if [[ " $what " == *" bench "* ]]; then
   status=$((status | PIPESTATUS[0]))
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \
     "$carry"/wheels/*.whl >/dev/null 2>&1
+  rm -f "$out/fla.jsonl"  # each batch size's process appends its rows
   PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla.py "$out/fla.jsonl" 2>&1 |
     tee "$out/fla.log"
   python3 benches/chart_cuda.py "$out/bench-cuda.png" "$out/bench-cuda.jsonl" "$out/fla.jsonl"
