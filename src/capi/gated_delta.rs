@@ -2,7 +2,7 @@
 //! chunked form), `mlxk_gated_delta_state`.
 
 use super::status::mlxk_status;
-use super::{boundary, mlxk_array, Out};
+use super::{boundary, distinct_outs, mlxk_array, Out};
 use crate::ops::gated_delta::{self as ops, Inputs, StateInputs};
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
@@ -279,21 +279,8 @@ pub(crate) unsafe fn update_vjp(
     let [q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out] = args;
     boundary(function, || {
         let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
-        let mut outs = Vec::with_capacity(8);
-        for (ptr, name) in ptrs.into_iter().zip(names) {
-            // SAFETY: the documented contract on each out-parameter.
-            outs.push(unsafe { Out::new(ptr, name) }?);
-        }
-        for i in 0..outs.len() {
-            for j in i + 1..outs.len() {
-                if outs[i].same_place(&outs[j]) {
-                    return Err(crate::Error::InvalidArgument(format!(
-                        "{} and {} point to the same place (eight handles are returned)",
-                        names[i], names[j]
-                    )));
-                }
-            }
-        }
+        // SAFETY: the documented contract on each out-parameter.
+        let outs = unsafe { distinct_outs(ptrs, names) }?;
         let mut mlx = registry::lock();
         let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, state, mask])?;
         let dy = mlx.get_opt(dy, "dy")?;

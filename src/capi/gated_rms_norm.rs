@@ -1,7 +1,7 @@
 //! `mlxk_gated_rms_norm`: Qwen's RMSNormGated.
 
 use super::status::mlxk_status;
-use super::{boundary, mlxk_array, Out};
+use super::{boundary, distinct_outs, mlxk_array, Out};
 use crate::ops::gated_rms_norm::{self as ops, Inputs};
 use crate::ops::Backend;
 use crate::registry;
@@ -65,27 +65,8 @@ pub(crate) unsafe fn norm_vjp(
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
     boundary(function, || {
-        let names = ["dx", "dgate", "dweight"];
         // SAFETY: the documented contract on `dx`, `dgate` and `dweight`.
-        let (dx, dgate, dweight) = unsafe {
-            (
-                Out::new(outs[0], names[0])?,
-                Out::new(outs[1], names[1])?,
-                Out::new(outs[2], names[2])?,
-            )
-        };
-        for (a, b, i, j) in [
-            (&dx, &dgate, 0, 1),
-            (&dx, &dweight, 0, 2),
-            (&dgate, &dweight, 1, 2),
-        ] {
-            if a.same_place(b) {
-                return Err(crate::Error::InvalidArgument(format!(
-                    "{} and {} point to the same place (three handles are returned)",
-                    names[i], names[j]
-                )));
-            }
-        }
+        let [dx, dgate, dweight] = unsafe { distinct_outs(outs, ["dx", "dgate", "dweight"]) }?;
         let mut mlx = registry::lock();
         let inputs = Inputs {
             x: mlx.get(arrays[0], "x")?,

@@ -77,6 +77,42 @@ impl<T> Out<T> {
     }
 }
 
+/// The out-parameters of an export that returns several handles, taken in order (a NULL one
+/// gives MLXK_ERR_NULL_POINTER naming it) and checked to point to distinct places (two at the
+/// same place give MLXK_ERR_INVALID_ARGUMENT naming both), before any work.
+///
+/// # Safety
+/// Each of `ptrs` is NULL or valid for writing one handle until the export returns.
+pub(crate) unsafe fn distinct_outs<const N: usize>(
+    ptrs: [*mut *mut mlxk_array; N],
+    names: [&str; N],
+) -> Result<[Out<*mut mlxk_array>; N]> {
+    let mut outs = Vec::with_capacity(N);
+    for (ptr, name) in ptrs.into_iter().zip(names) {
+        // SAFETY: the caller's contract on each pointer.
+        outs.push(unsafe { Out::new(ptr, name) }?);
+    }
+    for i in 0..N {
+        for j in i + 1..N {
+            if outs[i].same_place(&outs[j]) {
+                return Err(Error::InvalidArgument(format!(
+                    "{} and {} point to the same place ({} handles are returned)",
+                    names[i],
+                    names[j],
+                    match N {
+                        3 => "three",
+                        8 => "eight",
+                        _ => "several",
+                    }
+                )));
+            }
+        }
+    }
+    Ok(outs
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one out-parameter per name")))
+}
+
 /// Checks a caller's buffer of `len` elements (argument `arg`): NULL is allowed when empty.
 fn check_buffer<T>(ptr: *const T, len: usize, arg: &str) -> Result<()> {
     if len != 0 && ptr.is_null() {

@@ -1,7 +1,7 @@
 //! `mlxk_silu_rms_heads`: the convolution output split into normalized q, k and activated v.
 
 use super::status::mlxk_status;
-use super::{boundary, mlxk_array, Out};
+use super::{boundary, distinct_outs, mlxk_array, Out};
 use crate::ops::silu_rms_heads::{self as ops, Inputs};
 use crate::ops::Backend;
 use crate::registry;
@@ -103,23 +103,8 @@ pub(crate) unsafe fn split_vjp(
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
     boundary(function, || {
-        let names = ["dx", "dq_scale", "dk_scale"];
         // SAFETY: the documented contract on `dx`, `dq_scale` and `dk_scale`.
-        let (dx, dqs, dks) = unsafe {
-            (
-                Out::new(outs[0], names[0])?,
-                Out::new(outs[1], names[1])?,
-                Out::new(outs[2], names[2])?,
-            )
-        };
-        for (a, b, i, j) in [(&dx, &dqs, 0, 1), (&dx, &dks, 0, 2), (&dqs, &dks, 1, 2)] {
-            if a.same_place(b) {
-                return Err(crate::Error::InvalidArgument(format!(
-                    "{} and {} point to the same place (three handles are returned)",
-                    names[i], names[j]
-                )));
-            }
-        }
+        let [dx, dqs, dks] = unsafe { distinct_outs(outs, ["dx", "dq_scale", "dk_scale"]) }?;
         let mut mlx = registry::lock();
         let inputs = Inputs {
             x: mlx.get(arrays[0], "x")?,
