@@ -403,7 +403,7 @@ pub fn update_vjp(
     let node = check_update(x)?;
     let backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
-        return update_vjp_ops(x, dy, dstate_out, backend.gpu_stream());
+        return update_vjp_ops(x, node.dims, dy, dstate_out, backend.gpu_stream());
     }
     let arrays = x.arrays();
     let inputs: Vec<&Array> = backward
@@ -433,6 +433,7 @@ pub fn update_vjp(
 /// (docs/DESIGN.md §4 "Gradients"). Arguments already checked.
 fn update_vjp_ops(
     x: &Inputs,
+    d: Dims,
     dy: Option<&Array>,
     dstate_out: Option<&Array>,
     gpu: bool,
@@ -440,7 +441,6 @@ fn update_vjp_ops(
     // MLX's ops path keeps every token's state for its backward (no checkpoints): its working
     // set is about two states per token (the forward's and the gradient's), checked here as
     // the CPU path's outputs are, since MLX crashes rather than throws when memory runs out.
-    let d = check_update(x)?.dims;
     let state = [d.b, d.hv, d.dv, d.dk]
         .iter()
         .fold(4u64, |n, &k| n.saturating_mul(k as u64));
