@@ -163,3 +163,117 @@ pub fn gated_rms_norm_launch(n: &gated_rms_norm::Node) -> MetalLaunch {
     l.template_dtype_values = vec![n.dtype as i32];
     l
 }
+
+/// The recurrence's backward kernel body (`kernels/metal/gated_delta_backward.metal`).
+pub const GATED_DELTA_BACKWARD_SOURCE: &str =
+    include_str!("../kernels/metal/gated_delta_backward.metal");
+
+/// The most f32 values of threadgroup memory the backward's row sums take (28 KiB of Metal's
+/// 32 KiB): `NSG · Dk`.
+const BACKWARD_SUM_FLOATS: usize = 7168;
+
+/// Tokens between the GPU backward's kept states for a sequence of `t` tokens: about √T, at
+/// most 64, so its scratch holds `ceil(T / C) + C ≤ 2 √T + 1` states per value head instead of
+/// T. The bits do not depend on it (every recomputation repeats the forward's arithmetic).
+pub fn backward_checkpoint(t: usize) -> usize {
+    let mut c = 1;
+    while c < 64 && c * c < t {
+        c += 1;
+    }
+    c
+}
+
+/// SIMD groups per threadgroup of the GPU backward (one threadgroup per batch row and value
+/// head): as many as fit, up to 32 and Dv, with `NSG · Dk` f32 of threadgroup memory for the
+/// row sums.
+pub fn backward_simd_groups(dk: usize, dv: usize) -> usize {
+    (1..=32)
+        .rev()
+        .find(|&w| w <= dv.max(1) && w * dk <= BACKWARD_SUM_FLOATS)
+        .unwrap_or(1)
+}
+
+/// The scratch outputs' shapes of the GPU backward with `checkpoint` tokens between kept
+/// states: the kept states `[B·Hv, ceil(T / C), Dv, Dk]`, then one chunk's token states
+/// `[B·Hv, C, Dv, Dk]` (f32).
+pub fn backward_scratch(d: gated_delta::Dims, checkpoint: usize) -> [Vec<usize>; 2] {
+    let chunks = d.t.div_ceil(checkpoint).max(1);
+    [
+        vec![d.b * d.hv, chunks, d.dv, d.dk],
+        vec![d.b * d.hv, checkpoint, d.dv, d.dk],
+    ]
+}
+
+/// The recurrence's backward launch (`gated_delta_backward.metal`) for the exact update `n`:
+/// grid (32, NSG, B·Hv), threadgroup (32, NSG, 1). Inputs q, k, v, g, beta, state_in, dy,
+/// dstate_out, Tin (`{T, checkpoint}`), then the mask if the node has one; outputs dq_h, dk_h
+/// (per value head), dv, dg, dbeta, dstate (f32) and the two scratch buffers.
+pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> MetalLaunch {
+    static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
+    let sources = SOURCES.get_or_init(|| {
+        [
+            GATED_DELTA_BACKWARD_SOURCE.replace(TOKEN_ACTIVE_MARKER, "true"),
+            GATED_DELTA_BACKWARD_SOURCE.replace(TOKEN_ACTIVE_MARKER, "mask[b_idx * T + t]"),
+        ]
+    });
+    let d = n.dims;
+    let f32 = |shape: Vec<usize>| Output {
+        shape,
+        dtype: Dtype::Float32,
+    };
+    let [kept, work] = backward_scratch(d, checkpoint);
+    let outputs = [
+        f32(vec![d.b, d.t, d.hv, d.dk]),
+        f32(vec![d.b, d.t, d.hv, d.dk]),
+        f32(vec![d.b, d.t, d.hv, d.dv]),
+        f32(vec![d.b, d.t, d.hv]),
+        f32(vec![d.b, d.t, d.hv]),
+        f32(vec![d.b, d.hv, d.dv, d.dk]),
+        f32(kept),
+        f32(work),
+    ];
+    let mut inputs = vec![
+        "q",
+        "k",
+        "v",
+        "g",
+        "beta",
+        "state_in",
+        "dy",
+        "dstate_out",
+        "Tin",
+    ];
+    if n.has_mask {
+        inputs.push("mask");
+    }
+    let name = if n.has_mask {
+        "mlxk_gated_delta_backward_mask"
+    } else {
+        "mlxk_gated_delta_backward"
+    };
+    let mut l = launch(
+        name,
+        sources[n.has_mask as usize].clone(),
+        names(&inputs),
+        (
+            &[
+                "dq_h", "dk_h", "dv", "dg", "dbeta", "dstate", "ckpt", "work",
+            ],
+            &outputs,
+        ),
+    );
+    let nsg = backward_simd_groups(d.dk, d.dv);
+    let rows = d.dv.div_ceil(nsg);
+    l.grid = [32, nsg as i32, (d.b * d.hv) as i32];
+    l.threadgroup = [32, nsg as i32, 1];
+    l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv", "NSG", "RP"]);
+    l.template_int_values = vec![
+        d.dk as i32,
+        d.dv as i32,
+        d.hk as i32,
+        d.hv as i32,
+        nsg as i32,
+        rows as i32,
+    ];
+    l
+}
