@@ -386,6 +386,7 @@ fn both_paths_with_gates(
     rng: &mut Rng,
     c: &GpuCase,
     kernels: GpuKernels,
+    gpu: bool,
 ) -> (Paths, Vec<f32>, Vec<f32>) {
     let [b, t, hk, hv, dk, dv] = c.dims;
     let i = |x: usize| x as i32;
@@ -445,7 +446,7 @@ fn both_paths_with_gates(
     let mut ops = [null_mut(); 8];
     let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut ops;
     let outs = [o0, o1, o2, o3, o4, o5, o6, o7].map(|o| o as *mut H);
-    ok(unsafe { gated_delta_update_vjp_via_gpu(kernels, false, args, outs) });
+    ok(unsafe { gated_delta_update_vjp_via_gpu(kernels, gpu, args, outs) });
     let result = cpu
         .iter()
         .zip(&ops)
@@ -468,7 +469,12 @@ fn both_paths_with_gates(
 }
 
 fn both_paths(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) -> Paths {
-    both_paths_with_gates(rng, c, kernels).0
+    both_paths_with_gates(rng, c, kernels, false).0
+}
+
+/// Whether the loaded MLX runs CUDA (then the GPU backward runs for real: `make test-cuda`).
+fn cuda() -> bool {
+    mlxk_gpu_backend() == MLXK_GPU_CUDA
 }
 
 fn float_of(code: i32) -> Float {
@@ -479,15 +485,21 @@ fn float_of(code: i32) -> Float {
     }
 }
 
-/// The GPU device's backward pass is `mx::vjp` of MLX's own update (its ops fallback here, on a
-/// CPU stream), which computes in another order and, for 16-bit inputs, rounds intermediate
-/// values (the gates, products with q, k, v, the cotangent cast to y's dtype) to the input
-/// dtype. Each gradient must lie within `bound · u · scale` of the CPU kernel's, where scale is
-/// the largest magnitude of the CPU gradient and u the coarser unit roundoff of the input
-/// dtype and the gradient's dtype (2^-8, 2^-11, 2^-24); for da_log and ddt_bias, sums over
-/// tokens, the scale is that of their terms. 16-bit: bound 8, a few roundings of intermediate
-/// values, each within one unit of the scale (measured <= 4). f32: bound 64, f32 sums over up
-/// to T·Dk terms in another order, T up to 70 (measured <= 13).
+/// The GPU device's backward pass is the backward kernel (kernels/metal/gated_delta_backward.metal)
+/// with g and β from MLX ops and the gates' chain by `mx::vjp` of MLX ops. It sums its dot
+/// products over 32 lanes with a butterfly and the value rows through threadgroup memory, where
+/// the CPU kernel sums over 8 lanes and the rows in order, and for 16-bit inputs the gates and
+/// the cotangent's cast round differently. Each gradient must lie within `bound · u · scale` of
+/// the CPU kernel's, where scale is the largest magnitude of the CPU gradient and u the coarser
+/// unit roundoff of the input dtype and the gradient's dtype (2^-8, 2^-11, 2^-24); for da_log
+/// and ddt_bias, sums over tokens, the scale is that of their terms. 16-bit: bound 8, a few
+/// roundings of intermediate values, each within one unit of the scale. f32: bound 64, f32
+/// sums over up to T·Dk terms in another order, T up to 70.
+///
+/// It runs on an MLX CUDA GPU (`make test-cuda` runs this file too). Elsewhere the call must
+/// reach the backward kernel's launch, which MLX then refuses ("No Metal back-end" / "No CUDA
+/// back-end", on the CPU stream the test hooks pass); the kernel text itself is checked against
+/// the CPU backward by the Metal-text emulator (tests/metal_emu).
 #[test]
 fn the_gpu_path_matches_the_cpu_backward() {
     let mut rng = Rng::fresh();
@@ -545,8 +557,13 @@ fn the_gpu_path_matches_the_cpu_backward() {
         } else {
             GpuKernels::Cuda
         };
+        if !cuda() {
+            reaches_the_backward_kernel(&mut rng, c, kernels);
+            continue;
+        }
+        let kernels = GpuKernels::Cuda;
         let bound = if c.dtype == Float::F32 { 64.0 } else { 8.0 };
-        let (paths, a, dt_bias) = both_paths_with_gates(&mut rng, c, kernels);
+        let (paths, a, dt_bias) = both_paths_with_gates(&mut rng, c, kernels, true);
         // da_log and ddt_bias sum a term per token over B·T: da's for ddt_bias, and
         // da · softplus(x) / sigmoid(x) (x = a + dt_bias) for da_log. Their scale is the
         // largest sum of those terms' magnitudes.
@@ -628,5 +645,51 @@ fn the_gpu_path_without_tokens_passes_the_state_gradient_through() {
                 assert!(cpu.iter().any(|&x| x != 0.0), "{name}: only zeros");
             }
         }
+    }
+}
+
+/// Without a GPU: the GPU path of case `c` builds everything up to the backward kernel's
+/// launch, which MLX refuses on the CPU stream; the error names the launch.
+fn reaches_the_backward_kernel(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) {
+    let [b, t, hk, hv, dk, dv] = c.dims;
+    let i = |x: usize| x as i32;
+    let h = |data: Vec<f32>, shape: &[i32]| c.dtype.array(&data, shape).0;
+    let q = h(rng.vec(b * t * hk * dk, 0.2), &[i(b), i(t), i(hk), i(dk)]);
+    let k = h(rng.vec(b * t * hk * dk, 0.2), &[i(b), i(t), i(hk), i(dk)]);
+    let v = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
+    let a = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
+    let bb = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
+    let a_log = new_f32(&rng.vec(hv, 1.0), &[i(hv)]);
+    let dt = h(rng.vec(hv, 0.5), &[i(hv)]);
+    let dy = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
+    let args = [
+        q,
+        k,
+        v,
+        a,
+        bb,
+        a_log,
+        dt,
+        null_mut(),
+        null_mut(),
+        dy,
+        null_mut(),
+    ]
+    .map(|h| h as *const mlxk_array);
+    let mut grads: [H; 8] = [null_mut(); 8];
+    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut grads;
+    let outs = [o0, o1, o2, o3, o4, o5, o6, o7].map(|o| o as *mut H);
+    let status = unsafe { gated_delta_update_vjp_via_gpu(kernels, false, args, outs) };
+    let (kernel, back_end) = match kernels {
+        GpuKernels::Metal => ("metal_kernel", "No Metal back-end"),
+        GpuKernels::Cuda => ("cuda_kernel", "No CUDA back-end"),
+    };
+    expect_err(status, MLXK_ERR_BACKEND, &[kernel, back_end]);
+    assert!(
+        grads.iter().all(|g| g.is_null()),
+        "no gradient is written on an error"
+    );
+    for h in [q, k, v, a, bb, a_log, dt, dy] {
+        free(h);
     }
 }

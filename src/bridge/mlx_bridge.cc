@@ -245,6 +245,91 @@ class RustCpuKernel : public mx::Primitive {
   CpuLaunch launch_;
 };
 
+// A GPU kernel node (mx::fast::metal_kernel / cuda_kernel) with a gradient: MLX's custom-kernel
+// primitive has no vjp, so the library's launches wrap it. Evaluation is the wrapped
+// primitive's, unchanged; MLX's autograd asks mlxk_gpu_vjp (Rust) for the gradients of every
+// input, given the forward's description (`kernel`, `params`: node::gpu_vjp).
+class GpuKernelWithVjp : public mx::Primitive {
+ public:
+  GpuKernelWithVjp(std::shared_ptr<mx::Primitive> kernel, uint32_t vjp_kernel,
+                   std::vector<int64_t> params)
+      : mx::Primitive(kernel->stream()),
+        kernel_(std::move(kernel)),
+        vjp_kernel_(vjp_kernel),
+        params_(std::move(params)) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    kernel_->eval_cpu(inputs, outputs);
+  }
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    kernel_->eval_gpu(inputs, outputs);
+  }
+
+  std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
+                             const std::vector<mx::array>& cotangents,
+                             const std::vector<int>& argnums,
+                             const std::vector<mx::array>& outputs) override {
+    (void)outputs;
+    ArrayList p{primals}, c{cotangents};
+    std::unique_ptr<ArrayList> grads;
+    try {
+      grads = mlxk_gpu_vjp(vjp_kernel_,
+                           rust::Slice<const int64_t>(params_.data(), params_.size()), p, c);
+    } catch (const rust::Error& e) {
+      throw std::invalid_argument(e.what());
+    }
+    if (grads->items.size() != primals.size()) {
+      throw std::invalid_argument("mlxkern: the GPU backward of " + kernel_name() +
+                                  " does not fit its forward's inputs");
+    }
+    std::vector<mx::array> result;
+    for (int arg : argnums) result.push_back(grads->items[arg]);
+    return result;
+  }
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>&, const std::vector<mx::array>&,
+                             const std::vector<int>&) override {
+    throw std::invalid_argument("mlxkern: jvp is not implemented for " + kernel_name() +
+                                "; use vjp (mx::vjp, mx::grad, mx::value_and_grad)");
+  }
+
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>&,
+                                                           const std::vector<int>&) override {
+    throw std::invalid_argument("mlxkern: vmap is not implemented for " + kernel_name() +
+                                "; call it on the batched arrays (its leading dimensions are "
+                                "batch dimensions)");
+  }
+
+  const char* name() const override { return "MlxkernGpuKernel"; }
+
+ private:
+  std::string kernel_name() const { return std::string(mlxk_kernel_name(vjp_kernel_)); }
+
+  std::shared_ptr<mx::Primitive> kernel_;
+  uint32_t vjp_kernel_;
+  std::vector<int64_t> params_;
+};
+
+// The outputs of a GPU kernel node, rebuilt on a GpuKernelWithVjp of the same primitive and
+// inputs when `vjp_kernel` is not 0 (the original nodes are dropped unevaluated).
+std::vector<mx::array> with_vjp(std::vector<mx::array> outs, uint32_t vjp_kernel,
+                                rust::Slice<const int64_t> params) {
+  if (vjp_kernel == 0 || outs.empty() || !outs[0].has_primitive()) return outs;
+  auto kernel = outs[0].primitive_ptr();
+  auto inputs = outs[0].inputs();
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  for (const auto& o : outs) {
+    shapes.push_back(o.shape());
+    dtypes.push_back(o.dtype());
+  }
+  return mx::array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<GpuKernelWithVjp>(kernel, vjp_kernel,
+                                         std::vector<int64_t>(params.begin(), params.end())),
+      inputs);
+}
+
 }  // namespace
 
 std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
@@ -357,43 +442,6 @@ mx::array gates_g(const mx::array& a_log, const mx::array& a, const mx::array& d
 }
 }  // namespace
 
-std::unique_ptr<ArrayList> gated_delta_update_vjp_ops(const ArrayList& inputs, bool has_state,
-                                                      bool has_mask, bool has_dy,
-                                                      bool has_dstate_out, bool gpu) {
-  auto s = stream_for(gpu);
-  const auto& in = inputs.items;
-  const auto &q = in.at(0), &v = in.at(2);
-  int B = q.shape(0), T = q.shape(1), Dk = q.shape(3), Hv = v.shape(2), Dv = v.shape(3);
-  size_t at = 7;
-  mx::Shape state_shape{B, Hv, Dv, Dk};
-  auto state = has_state ? in.at(at++) : mx::zeros(state_shape, mx::float32, s);
-  std::optional<mx::array> mask;
-  if (has_mask) mask = in.at(at++);
-  // MLX autograd hands a primitive its cotangent in the output's dtype; y has q's.
-  auto dy = cotangent(inputs, at, has_dy, {B, T, Hv, Dv}, q.dtype(), s);
-  auto dstate_out = cotangent(inputs, at, has_dstate_out, state_shape, mx::float32, s);
-  if (mask) {
-    // A masked token's y is +0 here, whatever MLX's update writes there: no gradient flows
-    // from it.
-    dy = mx::multiply(dy, mx::astype(mx::reshape(*mask, {B, T, 1, 1}, s), dy.dtype(), s), s);
-  }
-  auto fun = [mask, s](const std::vector<mx::array>& p) {
-    auto g = gates_g(p[5], p[3], p[6], s);
-    auto beta = mx::sigmoid(p[4], s);
-    return mx::fast::gated_delta_update(p[0], p[1], p[2], g, beta, p[7], mask, s);
-  };
-  std::vector<mx::array> primals(in.begin(), in.begin() + 7);
-  primals.push_back(state);
-  if (B == 0 || T == 0) {
-    // No token (MLX's update refuses an empty sequence): the state passes through unchanged.
-    auto out = std::make_unique<ArrayList>();
-    for (size_t i = 0; i < 7; ++i) out->items.push_back(mx::zeros_like(primals[i], s));
-    out->items.push_back(dstate_out);
-    return out;
-  }
-  return vjp_cast(fun, primals, {dy, dstate_out}, s);
-}
-
 std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
                                                   int32_t value_heads, int32_t value_width,
                                                   float eps, bool has_dq, bool has_dk,
@@ -437,6 +485,37 @@ std::unique_ptr<ArrayList> gated_rms_norm_vjp_ops(const ArrayList& inputs, float
     return std::vector<mx::array>{mx::astype(out, p[0].dtype(), s)};
   };
   return vjp_cast(fun, {x, in.at(1), in.at(2)}, {dout}, s);
+}
+
+std::unique_ptr<ArrayList> gated_delta_backward_tail(const ArrayList& inputs, int32_t key_heads,
+                                                     bool gpu) {
+  auto s = stream_for(gpu);
+  const auto& in = inputs.items;
+  const auto &q = in.at(0), &v = in.at(1), &dq_h = in.at(2), &dk_h = in.at(3);
+  int B = q.shape(0), T = q.shape(1), Dk = q.shape(3), Hv = v.shape(2);
+  int Hk = key_heads, G = Hv / Hk;
+  auto per_key_head = [&](const mx::array& x) {
+    auto sum = G == 1 ? x : mx::sum(mx::reshape(x, {B, T, Hk, G, Dk}, s), 3, false, s);
+    return mx::astype(sum, q.dtype(), s);
+  };
+  auto out = std::make_unique<ArrayList>();
+  out->items = {per_key_head(dq_h), per_key_head(dk_h), mx::astype(in.at(4), v.dtype(), s)};
+  return out;
+}
+
+std::unique_ptr<ArrayList> gates_vjp(const ArrayList& inputs, bool gpu) {
+  auto s = stream_for(gpu);
+  const auto& in = inputs.items;
+  // g and beta of the f32 gate inputs: the forward's 16-bit rounding points are not
+  // differentiated (as the CPU backward's gate chain).
+  auto fun = [s](const std::vector<mx::array>& p) {
+    auto f32 = [s](const mx::array& x) { return mx::astype(x, mx::float32, s); };
+    return std::vector<mx::array>{gates_g(f32(p[2]), f32(p[0]), f32(p[3]), s),
+                                  mx::sigmoid(f32(p[1]), s)};
+  };
+  return vjp_cast(fun, {in.at(0), in.at(1), in.at(2), in.at(3)},
+                  {mx::astype(in.at(4), mx::float32, s), mx::astype(in.at(5), mx::float32, s)},
+                  s);
 }
 
 namespace {
@@ -513,7 +592,8 @@ const mx::fast::CustomKernelFunction& cached_kernel(const MetalLaunch& launch, M
 }
 
 std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                           bool gpu) {
+                                           bool gpu, uint32_t vjp_kernel,
+                                           rust::Slice<const int64_t> vjp_params) {
   const auto& kernel = cached_kernel(launch, [&] {
     return mx::fast::metal_kernel(std::string(launch.name), strings(launch.input_names),
                                   strings(launch.output_names), std::string(launch.source),
@@ -526,11 +606,13 @@ std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const Arra
                       {launch.grid[0], launch.grid[1], launch.grid[2]},
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
                       template_args(launch), std::nullopt, false, stream_for(gpu));
+  out->items = with_vjp(std::move(out->items), vjp_kernel, vjp_params);
   return out;
 }
 
 std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                          bool gpu) {
+                                          bool gpu, uint32_t vjp_kernel,
+                                          rust::Slice<const int64_t> vjp_params) {
   auto shapes = output_shapes(launch.output_dims, launch.output_ndims);
   auto dtypes = output_dtypes(launch);
   auto out = std::make_unique<ArrayList>();
@@ -551,6 +633,7 @@ std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const Array
                       {launch.grid[0], launch.grid[1], launch.grid[2]},
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
                       template_args(launch), std::nullopt, false, stream_for(gpu));
+  out->items = with_vjp(std::move(out->items), vjp_kernel, vjp_params);
   return out;
 }
 

@@ -39,9 +39,6 @@ std::unique_ptr<Array> list_get(const ArrayList& list, size_t i);
 std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array& dt_bias,
                                  bool gpu);
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu);
-std::unique_ptr<ArrayList> gated_delta_update_vjp_ops(const ArrayList& inputs, bool has_state,
-                                                      bool has_mask, bool has_dy,
-                                                      bool has_dstate_out, bool gpu);
 std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
                                                   int32_t value_heads, int32_t value_width,
                                                   float eps, bool has_dq, bool has_dk,
@@ -51,10 +48,15 @@ std::unique_ptr<ArrayList> gated_rms_norm_vjp_ops(const ArrayList& inputs, float
 
 std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayList& inputs);
 std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                           bool gpu);
+                                           bool gpu, uint32_t vjp_kernel,
+                                           rust::Slice<const int64_t> vjp_params);
 
 std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                          bool gpu);
+                                          bool gpu, uint32_t vjp_kernel,
+                                          rust::Slice<const int64_t> vjp_params);
+std::unique_ptr<ArrayList> gated_delta_backward_tail(const ArrayList& inputs, int32_t key_heads,
+                                                     bool gpu);
+std::unique_ptr<ArrayList> gates_vjp(const ArrayList& inputs, bool gpu);
 
 std::unique_ptr<Array> array_from_host(size_t host);
 size_t array_to_host(const Array& a);

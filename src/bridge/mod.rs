@@ -89,19 +89,6 @@ pub mod ffi {
         /// `mx.sigmoid(x)` on the chosen device.
         fn sigmoid(x: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
 
-        /// The update's backward pass as MLX ops on the chosen device: `mx::vjp` of mlx-lm's
-        /// `compute_g`, `sigmoid` and `mx::fast::gated_delta_update`. `inputs`: q, k, v, a, b,
-        /// a_log, dt_bias, then state, mask, dy, dstate_out where the flags say they are given
-        /// (absent: the zero state, no mask, zero cotangents). Returns the eight gradients of
-        /// q, k, v, a, b, a_log, dt_bias and the state, each in its primal's dtype.
-        fn gated_delta_update_vjp_ops(
-            inputs: &ArrayList,
-            has_state: bool,
-            has_mask: bool,
-            has_dy: bool,
-            has_dstate_out: bool,
-            gpu: bool,
-        ) -> Result<UniquePtr<ArrayList>>;
         /// The head split's backward pass as MLX ops: `mx::vjp` of mlx-lm's SiLU, head split
         /// and `mx::fast::rms_norm(q, q_scale, eps)` (k likewise). `inputs`: x, q_scale,
         /// k_scale, then the given cotangents of q, k, v. Returns dx, dq_scale, dk_scale.
@@ -131,21 +118,43 @@ pub mod ffi {
         fn cpu_kernel_op(launch: &CpuLaunch, inputs: &ArrayList) -> Result<UniquePtr<ArrayList>>;
         /// Calls `mx::fast::metal_kernel`; `gpu = false` uses a CPU stream (MLX then refuses with
         /// "No Metal back-end", which tests use to reach this code on Linux).
+        ///
+        /// `vjp_kernel` (not 0) gives the node a gradient for MLX's autograd: the outputs are
+        /// rebuilt on a primitive that evaluates as the kernel's and answers vjp through
+        /// `mlxk_gpu_vjp(vjp_kernel, vjp_params, …)` (`crate::node::gpu_vjp`).
         fn metal_kernel_op(
             launch: &MetalLaunch,
             inputs: &ArrayList,
             gpu: bool,
+            vjp_kernel: u32,
+            vjp_params: &[i64],
         ) -> Result<UniquePtr<ArrayList>>;
 
         /// Calls `mx::fast::cuda_kernel` with the launch's header and geometry (`crate::cuda`
         /// makes both); `gpu = false` uses a CPU stream (MLX then refuses, which tests use to
         /// reach this code without CUDA). A grid with a zero axis runs nothing: the outputs are
         /// empty arrays of their shapes.
+        /// `vjp_kernel`, `vjp_params` as for `metal_kernel_op`.
         fn cuda_kernel_op(
             launch: &MetalLaunch,
             inputs: &ArrayList,
             gpu: bool,
+            vjp_kernel: u32,
+            vjp_params: &[i64],
         ) -> Result<UniquePtr<ArrayList>>;
+
+        /// The GPU backward's last ops: `inputs` q, v, dq_h, dk_h, dv (the kernel's f32
+        /// per-value-head gradients); returns dq and dk summed over the value heads of each of
+        /// the `key_heads` key heads, in q's dtype, and dv in v's.
+        fn gated_delta_backward_tail(
+            inputs: &ArrayList,
+            key_heads: i32,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+        /// The gates' chain: `inputs` a, b, a_log, dt_bias, dg, dbeta; returns da, db, da_log,
+        /// ddt_bias (each in its input's dtype) by `mx::vjp` of mlx-lm's `compute_g` and
+        /// `sigmoid` on the f32 gate inputs.
+        fn gates_vjp(inputs: &ArrayList, gpu: bool) -> Result<UniquePtr<ArrayList>>;
 
         /// A new array sharing the host's `mlx::core::array` at address `host` (same buffer and
         /// graph node; lazy if the host's is).
@@ -187,6 +196,16 @@ pub mod ffi {
             params: &[i64],
             cotangent_dtypes: &[i32],
         ) -> Result<VjpLaunch>;
+
+        /// The gradients of every input of a GPU kernel node made with `vjp_kernel` =
+        /// `kernel` and `vjp_params` = `params` (`crate::node::gpu_vjp`), given its inputs
+        /// (`primals`) and the cotangents of all its outputs.
+        fn mlxk_gpu_vjp(
+            kernel: u32,
+            params: &[i64],
+            primals: &ArrayList,
+            cotangents: &ArrayList,
+        ) -> Result<UniquePtr<ArrayList>>;
 
         /// The C function whose node CPU kernel `kernel` is, for messages.
         fn mlxk_kernel_name(kernel: u32) -> String;
@@ -248,6 +267,41 @@ fn mlxk_vjp_launch(
             .collect(),
         cotangent_dtypes: plan.cotangents.iter().map(|&d| d as i32).collect(),
     })
+}
+
+/// Builds the gradients of a GPU kernel node's inputs: `(kernel, params, primals, cotangents)`
+/// as `mlxk_gpu_vjp` receives them.
+pub type GpuVjp = fn(
+    u32,
+    &[i64],
+    &[UniquePtr<Array>],
+    &[UniquePtr<Array>],
+) -> crate::error::Result<Vec<UniquePtr<Array>>>;
+
+static GPU_VJP: std::sync::OnceLock<GpuVjp> = std::sync::OnceLock::new();
+
+/// Installs the GPU backward builder (`crate::ops` does, before it makes a GPU node with a
+/// gradient): the bridge calls upward only through its `extern "Rust"` entries, and this one
+/// reaches the ops layer through the pointer, not an import.
+pub fn install_gpu_vjp(build: GpuVjp) {
+    let _ = GPU_VJP.set(build);
+}
+
+fn mlxk_gpu_vjp(
+    kernel: u32,
+    params: &[i64],
+    primals: &ArrayList,
+    cotangents: &ArrayList,
+) -> Result<UniquePtr<ArrayList>, String> {
+    let primals = take(primals);
+    let cotangents = take(cotangents);
+    let build = GPU_VJP
+        .get()
+        .ok_or_else(|| "mlxkern: no GPU backward is installed".to_string())?;
+    let grads =
+        build(kernel, params, &primals, &cotangents).map_err(|e| format!("mlxkern: {e}"))?;
+    let refs: Vec<&Array> = grads.iter().map(|g| &**g).collect();
+    Ok(list(&refs))
 }
 
 fn mlxk_kernel_name(kernel: u32) -> String {

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::gated_delta::{Backward, BackwardInput, Dims, Form, GateDtypes, Input, Node};
-use crate::node::Words;
+use crate::node::{Kernel, Words};
 
 /// The arrays of one recurrence call (borrowed from the registry).
 pub struct Inputs<'a> {
@@ -403,7 +403,7 @@ pub fn update_vjp(
     let node = check_update(x)?;
     let backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
-        return update_vjp_ops(x, node.dims, dy, dstate_out, backend.gpu_stream());
+        return update_vjp_gpu(x, &node, dy, dstate_out, backend);
     }
     let arrays = x.arrays();
     let inputs: Vec<&Array> = backward
@@ -428,42 +428,244 @@ pub fn update_vjp(
     Ok(grads)
 }
 
-/// The update's backward pass with a GPU as default device: MLX ops on the GPU stream (`gpu`;
-/// `false` only in tests), `mx::vjp` of mlx-lm's gates and `mx::fast::gated_delta_update`
-/// (docs/DESIGN.md §4 "Gradients"). Arguments already checked.
-fn update_vjp_ops(
+/// The update's backward pass with a GPU as default device (docs/DESIGN.md §4 "Gradients"):
+/// g and β as MLX ops, the backward kernel (`kernels/metal/gated_delta_backward.metal`, on
+/// Metal or CUDA), then the sums over each key head's value heads and the gates' chain as MLX
+/// ops. Arguments already checked.
+fn update_vjp_gpu(
     x: &Inputs,
-    d: Dims,
+    node: &Node,
     dy: Option<&Array>,
     dstate_out: Option<&Array>,
-    gpu: bool,
+    backend: Backend,
 ) -> Result<Gradients> {
-    // MLX's ops path keeps every token's state for its backward (no checkpoints): its working
-    // set is about two states per token (the forward's and the gradient's), checked here as
-    // the CPU path's outputs are, since MLX crashes rather than throws when memory runs out.
-    let state = [d.b, d.hv, d.dv, d.dk]
-        .iter()
-        .fold(4u64, |n, &k| n.saturating_mul(k as u64));
-    memory::check_bytes(
-        "the GPU backward pass (MLX ops, every token's state kept)",
-        state.saturating_mul(2).saturating_mul(d.t as u64 + 1),
-    )?;
-    let mut inputs = vec![x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias];
-    inputs.extend(x.state);
-    inputs.extend(x.mask);
-    inputs.extend(dy);
-    inputs.extend(dstate_out);
-    let outputs = bridge::gated_delta_update_vjp_ops(
-        &bridge::list(&inputs),
-        x.state.is_some(),
-        x.mask.is_some(),
-        dy.is_some(),
-        dstate_out.is_some(),
+    let gpu = backend.gpu_stream();
+    let g = bridge::compute_g(x.a_log, x.a, x.dt_bias, gpu)?;
+    let beta = bridge::sigmoid(x.b, gpu)?;
+    let kernel = KernelInputs {
+        q: x.q,
+        k: x.k,
+        v: x.v,
+        g: &g,
+        beta: &beta,
+        state: x.state,
+        mask: x.mask,
+    };
+    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu(node, &kernel, dy, dstate_out, backend)?;
+    let gates = bridge::gates_vjp(
+        &bridge::list(&[x.a, x.b, x.a_log, x.dt_bias, &dg, &dbeta]),
         gpu,
     )?;
-    bridge::take(&outputs)
-        .try_into()
-        .map_err(|_| Error::Backend("the backward pass made the wrong number of outputs".into()))
+    let [da, db, da_log, ddt_bias]: [UniquePtr<Array>; 4] =
+        bridge::take(&gates).try_into().map_err(|_| {
+            Error::Backend("the gates' backward made the wrong number of outputs".into())
+        })?;
+    Ok([dq, dk, dv, da, db, da_log, ddt_bias, dstate])
+}
+
+/// The inputs of the GPU backward kernel besides the cotangents: the forward kernel's.
+struct KernelInputs<'a> {
+    q: &'a Array,
+    k: &'a Array,
+    v: &'a Array,
+    g: &'a Array,
+    beta: &'a Array,
+    state: Option<&'a Array>,
+    mask: Option<&'a Array>,
+}
+
+/// The GPU backward kernel and its tail: dq, dk (in q's dtype), dv (in v's), dg, dβ and dstate
+/// (f32) of `node`'s exact update, lazy. Absent cotangents are zeros; without a token, a batch
+/// row or a cotangent the gradients are zeros (dstate is dstate_out) and nothing is launched.
+fn backward_gpu(
+    node: &Node,
+    x: &KernelInputs,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+    backend: Backend,
+) -> Result<[UniquePtr<Array>; 6]> {
+    let d = node.dims;
+    let shape = |dims: &[usize]| dims.iter().map(|&n| n as i32).collect::<Vec<i32>>();
+    let f32_zeros = |dims: &[usize]| bridge::array_zeros(&shape(dims), Dtype::Float32 as i32);
+    let state_shape = [d.b, d.hv, d.dv, d.dk];
+    let gate_shape = [d.b, d.t, d.hv];
+    let c = metal::backward_checkpoint(d.t);
+    let scratch = metal::backward_scratch(d, c);
+    // The kernel's buffers: its outputs (the per-value-head dq and dk, dv, dg, dβ, dstate) and
+    // its scratch (the kept states and one chunk's token states), all f32.
+    let f32_bytes = |dims: &[usize]| dims.iter().fold(4u64, |n, &k| n.saturating_mul(k as u64));
+    let bytes = [
+        f32_bytes(&[d.b, d.t, d.hv, 2 * d.dk + d.dv + 2]),
+        f32_bytes(&state_shape),
+        f32_bytes(&scratch[0]),
+        f32_bytes(&scratch[1]),
+    ]
+    .iter()
+    .fold(0u64, |n, &k| n.saturating_add(k));
+    memory::check_bytes(
+        "the GPU backward pass (its gradients and kept states)",
+        bytes,
+    )?;
+    if d.b == 0 || d.t == 0 || (dy.is_none() && dstate_out.is_none()) {
+        let dtype = |a: &Array| bridge::array_dtype(a);
+        return Ok([
+            bridge::array_zeros(&shape(&[d.b, d.t, d.hk, d.dk]), dtype(x.q))?,
+            bridge::array_zeros(&shape(&[d.b, d.t, d.hk, d.dk]), dtype(x.q))?,
+            bridge::array_zeros(&shape(&[d.b, d.t, d.hv, d.dv]), dtype(x.v))?,
+            f32_zeros(&gate_shape)?,
+            f32_zeros(&gate_shape)?,
+            match dstate_out {
+                Some(ds) => bridge::array_astype(ds, Dtype::Float32 as i32, backend.gpu_stream())?,
+                None => f32_zeros(&state_shape)?,
+            },
+        ]);
+    }
+    let zero_state = match x.state {
+        Some(_) => None,
+        None => Some(f32_zeros(&state_shape)?),
+    };
+    let zero_dy = match dy {
+        Some(_) => None,
+        None => Some(f32_zeros(&[d.b, d.t, d.hv, d.dv])?),
+    };
+    let zero_dstate = match dstate_out {
+        Some(_) => None,
+        None => Some(f32_zeros(&state_shape)?),
+    };
+    let tin: Vec<u8> = [d.t as i32, c as i32]
+        .iter()
+        .flat_map(|v| v.to_ne_bytes())
+        .collect();
+    let tin = bridge::array_from_bytes(&tin, &[2], Dtype::Int32 as i32)?;
+    let mut inputs: Vec<&Array> = vec![
+        x.q,
+        x.k,
+        x.v,
+        x.g,
+        x.beta,
+        x.state
+            .unwrap_or_else(|| zero_state.as_deref().expect("made above")),
+        dy.unwrap_or_else(|| zero_dy.as_deref().expect("made above")),
+        dstate_out.unwrap_or_else(|| zero_dstate.as_deref().expect("made above")),
+        &tin,
+    ];
+    inputs.extend(x.mask);
+    let mut forward = *node;
+    forward.has_mask = x.mask.is_some();
+    let launch = metal::gated_delta_backward_launch(&forward, c);
+    let mut out = gpu_node(launch, &inputs, backend, None)?.into_iter();
+    let mut next = || {
+        out.next()
+            .ok_or_else(|| Error::Backend("the backward kernel made too few outputs".into()))
+    };
+    let (dq_h, dk_h, dv, dg, dbeta, dstate) =
+        (next()?, next()?, next()?, next()?, next()?, next()?);
+    let tail = bridge::gated_delta_backward_tail(
+        &bridge::list(&[x.q, x.v, &dq_h, &dk_h, &dv]),
+        d.hk as i32,
+        backend.gpu_stream(),
+    )?;
+    let [dq, dk, dv]: [UniquePtr<Array>; 3] = bridge::take(&tail).try_into().map_err(|_| {
+        Error::Backend("the backward's tail made the wrong number of outputs".into())
+    })?;
+    Ok([dq, dk, dv, dg, dbeta, dstate])
+}
+
+/// MLX's autograd through a GPU recurrence node (`ops::gpu_vjp`): `words` are the GPU
+/// gradient description (fused gates or not, then the forward node), `primals` the launch's
+/// inputs (`Node::metal_inputs` or `Node::cuda_fused_inputs`), `cotangents` those of y and the
+/// state. Returns a gradient per primal (zeros for T and the mask).
+pub(crate) fn gpu_vjp(
+    words: &[i64],
+    primals: &[&Array],
+    cotangents: &[&Array],
+    backend: Backend,
+) -> Result<Vec<UniquePtr<Array>>> {
+    let malformed =
+        || Error::Backend("the recurrence's GPU gradient description is malformed".into());
+    let (&fused, words) = words.split_first().ok_or_else(malformed)?;
+    let node = Node::decode(words).map_err(Error::Backend)?;
+    let order = if fused != 0 {
+        node.cuda_fused_inputs()
+    } else {
+        node.metal_inputs()
+    };
+    if order.len() != primals.len() || cotangents.len() != 2 {
+        return Err(malformed());
+    }
+    let find = |input: Input| order.iter().position(|&i| i == input).map(|i| primals[i]);
+    let get = |input: Input| find(input).ok_or_else(malformed);
+    let gpu = backend.gpu_stream();
+    let (g, beta) = if fused != 0 {
+        (
+            Some(bridge::compute_g(
+                get(Input::ALog)?,
+                get(Input::A)?,
+                get(Input::DtBias)?,
+                gpu,
+            )?),
+            Some(bridge::sigmoid(get(Input::B)?, gpu)?),
+        )
+    } else {
+        (None, None)
+    };
+    let kernel = KernelInputs {
+        q: get(Input::Q)?,
+        k: get(Input::K)?,
+        v: get(Input::V)?,
+        g: g.as_deref().map_or_else(|| get(Input::G), Ok)?,
+        beta: beta.as_deref().map_or_else(|| get(Input::Beta), Ok)?,
+        state: find(Input::State),
+        mask: find(Input::Mask),
+    };
+    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu(
+        &node,
+        &kernel,
+        Some(cotangents[0]),
+        Some(cotangents[1]),
+        backend,
+    )?;
+    let mut by_input: Vec<(Input, UniquePtr<Array>)> = vec![
+        (Input::Q, dq),
+        (Input::K, dk),
+        (Input::V, dv),
+        (Input::State, dstate),
+    ];
+    if fused != 0 {
+        let gates = bridge::gates_vjp(
+            &bridge::list(&[
+                get(Input::A)?,
+                get(Input::B)?,
+                get(Input::ALog)?,
+                get(Input::DtBias)?,
+                &dg,
+                &dbeta,
+            ]),
+            gpu,
+        )?;
+        for (input, grad) in [Input::A, Input::B, Input::ALog, Input::DtBias]
+            .into_iter()
+            .zip(bridge::take(&gates))
+        {
+            by_input.push((input, grad));
+        }
+    } else {
+        // g and β are MLX ops of the caller's gate inputs: MLX's autograd chains these.
+        let g_dtype = bridge::array_dtype(get(Input::G)?);
+        let beta_dtype = bridge::array_dtype(get(Input::Beta)?);
+        by_input.push((Input::G, bridge::array_astype(&dg, g_dtype, gpu)?));
+        by_input.push((Input::Beta, bridge::array_astype(&dbeta, beta_dtype, gpu)?));
+    }
+    order
+        .iter()
+        .zip(primals)
+        .map(
+            |(&input, primal)| match by_input.iter().position(|(i, _)| *i == input) {
+                Some(at) => Ok(by_input.swap_remove(at).1),
+                None => super::zeros_like(primal),
+            },
+        )
+        .collect()
 }
 
 /// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.
@@ -577,7 +779,13 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
             } else {
                 launch
             };
-            gpu_node(launch, &inputs, gpu)
+            // Exact updates carry a gradient for MLX's autograd (the replay has none).
+            let vjp = (node.form == Form::Exact).then(|| {
+                let mut words = vec![fused as i64];
+                words.extend(node.encode());
+                (Kernel::GatedDelta, super::gpu_vjp_params(gpu, words))
+            });
+            gpu_node(launch, &inputs, gpu, vjp)
         }
     }
 }

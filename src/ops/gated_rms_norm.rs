@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::gated_rms_norm::{Backward, Node};
-use crate::node::Words;
+use crate::node::{Kernel, Words};
 
 pub struct Inputs<'a> {
     pub x: &'a Array,
@@ -92,7 +92,13 @@ pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
             vec![-1],
             &inputs,
         )?,
-        gpu => gpu_node(metal::gated_rms_norm_launch(&node), &inputs, gpu)?,
+        gpu => {
+            let vjp = (
+                Kernel::GatedRmsNorm,
+                super::gpu_vjp_params(gpu, node.encode()),
+            );
+            gpu_node(metal::gated_rms_norm_launch(&node), &inputs, gpu, Some(vjp))?
+        }
     };
     Ok(outputs.pop().expect("one output"))
 }
@@ -162,4 +168,30 @@ pub fn norm_vjp(x: &Inputs, dout: Option<&Array>, backend: Backend) -> Result<Gr
     outputs
         .try_into()
         .map_err(|_| Error::Backend("the backward node made the wrong number of outputs".into()))
+}
+
+/// MLX's autograd through a GPU gated-norm node (`ops::gpu_vjp`): `words` are the forward node,
+/// `primals` its inputs (x, gate, weight), `cotangents` that of out. The MLX-ops backward on
+/// the node's stream.
+pub(crate) fn gpu_vjp(
+    words: &[i64],
+    primals: &[&Array],
+    cotangents: &[&Array],
+    backend: Backend,
+) -> Result<Vec<UniquePtr<Array>>> {
+    let node = Node::decode(words).map_err(Error::Backend)?;
+    if primals.len() != 3 || cotangents.len() != 1 {
+        return Err(Error::Backend(
+            "the gated norm's GPU gradient description is malformed".into(),
+        ));
+    }
+    let mut inputs = primals.to_vec();
+    inputs.push(cotangents[0]);
+    let outputs = bridge::gated_rms_norm_vjp_ops(
+        &bridge::list(&inputs),
+        node.eps,
+        true,
+        backend.gpu_stream(),
+    )?;
+    Ok(bridge::take(&outputs))
 }

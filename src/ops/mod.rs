@@ -16,7 +16,7 @@ use cxx::UniquePtr;
 use crate::bridge::{self, Array, CpuLaunch, MetalLaunch};
 use crate::cuda;
 use crate::dtype::Dtype;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::node::{self, Kernel, Output};
 
 /// Where a kernel runs.
@@ -81,11 +81,22 @@ pub(crate) fn cpu_node(
 /// MLX caches a compiled custom kernel by its name and template arguments alone, so the name
 /// gets the dtypes of every input: inputs whose dtype is not a template argument (beta, the
 /// gate inputs, the scales, the weight) never meet a kernel compiled for other dtypes.
+///
+/// `vjp` (the forward's kernel and its `GpuVjp::params`) gives the node a gradient under MLX's
+/// autograd: MLX then asks `gpu_vjp` for it (docs/DESIGN.md §4 "Gradients").
 pub(crate) fn gpu_node(
     mut launch: MetalLaunch,
     inputs: &[&Array],
     backend: Backend,
+    vjp: Option<(Kernel, Vec<i64>)>,
 ) -> Result<Vec<UniquePtr<Array>>> {
+    let (vjp_kernel, vjp_params) = match vjp {
+        Some((kernel, params)) => {
+            bridge::install_gpu_vjp(gpu_vjp);
+            (kernel as u32, params)
+        }
+        None => (0, Vec::new()),
+    };
     for a in inputs {
         let code = bridge::array_dtype(a);
         let tag = Dtype::from_code(code).map_or("unknown", Dtype::name);
@@ -94,9 +105,84 @@ pub(crate) fn gpu_node(
     }
     let list = bridge::list(inputs);
     let outputs = match backend {
-        Backend::Metal { gpu } => bridge::metal_kernel_op(&launch, &list, gpu)?,
-        Backend::Cuda { gpu } => bridge::cuda_kernel_op(&cuda::launch(launch)?, &list, gpu)?,
+        Backend::Metal { gpu } => {
+            bridge::metal_kernel_op(&launch, &list, gpu, vjp_kernel, &vjp_params)?
+        }
+        Backend::Cuda { gpu } => {
+            bridge::cuda_kernel_op(&cuda::launch(launch)?, &list, gpu, vjp_kernel, &vjp_params)?
+        }
         Backend::Cpu => unreachable!("gpu_node takes a GPU backend"),
     };
     Ok(bridge::take(&*outputs))
+}
+
+impl Backend {
+    /// The backend as the first word of a GPU node's gradient description.
+    fn code(self) -> i64 {
+        match self {
+            Backend::Cpu => 0,
+            Backend::Metal { gpu } => 1 + !gpu as i64,
+            Backend::Cuda { gpu } => 3 + !gpu as i64,
+        }
+    }
+
+    fn from_code(code: i64) -> Option<Backend> {
+        Some(match code {
+            1 => Backend::Metal { gpu: true },
+            2 => Backend::Metal { gpu: false },
+            3 => Backend::Cuda { gpu: true },
+            4 => Backend::Cuda { gpu: false },
+            _ => return None,
+        })
+    }
+}
+
+/// The gradient description of a GPU node: its backend's code, then `words` (the kernel's).
+pub(crate) fn gpu_vjp_params(backend: Backend, words: Vec<i64>) -> Vec<i64> {
+    let mut params = Vec::with_capacity(words.len() + 1);
+    params.push(backend.code());
+    params.extend(words);
+    params
+}
+
+/// MLX's autograd through a GPU kernel node made with a gradient (`gpu_node`'s `vjp`): the
+/// gradients of all its inputs (`primals`, in the launch's order), given the cotangents of all
+/// its outputs. Called by the bridge (`mlxk_gpu_vjp`) from inside the host's `mx::vjp`.
+fn gpu_vjp(
+    kernel: u32,
+    params: &[i64],
+    primals: &[UniquePtr<Array>],
+    cotangents: &[UniquePtr<Array>],
+) -> Result<Vec<UniquePtr<Array>>> {
+    let bad = || {
+        crate::error::Error::Backend(format!(
+            "the gradient description of GPU node {} is malformed",
+            node::function_name(kernel)
+        ))
+    };
+    let (&code, words) = params.split_first().ok_or_else(bad)?;
+    let backend = Backend::from_code(code).ok_or_else(bad)?;
+    let primals: Vec<&Array> = primals.iter().map(|a| &**a).collect();
+    let cotangents: Vec<&Array> = cotangents.iter().map(|a| &**a).collect();
+    match Kernel::from_code(kernel) {
+        Some(Kernel::GatedDelta) => gated_delta::gpu_vjp(words, &primals, &cotangents, backend),
+        Some(Kernel::SiluRmsHeads) => {
+            silu_rms_heads::gpu_vjp(words, &primals, &cotangents, backend)
+        }
+        Some(Kernel::GatedRmsNorm) => {
+            gated_rms_norm::gpu_vjp(words, &primals, &cotangents, backend)
+        }
+        _ => Err(Error::Unsupported(format!(
+            "vjp is not implemented for {} on the GPU",
+            node::function_name(kernel)
+        ))),
+    }
+}
+
+/// Zeros of `a`'s shape and dtype (the gradient of an input that has none).
+pub(crate) fn zeros_like(a: &Array) -> Result<UniquePtr<Array>> {
+    let shape: Vec<i32> = (0..bridge::array_ndim(a))
+        .map(|i| bridge::array_dim(a, i))
+        .collect();
+    Ok(bridge::array_zeros(&shape, bridge::array_dtype(a))?)
 }

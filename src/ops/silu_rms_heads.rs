@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::silu_rms_heads::{Backward, BackwardInput, Dims, Node};
-use crate::node::Words;
+use crate::node::{Kernel, Words};
 
 /// The widest head the kernel handles (32 lanes × 4 values).
 pub const MAX_HEAD_WIDTH: i64 = 128;
@@ -120,7 +120,13 @@ pub fn split(
             vec![-1; 3],
             &inputs,
         )?,
-        gpu => gpu_node(metal::silu_rms_heads_launch(&node), &inputs, gpu)?,
+        gpu => {
+            let vjp = (
+                Kernel::SiluRmsHeads,
+                super::gpu_vjp_params(gpu, node.encode()),
+            );
+            gpu_node(metal::silu_rms_heads_launch(&node), &inputs, gpu, Some(vjp))?
+        }
     };
     let v = outputs.pop().expect("three outputs");
     let k = outputs.pop().expect("three outputs");
@@ -235,4 +241,36 @@ pub fn split_vjp(
     outputs
         .try_into()
         .map_err(|_| Error::Backend("the backward node made the wrong number of outputs".into()))
+}
+
+/// MLX's autograd through a GPU head-split node (`ops::gpu_vjp`): `words` are the forward node,
+/// `primals` its inputs (x, q_scale, k_scale), `cotangents` those of q, k, v. The MLX-ops
+/// backward on the node's stream.
+pub(crate) fn gpu_vjp(
+    words: &[i64],
+    primals: &[&Array],
+    cotangents: &[&Array],
+    backend: Backend,
+) -> Result<Vec<UniquePtr<Array>>> {
+    let node = Node::decode(words).map_err(Error::Backend)?;
+    if primals.len() != 3 || cotangents.len() != 3 {
+        return Err(Error::Backend(
+            "the head split's GPU gradient description is malformed".into(),
+        ));
+    }
+    let d = node.dims;
+    let mut inputs = primals.to_vec();
+    inputs.extend(cotangents);
+    let outputs = bridge::silu_rms_heads_vjp_ops(
+        &bridge::list(&inputs),
+        d.hk as i32,
+        d.hv as i32,
+        d.dv as i32,
+        node.eps,
+        true,
+        true,
+        true,
+        backend.gpu_stream(),
+    )?;
+    Ok(bridge::take(&outputs))
 }
