@@ -13,6 +13,8 @@
 //   split    mlxk_silu_rms_heads at S = 1 and 512 (the conv output: 8192 channels), 30 layers
 //   norm     mlxk_gated_rms_norm at S = 1 and 512 (rows = S · 32 heads, D = 128), 30 layers
 //   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
+//   grad     forward + mlxk_gated_delta_update_vjp over T = 512, 2048, 4096, B = 1, one layer;
+//            mx::vjp of mx::fast::gated_delta_update beside it, with MLX's peak memory
 // For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
 // must move (inputs read + outputs written) and the GB/s that gives, and the ratio to the floor.
 // Output: a table on stdout and JSON lines in $MLXK_BENCH_JSON (if set).
@@ -270,6 +272,61 @@ void prefill(int t, int warmup, int iters) {
   std::printf("prefill  mlx fast / mlxkern = %.1fx\n", m / o);
 }
 
+// Forward + backward of one layer over T tokens (B = 1), as a training step evaluates them:
+// mlxkern's explicit backward (the GPU backward kernel) after its forward, against mx::vjp of
+// mx::fast::gated_delta_update with the same gates (MLX CUDA: the ops fallback's VJP), with
+// random cotangents. Peak memory is MLX's (mx::get_peak_memory, reset before each path).
+void grad(int t, int warmup, int iters) {
+  Layer x = layers(1, t).front();
+  auto dy = normal({1, t, kHv, kD}, mx::bfloat16, 1.0f);
+  auto ds = normal({1, kHv, kD, kD}, mx::float32, 0.5f);
+  mx::eval({dy, ds});
+  const std::string name = "fwd+bwd T=" + std::to_string(t) + " B=1 (1 layer)";
+  auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+  auto ours = [&] {
+    auto st = h(x.state);
+    auto dyh = h(dy), dsh = h(ds);
+    auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                      h(x.dt_bias), &st);
+    auto g = mlxk::gated_delta_update_vjp(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                          h(x.dt_bias), &st, nullptr, &dyh, &dsh);
+    mx::eval({r.y.to_mlx(), r.state.to_mlx(), g.dq.to_mlx(), g.dk.to_mlx(), g.dv.to_mlx(),
+              g.da.to_mlx(), g.db.to_mlx(), g.da_log.to_mlx(), g.dt_bias.to_mlx(),
+              g.state.to_mlx()});
+  };
+  auto fast = [&] {
+    auto fun = [&](const std::vector<mx::array>& p) {
+      Layer y = x;
+      y.a = p[3];
+      y.b = p[4];
+      y.a_log = p[5];
+      y.dt_bias = p[6];
+      auto [g, beta] = gates(y);
+      return mx::fast::gated_delta_update(p[0], p[1], p[2], g, beta, p[7]);
+    };
+    auto [outs, grads] =
+        mx::vjp(fun, {x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, x.state}, {dy, ds});
+    outs.insert(outs.end(), grads.begin(), grads.end());
+    mx::eval(outs);
+  };
+  mx::reset_peak_memory();
+  const double o = time_us(ours, warmup, iters);
+  const double o_peak = double(mx::get_peak_memory()) / (1 << 20);
+  row("grad", name, "mlxkern", o, 1, 0, 0);
+  mx::reset_peak_memory();
+  const double m = time_us(fast, 1, 3);
+  const double m_peak = double(mx::get_peak_memory()) / (1 << 20);
+  row("grad", name, "mlx fast vjp", m, 1, 0, 0);
+  std::printf("grad     T=%d mlx fast vjp / mlxkern = %.1fx; MLX peak memory %.0f MiB (mlxkern) "
+              "vs %.0f MiB (mlx fast vjp)\n", t, m / o, o_peak, m_peak);
+  if (json) {
+    std::fprintf(json,
+                 "{\"group\":\"grad_memory\",\"t\":%d,\"mlxkern_peak_mib\":%.1f,"
+                 "\"mlx_fast_vjp_peak_mib\":%.1f}\n",
+                 t, o_peak, m_peak);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -299,6 +356,7 @@ int main() {
   guarded("head split", [&] { for (int s : {1, 512}) head_split(s, warmup, iters); });
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });
   guarded("prefill", [&] { prefill(4096, 2, quick ? 3 : 10); });
+  guarded("grad", [&] { for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5); });
   if (json) std::fclose(json);
   return failed ? 1 : 0;
 }

@@ -4,6 +4,8 @@
 #   payload.tar.xz   MLX CUDA for sm_90 (H100/H200), ~22 MB (scripts/cuda/make_payload.sh)
 #   libmlxkern.so    the library built against MLX CUDA's headers and libmlx
 #   test_cuda        tests/cuda.rs (every kernel against the CPU kernels)
+#   test_vjp         tests/gated_delta_update_vjp.rs (the GPU backward against the CPU's)
+#   gpu_autograd     tests/cpp/gpu_autograd.cc (MLX autograd through the GPU kernels)
 #   bench_cuda       benches/bench_cuda.cc
 #   wheels/          fla-core 0.6.0, the peer of benches/peer_fla.py
 # Then, on the device: `bash scripts/cuda-device.sh` (from the repository root, with
@@ -21,17 +23,22 @@ mlx=$(realpath "$work/x/mlx")
 export MLX_DIR=$mlx CARGO_TARGET_DIR=$PWD/target/cuda
 export RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
 cargo build --lib
-test_bin=$(cargo test --test cuda --no-run --message-format=json 2>/dev/null |
+tests=$(cargo test --test cuda --test gated_delta_update_vjp --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cuda":
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["target"]["name"], m["executable"])')
+test_bin=$(echo "$tests" | awk '$1 == "cuda" {print $2}')
+vjp_bin=$(echo "$tests" | awk '$1 == "gated_delta_update_vjp" {print $2}')
 lib=$CARGO_TARGET_DIR/debug/libmlxkern.so
 soname=$(readelf -d "$lib" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 objcopy --strip-debug "$lib" "$carry/libmlxkern.so"
 cp "$carry/libmlxkern.so" "$carry/$soname"
 objcopy --strip-debug "$test_bin" "$carry/test_cuda"
+objcopy --strip-debug "$vjp_bin" "$carry/test_vjp"
+${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" tests/cpp/gpu_autograd.cc \
+  -L"$carry" -lmlxkern -L"$mlx/lib" -lmlx -Wl,--allow-shlib-undefined -o "$carry/gpu_autograd"
 ${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" benches/bench_cuda.cc \
   -L"$carry" -lmlxkern -L"$mlx/lib" -lmlx -Wl,--allow-shlib-undefined -o "$carry/bench_cuda"
 ls "$carry"/wheels/fla_core-0.6.0-*.whl >/dev/null 2>&1 ||

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a CUDA machine (H100/H200, no Rust needed), from the repository root with build/cuda/carry
 # made by scripts/cuda-build.sh: stages MLX CUDA, then runs
-#   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide)
+#   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide),
+#           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
 #   bench   build/cuda/carry/bench_cuda, the fla peer (benches/peer_fla.py) and the chart
 # Usage: scripts/cuda-device.sh [test] [bench] (both by default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
@@ -22,7 +23,11 @@ if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)
   "$carry/test_cuda" --test-threads=1 --nocapture 2>&1 | tee "$out/test-cuda.log"
   rc=${PIPESTATUS[0]}; status=$((status | rc))
-  echo "test-cuda: exit $rc in $(( $(date +%s) - start )) s" | tee -a "$out/test-cuda.log"
+  "$carry/test_vjp" --test-threads=1 2>&1 | tee -a "$out/test-cuda.log"
+  rc=${PIPESTATUS[0]}; status=$((status | rc))
+  "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-cuda.log"
+  rc2=${PIPESTATUS[0]}; status=$((status | rc2))
+  echo "test-cuda: exit $status in $(( $(date +%s) - start )) s" | tee -a "$out/test-cuda.log"
 fi
 if [[ " $what " == *" bench "* ]]; then
   MLXK_BENCH_JSON=$out/bench-cuda.jsonl "$carry/bench_cuda" 2>&1 | tee "$out/bench-cuda.log"

@@ -112,6 +112,14 @@ start=$(now)
   fail "benches/bench_cuda without CUDA should skip"
 echo "PASS: benches/bench_cuda.cc builds (-std=c++20 -Werror -pedantic) and skips without CUDA" \
   "[$(since "$start")]"
+# So does the GPU autograd test (it runs with make test-cuda).
+start=$(now)
+"$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT/tests/cpp/gpu_autograd.cc" "${IN_TREE[@]}" "${WITH_MLX[@]}" \
+  -o "$OUT/gpu_autograd" || fail "tests/cpp/gpu_autograd.cc does not build"
+"$OUT/gpu_autograd" | grep -q "skipped, the loaded MLX has no GPU backend" ||
+  fail "tests/cpp/gpu_autograd without a GPU should skip"
+echo "PASS: tests/cpp/gpu_autograd.cc builds (-std=c++20 -Werror -pedantic) and skips without a GPU" \
+  "[$(since "$start")]"
 
 # 3. The acceptance test.
 start=$(now)
