@@ -343,7 +343,11 @@ int main() {
   std::printf("mlxkern %s, MLX %s; median of %d evals after %d warm-up\n", mlxk_version(),
               mlxk_mlx_version(), iters, warmup);
   int failed = 0;
+  // MLXK_BENCH_ONLY=<group>: that group alone (decode, replay, head split, gated norm, prefill,
+  // grad).
+  const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto guarded = [&](const char* what, const std::function<void()>& rows) {
+    if (only && std::string(only) != what) return;
     try {
       rows();
     } catch (const std::exception& e) {

@@ -4,7 +4,8 @@
 #   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide),
 #           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
 #   bench   build/cuda/carry/bench_cuda, the fla peer (benches/peer_fla.py) and the chart
-# Usage: scripts/cuda-device.sh [test] [bench] (both by default). Logs, JSON and the chart go
+#   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone
+# Usage: scripts/cuda-device.sh [test] [bench] [grad] (test and bench by default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +20,15 @@ export MLXK_NUM_THREADS=${MLXK_NUM_THREADS:-8}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   lscpu | grep -m1 'Model name'; } | tee "$out/device.txt"
 status=0
+if [[ " $what " == *" grad "* ]]; then
+  # The gradient checks and rows alone.
+  "$carry/test_vjp" --test-threads=1 2>&1 | tee "$out/test-grad.log"
+  status=$((status | PIPESTATUS[0]))
+  "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-grad.log"
+  status=$((status | PIPESTATUS[0]))
+  MLXK_BENCH_ONLY=grad "$carry/bench_cuda" 2>&1 | tee "$out/bench-grad.log"
+  status=$((status | PIPESTATUS[0]))
+fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)
   "$carry/test_cuda" --test-threads=1 --nocapture 2>&1 | tee "$out/test-cuda.log"
