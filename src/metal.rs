@@ -168,10 +168,6 @@ pub fn gated_rms_norm_launch(n: &gated_rms_norm::Node) -> MetalLaunch {
 pub const GATED_DELTA_BACKWARD_SOURCE: &str =
     include_str!("../kernels/metal/gated_delta_backward.metal");
 
-/// The most f32 values of threadgroup memory the backward's row sums take (28 KiB of Metal's
-/// 32 KiB): `NSG · Dk`.
-const BACKWARD_SUM_FLOATS: usize = 7168;
-
 /// Tokens between the GPU backward's kept states for a sequence of `t` tokens: about √T, at
 /// most 64, so its scratch holds `ceil(T / C) + C ≤ 2 √T + 1` states per value head instead of
 /// T. The bits do not depend on it (every recomputation repeats the forward's arithmetic).
@@ -183,14 +179,18 @@ pub fn backward_checkpoint(t: usize) -> usize {
     c
 }
 
-/// SIMD groups per threadgroup of the GPU backward (one threadgroup per batch row and value
-/// head): as many as fit, up to 32 and Dv, with `NSG · Dk` f32 of threadgroup memory for the
-/// row sums.
-pub fn backward_simd_groups(dk: usize, dv: usize) -> usize {
-    (1..=32)
-        .rev()
-        .find(|&w| w <= dv.max(1) && w * dk <= BACKWARD_SUM_FLOATS)
-        .unwrap_or(1)
+/// Value rows each SIMD group of the GPU backward holds at most (its state and state gradient
+/// stay in registers: `2 · ROWS · Dk / 32` floats a lane).
+const BACKWARD_ROWS: usize = 4;
+
+/// The GPU backward's geometry for Dv value rows: `(NSG, P, RP)`, NSG SIMD groups per
+/// threadgroup (4, or Dv if smaller: 128 threads, whose registers fit any GPU's limits), P
+/// threadgroups per (batch row, value head) splitting the rows, RP rows per SIMD group at most.
+pub fn backward_geometry(dv: usize) -> (usize, usize, usize) {
+    let nsg = dv.clamp(1, 4);
+    let parts = dv.div_ceil(nsg * BACKWARD_ROWS).max(1);
+    let rows = dv.div_ceil(parts * nsg).max(1);
+    (nsg, parts, rows)
 }
 
 /// The scratch outputs' shapes of the GPU backward with `checkpoint` tokens between kept
@@ -205,9 +205,10 @@ pub fn backward_scratch(d: gated_delta::Dims, checkpoint: usize) -> [Vec<usize>;
 }
 
 /// The recurrence's backward launch (`gated_delta_backward.metal`) for the exact update `n`:
-/// grid (32, NSG, B·Hv), threadgroup (32, NSG, 1). Inputs q, k, v, g, beta, state_in, dy,
-/// dstate_out, Tin (`{T, checkpoint}`), then the mask if the node has one; outputs dq_h, dk_h
-/// (per value head), dv, dg, dbeta, dstate (f32) and the two scratch buffers.
+/// grid (32, NSG, B·Hv·P), threadgroup (32, NSG, 1) (`backward_geometry`). Inputs q, k, v, g,
+/// beta, state_in, dy, dstate_out, Tin (`{T, checkpoint}`), then the mask if the node has one;
+/// outputs dq_h, dk_h `[B, T, Hv, P, Dk]` and dg_p, dbeta_p `[B, T, Hv, P]` (partial sums per
+/// value head and row partition), dv, dstate (all f32) and the two scratch buffers.
 pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> MetalLaunch {
     static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
     let sources = SOURCES.get_or_init(|| {
@@ -222,12 +223,13 @@ pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> 
         dtype: Dtype::Float32,
     };
     let [kept, work] = backward_scratch(d, checkpoint);
+    let (nsg, parts, rows) = backward_geometry(d.dv);
     let outputs = [
-        f32(vec![d.b, d.t, d.hv, d.dk]),
-        f32(vec![d.b, d.t, d.hv, d.dk]),
+        f32(vec![d.b, d.t, d.hv, parts, d.dk]),
+        f32(vec![d.b, d.t, d.hv, parts, d.dk]),
         f32(vec![d.b, d.t, d.hv, d.dv]),
-        f32(vec![d.b, d.t, d.hv]),
-        f32(vec![d.b, d.t, d.hv]),
+        f32(vec![d.b, d.t, d.hv, parts]),
+        f32(vec![d.b, d.t, d.hv, parts]),
         f32(vec![d.b, d.hv, d.dv, d.dk]),
         f32(kept),
         f32(work),
@@ -262,17 +264,16 @@ pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> 
             &outputs,
         ),
     );
-    let nsg = backward_simd_groups(d.dk, d.dv);
-    let rows = d.dv.div_ceil(nsg);
-    l.grid = [32, nsg as i32, (d.b * d.hv) as i32];
+    l.grid = [32, nsg as i32, (d.b * d.hv * parts) as i32];
     l.threadgroup = [32, nsg as i32, 1];
-    l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv", "NSG", "RP"]);
+    l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv", "NSG", "P", "RP"]);
     l.template_int_values = vec![
         d.dk as i32,
         d.dv as i32,
         d.hk as i32,
         d.hv as i32,
         nsg as i32,
+        parts as i32,
         rows as i32,
     ];
     l

@@ -3,28 +3,31 @@
 // state, by a reverse sweep over the tokens that recomputes the forward from checkpoints
 // (docs/DESIGN.md §4, "Gradients"; the formulas are src/cpu/gated_delta/backward.rs's).
 //
-// One threadgroup per (batch row, value head): NSG SIMD groups of 32 lanes; SIMD group w owns
-// the value rows w, w + NSG, w + 2 NSG, ... (RP of them at most), lane l the state columns
-// l * Dk/32 .. l * Dk/32 + Dk/32 - 1, as in the forward kernel. The forward recomputed here is
-// the forward kernel's arithmetic, so the states it sees are the forward's bits. The gradients
-// of q and k sum over the value rows in a fixed order (rows inside a SIMD group, then the SIMD
-// groups through threadgroup memory); the sum over the value heads of a key head (GQA) is left
-// to the caller (dq_h, dk_h are per value head).
+// P threadgroups per (batch row, value head), each of NSG SIMD groups of 32 lanes: threadgroup
+// p's SIMD group w owns the value rows p + P (w + NSG r), r = 0 .. RP - 1 (those below Dv), lane
+// l the state columns l * Dk/32 .. l * Dk/32 + Dk/32 - 1, as in the forward kernel. The forward
+// recomputed here is the forward kernel's arithmetic, so the states it sees are the forward's
+// bits. The gradients of q, k, g and beta sum over a threadgroup's rows in a fixed order (rows
+// inside a SIMD group, then the SIMD groups through threadgroup memory), one partial sum per
+// threadgroup; the sums over the P partials and over the value heads of a key head (GQA) are
+// left to the caller.
 //
 // Inputs: q, k [B, T, Hk, Dk]; v, dy [B, T, Hv, Dv]; g, beta [B, T, Hv]; state_in, dstate_out
 // [B, Hv, Dv, Dk] f32; Tin = {T, C} (C: tokens between checkpoints); mask [B, T] in the masked
 // variant (MLXK_TOKEN_ACTIVE, as in gated_delta.metal).
-// Outputs (f32): dq_h, dk_h [B, T, Hv, Dk]; dv [B, T, Hv, Dv]; dg, dbeta [B, T, Hv];
+// Outputs (f32): dq_h, dk_h [B, T, Hv, P, Dk]; dv [B, T, Hv, Dv]; dg_p, dbeta_p [B, T, Hv, P];
 // dstate [B, Hv, Dv, Dk]; ckpt [B * Hv, ceil(T / C), Dv, Dk] and work [B * Hv, C, Dv, Dk],
 // scratch for the states entering every chunk and every token of one chunk.
-// Launch: grid (32, NSG, B * Hv), threadgroup (32, NSG, 1); template Dk, Dv, Hk, Hv, NSG, RP.
+// Launch: grid (32, NSG, B * Hv * P), threadgroup (32, NSG, 1); template Dk, Dv, Hk, Hv, NSG, P,
+// RP.
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
     const int T = Tin[0];
     const int C = Tin[1];
     const int chunks = T > C ? (T + C - 1) / C : 1;
-    const uint n = thread_position_in_grid.z;
+    const uint n = thread_position_in_grid.z / P;  // b * Hv + hv
+    const uint part = thread_position_in_grid.z % P;
     const uint b_idx = n / Hv;
     const uint hv_idx = n % Hv;
     const uint hk_idx = hv_idx / (Hv / Hk);
@@ -43,7 +46,7 @@
     float s[RP][NPT];
     float ds[RP][NPT];
     for (int r = 0; r < RP; ++r) {
-      const uint row = sg + NSG * r;
+      const uint row = part + P * (sg + NSG * r);
       for (int i = 0; i < NPT; ++i) {
         const uint col = NPT * lane + i;
         const bool here = row < uint(Dv);
@@ -62,7 +65,7 @@
       const int t0 = c * C;
       const int t1 = t0 + C < T ? t0 + C : T;
       for (int r = 0; r < RP; ++r) {
-        const uint row = sg + NSG * r;
+        const uint row = part + P * (sg + NSG * r);
         if (row >= uint(Dv)) continue;
         for (int i = 0; i < NPT; ++i) {
           const size_t at = (size_t(c) * Dv + row) * row_stride + NPT * lane + i;
@@ -78,7 +81,7 @@
         const size_t vv = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
         const size_t gt = (size_t(b_idx) * T + t) * Hv + hv_idx;
         for (int r = 0; r < RP; ++r) {
-          const uint row = sg + NSG * r;
+          const uint row = part + P * (sg + NSG * r);
           if (row >= uint(Dv)) continue;
           if (back) {
             for (int i = 0; i < NPT; ++i) {
@@ -106,7 +109,8 @@
         const size_t qk = ((size_t(b_idx) * T + t) * Hk + hk_idx) * Dk;
         const size_t vv = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
         const size_t gt = (size_t(b_idx) * T + t) * Hv + hv_idx;
-        const size_t hd = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dk;
+        const size_t gp = ((size_t(b_idx) * T + t) * Hv + hv_idx) * P + part;  // this partial
+        const size_t hd = gp * Dk;
         if (!(MLXK_TOKEN_ACTIVE)) {
           // The state passed through: every gradient of this token is zero, ds is unchanged.
           for (uint f = tid; f < uint(Dk); f += 32 * NSG) {
@@ -114,12 +118,12 @@
             dk_h[hd + f] = 0.0f;
           }
           for (int r = 0; r < RP; ++r) {
-            const uint row = sg + NSG * r;
+            const uint row = part + P * (sg + NSG * r);
             if (row < uint(Dv) && lane == 0) dv[vv + row] = 0.0f;
           }
           if (tid == 0) {
-            dg[gt] = 0.0f;
-            dbeta[gt] = 0.0f;
+            dg_p[gp] = 0.0f;
+            dbeta_p[gp] = 0.0f;
           }
           continue;
         }
@@ -137,7 +141,7 @@
         }
         float dg_p = 0.0f, dbeta_p = 0.0f;
         for (int r = 0; r < RP; ++r) {
-          const uint row = sg + NSG * r;
+          const uint row = part + P * (sg + NSG * r);
           if (row >= uint(Dv)) continue;
           const float dy_r = static_cast<float>(dy[vv + row]);
           float sp[NPT], s1[NPT];
@@ -191,8 +195,8 @@
             acc_g += red_s[w];
             acc_b += red_s[NSG + w];
           }
-          dg[gt] = acc_g;
-          dbeta[gt] = acc_b;
+          dg_p[gp] = acc_g;
+          dbeta_p[gp] = acc_b;
         }
         threadgroup_barrier(metal::mem_flags::mem_threadgroup);
         for (int i = 0; i < NPT; ++i) red[sg * Dk + NPT * lane + i] = dk_p[i];
@@ -206,7 +210,7 @@
       }
     }
     for (int r = 0; r < RP; ++r) {
-      const uint row = sg + NSG * r;
+      const uint row = part + P * (sg + NSG * r);
       if (row >= uint(Dv)) continue;
       for (int i = 0; i < NPT; ++i) {
         dstate[(size_t(n) * Dv + row) * Dk + NPT * lane + i] = ds[r][i];

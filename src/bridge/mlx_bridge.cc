@@ -492,14 +492,20 @@ std::unique_ptr<ArrayList> gated_delta_backward_tail(const ArrayList& inputs, in
   auto s = stream_for(gpu);
   const auto& in = inputs.items;
   const auto &q = in.at(0), &v = in.at(1), &dq_h = in.at(2), &dk_h = in.at(3);
-  int B = q.shape(0), T = q.shape(1), Dk = q.shape(3), Hv = v.shape(2);
+  int B = q.shape(0), T = q.shape(1), Dk = q.shape(3), Hv = v.shape(2), P = dq_h.shape(3);
   int Hk = key_heads, G = Hv / Hk;
+  // [B, T, Hv, P, Dk] -> [B, T, Hk, Dk]: the value heads of each key head and the partitions.
   auto per_key_head = [&](const mx::array& x) {
-    auto sum = G == 1 ? x : mx::sum(mx::reshape(x, {B, T, Hk, G, Dk}, s), 3, false, s);
+    auto sum = G * P == 1 ? mx::reshape(x, {B, T, Hk, Dk}, s)
+                          : mx::sum(mx::reshape(x, {B, T, Hk, G * P, Dk}, s), 3, false, s);
     return mx::astype(sum, q.dtype(), s);
   };
+  auto per_value_head = [&](const mx::array& x) {
+    return P == 1 ? mx::reshape(x, {B, T, Hv}, s) : mx::sum(x, 3, false, s);
+  };
   auto out = std::make_unique<ArrayList>();
-  out->items = {per_key_head(dq_h), per_key_head(dk_h), mx::astype(in.at(4), v.dtype(), s)};
+  out->items = {per_key_head(dq_h), per_key_head(dk_h), mx::astype(in.at(4), v.dtype(), s),
+                per_value_head(in.at(5)), per_value_head(in.at(6))};
   return out;
 }
 

@@ -143,9 +143,10 @@ pub mod ffi {
             vjp_params: &[i64],
         ) -> Result<UniquePtr<ArrayList>>;
 
-        /// The GPU backward's last ops: `inputs` q, v, dq_h, dk_h, dv (the kernel's f32
-        /// per-value-head gradients); returns dq and dk summed over the value heads of each of
-        /// the `key_heads` key heads, in q's dtype, and dv in v's.
+        /// The GPU backward's last ops: `inputs` q, v, dq_h, dk_h, dv, dg_p, dbeta_p (the
+        /// kernel's f32 partial gradients per value head and row partition); returns dq and dk
+        /// summed over the partitions and the value heads of each of the `key_heads` key heads,
+        /// in q's dtype, dv in v's, and dg and dbeta summed over the partitions (f32).
         fn gated_delta_backward_tail(
             inputs: &ArrayList,
             key_heads: i32,

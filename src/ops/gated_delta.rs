@@ -491,11 +491,13 @@ fn backward_gpu(
     let gate_shape = [d.b, d.t, d.hv];
     let c = metal::backward_checkpoint(d.t);
     let scratch = metal::backward_scratch(d, c);
-    // The kernel's buffers: its outputs (the per-value-head dq and dk, dv, dg, dβ, dstate) and
-    // its scratch (the kept states and one chunk's token states), all f32.
+    let parts = metal::backward_geometry(d.dv).1;
+    // The kernel's buffers: its outputs (partial dq, dk, dg and dβ per value head and row
+    // partition, dv, dstate) and its scratch (the kept states and one chunk's token states),
+    // all f32.
     let f32_bytes = |dims: &[usize]| dims.iter().fold(4u64, |n, &k| n.saturating_mul(k as u64));
     let bytes = [
-        f32_bytes(&[d.b, d.t, d.hv, 2 * d.dk + d.dv + 2]),
+        f32_bytes(&[d.b, d.t, d.hv, 2 * parts * (d.dk + 1) + d.dv]),
         f32_bytes(&state_shape),
         f32_bytes(&scratch[0]),
         f32_bytes(&scratch[1]),
@@ -558,16 +560,17 @@ fn backward_gpu(
         out.next()
             .ok_or_else(|| Error::Backend("the backward kernel made too few outputs".into()))
     };
-    let (dq_h, dk_h, dv, dg, dbeta, dstate) =
+    let (dq_h, dk_h, dv, dg_p, dbeta_p, dstate) =
         (next()?, next()?, next()?, next()?, next()?, next()?);
     let tail = bridge::gated_delta_backward_tail(
-        &bridge::list(&[x.q, x.v, &dq_h, &dk_h, &dv]),
+        &bridge::list(&[x.q, x.v, &dq_h, &dk_h, &dv, &dg_p, &dbeta_p]),
         d.hk as i32,
         backend.gpu_stream(),
     )?;
-    let [dq, dk, dv]: [UniquePtr<Array>; 3] = bridge::take(&tail).try_into().map_err(|_| {
-        Error::Backend("the backward's tail made the wrong number of outputs".into())
-    })?;
+    let [dq, dk, dv, dg, dbeta]: [UniquePtr<Array>; 5] =
+        bridge::take(&tail).try_into().map_err(|_| {
+            Error::Backend("the backward's tail made the wrong number of outputs".into())
+        })?;
     Ok([dq, dk, dv, dg, dbeta, dstate])
 }
 
