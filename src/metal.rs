@@ -207,8 +207,8 @@ pub fn backward_scratch(d: gated_delta::Dims, checkpoint: usize) -> [Vec<usize>;
 /// The recurrence's backward launch (`gated_delta_backward.metal`) for the exact update `n`:
 /// grid (32, NSG, B·Hv·P), threadgroup (32, NSG, 1) (`backward_geometry`). Inputs q, k, v, g,
 /// beta, state_in, dy, dstate_out, Tin (`{T, checkpoint}`), then the mask if the node has one;
-/// outputs dq_h, dk_h `[B, T, Hv, P, Dk]` and dg_p, dbeta_p `[B, T, Hv, P]` (partial sums per
-/// value head and row partition), dv, dstate (all f32) and the two scratch buffers.
+/// outputs dq_h, dk_h `[B, T, Hv, P, Dk]` and dg_part, dbeta_part `[B, T, Hv, P]` (partial sums
+/// per value head and row partition), dv, dstate (all f32) and the two scratch buffers.
 pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> MetalLaunch {
     static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
     let sources = SOURCES.get_or_init(|| {
@@ -259,7 +259,7 @@ pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> 
         names(&inputs),
         (
             &[
-                "dq_h", "dk_h", "dv", "dg", "dbeta", "dstate", "ckpt", "work",
+                "dq_h", "dk_h", "dv", "dg_part", "dbeta_part", "dstate", "ckpt", "work",
             ],
             &outputs,
         ),

@@ -15,7 +15,7 @@
 // Inputs: q, k [B, T, Hk, Dk]; v, dy [B, T, Hv, Dv]; g, beta [B, T, Hv]; state_in, dstate_out
 // [B, Hv, Dv, Dk] f32; Tin = {T, C} (C: tokens between checkpoints); mask [B, T] in the masked
 // variant (MLXK_TOKEN_ACTIVE, as in gated_delta.metal).
-// Outputs (f32): dq_h, dk_h [B, T, Hv, P, Dk]; dv [B, T, Hv, Dv]; dg_p, dbeta_p [B, T, Hv, P];
+// Outputs (f32): dq_h, dk_h [B, T, Hv, P, Dk]; dv [B, T, Hv, Dv]; dg_part, dbeta_part [B, T, Hv, P];
 // dstate [B, Hv, Dv, Dk]; ckpt [B * Hv, ceil(T / C), Dv, Dk] and work [B * Hv, C, Dv, Dk],
 // scratch for the states entering every chunk and every token of one chunk.
 // Launch: grid (32, NSG, B * Hv * P), threadgroup (32, NSG, 1); template Dk, Dv, Hk, Hv, NSG, P,
@@ -122,8 +122,8 @@
             if (row < uint(Dv) && lane == 0) dv[vv + row] = 0.0f;
           }
           if (tid == 0) {
-            dg_p[gp] = 0.0f;
-            dbeta_p[gp] = 0.0f;
+            dg_part[gp] = 0.0f;
+            dbeta_part[gp] = 0.0f;
           }
           continue;
         }
@@ -195,8 +195,8 @@
             acc_g += red_s[w];
             acc_b += red_s[NSG + w];
           }
-          dg_p[gp] = acc_g;
-          dbeta_p[gp] = acc_b;
+          dg_part[gp] = acc_g;
+          dbeta_part[gp] = acc_b;
         }
         threadgroup_barrier(metal::mem_flags::mem_threadgroup);
         for (int i = 0; i < NPT; ++i) red[sg * Dk + NPT * lane + i] = dk_p[i];
