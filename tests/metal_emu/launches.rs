@@ -286,26 +286,36 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
             return (file.to_string(), vec![]);
         }
         let marker = metal::TOKEN_ACTIVE_MARKER;
-        if text.matches(marker).count() == 1 {
-            let at = text.find(marker).unwrap();
-            let (pre, post) = (&text[..at], &text[at + marker.len()..]);
-            // The marker must be a whole identifier, so a #define replaces exactly this text.
+        let count = text.matches(marker).count();
+        if count >= 1 {
+            // Every occurrence must be a whole identifier, so a #define replaces exactly this
+            // text (an occurrence in a comment changes nothing the compiler sees).
             let ident = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
-            assert!(!ident(pre.chars().last()) && !ident(post.chars().next()));
-            if l.source.len() >= pre.len() + post.len()
-                && l.source.starts_with(pre)
-                && l.source.ends_with(post)
+            for (at, _) in text.match_indices(marker) {
+                let (pre, post) = (&text[..at], &text[at + marker.len()..]);
+                assert!(!ident(pre.chars().last()) && !ident(post.chars().next()));
+            }
+            // All occurrences take the same text, so its length follows from the lengths.
+            let at = text.find(marker).unwrap();
+            let grown = l.source.len() as i64 - text.len() as i64;
+            let active_len = marker.len() as i64 + grown / count as i64;
+            if grown % count as i64 == 0
+                && active_len >= 0
+                && l.source.len() >= at + active_len as usize
+                && l.source.starts_with(&text[..at])
+                && l.source.is_char_boundary(at + active_len as usize)
             {
-                let active = &l.source[pre.len()..l.source.len() - post.len()];
-                assert!(
-                    !active.contains('\n'),
-                    "substitution spans lines: {active:?}"
-                );
-                assert_eq!(text.replace(marker, active), l.source);
-                return (
-                    file.to_string(),
-                    vec![(marker.to_string(), active.to_string())],
-                );
+                let active = &l.source[at..at + active_len as usize];
+                if text.replace(marker, active) == l.source {
+                    assert!(
+                        !active.contains('\n'),
+                        "substitution spans lines: {active:?}"
+                    );
+                    return (
+                        file.to_string(),
+                        vec![(marker.to_string(), active.to_string())],
+                    );
+                }
             }
         }
     }
