@@ -2,7 +2,8 @@
 # The Metal-text emulation (tests/metal_emu/README.md): compiles each kernel file of
 # kernels/metal/ as C++17 inside the signature MLX's metal_kernel generates for the library's
 # launch, runs it on CPU fibers with the launch's grid and threadgroup, and compares every output
-# bit for bit with the library's CPU kernel (through the C ABI) on fresh random inputs.
+# bit for bit with the library's CPU kernel (through the C ABI) on fresh random inputs (the
+# recurrence's backward pass: within a measured tolerance, its exact invariants bit for bit).
 #
 #   1. rustc builds tests/metal_emu/launches.rs around the library's src/metal.rs and prints the
 #      launch descriptions of every case;

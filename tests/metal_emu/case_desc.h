@@ -17,7 +17,7 @@ struct EmuTensor {
 
 struct EmuCase {
   int id;
-  const char* kind;  // recurrence, recurrence_masked, replay, head_split, gated_norm
+  const char* kind;  // recurrence(_masked), replay, head_split, gated_norm, backward(_masked)
   const char* label;
   const char* kernel_name;  // the name MLX gives the instantiated kernel
   const char* file;         // the kernel file compiled as the body
@@ -29,14 +29,16 @@ struct EmuCase {
   int with_state;
   int n_lengths;
   int32_t lengths[16];
+  int checkpoint;  // backward: tokens between kept states (Tin[1])
+  int twin;        // backward: the case with the same draws and another checkpoint, or -1
   uint32_t eps_bits;
   uint64_t seed;
   uint32_t grid[3];
   uint32_t threadgroup[3];
   int n_inputs;
-  EmuTensor inputs[8];  // in the launch's order
+  EmuTensor inputs[10];  // in the launch's order
   int n_outputs;
-  EmuTensor outputs[4];
+  EmuTensor outputs[8];
   emu::Stats (*launch)(void* const* inputs, void* const* outputs);
 };
 

@@ -109,6 +109,18 @@ enum Kind {
     HeadSplit { d: HeadSplitDims },
     /// The gated norm over the last axis of `shape`; `aux` is the gate's dtype.
     GatedNorm { shape: Vec<i64> },
+    /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
+    /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
+    /// choice). `twin`: the id of a case with the same inputs (same draws) and another
+    /// checkpoint, whose outputs must be the same bits.
+    Backward {
+        d: Dims,
+        masked: bool,
+        with_state: bool,
+        dy_dtype: Dtype,
+        checkpoint: Option<usize>,
+        twin: Option<usize>,
+    },
 }
 
 struct Case {
@@ -206,11 +218,63 @@ fn norm(dtype: Dtype, gate: Dtype, shape: &[i64], eps: f32) -> Case {
     }
 }
 
+/// A backward case with the library's checkpoint interval, then one more case for each interval
+/// in `also` (same draws, its `twin`): their outputs must be the same bits.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    list: &mut Vec<Case>,
+    dtype: Dtype,
+    b_dtype: Dtype,
+    dy_dtype: Dtype,
+    d: Dims,
+    masked: bool,
+    with_state: bool,
+    also: &[usize],
+) {
+    let first = list.len();
+    let case = |checkpoint, twin| Case {
+        kind: Kind::Backward {
+            d,
+            masked,
+            with_state,
+            dy_dtype,
+            checkpoint,
+            twin,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    };
+    list.push(case(None, None));
+    for &c in also {
+        list.push(case(Some(c), Some(first)));
+    }
+}
+
+/// The backward cases: bf16 / f16 / f32 (dy in f32 or the forward's dtype), GQA 1, 2, 4,
+/// Dk 32 to 256, odd Dv and Dv != Dk, T from 1 to 100 (checkpoint intervals 1 to 10, and 1 and
+/// T for the twins), masks with a fully masked row (B >= 2), with and without a state, B 1-3,
+/// and one Qwen3-Next-like head layout (Hk 2, Hv 4, Dk = Dv = 128).
+#[rustfmt::skip]
+fn backward_cases(list: &mut Vec<Case>) {
+    backward(list, BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true, &[1, 5]);
+    backward(list, BF16, F32, BF16, dims(1, 17, 1, 2, 64, 48), false, false, &[]);
+    backward(list, F16, F16, F16, dims(3, 5, 1, 4, 128, 9), true, true, &[]);
+    backward(list, F32, F32, F32, dims(2, 64, 1, 2, 32, 5), true, true, &[1, 64]);
+    backward(list, BF16, BF16, F32, dims(1, 100, 1, 2, 32, 3), false, true, &[1, 100]);
+    backward(list, F16, F32, F32, dims(3, 1, 2, 2, 64, 7), true, false, &[]);
+    backward(list, F32, BF16, F32, dims(1, 3, 1, 2, 256, 130), false, true, &[]);
+    backward(list, BF16, BF16, BF16, dims(2, 4, 1, 4, 256, 33), true, false, &[]);
+    backward(list, F16, F16, F32, dims(2, 17, 2, 4, 32, 12), true, true, &[1, 17]);
+    backward(list, F32, F32, F32, dims(2, 17, 1, 4, 128, 16), false, true, &[]);
+    backward(list, BF16, BF16, BF16, dims(1, 20, 2, 4, 128, 128), false, true, &[]);
+}
+
 /// The cases: every kernel over Dk 32/64/128/256, GQA ratios 1-4, B > 1, partial threadgroups
 /// (Dv not a multiple of 4, Dv < 4), masks in device and constant memory, gated-norm widths
 /// above 128 (one to 1024 threads, several passes), all three float dtypes.
 fn cases() -> Vec<Case> {
-    vec![
+    let mut list = vec![
         // Recurrence, unmasked.
         rec(BF16, BF16, dims(2, 5, 2, 2, 32, 8), false, true),
         rec(BF16, F32, dims(3, 4, 1, 2, 64, 6), false, false),
@@ -264,7 +328,9 @@ fn cases() -> Vec<Case> {
         norm(BF16, BF16, &[2, 5000], 1e-6),
         norm(F32, F32, &[5, 7], 1e-6),
         norm(F32, F16, &[2, 2, 640], 0.0),
-    ]
+    ];
+    backward_cases(&mut list);
+    list
 }
 
 fn hex(s: &str) -> String {
@@ -279,6 +345,7 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/gated_delta_state.metal",
         "kernels/metal/silu_rms_heads.metal",
         "kernels/metal/gated_rms_norm.metal",
+        "kernels/metal/gated_delta_backward.metal",
     ];
     for file in files {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");
@@ -286,26 +353,36 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
             return (file.to_string(), vec![]);
         }
         let marker = metal::TOKEN_ACTIVE_MARKER;
-        if text.matches(marker).count() == 1 {
-            let at = text.find(marker).unwrap();
-            let (pre, post) = (&text[..at], &text[at + marker.len()..]);
-            // The marker must be a whole identifier, so a #define replaces exactly this text.
+        let count = text.matches(marker).count();
+        if count >= 1 {
+            // Every occurrence must be a whole identifier, so a #define replaces exactly this
+            // text (an occurrence in a comment changes nothing the compiler sees).
             let ident = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
-            assert!(!ident(pre.chars().last()) && !ident(post.chars().next()));
-            if l.source.len() >= pre.len() + post.len()
-                && l.source.starts_with(pre)
-                && l.source.ends_with(post)
+            for (at, _) in text.match_indices(marker) {
+                let (pre, post) = (&text[..at], &text[at + marker.len()..]);
+                assert!(!ident(pre.chars().last()) && !ident(post.chars().next()));
+            }
+            // All occurrences take the same text, so its length follows from the lengths.
+            let at = text.find(marker).unwrap();
+            let grown = l.source.len() as i64 - text.len() as i64;
+            let active_len = marker.len() as i64 + grown / count as i64;
+            if grown % count as i64 == 0
+                && active_len >= 0
+                && l.source.len() >= at + active_len as usize
+                && l.source.starts_with(&text[..at])
+                && l.source.is_char_boundary(at + active_len as usize)
             {
-                let active = &l.source[pre.len()..l.source.len() - post.len()];
-                assert!(
-                    !active.contains('\n'),
-                    "substitution spans lines: {active:?}"
-                );
-                assert_eq!(text.replace(marker, active), l.source);
-                return (
-                    file.to_string(),
-                    vec![(marker.to_string(), active.to_string())],
-                );
+                let active = &l.source[at..at + active_len as usize];
+                if text.replace(marker, active) == l.source {
+                    assert!(
+                        !active.contains('\n'),
+                        "substitution spans lines: {active:?}"
+                    );
+                    return (
+                        file.to_string(),
+                        vec![(marker.to_string(), active.to_string())],
+                    );
+                }
             }
         }
     }
@@ -330,6 +407,11 @@ fn main() {
     let mut out = String::new();
     for (id, case) in cases().into_iter().enumerate() {
         let (launch, kind, label, case_dims, inputs, extra) = describe(&case);
+        // Twins draw the same inputs: the seed of the case they repeat.
+        let seed_id = match case.kind {
+            Kind::Backward { twin: Some(t), .. } => t,
+            _ => id,
+        };
         let (file, defines) = locate_source(root, &launch);
         writeln!(out, "case {id}").unwrap();
         writeln!(out, "kind {kind}").unwrap();
@@ -339,7 +421,7 @@ fn main() {
         writeln!(out, "dims {}", shape_str(&case_dims)).unwrap();
         out.push_str(&extra);
         writeln!(out, "eps_bits {}", case.eps.to_bits()).unwrap();
-        writeln!(out, "seed {}", 0x5EED_0000u64 + id as u64 * 7919).unwrap();
+        writeln!(out, "seed {}", 0x5EED_0000u64 + seed_id as u64 * 7919).unwrap();
         writeln!(out, "name {}", launch.name).unwrap();
         writeln!(out, "file {file}").unwrap();
         for (marker, text) in &defines {
@@ -471,6 +553,101 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 "recurrence_masked"
             } else {
                 "recurrence"
+            };
+            (
+                l,
+                kind,
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
+        Kind::Backward {
+            d,
+            masked,
+            with_state,
+            dy_dtype,
+            checkpoint,
+            twin,
+        } => {
+            let node = gated_delta_node(d, c, Form::Exact, *masked, *with_state);
+            let u = |x: i64| x as usize;
+            let ckpt = checkpoint.unwrap_or_else(|| metal::backward_checkpoint(u(d.t)));
+            let l = metal::gated_delta_backward_launch(&node, ckpt);
+            // One threadgroup per (batch row, value head) of NSG SIMD groups; NSG ≤ Dv, ≤ 32
+            // (1024 threads), and the row sums' NSG·Dk + 2·NSG floats fit Metal's 32 KiB of
+            // threadgroup memory; RP value rows per SIMD group cover Dv.
+            let nsg = metal::backward_simd_groups(u(d.dk), u(d.dv));
+            assert!(nsg >= 1 && nsg <= 32 && nsg as i64 <= d.dv);
+            assert!((nsg * u(d.dk) + 2 * nsg) * 4 <= 32 * 1024);
+            assert_eq!(l.grid, [32, nsg as i32, (d.b * d.hv) as i32]);
+            assert_eq!(l.threadgroup, [32, nsg as i32, 1]);
+            let rp = l.template_int_values[5] as usize;
+            assert!(rp * nsg >= u(d.dv) && (rp - 1) * nsg < u(d.dv));
+            // The scratch: the kept states and one chunk's token states.
+            let chunks = (d.t as usize).div_ceil(ckpt).max(1) as i64;
+            let scratch = [
+                vec![d.b * d.hv, chunks, d.dv, d.dk],
+                vec![d.b * d.hv, ckpt as i64, d.dv, d.dk],
+            ];
+            let mut at = 0usize;
+            for (i, ndim) in l.output_ndims.iter().enumerate() {
+                let shape: Vec<i64> = l.output_dims[at..at + *ndim as usize]
+                    .iter()
+                    .map(|&x| x as i64)
+                    .collect();
+                at += *ndim as usize;
+                if i >= 6 {
+                    assert_eq!(shape, scratch[i - 6], "scratch output {i}");
+                }
+            }
+            // The inputs of the launch's description (src/metal.rs): q, k, v in the forward's
+            // dtype, g (f32, compute_g), beta (sigmoid(b): b's dtype, as the forward gets it),
+            // state_in (f32; zeros when absent), dy, dstate_out (f32), Tin = {T, C} (int32),
+            // mask (bool [B, T]).
+            let mut inputs: Inputs = vec![
+                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("dy", *dy_dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("dstate_out", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("Tin", Dtype::Int32, vec![2]),
+            ];
+            if *masked {
+                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+            }
+            let label = format!(
+                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} NSG={} RP={} C={}",
+                if *masked { "masked" } else { "unmasked" },
+                name(c.dtype),
+                name(c.aux),
+                name(*dy_dtype),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                if *with_state { "" } else { " zero-state" },
+                nsg,
+                rp,
+                ckpt
+            );
+            let extra = format!(
+                "masked {}\nwith_state {}\ncheckpoint {ckpt}\ntwin {}\n",
+                *masked as i32,
+                *with_state as i32,
+                twin.map_or(-1, |t| t as i64)
+            );
+            let kind = if *masked {
+                "backward_masked"
+            } else {
+                "backward"
             };
             (
                 l,

@@ -40,7 +40,7 @@ struct Tensor {
 struct Launch {
   int id = -1;
   std::string kind, label, name, file, header, source;
-  int dtype = 0, aux = 0, masked = 0, with_state = 0;
+  int dtype = 0, aux = 0, masked = 0, with_state = 0, checkpoint = 0, twin = -1;
   std::vector<int64_t> dims;
   std::vector<int32_t> lengths;
   uint32_t eps_bits = 0;
@@ -92,6 +92,10 @@ std::vector<Launch> read_launches(const std::string& path) {
       s >> l.masked;
     } else if (key == "with_state") {
       s >> l.with_state;
+    } else if (key == "checkpoint") {
+      s >> l.checkpoint;
+    } else if (key == "twin") {
+      s >> l.twin;
     } else if (key == "lengths") {
       for (int32_t d; s >> d;) l.lengths.push_back(d);
     } else if (key == "eps_bits") {
@@ -383,7 +387,7 @@ int main(int argc, char** argv) {
     for (size_t j = 0; j < l.dims.size(); ++j) o << (j ? ", " : "") << l.dims[j];
     o << "}, " << l.masked << ", " << l.with_state << ", " << l.lengths.size() << ", {";
     for (size_t j = 0; j < l.lengths.size(); ++j) o << (j ? ", " : "") << l.lengths[j];
-    o << "}, " << l.eps_bits << "u, " << l.seed << "ull, {" << l.grid[0] << ", " << l.grid[1]
+    o << "}, " << l.checkpoint << ", " << l.twin << ", " << l.eps_bits << "u, " << l.seed << "ull, {" << l.grid[0] << ", " << l.grid[1]
       << ", " << l.grid[2] << "}, {" << l.threadgroup[0] << ", " << l.threadgroup[1] << ", "
       << l.threadgroup[2] << "}, " << l.inputs.size() << ", {";
     for (size_t j = 0; j < l.inputs.size(); ++j) o << (j ? ", " : "") << tensor_init(l.inputs[j]);
