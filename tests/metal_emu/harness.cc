@@ -555,7 +555,7 @@ struct Worst {
 };
 std::map<int, std::array<Worst, kGradients>> g_backward_worst;
 
-// The non-scratch outputs (dq_h, dk_h, dv, dg, dbeta, dstate) of the backward cases run, by
+// The non-scratch outputs (dq_h, dk_h, dv, dg_part, dbeta_part, dstate) of the backward cases run, by
 // case id: a case's twin must give the same bits.
 std::map<int, std::vector<Tensor>> g_backward_outputs;
 
@@ -636,16 +636,27 @@ Result run_backward(const EmuCase& c) {
     die("case %d: no output %s", c.id, name);
   };
   const Tensor &dq_h = output("dq_h"), &dk_h = output("dk_h"), &dv = output("dv"),
-               &dg = output("dg"), &dbeta = output("dbeta"), &dstate = output("dstate");
+               &dg_part = output("dg_part"), &dbeta_part = output("dbeta_part"),
+               &dstate = output("dstate");
+  // The kernel's partial sums per value head and row partition: [B, T, Hv, P, Dk], [B, T, Hv, P].
+  const int64_t P = dq_h.shape[3];
+  auto over_parts = [&](const Tensor& t, size_t i) {
+    double sum = 0.0;
+    for (int64_t p = 0; p < P; ++p) sum += t.get(i * static_cast<size_t>(P) + static_cast<size_t>(p));
+    return sum;
+  };
 
-  // dq, dk: the value heads of each key head summed (exactly enough: in double).
+  // dq, dk: the partitions and the value heads of each key head summed (exactly enough: in
+  // double).
   auto per_key_head = [&](const Tensor& h) {
     std::vector<double> sum(static_cast<size_t>(B * T * Hk * Dk), 0.0);
     for (int64_t bt = 0; bt < B * T; ++bt) {
       for (int64_t head = 0; head < Hv; ++head) {
-        for (int64_t j = 0; j < Dk; ++j) {
-          sum[static_cast<size_t>((bt * Hk + head / group) * Dk + j)] +=
-              h.get(static_cast<size_t>((bt * Hv + head) * Dk + j));
+        for (int64_t p = 0; p < P; ++p) {
+          for (int64_t j = 0; j < Dk; ++j) {
+            sum[static_cast<size_t>((bt * Hk + head / group) * Dk + j)] +=
+                h.get(static_cast<size_t>(((bt * Hv + head) * P + p) * Dk + j));
+          }
         }
       }
     }
@@ -669,7 +680,7 @@ Result run_backward(const EmuCase& c) {
     const double sigmoid_x = 1.0 / (1.0 + std::exp(-xv));
     const double rate = std::exp(static_cast<double>(x.a_log.get(h)));
     const double gv = std::exp(-rate * softplus);
-    const double dgi = dg.get(i);
+    const double dgi = over_parts(dg_part, i);
     da[i] = dgi * -rate * sigmoid_x * gv;
     ddt[h] += da[i];
     scale_dt[h] += std::fabs(da[i]);
@@ -677,7 +688,7 @@ Result run_backward(const EmuCase& c) {
     da_log[h] += log_term;
     scale_log[h] += std::fabs(log_term);
     const double bv = 1.0 / (1.0 + std::exp(-static_cast<double>(x.b.get(i))));
-    db[i] = static_cast<double>(dbeta.get(i)) * bv * (1.0 - bv);
+    db[i] = over_parts(dbeta_part, i) * bv * (1.0 - bv);
   }
   const GradError errors[kGradients] = {
       grad_error(cpu_dq, per_key_head(dq_h), false),
@@ -724,12 +735,12 @@ Result run_backward(const EmuCase& c) {
           continue;
         }
         ++padded;
-        const size_t heads = static_cast<size_t>(Hv);
-        zero(dg, bt * heads, heads);
-        zero(dbeta, bt * heads, heads);
+        const size_t heads = static_cast<size_t>(Hv), parts = heads * static_cast<size_t>(P);
+        zero(dg_part, bt * parts, parts);
+        zero(dbeta_part, bt * parts, parts);
         zero(dv, bt * heads * static_cast<size_t>(Dv), heads * static_cast<size_t>(Dv));
-        zero(dq_h, bt * heads * static_cast<size_t>(Dk), heads * static_cast<size_t>(Dk));
-        zero(dk_h, bt * heads * static_cast<size_t>(Dk), heads * static_cast<size_t>(Dk));
+        zero(dq_h, bt * parts * static_cast<size_t>(Dk), parts * static_cast<size_t>(Dk));
+        zero(dk_h, bt * parts * static_cast<size_t>(Dk), parts * static_cast<size_t>(Dk));
       }
       if (all) {
         ++full_rows;

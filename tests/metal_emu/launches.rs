@@ -575,16 +575,20 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             let u = |x: i64| x as usize;
             let ckpt = checkpoint.unwrap_or_else(|| metal::backward_checkpoint(u(d.t)));
             let l = metal::gated_delta_backward_launch(&node, ckpt);
-            // One threadgroup per (batch row, value head) of NSG SIMD groups; NSG ≤ Dv, ≤ 32
-            // (1024 threads), and the row sums' NSG·Dk + 2·NSG floats fit Metal's 32 KiB of
-            // threadgroup memory; RP value rows per SIMD group cover Dv.
-            let nsg = metal::backward_simd_groups(u(d.dk), u(d.dv));
-            assert!(nsg >= 1 && nsg <= 32 && nsg as i64 <= d.dv);
+            // P threadgroups per (batch row, value head), each of NSG ≤ 4 SIMD groups (128
+            // threads) holding RP ≤ 4 value rows each, P·NSG·RP covering Dv; the row sums'
+            // NSG·Dk + 2·NSG floats fit Metal's 32 KiB of threadgroup memory.
+            let (nsg, parts, rp) = metal::backward_geometry(u(d.dv));
+            assert!(nsg >= 1 && nsg <= 4 && nsg as i64 <= d.dv);
+            assert!(rp >= 1 && rp <= 4);
+            assert!(parts * nsg * rp >= u(d.dv) && parts * nsg * (rp - 1) < u(d.dv));
             assert!((nsg * u(d.dk) + 2 * nsg) * 4 <= 32 * 1024);
-            assert_eq!(l.grid, [32, nsg as i32, (d.b * d.hv) as i32]);
+            assert_eq!(l.grid, [32, nsg as i32, (d.b * d.hv) as i32 * parts as i32]);
             assert_eq!(l.threadgroup, [32, nsg as i32, 1]);
-            let rp = l.template_int_values[5] as usize;
-            assert!(rp * nsg >= u(d.dv) && (rp - 1) * nsg < u(d.dv));
+            assert_eq!(
+                l.template_int_values[4..],
+                [nsg as i32, parts as i32, rp as i32]
+            );
             // The scratch: the kept states and one chunk's token states.
             let chunks = (d.t as usize).div_ceil(ckpt).max(1) as i64;
             let scratch = [
@@ -621,7 +625,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
             }
             let label = format!(
-                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} NSG={} RP={} C={}",
+                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} NSG={} P={} RP={} C={}",
                 if *masked { "masked" } else { "unmasked" },
                 name(c.dtype),
                 name(c.aux),
@@ -635,6 +639,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 d.dv,
                 if *with_state { "" } else { " zero-state" },
                 nsg,
+                parts,
                 rp,
                 ckpt
             );
