@@ -306,8 +306,8 @@ mlxk_status mlxk_array_astype(const struct mlxk_array *array, mlxk_dtype dtype, 
  * MLXK_DEVICE_GPU needs a GPU backend in the loaded MLX (Metal on Apple GPUs, CUDA with MLX
  * CUDA on NVIDIA GPUs: the same kernel text runs there): without one it gives
  * MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update runs on the CPU
- * only and refuses while the GPU is the default; the backward passes then run as MLX ops on
- * the GPU stream. Thread: any; process-wide.
+ * only and refuses while the GPU is the default; the backward passes then run on the GPU
+ * (the recurrence's as a GPU kernel, the others as MLX ops). Thread: any; process-wide.
  */
 mlxk_status mlxk_set_default_device(mlxk_device device);
 
@@ -424,15 +424,13 @@ mlxk_status mlxk_gated_delta_update_chunked(const struct mlxk_array *q, const st
  * Numerics (CPU device): float32 arithmetic in a sequential order (not the forward's
  * bit-exact order), the forward recomputed from states kept every 64 tokens, so memory grows
  * as O((T/64 + 64) · state) per worker, never O(T · state).
- * Device: with the GPU as default device (Metal, MLX CUDA) the same gradients come from MLX
- * ops on the GPU stream instead: mx::vjp of mlx-lm's compute_g, sigmoid and
- * mx::fast::gated_delta_update (MLX's own VJP of it, or its ops fallback), with `dy` cast to
- * q's dtype. They differ from the CPU device's by MLX's roundings (a few units of the input
- * dtype of the gradient's scale), and their memory is MLX's (its ops fallback keeps every
- * token's state). Same shapes and dtypes either way.
- * On the GPU a host's MLX autograd cannot go through the forward kernel itself (MLX's custom
- * kernel primitive has no vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this
- * call gives its gradients there.
+ * Device: with the GPU as default device (Metal, MLX CUDA) the same gradients come from the GPU
+ * backward kernel (the same checkpointed reverse sweep, kept states every ceil(sqrt(T)) tokens,
+ * at most 64) with the gates' chain as MLX ops. They differ from the CPU device's only in
+ * summation order (a few units of roundoff of the gradient's scale); the kernel's partial
+ * sums take 2 · B · T · Hv · ceil(Dv / 16) · (Dk + 1) float32 values. Same shapes and dtypes
+ * either way. A host's MLX autograd through mlxk_gated_delta_update reaches the same
+ * backward on either device.
  * Ownership: inputs borrowed; eight new handles.
  * NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
  * mlxk_gated_delta_update, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dy` or `dstate_out`,
@@ -497,10 +495,8 @@ mlxk_status mlxk_gated_rms_norm(const struct mlxk_array *x, const struct mlxk_ar
  * MLX ops on the GPU stream: mx::vjp of Qwen's RMSNormGated as mlx-lm writes it
  * (mx::fast::rms_norm(x, weight, eps), then silu(f32(gate)) · f32(normed) in x's dtype), the
  * cotangent cast to x's dtype, within a few units of x's (for dgate also the gate's) dtype of
- * the CPU kernel's results. On the GPU a host's MLX autograd cannot go through the forward
- * kernel itself (MLX's custom kernel primitive has no vjp: "[Primitive::vjp] Not implemented
- * for CustomKernel"); this call gives its gradients there. Ownership: inputs borrowed; three
- * new handles.
+ * the CPU kernel's results. A host's MLX autograd through mlxk_gated_rms_norm reaches the
+ * same backward on either device. Ownership: inputs borrowed; three new handles.
  * NULL: `dout` may be NULL; nothing else. Errors: those of mlxk_gated_rms_norm,
  * MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dout`, MLXK_ERR_INVALID_ARGUMENT (two
  * out-parameters at the same place). Thread: any. Lazy: computation errors surface at
@@ -649,10 +645,8 @@ mlxk_status mlxk_silu_rms_heads(const struct mlxk_array *x, const struct mlxk_ar
  * device's kernel; with the GPU as default device (Metal, MLX CUDA) the gradients come from
  * MLX ops on the GPU stream: mx::vjp of mlx-lm's formulation (SiLU, the split into heads,
  * mx::fast::rms_norm with the scales as weights), in x's dtype (the cotangents cast to it),
- * within a few units of x's dtype of the CPU kernel's results. On the GPU a host's MLX
- * autograd cannot go through the forward kernel itself (MLX's custom kernel primitive has no
- * vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this call gives its gradients
- * there. Ownership: inputs borrowed; three new handles. NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of
+ * within a few units of x's dtype of the CPU kernel's results. A host's MLX autograd through
+ * mlxk_silu_rms_heads reaches the same backward on either device. Ownership: inputs borrowed; three new handles. NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of
  * mlxk_silu_rms_heads, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`,
  * MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place). Thread: any. Lazy:
  * computation errors surface at eval/read.

@@ -597,7 +597,7 @@ struct DeltaGradients {
 
 /** The update's backward pass (mlxk_gated_delta_update_vjp): the gradients of
  * sum(dy * y) + sum(dstate_out * state_out) with respect to every input; nullptr cotangents
- * are zeros. On the GPU default device: MLX ops on the GPU stream. */
+ * are zeros. On the GPU default device: the GPU backward kernel. */
 [[nodiscard]] inline DeltaGradients gated_delta_update_vjp(
     const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
     const Array &a_log, const Array &dt_bias, const Array *state, const Array *mask,

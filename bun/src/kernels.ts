@@ -249,7 +249,7 @@ export interface GatedDeltaGradients {
  * automatic differentiation: the gradients of sum(dy * y) + sum(dStateOut * stateOut) with
  * respect to every input. Arguments as gatedDeltaUpdate, plus dy [B, T, Hv, Dv] (any float
  * dtype) and dStateOut float32 [B, Hv, Dv, Dk]; null cotangents are zeros. float32
- * arithmetic on the CPU; with the GPU as the default device, MLX ops on the GPU stream.
+ * arithmetic on the CPU; with the GPU as the default device, the GPU backward kernel.
  */
 export function gatedDeltaUpdateVjp(
   q: MlxArray,

@@ -20,8 +20,8 @@ pub const MLXK_GPU_CUDA: mlxk_gpu_backend_kind = 2;
 /// MLXK_DEVICE_GPU needs a GPU backend in the loaded MLX (Metal on Apple GPUs, CUDA with MLX
 /// CUDA on NVIDIA GPUs: the same kernel text runs there): without one it gives
 /// MLXK_ERR_UNSUPPORTED and the default stays as it was. The chunked update runs on the CPU
-/// only and refuses while the GPU is the default; the backward passes then run as MLX ops on
-/// the GPU stream. Thread: any; process-wide.
+/// only and refuses while the GPU is the default; the backward passes then run on the GPU
+/// (the recurrence's as a GPU kernel, the others as MLX ops). Thread: any; process-wide.
 #[no_mangle]
 pub extern "C" fn mlxk_set_default_device(device: mlxk_device) -> mlxk_status {
     boundary("mlxk_set_default_device", || match device {

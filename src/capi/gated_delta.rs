@@ -218,15 +218,13 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked(
 /// Numerics (CPU device): float32 arithmetic in a sequential order (not the forward's
 /// bit-exact order), the forward recomputed from states kept every 64 tokens, so memory grows
 /// as O((T/64 + 64) · state) per worker, never O(T · state).
-/// Device: with the GPU as default device (Metal, MLX CUDA) the same gradients come from MLX
-/// ops on the GPU stream instead: mx::vjp of mlx-lm's compute_g, sigmoid and
-/// mx::fast::gated_delta_update (MLX's own VJP of it, or its ops fallback), with `dy` cast to
-/// q's dtype. They differ from the CPU device's by MLX's roundings (a few units of the input
-/// dtype of the gradient's scale), and their memory is MLX's (its ops fallback keeps every
-/// token's state). Same shapes and dtypes either way.
-/// On the GPU a host's MLX autograd cannot go through the forward kernel itself (MLX's custom
-/// kernel primitive has no vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this
-/// call gives its gradients there.
+/// Device: with the GPU as default device (Metal, MLX CUDA) the same gradients come from the GPU
+/// backward kernel (the same checkpointed reverse sweep, kept states every ceil(sqrt(T)) tokens,
+/// at most 64) with the gates' chain as MLX ops. They differ from the CPU device's only in
+/// summation order (a few units of roundoff of the gradient's scale); the kernel's partial
+/// sums take 2 · B · T · Hv · ceil(Dv / 16) · (Dk + 1) float32 values. Same shapes and dtypes
+/// either way. A host's MLX autograd through mlxk_gated_delta_update reaches the same
+/// backward on either device.
 /// Ownership: inputs borrowed; eight new handles.
 /// NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
 /// mlxk_gated_delta_update, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dy` or `dstate_out`,

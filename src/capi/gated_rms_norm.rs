@@ -102,10 +102,8 @@ pub(crate) unsafe fn norm_vjp(
 /// MLX ops on the GPU stream: mx::vjp of Qwen's RMSNormGated as mlx-lm writes it
 /// (mx::fast::rms_norm(x, weight, eps), then silu(f32(gate)) · f32(normed) in x's dtype), the
 /// cotangent cast to x's dtype, within a few units of x's (for dgate also the gate's) dtype of
-/// the CPU kernel's results. On the GPU a host's MLX autograd cannot go through the forward
-/// kernel itself (MLX's custom kernel primitive has no vjp: "[Primitive::vjp] Not implemented
-/// for CustomKernel"); this call gives its gradients there. Ownership: inputs borrowed; three
-/// new handles.
+/// the CPU kernel's results. A host's MLX autograd through mlxk_gated_rms_norm reaches the
+/// same backward on either device. Ownership: inputs borrowed; three new handles.
 /// NULL: `dout` may be NULL; nothing else. Errors: those of mlxk_gated_rms_norm,
 /// MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dout`, MLXK_ERR_INVALID_ARGUMENT (two
 /// out-parameters at the same place). Thread: any. Lazy: computation errors surface at

@@ -151,10 +151,8 @@ pub(crate) unsafe fn split_vjp(
 /// device's kernel; with the GPU as default device (Metal, MLX CUDA) the gradients come from
 /// MLX ops on the GPU stream: mx::vjp of mlx-lm's formulation (SiLU, the split into heads,
 /// mx::fast::rms_norm with the scales as weights), in x's dtype (the cotangents cast to it),
-/// within a few units of x's dtype of the CPU kernel's results. On the GPU a host's MLX
-/// autograd cannot go through the forward kernel itself (MLX's custom kernel primitive has no
-/// vjp: "[Primitive::vjp] Not implemented for CustomKernel"); this call gives its gradients
-/// there. Ownership: inputs borrowed; three new handles. NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of
+/// within a few units of x's dtype of the CPU kernel's results. A host's MLX autograd through
+/// mlxk_silu_rms_heads reaches the same backward on either device. Ownership: inputs borrowed; three new handles. NULL: `dq`, `dk`, `dv` may be NULL; nothing else. Errors: those of
 /// mlxk_silu_rms_heads, MLXK_ERR_SHAPE / MLXK_ERR_DTYPE naming `dq`, `dk` or `dv`,
 /// MLXK_ERR_INVALID_ARGUMENT (two out-parameters at the same place). Thread: any. Lazy:
 /// computation errors surface at eval/read.

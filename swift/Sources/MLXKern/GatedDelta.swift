@@ -93,7 +93,7 @@ extension MLXKern {
     /// The backward pass of `gatedDeltaUpdate` (its vector-Jacobian product), for hosts
     /// without automatic differentiation: the gradients of `sum(dy · y) + sum(dStateOut ·
     /// stateOut)` with respect to every input. float32 arithmetic, the forward recomputed from
-    /// states kept every 64 tokens (on the GPU default device: MLX ops on the GPU stream).
+    /// kept states (on the GPU default device: the GPU backward kernel).
     ///
     /// - Parameters: as `gatedDeltaUpdate`, plus `dy` `[B, T, Hv, Dv]` (any float dtype) and
     ///   `dStateOut` `[B, Hv, Dv, Dk]` float32; nil cotangents are zeros.
