@@ -13,6 +13,8 @@
 //   split    mlxk_silu_rms_heads at S = 1 and 512 (the conv output: 8192 channels), 30 layers
 //   norm     mlxk_gated_rms_norm at S = 1 and 512 (rows = S · 32 heads, D = 128), 30 layers
 //   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
+//   dispatch where decode B = 1's time goes: MLX custom kernels (a copy with 1 and with 9
+//            inputs, the recurrence text straight through mx::fast::cuda_kernel), eval and build
 //   grad     forward + mlxk_gated_delta_update_vjp over T = 512, 2048, 4096, B = 1, one layer;
 //            mx::vjp of mx::fast::gated_delta_update beside it, with MLX's peak memory
 // For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
@@ -24,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -272,6 +275,81 @@ void prefill(int t, int warmup, int iters) {
   std::printf("prefill  mlx fast / mlxkern = %.1fx\n", m / o);
 }
 
+// Where a decode step's time goes at B = 1 (diagnostic rows, same 30 layers and states), each
+// one op per layer built straight on MLX's API unless it says mlxkern:
+//   custom copy 1:1      mx::fast::cuda_kernel copying the state (1 input, 1 output): MLX's
+//                        dispatch of a custom kernel against the floor's built-in op
+//   custom copy 9:2      the same copy with the recurrence's 9 inputs and 2 outputs
+//   recurrence direct    the library's CUDA recurrence text (fused gates) through
+//                        mx::fast::cuda_kernel, without mlxkern's C ABI, handles and checks
+//   ... build            the host's graph building alone for 30 layers (no eval)
+std::string read_text(const char* path) {
+  std::FILE* f = std::fopen(path, "rb");
+  if (!f) throw std::runtime_error(std::string("cannot read ") + path);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  std::fclose(f);
+  return text;
+}
+
+void dispatch(int warmup, int iters) {
+  auto ls = layers(1, 1);
+  const std::string name = "decode B=1 (30 layers)";
+  const double state_bytes = double(kHv) * kD * kD * 8;
+  const int n = kHv * kD * kD;
+  auto copy11 = mx::fast::cuda_kernel(
+      "mlxk_probe_copy11", {"s"}, {"out"},
+      "auto i = blockIdx.x * blockDim.x + threadIdx.x; out[i] = s[i];", "", true, 0);
+  auto copy92 = mx::fast::cuda_kernel(
+      "mlxk_probe_copy92",
+      {"q", "k", "v", "g", "beta", "state_in", "Tin", "a_log", "dt_bias"}, {"y", "state_out"},
+      "auto i = blockIdx.x * blockDim.x + threadIdx.x; state_out[i] = state_in[i];"
+      " if (i < 4096) y[i] = v[i];",
+      "", true, 0);
+  std::string source = read_text("kernels/metal/gated_delta.metal");
+  const std::string marker = "MLXK_TOKEN_ACTIVE";
+  for (size_t at; (at = source.find(marker)) != std::string::npos;) {
+    source.replace(at, marker.size(), "true");
+  }
+  auto rec = mx::fast::cuda_kernel(
+      "mlxk_probe_recurrence",
+      {"q", "k", "v", "g", "beta", "state_in", "Tin", "a_log", "dt_bias"}, {"y", "state_out"},
+      source,
+      read_text("kernels/cuda/metal_compat.cuh") + read_text("kernels/cuda/gates.cuh"), true, 0);
+  auto t_in = mx::array({1}, {1}, mx::int32);
+  mx::eval(t_in);
+  const std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs = {
+      {"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", 1},
+      {"InT", mx::bfloat16}, {"StT", mx::float32}};
+  const std::vector<std::pair<std::string, mx::fast::TemplateArg>> none;
+  auto build = [&](int which) {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      if (which == 0) {
+        outs.push_back(copy11({x.state}, {x.state.shape()}, {mx::float32}, {n, 1, 1},
+                              {256, 1, 1}, none, std::nullopt, false, {})[0]);
+        continue;
+      }
+      std::vector<mx::array> in = {x.q, x.k, x.v, x.a, x.b, x.state, t_in, x.a_log, x.dt_bias};
+      std::vector<mx::Shape> shapes = {{1, 1, kHv, kD}, x.state.shape()};
+      auto r = which == 1 ? copy92(in, shapes, {mx::bfloat16, mx::float32}, {n, 1, 1},
+                                   {256, 1, 1}, none, std::nullopt, false, {})
+                          : rec(in, shapes, {mx::bfloat16, mx::float32}, {32, kD, kHv},
+                                {32, 4, 1}, targs, std::nullopt, false, {});
+      outs.insert(outs.end(), r.begin(), r.end());
+    }
+    return outs;
+  };
+  const char* names[] = {"custom copy 1:1", "custom copy 9:2", "recurrence direct"};
+  for (int which = 0; which < 3; ++which) {
+    row("dispatch", name, names[which], time_us([&] { mx::eval(build(which)); }, warmup, iters),
+        kLayers, which == 2 ? update_bytes(1, 1) : state_bytes, 0);
+    row("dispatch", name, std::string(names[which]) + " build",
+        time_us([&] { (void)build(which); }, warmup, iters), kLayers, 0, 0);
+  }
+}
+
 // Forward + backward of one layer over T tokens (B = 1), as a training step evaluates them:
 // mlxkern's explicit backward (the GPU backward kernel) after its forward, against mx::vjp of
 // mx::fast::gated_delta_update with the same gates (MLX CUDA: the ops fallback's VJP), with
@@ -360,6 +438,7 @@ int main() {
   guarded("head split", [&] { for (int s : {1, 512}) head_split(s, warmup, iters); });
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });
   guarded("prefill", [&] { prefill(4096, 2, quick ? 3 : 10); });
+  guarded("dispatch", [&] { dispatch(warmup, iters); });
   guarded("grad", [&] { for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5); });
   if (json) std::fclose(json);
   return failed ? 1 : 0;
