@@ -341,6 +341,34 @@ void dispatch(int warmup, int iters) {
     }
     return outs;
   };
+  // The library's host side alone: the handle exchange of one call (8 arrays in, 2 out), and
+  // the whole call with the CPU as default device (the same checks and handles, a CPU node).
+  auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+  row("dispatch", name, "mlxkern handles",
+      time_us([&] {
+        std::vector<mx::array> outs;
+        for (auto& x : ls) {
+          for (const auto* a : {&x.q, &x.k, &x.v, &x.a, &x.b, &x.a_log, &x.dt_bias, &x.state}) {
+            auto handle = h(*a);
+            if (a == &x.state || a == &x.v) outs.push_back(handle.to_mlx());
+          }
+        }
+      }, warmup, iters),
+      kLayers, 0, 0);
+  mlxk::set_default_device(mlxk::Device::Cpu);
+  row("dispatch", name, "mlxkern build (CPU node)",
+      time_us([&] {
+        std::vector<mx::array> outs;
+        for (auto& x : ls) {
+          auto st = h(x.state);
+          auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                            h(x.dt_bias), &st);
+          outs.push_back(r.y.to_mlx());
+          outs.push_back(r.state.to_mlx());
+        }
+      }, warmup, iters),
+      kLayers, 0, 0);
+  mlxk::set_default_device(mlxk::Device::Gpu);
   const char* names[] = {"custom copy 1:1", "custom copy 9:2", "recurrence direct"};
   for (int which = 0; which < 3; ++which) {
     row("dispatch", name, names[which], time_us([&] { mx::eval(build(which)); }, warmup, iters),
@@ -433,7 +461,13 @@ int main() {
       ++failed;
     }
   };
-  guarded("decode", [&] { for (int b : {1, 8, 32, 256}) decode(b, warmup, iters); });
+  // MLXK_BENCH_BATCH=<B>: decode at that batch size alone (for a profiler).
+  const char* batch = std::getenv("MLXK_BENCH_BATCH");
+  guarded("decode", [&] {
+    for (int b : {1, 8, 32, 256}) {
+      if (!batch || std::atoi(batch) == b) decode(b, warmup, iters);
+    }
+  });
   guarded("replay", [&] { for (int b : {1, 32}) replay(b, warmup, iters); });
   guarded("head split", [&] { for (int s : {1, 512}) head_split(s, warmup, iters); });
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });

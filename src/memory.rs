@@ -15,6 +15,13 @@ pub const MAX_ELEMENTS: u64 = i32::MAX as u64;
 static LIMIT: AtomicUsize = AtomicUsize::new(0);
 
 pub fn physical_memory() -> usize {
+    // Read once: glibc answers _SC_PHYS_PAGES with a sysinfo(2) call, and every kernel call
+    // checks its outputs against the limit.
+    static BYTES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BYTES.get_or_init(read_physical_memory)
+}
+
+fn read_physical_memory() -> usize {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe {
         (

@@ -259,7 +259,14 @@ pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> 
         names(&inputs),
         (
             &[
-                "dq_h", "dk_h", "dv", "dg_part", "dbeta_part", "dstate", "ckpt", "work",
+                "dq_h",
+                "dk_h",
+                "dv",
+                "dg_part",
+                "dbeta_part",
+                "dstate",
+                "ckpt",
+                "work",
             ],
             &outputs,
         ),

@@ -89,6 +89,55 @@ using metal::simd_sum;
 
 __device__ inline void threadgroup_barrier(metal::mem_flags) { __syncthreads(); }
 
+// A lane's N consecutive state values (the recurrence's and replay's MLXK_LOAD_STATE /
+// MLXK_STORE_STATE): float4 (or float2) accesses where N and the address allow, one value at a
+// time otherwise. Loads and stores only: the values are those of the element-wise form.
+namespace mlxk_cuda {
+template <int N, class T>
+__device__ inline void load_lane(float* dst, const T* src) {
+  for (int i = 0; i < N; ++i) dst[i] = static_cast<float>(src[i]);
+}
+template <int N>
+__device__ inline void load_lane(float* dst, const float* src) {
+  const unsigned long long at = reinterpret_cast<unsigned long long>(src);
+  if (N % 4 == 0 && at % 16 == 0) {
+    for (int i = 0; i < N; i += 4) {
+      const float4 x = *reinterpret_cast<const float4*>(src + i);
+      dst[i] = x.x;
+      dst[i + 1] = x.y;
+      dst[i + 2] = x.z;
+      dst[i + 3] = x.w;
+    }
+  } else if (N % 2 == 0 && at % 8 == 0) {
+    for (int i = 0; i < N; i += 2) {
+      const float2 x = *reinterpret_cast<const float2*>(src + i);
+      dst[i] = x.x;
+      dst[i + 1] = x.y;
+    }
+  } else {
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+  }
+}
+template <int N>
+__device__ inline void store_lane(float* dst, const float* src) {
+  const unsigned long long at = reinterpret_cast<unsigned long long>(dst);
+  if (N % 4 == 0 && at % 16 == 0) {
+    for (int i = 0; i < N; i += 4) {
+      *reinterpret_cast<float4*>(dst + i) = make_float4(src[i], src[i + 1], src[i + 2], src[i + 3]);
+    }
+  } else if (N % 2 == 0 && at % 8 == 0) {
+    for (int i = 0; i < N; i += 2) {
+      *reinterpret_cast<float2*>(dst + i) = make_float2(src[i], src[i + 1]);
+    }
+  } else {
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+  }
+}
+}  // namespace mlxk_cuda
+
+#define MLXK_LOAD_STATE(dst, src) ::mlxk_cuda::load_lane<n_per_t>(dst, src)
+#define MLXK_STORE_STATE(dst, src) ::mlxk_cuda::store_lane<n_per_t>(dst, src)
+
 // as_type: the bit casts the kernels use (float from its uint/int bit pattern and back).
 template <typename To, typename From>
 __device__ inline To as_type(From from);

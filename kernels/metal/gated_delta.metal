@@ -11,6 +11,11 @@
 #define MLXK_GATE_DECAY g_[hv_idx]
 #define MLXK_GATE_BETA beta_[hv_idx]
 #endif
+#ifndef MLXK_LOAD_STATE  // a lane's n_per_t consecutive state values (vector accesses on CUDA)
+#define MLXK_LOAD_STATE(dst, src) \
+  for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = static_cast<float>((src)[i_])
+#define MLXK_STORE_STATE(dst, src) for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = (src)[i_]
+#endif
     const int T = Tin[0];
     auto n = thread_position_in_grid.z;
     auto b_idx = n / Hv;
@@ -37,10 +42,7 @@
 
     float state[ROWS][n_per_t];
     for (int r = 0; r < ROWS; ++r) {
-      for (int i = 0; i < n_per_t; ++i) {
-        auto s_idx = n_per_t * dk_idx + i;
-        state[r][i] = static_cast<float>(i_state[r * Dk + s_idx]);
-      }
+      MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
     }
 
     // g: [B, T, Hv]
@@ -51,13 +53,19 @@
       if (MLXK_TOKEN_ACTIVE) {
         const float decay = MLXK_GATE_DECAY;
         const float beta_t = MLXK_GATE_BETA;
+        // This token's k and q as float, read once for all ROWS rows (the same values the
+        // products would widen them to).
+        float k_t[n_per_t], q_t[n_per_t];
+        for (int i = 0; i < n_per_t; ++i) {
+          k_t[i] = static_cast<float>(k_[n_per_t * dk_idx + i]);
+          q_t[i] = static_cast<float>(q_[n_per_t * dk_idx + i]);
+        }
         for (int r = 0; r < ROWS; ++r) {
           auto dv_idx = dv_0 + r;
           float kv_mem = 0.0f;
           for (int i = 0; i < n_per_t; ++i) {
-            auto s_idx = n_per_t * dk_idx + i;
             state[r][i] = MLXK_MUL(state[r][i], decay);
-            kv_mem += MLXK_MUL(state[r][i], k_[s_idx]);
+            kv_mem += MLXK_MUL(state[r][i], k_t[i]);
           }
           kv_mem = simd_sum(kv_mem);
 
@@ -65,9 +73,8 @@
 
           float out = 0.0f;
           for (int i = 0; i < n_per_t; ++i) {
-            auto s_idx = n_per_t * dk_idx + i;
-            state[r][i] = state[r][i] + MLXK_MUL(k_[s_idx], delta);
-            out += MLXK_MUL(state[r][i], q_[s_idx]);
+            state[r][i] = state[r][i] + MLXK_MUL(k_t[i], delta);
+            out += MLXK_MUL(state[r][i], q_t[i]);
           }
           out = simd_sum(out);
           if (thread_index_in_simdgroup == 0) {
@@ -88,8 +95,5 @@
       beta_ += Hv;
     }
     for (int r = 0; r < ROWS; ++r) {
-      for (int i = 0; i < n_per_t; ++i) {
-        auto s_idx = n_per_t * dk_idx + i;
-        o_state[r * Dk + s_idx] = static_cast<StT>(state[r][i]);
-      }
+      MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);
     }

@@ -10,6 +10,11 @@
 #define MLXK_GATE_DECAY g_[hv_idx]
 #define MLXK_GATE_BETA beta_[hv_idx]
 #endif
+#ifndef MLXK_LOAD_STATE  // a lane's n_per_t consecutive state values (vector accesses on CUDA)
+#define MLXK_LOAD_STATE(dst, src) \
+  for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = static_cast<float>((src)[i_])
+#define MLXK_STORE_STATE(dst, src) for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = (src)[i_]
+#endif
   const int T = Tin[0];
   auto n = thread_position_in_grid.z;
   auto b_idx = n / Hv;
@@ -26,25 +31,23 @@
   auto i_state = state_in + (n * Dv + dv_0) * Dk;
   auto o_state = state_out + (n * Dv + dv_0) * Dk;
   float state[ROWS][n_per_t];
-  for (int r = 0; r < ROWS; ++r)
-    for (int i = 0; i < n_per_t; ++i)
-      state[r][i] = static_cast<float>(i_state[r * Dk + n_per_t * dk_idx + i]);
+  for (int r = 0; r < ROWS; ++r) MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
   const int keep = lengths[b_idx];
   for (int t = 0; t < keep; ++t) {
     const float decay = MLXK_GATE_DECAY;
     const float beta_t = MLXK_GATE_BETA;
+    float k_t[n_per_t];  // this token's k as float, read once for all rows
+    for (int i = 0; i < n_per_t; ++i) k_t[i] = static_cast<float>(k_[n_per_t * dk_idx + i]);
     for (int r = 0; r < ROWS; ++r) {
       float kv_mem = 0.0f;
       for (int i = 0; i < n_per_t; ++i) {
-        auto s_idx = n_per_t * dk_idx + i;
         state[r][i] = MLXK_MUL(state[r][i], decay);
-        kv_mem += MLXK_MUL(state[r][i], k_[s_idx]);
+        kv_mem += MLXK_MUL(state[r][i], k_t[i]);
       }
       kv_mem = simd_sum(kv_mem);
       auto delta = (v_[dv_0 + r] - kv_mem) * beta_t;
       for (int i = 0; i < n_per_t; ++i) {
-        auto s_idx = n_per_t * dk_idx + i;
-        state[r][i] = state[r][i] + MLXK_MUL(k_[s_idx], delta);
+        state[r][i] = state[r][i] + MLXK_MUL(k_t[i], delta);
       }
     }
     k_ += Hk * Dk;
@@ -52,6 +55,4 @@
     g_ += Hv;
     beta_ += Hv;
   }
-  for (int r = 0; r < ROWS; ++r)
-    for (int i = 0; i < n_per_t; ++i)
-      o_state[r * Dk + n_per_t * dk_idx + i] = state[r][i];
+  for (int r = 0; r < ROWS; ++r) MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);

@@ -728,9 +728,11 @@ std::vector<std::string> mlx_definers() {
 }
 }  // namespace
 
-rust::Vec<rust::String> loaded_mlx_libraries() {
-  // The scan costs tens of microseconds; it is redone only when the set of loaded objects
-  // changed since the last one.
+namespace {
+// The objects defining MLX, as last scanned. The scan costs tens of microseconds; it is redone
+// only when the set of loaded objects changed since the last one.
+template <class Use>
+auto with_mlx_definers(Use use) {
   static std::mutex mutex;
   static uint64_t generation = 0;
   static bool scanned = false;
@@ -742,9 +744,20 @@ rust::Vec<rust::String> loaded_mlx_libraries() {
     generation = now;
     scanned = true;
   }
-  rust::Vec<rust::String> out;
-  for (auto& f : found) out.push_back(rust::String(f));
-  return out;
+  return use(found);
+}
+}  // namespace
+
+rust::Vec<rust::String> loaded_mlx_libraries() {
+  return with_mlx_definers([](const std::vector<std::string>& found) {
+    rust::Vec<rust::String> out;
+    for (auto& f : found) out.push_back(rust::String(f));
+    return out;
+  });
+}
+
+size_t loaded_mlx_library_count() {
+  return with_mlx_definers([](const std::vector<std::string>& found) { return found.size(); });
 }
 
 bool pin_library() {

@@ -64,6 +64,7 @@ void host_array_free(size_t host);
 rust::String mlx_version();
 rust::String mlx_build_version();
 rust::Vec<rust::String> loaded_mlx_libraries();
+size_t loaded_mlx_library_count();
 bool pin_library();
 
 bool metal_available();

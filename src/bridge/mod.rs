@@ -178,6 +178,8 @@ pub mod ffi {
         /// a library MLX is compiled into with its symbols visible), as resolved file paths.
         /// Scanned again only when objects were loaded or unloaded since the last call.
         fn loaded_mlx_libraries() -> Vec<String>;
+        /// How many objects `loaded_mlx_libraries` would list (no allocation).
+        fn loaded_mlx_library_count() -> usize;
         /// Keeps this library loaded for the rest of the process (a dlclose leaves it mapped),
         /// since a host's graph may hold nodes whose code is here. Returns false if it could
         /// not be pinned.

@@ -28,9 +28,10 @@ pub fn check_one_mlx() -> Result<()> {
              arrays can only be shared with the MLX this library was built against"
         )));
     }
-    // Resolved paths, one per object (the scan is cached until objects are loaded or unloaded).
-    let paths = bridge::loaded_mlx_libraries();
-    if paths.len() > 1 {
+    // One object per copy (the scan is cached until objects are loaded or unloaded); the
+    // paths only for the message.
+    if bridge::loaded_mlx_library_count() > 1 {
+        let paths = bridge::loaded_mlx_libraries();
         return Err(Error::Unsupported(format!(
             "{} copies of libmlx are loaded (objects defining MLX: {}): each has its own \
              scheduler, allocator and streams, so arrays cannot be shared between them; load one \
