@@ -38,6 +38,14 @@ pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
     } else {
         format!("{METAL_COMPAT_HEADER}{}", l.header)
     };
+    if l.name.starts_with("mlxk_gated_rms_norm") && l.threadgroup[0] == 32 {
+        // Rows of at most 128 values take one SIMD group each; on Metal a threadgroup, on CUDA
+        // up to eight share a block, as the head split's heads (32-thread blocks cap an SM at
+        // half its warps).
+        let rows = l.grid[0] / 32;
+        let k = (1..=8).rev().find(|k| rows % k == 0).unwrap_or(1);
+        l.threadgroup[0] = 32 * k;
+    }
     if l.name.starts_with("mlxk_silu_rms_heads") {
         // One SIMD group per (row, head) on Metal; on CUDA up to eight heads share a block, so
         // an SM is not limited by its block count to a quarter of its warps.
@@ -149,6 +157,11 @@ mod tests {
         }
         let l = launch(metal("mlxk_gated_rms_norm", [7 * 96, 1, 1], [96, 1, 1])).unwrap();
         assert_eq!(l.threadgroup, [96, 1, 1]);
+        // Rows of one SIMD group: up to eight a block (12 rows: 6; 7 rows: 7; 16: 8).
+        for (rows, k) in [(12, 6), (7, 7), (16, 8), (1, 1)] {
+            let l = launch(metal("mlxk_gated_rms_norm", [32 * rows, 1, 1], [32, 1, 1])).unwrap();
+            assert_eq!(l.threadgroup, [32 * k, 1, 1], "{rows} rows");
+        }
         // The head split: up to eight heads a block (80 heads: 8; 6 heads: 6; 7 heads: 7).
         for (heads, k) in [(80, 8), (6, 6), (7, 7), (11, 1), (9, 3)] {
             let l = launch(metal("mlxk_silu_rms_heads", [32 * heads, 5, 1], [32, 1, 1])).unwrap();

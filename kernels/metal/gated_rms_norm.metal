@@ -2,14 +2,18 @@
 // float32 SiLU gate. RMS reduction adapted from MLX's rms_norm kernel, Copyright © 2024 Apple
 // Inc., MIT license (THIRD_PARTY_NOTICES.md). eps arrives as its float32 bit pattern (EPS).
 // Launch: grid (rows * THREADS, 1, 1), threadgroup (THREADS, 1, 1) with
-// THREADS = min(1024, ceil(D / 128) * 32); template T, D, THREADS, EPS.
+// THREADS = min(1024, ceil(D / 128) * 32) (on CUDA, k * 32 for k rows when THREADS is 32);
+// template T, D, THREADS, EPS.
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
-  const uint row = threadgroup_position_in_grid.x;
+  // Row r is threads [r * THREADS, (r + 1) * THREADS) of grid x: one threadgroup on Metal; on
+  // CUDA a block may hold several rows when THREADS is 32 (one SIMD group a row, no
+  // threadgroup memory).
+  const uint row = thread_position_in_grid.x / uint(THREADS);
   const uint lane = thread_index_in_simdgroup;
   float acc = 0.0f;
-  const uint tid = thread_position_in_threadgroup.x;
+  const uint tid = thread_position_in_grid.x % uint(THREADS);
   threadgroup float sums[32];
   threadgroup float inverse[1];
   for (uint r = 0; r < uint(D); r += uint(THREADS) * 4u) {
