@@ -369,25 +369,27 @@ void dispatch(int warmup, int iters) {
       }, warmup, iters),
       kLayers, 0, 0);
   mlxk::set_default_device(mlxk::Device::Gpu);
-  // The recurrence text at B = 32 with 1, 2 and 4 value rows per warp (the library takes 4
-  // from 256 (batch, head) pairs): which layout hides the state loads' latency best.
-  {
-    auto wide = layers(32, 1);
-    for (int rows : {1, 2, 4}) {
+  // The recurrence text at B = 32 and 256 with 1 to 8 value rows per warp (the library takes
+  // 4 from 256 (batch, head) pairs): which layout hides the state loads' latency best.
+  for (int batch : {32, 256}) {
+    auto wide = layers(batch, 1);
+    for (int rows : {1, 2, 4, 8}) {
       auto targs_r = targs;
       targs_r[4] = {"ROWS", rows};
       auto step = [&] {
         std::vector<mx::array> outs;
         for (auto& x : wide) {
           auto r = rec({x.q, x.k, x.v, x.a, x.b, x.state, t_in, x.a_log, x.dt_bias},
-                       {{32, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
-                       {32, kD / rows, 32 * kHv}, {32, 4, 1}, targs_r, std::nullopt, false, {});
+                       {{batch, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                       {32, kD / rows, batch * kHv}, {32, 4, 1}, targs_r, std::nullopt, false,
+                       {});
           outs.insert(outs.end(), r.begin(), r.end());
         }
         mx::eval(outs);
       };
-      row("dispatch", "decode B=32 (30 layers)", "direct ROWS=" + std::to_string(rows),
-          time_us(step, warmup, iters), kLayers, update_bytes(32, 1), 0);
+      row("dispatch", "decode B=" + std::to_string(batch) + " (30 layers)",
+          "direct ROWS=" + std::to_string(rows), time_us(step, warmup, iters), kLayers,
+          update_bytes(batch, 1), 0);
     }
   }
   const char* names[] = {"custom copy 1:1", "custom copy 9:2", "recurrence direct"};
