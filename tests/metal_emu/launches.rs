@@ -106,9 +106,11 @@ enum Kind {
         rows: usize,
     },
     /// The SiLU + RMS head split.
-    HeadSplit { d: HeadSplitDims },
+    /// `grouped`: with the CUDA launch's threadgroup (up to eight heads a block, src/cuda.rs).
+    HeadSplit { d: HeadSplitDims, grouped: bool },
     /// The gated norm over the last axis of `shape`; `aux` is the gate's dtype.
-    GatedNorm { shape: Vec<i64> },
+    /// `grouped`: with the CUDA launch's threadgroup (up to eight one-SIMD-group rows a block).
+    GatedNorm { shape: Vec<i64>, grouped: bool },
     /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
     /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
     /// choice). `twin`: the id of a case with the same inputs (same draws) and another
@@ -200,7 +202,7 @@ fn replay_rows(
 
 fn split(dtype: Dtype, d: HeadSplitDims, eps: f32) -> Case {
     Case {
-        kind: Kind::HeadSplit { d },
+        kind: Kind::HeadSplit { d, grouped: false },
         dtype,
         aux: dtype,
         eps,
@@ -211,11 +213,27 @@ fn norm(dtype: Dtype, gate: Dtype, shape: &[i64], eps: f32) -> Case {
     Case {
         kind: Kind::GatedNorm {
             shape: shape.to_vec(),
+            grouped: false,
         },
         dtype,
         aux: gate,
         eps,
     }
+}
+
+/// `c` with the CUDA launch's threadgroup (head split, gated norm).
+fn grouped(mut c: Case) -> Case {
+    match &mut c.kind {
+        Kind::HeadSplit { grouped, .. } | Kind::GatedNorm { grouped, .. } => *grouped = true,
+        _ => panic!("only the head split and the gated norm are grouped"),
+    }
+    c
+}
+
+/// The SIMD groups src/cuda.rs `launch` puts in one block for `n` heads or one-group rows: the
+/// largest k <= 8 dividing n (restated: cuda.rs needs MLX-bound modules).
+fn cuda_group(n: i64) -> i32 {
+    (1..=8).rev().find(|k| n % k == 0).unwrap_or(1) as i32
 }
 
 /// A backward case with the library's checkpoint interval, then one more case for each interval
@@ -328,6 +346,11 @@ fn cases() -> Vec<Case> {
         norm(BF16, BF16, &[2, 5000], 1e-6),
         norm(F32, F32, &[5, 7], 1e-6),
         norm(F32, F16, &[2, 2, 640], 0.0),
+        // The CUDA launch's grouping: several heads / rows in one threadgroup.
+        grouped(split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0)),
+        grouped(split(F32, heads(1, 2, 1, 4, 64, 48), 1e-6)),
+        grouped(norm(BF16, BF16, &[24, 128], 1e-6)),
+        grouped(norm(F32, F16, &[7, 3, 100], 1e-6)),
     ];
     backward_cases(&mut list);
     list
@@ -716,7 +739,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 extra,
             )
         }
-        Kind::HeadSplit { d } => {
+        Kind::HeadSplit { d, grouped } => {
             let u = |x: i64| x as usize;
             let l = metal::silu_rms_heads_launch(&node::silu_rms_heads::Node {
                 dims: node::silu_rms_heads::Dims {
@@ -735,6 +758,10 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 [(32 * (2 * d.hk + d.hv)) as i32, (d.b * d.s) as i32, 1]
             );
             assert_eq!(l.threadgroup, [32, 1, 1]);
+            let mut l = l;
+            if *grouped {
+                l.threadgroup[0] = 32 * cuda_group(2 * d.hk + d.hv);
+            }
             let channels = 2 * d.hk * d.dk + d.hv * d.dv;
             // src/ops/silu_rms_heads.rs `split`: x, q_scale, k_scale as given.
             let inputs: Inputs = vec![
@@ -743,7 +770,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 ("kscale", c.dtype, vec![d.dk]),
             ];
             let label = format!(
-                "{} B={} S={} Hk={} Hv={} Dk={} Dv={} eps={:e}",
+                "{} B={} S={} Hk={} Hv={} Dk={} Dv={} eps={:e}{}",
                 name(c.dtype),
                 d.b,
                 d.s,
@@ -751,7 +778,8 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 d.hv,
                 d.dk,
                 d.dv,
-                c.eps
+                c.eps,
+                if *grouped { " (CUDA grouping)" } else { "" }
             );
             (
                 l,
@@ -762,7 +790,7 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 "masked 0\nwith_state 0\n".to_string(),
             )
         }
-        Kind::GatedNorm { shape } => {
+        Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm_launch(&node::gated_rms_norm::Node {
                 shape: shape.iter().map(|&d| d as usize).collect(),
                 dtype: c.dtype,
@@ -774,6 +802,11 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             let threads = ((width + 127) / 128 * 32).min(1024);
             assert_eq!(l.grid, [(rows * threads) as i32, 1, 1]);
             assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
+            let mut l = l;
+            if *grouped {
+                assert_eq!(threads, 32, "only one-SIMD-group rows are grouped");
+                l.threadgroup[0] = 32 * cuda_group(rows);
+            }
             // src/ops/gated_rms_norm.rs `norm`: x, gate (its own float dtype), weight [D].
             let inputs: Inputs = vec![
                 ("x", c.dtype, shape.clone()),
@@ -781,12 +814,13 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 ("weight", c.dtype, vec![width]),
             ];
             let label = format!(
-                "{} gate:{} shape {:?} THREADS={} eps={:e}",
+                "{} gate:{} shape {:?} THREADS={} eps={:e}{}",
                 name(c.dtype),
                 name(c.aux),
                 shape,
                 threads,
-                c.eps
+                c.eps,
+                if *grouped { " (CUDA grouping)" } else { "" }
             );
             (
                 l,
