@@ -28,16 +28,19 @@ pub const MAX_BLOCKS_YZ: i32 = 65_535;
 /// block instead of 4 and 2). Lanes stay on x, so a SIMD group is still one warp. Grids past
 /// CUDA's block limits are refused with the dimension that overflows.
 pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
+    static COMPAT: OnceLock<String> = OnceLock::new();
     static WITH_GATES: OnceLock<String> = OnceLock::new();
+    let compat = COMPAT.get_or_init(|| strip_comments(METAL_COMPAT_HEADER));
     l.header = if l.header.is_empty() {
-        METAL_COMPAT_HEADER.to_string()
+        compat.clone()
     } else if l.header == GATES_HEADER {
         WITH_GATES
-            .get_or_init(|| format!("{METAL_COMPAT_HEADER}{GATES_HEADER}"))
+            .get_or_init(|| format!("{compat}{}", strip_comments(GATES_HEADER)))
             .clone()
     } else {
-        format!("{METAL_COMPAT_HEADER}{}", l.header)
+        format!("{compat}{}", strip_comments(&l.header))
     };
+    l.source = strip_comments(&l.source);
     if l.name.starts_with("mlxk_gated_rms_norm") && l.threadgroup[0] == 32 {
         // Rows of at most 128 values take one SIMD group each; on Metal a threadgroup, on CUDA
         // up to eight share a block, as the head split's heads (32-thread blocks cap an SM at
@@ -74,6 +77,26 @@ pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
         }
     }
     Ok(l)
+}
+
+/// The text without its `//` comments and the lines they leave empty: MLX's `cuda_kernel`
+/// assembles header and source into a new string on every call, so shorter text is cheaper
+/// per launch; NVRTC compiles the same code. The kernel texts have no string literals (a line
+/// with a `"` is kept whole).
+pub fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let code = match line.find("//") {
+            Some(at) if !line.contains('"') => &line[..at],
+            _ => line,
+        };
+        let code = code.trim_end();
+        if !code.is_empty() {
+            out.push_str(code);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The recurrence or replay launch with its gates fused (`kernels/cuda/gates.cuh`): the inputs
@@ -145,14 +168,17 @@ mod tests {
             if dv % 4 == 0 {
                 assert_eq!(l.threadgroup[1], 4);
             }
-            assert_eq!(l.header, METAL_COMPAT_HEADER);
+            assert_eq!(l.header, strip_comments(METAL_COMPAT_HEADER));
             let fused = launch(with_fused_gates(metal(
                 "mlxk_gated_delta_step",
                 [32, dv, 2],
                 [32, 4, 1],
             )))
             .unwrap();
-            assert_eq!(fused.header, format!("{METAL_COMPAT_HEADER}{GATES_HEADER}"));
+            assert_eq!(
+                fused.header,
+                strip_comments(&format!("{METAL_COMPAT_HEADER}{GATES_HEADER}"))
+            );
             assert_eq!(fused.name, "mlxk_gated_delta_step_gates");
         }
         let l = launch(metal("mlxk_gated_rms_norm", [7 * 96, 1, 1], [96, 1, 1])).unwrap();
@@ -169,6 +195,31 @@ mod tests {
         }
         let l = launch(metal("mlxk_gated_delta_step", [32, 0, 0], [32, 4, 1])).unwrap();
         assert_eq!(l.threadgroup, [32, 4, 1]);
+    }
+
+    #[test]
+    fn comments_go_and_code_stays() {
+        let text = "// head\n#define A(x) ((x) * 2)  // doubles\n\n  int y = A(1);\n  // x\n\
+                    #define B \\\n  1\n";
+        assert_eq!(
+            strip_comments(text),
+            "#define A(x) ((x) * 2)\n  int y = A(1);\n#define B \\\n  1\n"
+        );
+        // Every kernel text keeps its code lines (no line of code is lost or cut).
+        for text in [
+            METAL_COMPAT_HEADER,
+            GATES_HEADER,
+            crate::metal::GATED_DELTA_SOURCE,
+        ] {
+            let code = |t: &str| {
+                t.lines()
+                    .map(|l| l.split("//").next().unwrap().trim_end().to_string())
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(code(&strip_comments(text)), code(text));
+            assert!(strip_comments(text).len() < text.len());
+        }
     }
 
     #[test]

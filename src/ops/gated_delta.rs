@@ -554,8 +554,8 @@ fn backward_gpu(
     inputs.extend(x.mask);
     let mut forward = *node;
     forward.has_mask = x.mask.is_some();
-    let launch = metal::gated_delta_backward_launch(&forward, c);
-    let mut out = gpu_node(launch, &inputs, backend, None)?.into_iter();
+    let make = || metal::gated_delta_backward_launch(&forward, c);
+    let mut out = gpu_node(None, make, &inputs, backend, None)?.into_iter();
     let mut next = || {
         out.next()
             .ok_or_else(|| Error::Backend("the backward kernel made too few outputs".into()))
@@ -771,24 +771,27 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
                     other => caller_array(x, other),
                 })
                 .collect::<Vec<_>>();
-            let launch = match gpu {
-                Backend::Cuda { .. } => {
-                    metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
+            let make = || {
+                let launch = match gpu {
+                    Backend::Cuda { .. } => {
+                        metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
+                    }
+                    _ => metal::gated_delta_launch(node),
+                };
+                if fused {
+                    cuda::with_fused_gates(launch)
+                } else {
+                    launch
                 }
-                _ => metal::gated_delta_launch(node),
             };
-            let launch = if fused {
-                cuda::with_fused_gates(launch)
-            } else {
-                launch
-            };
+            // The launch depends on the node and on whether the gates are fused.
+            let mut words = vec![fused as i64];
+            words.extend(node.encode());
+            let key = words.clone();
             // Exact updates carry a gradient for MLX's autograd (the replay has none).
-            let vjp = (node.form == Form::Exact).then(|| {
-                let mut words = vec![fused as i64];
-                words.extend(node.encode());
-                (Kernel::GatedDelta, super::gpu_vjp_params(gpu, words))
-            });
-            gpu_node(launch, &inputs, gpu, vjp)
+            let vjp = (node.form == Form::Exact)
+                .then(|| (Kernel::GatedDelta, super::gpu_vjp_params(gpu, words)));
+            gpu_node(Some(key), make, &inputs, gpu, vjp)
         }
     }
 }

@@ -93,11 +93,13 @@ pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
             &inputs,
         )?,
         gpu => {
+            let words = node.encode();
             let vjp = (
                 Kernel::GatedRmsNorm,
-                super::gpu_vjp_params(gpu, node.encode()),
+                super::gpu_vjp_params(gpu, words.clone()),
             );
-            gpu_node(metal::gated_rms_norm_launch(&node), &inputs, gpu, Some(vjp))?
+            let make = || metal::gated_rms_norm_launch(&node);
+            gpu_node(Some(words), make, &inputs, gpu, Some(vjp))?
         }
     };
     Ok(outputs.pop().expect("one output"))

@@ -11,6 +11,8 @@ pub mod host;
 pub mod shape;
 pub mod silu_rms_heads;
 
+use std::sync::Arc;
+
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array, CpuLaunch, MetalLaunch};
@@ -82,10 +84,15 @@ pub(crate) fn cpu_node(
 /// gets the dtypes of every input: inputs whose dtype is not a template argument (beta, the
 /// gate inputs, the scales, the weight) never meet a kernel compiled for other dtypes.
 ///
+/// `key` (the node's words and whatever else `make` depends on) keeps the finished launch for
+/// later calls with the same key, backend and input dtypes, so a decode step does not rebuild
+/// the same description (names, sources, geometry) every call; None builds it afresh.
+///
 /// `vjp` (the forward's kernel and its `GpuVjp::params`) gives the node a gradient under MLX's
 /// autograd: MLX then asks `gpu_vjp` for it (docs/DESIGN.md §4 "Gradients").
 pub(crate) fn gpu_node(
-    mut launch: MetalLaunch,
+    key: Option<Vec<i64>>,
+    make: impl FnOnce() -> MetalLaunch,
     inputs: &[&Array],
     backend: Backend,
     vjp: Option<(Kernel, Vec<i64>)>,
@@ -97,23 +104,73 @@ pub(crate) fn gpu_node(
         }
         None => (0, Vec::new()),
     };
-    for a in inputs {
-        let code = bridge::array_dtype(a);
-        let tag = Dtype::from_code(code).map_or("unknown", Dtype::name);
-        launch.name.push('_');
-        launch.name.push_str(tag);
-    }
+    let dtypes: Vec<i32> = inputs.iter().map(|a| bridge::array_dtype(a)).collect();
+    let finish = |mut launch: MetalLaunch| -> Result<MetalLaunch> {
+        for &code in &dtypes {
+            let tag = Dtype::from_code(code).map_or("unknown", Dtype::name);
+            launch.name.push('_');
+            launch.name.push_str(tag);
+        }
+        match backend {
+            Backend::Cuda { .. } => cuda::launch(launch),
+            _ => Ok(launch),
+        }
+    };
+    let launch = match key {
+        Some(mut key) => {
+            key.push(backend.code());
+            key.extend(dtypes.iter().map(|&d| d as i64));
+            launches::get(key, || finish(make()))?
+        }
+        None => Arc::new(finish(make())?),
+    };
     let list = bridge::list(inputs);
     let outputs = match backend {
         Backend::Metal { gpu } => {
             bridge::metal_kernel_op(&launch, &list, gpu, vjp_kernel, &vjp_params)?
         }
         Backend::Cuda { gpu } => {
-            bridge::cuda_kernel_op(&cuda::launch(launch)?, &list, gpu, vjp_kernel, &vjp_params)?
+            bridge::cuda_kernel_op(&launch, &list, gpu, vjp_kernel, &vjp_params)?
         }
         Backend::Cpu => unreachable!("gpu_node takes a GPU backend"),
     };
     Ok(bridge::take(&*outputs))
+}
+
+/// The finished GPU launches by key (`gpu_node`).
+mod launches {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use crate::bridge::MetalLaunch;
+    use crate::error::Result;
+
+    /// At most this many launches are kept (each holds its kernel's text); past it the cache
+    /// starts over. Shapes are part of a key, so a stream of new sequence lengths would
+    /// otherwise grow it without end.
+    const CAPACITY: usize = 256;
+
+    static LAUNCHES: Mutex<Option<HashMap<Vec<i64>, Arc<MetalLaunch>>>> = Mutex::new(None);
+
+    /// The launch kept under `key`, or `make`'s, kept.
+    pub fn get(
+        key: Vec<i64>,
+        make: impl FnOnce() -> Result<MetalLaunch>,
+    ) -> Result<Arc<MetalLaunch>> {
+        let mut guard = LAUNCHES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let map = guard.get_or_insert_with(HashMap::new);
+        if let Some(launch) = map.get(&key) {
+            return Ok(Arc::clone(launch));
+        }
+        let launch = Arc::new(make()?);
+        if map.len() >= CAPACITY {
+            map.clear();
+        }
+        map.insert(key, Arc::clone(&launch));
+        Ok(launch)
+    }
 }
 
 impl Backend {

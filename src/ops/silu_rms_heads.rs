@@ -121,11 +121,13 @@ pub fn split(
             &inputs,
         )?,
         gpu => {
+            let words = node.encode();
             let vjp = (
                 Kernel::SiluRmsHeads,
-                super::gpu_vjp_params(gpu, node.encode()),
+                super::gpu_vjp_params(gpu, words.clone()),
             );
-            gpu_node(metal::silu_rms_heads_launch(&node), &inputs, gpu, Some(vjp))?
+            let make = || metal::silu_rms_heads_launch(&node);
+            gpu_node(Some(words), make, &inputs, gpu, Some(vjp))?
         }
     };
     let v = outputs.pop().expect("three outputs");
