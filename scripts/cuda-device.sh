@@ -9,13 +9,11 @@
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-carry=$PWD/build/cuda/carry
 out=${OUT:-$PWD/build/cuda/out}
 mkdir -p "$out"
 what=${*:-test bench}
 # shellcheck disable=SC1091
-source scripts/cuda/stage.sh "$carry/payload.tar.xz"
-export LD_LIBRARY_PATH=$carry:$MLX_DIR/lib:$LD_LIBRARY_PATH
+source scripts/cuda/carry-env.sh
 export MLXK_NUM_THREADS=${MLXK_NUM_THREADS:-8}
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   lscpu | grep -m1 'Model name'; } | tee "$out/device.txt"

@@ -23,6 +23,15 @@ pub const GATED_RMS_NORM_SOURCE: &str = include_str!("../kernels/metal/gated_rms
 /// The marker the recurrence source uses for "this token is processed".
 pub const TOKEN_ACTIVE_MARKER: &str = "MLXK_TOKEN_ACTIVE";
 
+/// A recurrence text with its token-active marker made `true` (unmasked) and
+/// `mask[b_idx * T + t]` (masked), in that order.
+fn token_variants(text: &str) -> [String; 2] {
+    [
+        text.replace(TOKEN_ACTIVE_MARKER, "true"),
+        text.replace(TOKEN_ACTIVE_MARKER, "mask[b_idx * T + t]"),
+    ]
+}
+
 fn names<S: AsRef<str>>(list: &[S]) -> Vec<String> {
     list.iter().map(|s| s.as_ref().to_string()).collect()
 }
@@ -86,12 +95,7 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
         ),
         _ => {
             static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
-            let sources = SOURCES.get_or_init(|| {
-                [
-                    GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, "true"),
-                    GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, "mask[b_idx * T + t]"),
-                ]
-            });
+            let sources = SOURCES.get_or_init(|| token_variants(GATED_DELTA_SOURCE));
             let name = if n.has_mask {
                 "mlxk_gated_delta_step_mask"
             } else {
@@ -211,12 +215,7 @@ pub fn backward_scratch(d: gated_delta::Dims, checkpoint: usize) -> [Vec<usize>;
 /// per value head and row partition), dv, dstate (all f32) and the two scratch buffers.
 pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> MetalLaunch {
     static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
-    let sources = SOURCES.get_or_init(|| {
-        [
-            GATED_DELTA_BACKWARD_SOURCE.replace(TOKEN_ACTIVE_MARKER, "true"),
-            GATED_DELTA_BACKWARD_SOURCE.replace(TOKEN_ACTIVE_MARKER, "mask[b_idx * T + t]"),
-        ]
-    });
+    let sources = SOURCES.get_or_init(|| token_variants(GATED_DELTA_BACKWARD_SOURCE));
     let d = n.dims;
     let f32 = |shape: Vec<usize>| Output {
         shape,

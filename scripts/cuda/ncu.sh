@@ -4,12 +4,10 @@
 # stalls and memory workload. Usage: scripts/cuda/ncu.sh OUT_DIR
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-carry=$PWD/build/cuda/carry
 out=${1:-build/cuda/out}
 mkdir -p "$out"
 # shellcheck disable=SC1091
-source scripts/cuda/stage.sh "$carry/payload.tar.xz"
-export LD_LIBRARY_PATH=$carry:$MLX_DIR/lib:${LD_LIBRARY_PATH:-}
+source scripts/cuda/carry-env.sh
 ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 [ -n "$ncu_bin" ] || { echo "ncu: not installed"; exit 0; }
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats

@@ -5,12 +5,10 @@
 # Usage: scripts/cuda/probe.sh OUT_DIR
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-carry=$PWD/build/cuda/carry
 out=${1:-build/cuda/out}
 mkdir -p "$out"
 # shellcheck disable=SC1091
-source scripts/cuda/stage.sh "$carry/payload.tar.xz"
-export LD_LIBRARY_PATH=$carry:$MLX_DIR/lib:${LD_LIBRARY_PATH:-}
+source scripts/cuda/carry-env.sh
 { for tool in ncu nsys perf; do printf '%s: %s\n' "$tool" "$(command -v $tool || echo none)"; done
   ls -d /usr/local/cuda*/bin 2>/dev/null; lscpu | grep -m1 'Model name'; uptime; } |
   tee "$out/probe-env.txt"

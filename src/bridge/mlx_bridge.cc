@@ -101,12 +101,39 @@ mx::array allocated(const mx::Shape& shape, mx::Dtype dtype, void** data) {
   return mx::array(std::move(buffer), shape, dtype);
 }
 
+// What the library's primitives share: the kernel code `kernel` (node::Kernel), whose C
+// function names messages, and the transforms they refuse (forward mode and batching).
+class MlxkernPrimitive : public mx::Primitive {
+ public:
+  MlxkernPrimitive(mx::Stream stream, uint32_t kernel) : mx::Primitive(stream), kernel_(kernel) {}
+
+  std::vector<mx::array> jvp(const std::vector<mx::array>&, const std::vector<mx::array>&,
+                             const std::vector<int>&) override {
+    throw std::invalid_argument("mlxkern: jvp is not implemented for " + kernel_name() +
+                                "; use vjp (mx::vjp, mx::grad, mx::value_and_grad)");
+  }
+
+  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>&,
+                                                           const std::vector<int>&) override {
+    throw std::invalid_argument("mlxkern: vmap is not implemented for " + kernel_name() +
+                                "; call it on the batched arrays (its leading dimensions are "
+                                "batch dimensions)");
+  }
+
+ protected:
+  std::string kernel_name() const { return std::string(mlxk_kernel_name(kernel_)); }
+  uint32_t kernel() const { return kernel_; }
+
+ private:
+  uint32_t kernel_;
+};
+
 // The MLX primitive behind every CPU kernel: lazy in the graph, and at eval it runs the Rust
 // kernel named by `launch.kernel` on the CPU stream's thread.
-class RustCpuKernel : public mx::Primitive {
+class RustCpuKernel : public MlxkernPrimitive {
  public:
   RustCpuKernel(mx::Stream stream, CpuLaunch launch)
-      : mx::Primitive(stream), launch_(std::move(launch)) {}
+      : MlxkernPrimitive(stream, launch.kernel), launch_(std::move(launch)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -224,24 +251,9 @@ class RustCpuKernel : public mx::Primitive {
     return result;
   }
 
-  std::vector<mx::array> jvp(const std::vector<mx::array>&, const std::vector<mx::array>&,
-                             const std::vector<int>&) override {
-    throw std::invalid_argument("mlxkern: jvp is not implemented for " + kernel_name() +
-                                "; use vjp (mx::vjp, mx::grad, mx::value_and_grad)");
-  }
-
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>&,
-                                                           const std::vector<int>&) override {
-    throw std::invalid_argument("mlxkern: vmap is not implemented for " + kernel_name() +
-                                "; call it on the batched arrays (its leading dimensions are "
-                                "batch dimensions)");
-  }
-
   const char* name() const override { return "MlxkernCpuKernel"; }
 
  private:
-  std::string kernel_name() const { return std::string(mlxk_kernel_name(launch_.kernel)); }
-
   CpuLaunch launch_;
 };
 
@@ -249,20 +261,19 @@ class RustCpuKernel : public mx::Primitive {
 // primitive has no vjp, so the library's launches wrap it. Evaluation is the wrapped
 // primitive's, unchanged; MLX's autograd asks mlxk_gpu_vjp (Rust) for the gradients of every
 // input, given the forward's description (`kernel`, `params`: node::gpu_vjp).
-class GpuKernelWithVjp : public mx::Primitive {
+class GpuKernelWithVjp : public MlxkernPrimitive {
  public:
   GpuKernelWithVjp(std::shared_ptr<mx::Primitive> kernel, uint32_t vjp_kernel,
                    std::vector<int64_t> params)
-      : mx::Primitive(kernel->stream()),
-        kernel_(std::move(kernel)),
-        vjp_kernel_(vjp_kernel),
+      : MlxkernPrimitive(kernel->stream(), vjp_kernel),
+        launched_(std::move(kernel)),
         params_(std::move(params)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    kernel_->eval_cpu(inputs, outputs);
+    launched_->eval_cpu(inputs, outputs);
   }
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
-    kernel_->eval_gpu(inputs, outputs);
+    launched_->eval_gpu(inputs, outputs);
   }
 
   std::vector<mx::array> vjp(const std::vector<mx::array>& primals,
@@ -273,7 +284,7 @@ class GpuKernelWithVjp : public mx::Primitive {
     ArrayList p{primals}, c{cotangents};
     std::unique_ptr<ArrayList> grads;
     try {
-      grads = mlxk_gpu_vjp(vjp_kernel_,
+      grads = mlxk_gpu_vjp(kernel(),
                            rust::Slice<const int64_t>(params_.data(), params_.size()), p, c);
     } catch (const rust::Error& e) {
       throw std::invalid_argument(e.what());
@@ -287,26 +298,10 @@ class GpuKernelWithVjp : public mx::Primitive {
     return result;
   }
 
-  std::vector<mx::array> jvp(const std::vector<mx::array>&, const std::vector<mx::array>&,
-                             const std::vector<int>&) override {
-    throw std::invalid_argument("mlxkern: jvp is not implemented for " + kernel_name() +
-                                "; use vjp (mx::vjp, mx::grad, mx::value_and_grad)");
-  }
-
-  std::pair<std::vector<mx::array>, std::vector<int>> vmap(const std::vector<mx::array>&,
-                                                           const std::vector<int>&) override {
-    throw std::invalid_argument("mlxkern: vmap is not implemented for " + kernel_name() +
-                                "; call it on the batched arrays (its leading dimensions are "
-                                "batch dimensions)");
-  }
-
   const char* name() const override { return "MlxkernGpuKernel"; }
 
  private:
-  std::string kernel_name() const { return std::string(mlxk_kernel_name(vjp_kernel_)); }
-
-  std::shared_ptr<mx::Primitive> kernel_;
-  uint32_t vjp_kernel_;
+  std::shared_ptr<mx::Primitive> launched_;  // MLX's CustomKernel
   std::vector<int64_t> params_;
 };
 
