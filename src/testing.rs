@@ -347,3 +347,131 @@ pub unsafe fn gated_rms_norm_vjp_via_gpu(
         )
     }
 }
+
+/// The forward of a GPU node whose autograd entry [`gpu_node_vjp`] calls.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GpuForward {
+    /// `mlxk_gated_rms_norm` (eps): primals x, gate, weight; one cotangent (out's).
+    GatedRmsNorm { eps: f32 },
+    /// `mlxk_silu_rms_heads`: primals x, q_scale, k_scale; cotangents of q, k, v.
+    SiluRmsHeads {
+        key_heads: i32,
+        value_heads: i32,
+        value_width: i32,
+        eps: f32,
+    },
+    /// `mlxk_gated_delta_update` (exact) with its gates fused (the CUDA launch's inputs: q, k,
+    /// v, a, b, state, T, then the mask if `masked`, then a_log, dt_bias) or not (the Metal
+    /// launch's: q, k, v, g, beta, state, T, mask); cotangents of y and the state.
+    GatedDelta { fused: bool, masked: bool },
+}
+
+/// What MLX's autograd runs for a GPU node (`GpuKernelWithVjp::vjp` → `mlxk_gpu_vjp`), on
+/// `kernels` with a CPU stream: the node's description made as the forward makes it, then the
+/// gradients of every primal (one handle each into `outs`, in the primals' order). For the
+/// recurrence, `node_args` are the caller's arrays the forward would check (q, k, v, a, b,
+/// a_log, dt_bias, state, mask; NULL where absent), since its launch's primals are not the
+/// caller's arrays; for the norms they are the primals.
+///
+/// # Safety
+/// `outs` has room for one handle per primal.
+pub unsafe fn gpu_node_vjp(
+    forward: GpuForward,
+    kernels: GpuKernels,
+    node_args: &[*const mlxk_array],
+    primals: &[*const mlxk_array],
+    cotangents: &[*const mlxk_array],
+    outs: &mut [*mut mlxk_array],
+) -> mlxk_status {
+    boundary("gpu_node_vjp", || {
+        let mut mlx = registry::lock();
+        let get = |mlx: &registry::Guard, list: &[*const mlxk_array], what: &str| {
+            list.iter()
+                .enumerate()
+                .map(|(i, &h)| {
+                    mlx.get(h, &format!("{what} {i}"))
+                        .map(|a| bridge::list(&[a]))
+                })
+                .collect::<crate::error::Result<Vec<_>>>()
+        };
+        let backend = kernels.backend(false);
+        let (kernel, words) = match forward {
+            GpuForward::GatedRmsNorm { eps } => {
+                let [x, gate, weight] = node_args else {
+                    panic!("three arrays: x, gate, weight")
+                };
+                let node =
+                    crate::ops::gated_rms_norm::check(&crate::ops::gated_rms_norm::Inputs {
+                        x: mlx.get(*x, "x")?,
+                        gate: mlx.get(*gate, "gate")?,
+                        weight: mlx.get(*weight, "weight")?,
+                        eps,
+                    })?;
+                (Kernel::GatedRmsNorm, crate::node::Words::encode(&node))
+            }
+            GpuForward::SiluRmsHeads {
+                key_heads,
+                value_heads,
+                value_width,
+                eps,
+            } => {
+                let [x, q_scale, k_scale] = node_args else {
+                    panic!("three arrays: x, q_scale, k_scale")
+                };
+                let node =
+                    crate::ops::silu_rms_heads::check(&crate::ops::silu_rms_heads::Inputs {
+                        x: mlx.get(*x, "x")?,
+                        q_scale: mlx.get(*q_scale, "q_scale")?,
+                        k_scale: mlx.get(*k_scale, "k_scale")?,
+                        key_heads,
+                        value_heads,
+                        value_width,
+                        eps,
+                    })?;
+                (Kernel::SiluRmsHeads, crate::node::Words::encode(&node))
+            }
+            GpuForward::GatedDelta { fused, .. } => {
+                let [q, k, v, a, b, a_log, dt_bias, state, mask] = node_args else {
+                    panic!("nine arrays: q, k, v, a, b, a_log, dt_bias, state, mask")
+                };
+                let optional = |h: *const mlxk_array, name: &str| {
+                    if h.is_null() {
+                        Ok(None)
+                    } else {
+                        mlx.get(h, name).map(Some)
+                    }
+                };
+                let node =
+                    crate::ops::gated_delta::check_update(&crate::ops::gated_delta::Inputs {
+                        q: mlx.get(*q, "q")?,
+                        k: mlx.get(*k, "k")?,
+                        v: mlx.get(*v, "v")?,
+                        a: mlx.get(*a, "a")?,
+                        b: mlx.get(*b, "b")?,
+                        a_log: mlx.get(*a_log, "a_log")?,
+                        dt_bias: mlx.get(*dt_bias, "dt_bias")?,
+                        state: optional(*state, "state")?,
+                        mask: optional(*mask, "mask")?,
+                    })?;
+                let mut words = vec![fused as i64];
+                words.extend(crate::node::Words::encode(&node));
+                (Kernel::GatedDelta, words)
+            }
+        };
+        let params = crate::ops::gpu_vjp_params(backend, words);
+        let primals: Vec<_> = get(&mlx, primals, "primal")?
+            .iter()
+            .map(|l| bridge::list_get(l, 0))
+            .collect();
+        let cotangents: Vec<_> = get(&mlx, cotangents, "cotangent")?
+            .iter()
+            .map(|l| bridge::list_get(l, 0))
+            .collect();
+        let grads = crate::ops::gpu_vjp(kernel as u32, &params, &primals, &cotangents)?;
+        assert_eq!(grads.len(), outs.len(), "one gradient per primal");
+        for (out, grad) in outs.iter_mut().zip(grads) {
+            *out = mlx.insert(grad);
+        }
+        Ok(())
+    })
+}

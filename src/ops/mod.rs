@@ -205,7 +205,7 @@ pub(crate) fn gpu_vjp_params(backend: Backend, words: Vec<i64>) -> Vec<i64> {
 /// MLX's autograd through a GPU kernel node made with a gradient (`gpu_node`'s `vjp`): the
 /// gradients of all its inputs (`primals`, in the launch's order), given the cotangents of all
 /// its outputs. Called by the bridge (`mlxk_gpu_vjp`) from inside the host's `mx::vjp`.
-fn gpu_vjp(
+pub(crate) fn gpu_vjp(
     kernel: u32,
     params: &[i64],
     primals: &[UniquePtr<Array>],
