@@ -181,14 +181,8 @@ pub(crate) fn gpu_vjp(
     cotangents: &[&Array],
     backend: Backend,
 ) -> Result<Vec<UniquePtr<Array>>> {
-    let node = Node::decode(words).map_err(Error::Backend)?;
-    if primals.len() != 3 || cotangents.len() != 1 {
-        return Err(Error::Backend(
-            "the gated norm's GPU gradient description is malformed".into(),
-        ));
-    }
-    let mut inputs = primals.to_vec();
-    inputs.push(cotangents[0]);
+    let (node, inputs): (Node, _) =
+        super::gpu_vjp_inputs("the gated norm", words, primals, cotangents, (3, 1))?;
     let outputs = bridge::gated_rms_norm_vjp_ops(
         &bridge::list(&inputs),
         node.eps,

@@ -171,6 +171,72 @@ mod launches {
         map.insert(key, Arc::clone(&launch));
         Ok(launch)
     }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn named(name: &str) -> MetalLaunch {
+            MetalLaunch {
+                name: name.into(),
+                source: String::new(),
+                header: String::new(),
+                input_names: vec![],
+                output_names: vec![],
+                output_dims: vec![],
+                output_ndims: vec![],
+                output_dtypes: vec![],
+                grid: [1; 3],
+                threadgroup: [1; 3],
+                template_int_names: vec![],
+                template_int_values: vec![],
+                template_dtype_names: vec![],
+                template_dtype_values: vec![],
+            }
+        }
+
+        #[test]
+        fn a_key_builds_its_launch_once_and_the_cache_stays_bounded() {
+            // Keys no library call makes (negative first word), so tests running at the same
+            // time cannot meet them.
+            let base = -7_000_000i64;
+            let mut built = 0;
+            let first = get(vec![base, 1], || {
+                built += 1;
+                Ok(named("one"))
+            })
+            .unwrap();
+            let again = get(vec![base, 1], || {
+                built += 1;
+                Ok(named("other"))
+            })
+            .unwrap();
+            assert_eq!(built, 1);
+            assert!(Arc::ptr_eq(&first, &again));
+            let second = get(vec![base, 2], || {
+                built += 1;
+                Ok(named("two"))
+            })
+            .unwrap();
+            assert_eq!((built, second.name.as_str()), (2, "two"));
+            // An error is returned and nothing is kept.
+            let err = get(vec![base, 3], || {
+                Err(crate::error::Error::Backend("no".into()))
+            });
+            assert!(err.is_err());
+            let kept = get(vec![base, 3], || Ok(named("three"))).unwrap();
+            assert_eq!(kept.name, "three");
+
+            // Past its capacity the cache starts over (in the same test: a clear in between
+            // would rebuild the launches above).
+            let base = -8_000_000i64;
+            for i in 0..=CAPACITY as i64 {
+                get(vec![base, i], || Ok(named("n"))).unwrap();
+            }
+            let len = LAUNCHES.lock().unwrap().as_ref().map_or(0, |m| m.len());
+            assert!(len <= CAPACITY, "{len} launches kept");
+        }
+    }
 }
 
 impl Backend {
@@ -234,6 +300,25 @@ pub(crate) fn gpu_vjp(
             node::function_name(kernel)
         ))),
     }
+}
+
+/// A GPU gradient request for a node with a fixed count of primals and cotangents (`counts`):
+/// the node decoded from `words`, and the primals followed by the cotangents, the input order
+/// of the bridge's `*_vjp_ops`. `what` names the node in the error.
+pub(crate) fn gpu_vjp_inputs<'a, N: node::Words>(
+    what: &str,
+    words: &[i64],
+    primals: &[&'a Array],
+    cotangents: &[&'a Array],
+    counts: (usize, usize),
+) -> Result<(N, Vec<&'a Array>)> {
+    let node = N::decode(words).map_err(Error::Backend)?;
+    if (primals.len(), cotangents.len()) != counts {
+        return Err(Error::Backend(format!(
+            "{what}'s GPU gradient description is malformed"
+        )));
+    }
+    Ok((node, [primals, cotangents].concat()))
 }
 
 /// Zeros of `a`'s shape and dtype (the gradient of an input that has none).

@@ -254,15 +254,9 @@ pub(crate) fn gpu_vjp(
     cotangents: &[&Array],
     backend: Backend,
 ) -> Result<Vec<UniquePtr<Array>>> {
-    let node = Node::decode(words).map_err(Error::Backend)?;
-    if primals.len() != 3 || cotangents.len() != 3 {
-        return Err(Error::Backend(
-            "the head split's GPU gradient description is malformed".into(),
-        ));
-    }
+    let (node, inputs): (Node, _) =
+        super::gpu_vjp_inputs("the head split", words, primals, cotangents, (3, 3))?;
     let d = node.dims;
-    let mut inputs = primals.to_vec();
-    inputs.extend(cotangents);
     let outputs = bridge::silu_rms_heads_vjp_ops(
         &bridge::list(&inputs),
         d.hk as i32,
