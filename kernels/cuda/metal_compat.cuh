@@ -59,14 +59,20 @@ __device__ inline __nv_bfloat16 abs(__nv_bfloat16 x) {
 __device__ inline __half abs(__half x) { return __ushort_as_half(__half_as_ushort(x) & 0x7fffu); }
 
 // MLX's CPU exp (mlx/backend/cpu/simd/math.h; src/cpu/math.rs): 2^(x log2 e) as an integer power
-// built in the exponent bits times a degree-6 polynomial in fused multiply-adds; x + 0.5 rounds
-// in double, as MLX adds the double 0.5. The edge cases first, as the emulator's port does.
+// built in the exponent bits times a degree-6 polynomial in fused multiply-adds. MLX floors
+// x + 0.5 added in double; here in float, with the one case float rounding changes put back:
+// the sum rounded up onto an integer it does not reach (then the floor is one less). For
+// |x| < 128 both give the same integer for every float input (all 2.24e9 of [-88, 88]:
+// scripts/cuda/exp_floor_check.c), without double-precision arithmetic. The edge cases first,
+// as the emulator's port does.
 __device__ inline float exp(float x_init) {
   if (x_init != x_init) return x_init;
   if (x_init > 88.0f) return __int_as_float(0x7f800000);
   if (x_init < -88.0f) return 0.0f;
   const float x = __fmul_rn(x_init, 1.442695f);
-  const float ipart = static_cast<float>(::floor(__dadd_rn(static_cast<double>(x), 0.5)));
+  const float sum = __fadd_rn(x, 0.5f);
+  float ipart = floorf(sum);
+  if (ipart == sum && __fsub_rn(ipart, 0.5f) > x) ipart = __fsub_rn(ipart, 1.0f);
   const float fpart = __fsub_rn(x, ipart);
   float p = 1.535336188319500e-4f;
   p = __fmaf_rn(p, fpart, 1.339887440266574e-3f);

@@ -313,6 +313,7 @@ fn cases() -> Vec<Case> {
         rec_rows(BF16, BF16, dims(2, 4, 2, 4, 128, 16), false, true, 4),
         rec_rows(F16, F32, dims(3, 3, 1, 3, 64, 6), true, true, 2),
         rec_rows(F32, F32, dims(2, 2, 2, 4, 32, 12), true, false, 4),
+        rec_rows(BF16, BF16, dims(2, 3, 2, 4, 128, 16), true, true, 8),
         // Prefix replay (lengths [B]: B < 8 passes them in constant memory).
         replay(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3]),
         replay(BF16, F32, dims(2, 6, 1, 3, 128, 6), false, &[6, 2]),
@@ -327,6 +328,7 @@ fn cases() -> Vec<Case> {
         replay(F32, BF16, dims(2, 3, 1, 2, 256, 3), true, &[3, 2]),
         replay_rows(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3], 4),
         replay_rows(F16, F16, dims(2, 4, 1, 2, 32, 6), true, &[4, 2], 2),
+        replay_rows(BF16, F32, dims(2, 4, 1, 2, 64, 8), true, &[4, 3], 8),
         // Head split (Dk, Dv <= 128; qscale/kscale [Dk]: Dk < 8 passes them in constant memory).
         split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
         split(BF16, heads(2, 2, 1, 2, 64, 96), 1e-6),
