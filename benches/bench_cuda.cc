@@ -472,11 +472,16 @@ int main() {
   std::printf("mlxkern %s, MLX %s; median of %d evals after %d warm-up\n", mlxk_version(),
               mlxk_mlx_version(), iters, warmup);
   int failed = 0;
-  // MLXK_BENCH_ONLY=<group>: that group alone (decode, replay, head split, gated norm, prefill,
-  // grad).
+  // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
+  // norm, prefill, dispatch, grad).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
+  auto wanted = [&](const std::string& what) {
+    if (!only) return true;
+    const std::string list = std::string(",") + only + ",";
+    return list.find("," + what + ",") != std::string::npos;
+  };
   auto guarded = [&](const char* what, const std::function<void()>& rows) {
-    if (only && std::string(only) != what) return;
+    if (!wanted(what)) return;
     try {
       rows();
     } catch (const std::exception& e) {

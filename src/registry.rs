@@ -28,8 +28,46 @@ const TOKEN_STEP: usize = 8;
 
 pub(crate) struct Mlx {
     next_token: usize,
-    arrays: HashMap<usize, Entry>,
+    arrays: HashMap<usize, Entry, TokenHash>,
 }
+
+/// The registry's hash: tokens are distinct multiples of 8 handed out in order, so one odd
+/// multiplication (Fibonacci hashing) spreads them over the hash's high and low bits alike.
+/// std's default SipHash, built to withstand chosen keys, costs more per lookup than the
+/// rest of a handle's lookup, and every call looks up each of its arguments.
+#[derive(Clone, Copy, Default)]
+struct TokenHash;
+
+impl std::hash::BuildHasher for TokenHash {
+    type Hasher = TokenHasher;
+    fn build_hasher(&self) -> TokenHasher {
+        TokenHasher(0)
+    }
+}
+
+struct TokenHasher(u64);
+
+impl std::hash::Hasher for TokenHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only usize keys are hashed; this keeps any other use correct.
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Capacity the table keeps when the last handle goes: a decode loop that frees every handle
+/// each step then does not regrow it every step; a larger table is given back.
+const KEPT_CAPACITY: usize = 64;
 
 struct Entry {
     array: UniquePtr<Array>,
@@ -44,7 +82,7 @@ static MLX: LazyLock<Mutex<Mlx>> = LazyLock::new(|| {
     crate::bridge::pin_library();
     Mutex::new(Mlx {
         next_token: FIRST_TOKEN,
-        arrays: HashMap::new(),
+        arrays: HashMap::with_hasher(TokenHash),
     })
 });
 
@@ -210,9 +248,9 @@ impl Mlx {
         match self.arrays.remove(&(handle as usize)) {
             Some(array) => {
                 drop(array);
-                if self.arrays.is_empty() {
-                    // Give the table back when the last handle goes (no lingering allocation).
-                    self.arrays.shrink_to_fit();
+                if self.arrays.is_empty() && self.arrays.capacity() > KEPT_CAPACITY {
+                    // Give a large table back when the last handle goes.
+                    self.arrays.shrink_to(KEPT_CAPACITY);
                 }
                 Ok(())
             }

@@ -54,14 +54,19 @@
         const float decay = MLXK_GATE_DECAY;
         const float beta_t = MLXK_GATE_BETA;
         // This token's k and q as float, read once for all ROWS rows (the same values the
-        // products would widen them to).
+        // products would widen them to), and the rows' v, all read before any y is written:
+        // y may alias v as far as a compiler knows, so a read after a write would wait for it.
         float k_t[n_per_t], q_t[n_per_t];
         for (int i = 0; i < n_per_t; ++i) {
           k_t[i] = static_cast<float>(k_[n_per_t * dk_idx + i]);
           q_t[i] = static_cast<float>(q_[n_per_t * dk_idx + i]);
         }
+        InT v_t[ROWS];
         for (int r = 0; r < ROWS; ++r) {
-          auto dv_idx = dv_0 + r;
+          v_t[r] = v_[dv_0 + r];
+        }
+        float out_t[ROWS];
+        for (int r = 0; r < ROWS; ++r) {
           float kv_mem = 0.0f;
           for (int i = 0; i < n_per_t; ++i) {
             state[r][i] = MLXK_MUL(state[r][i], decay);
@@ -69,16 +74,18 @@
           }
           kv_mem = simd_sum(kv_mem);
 
-          auto delta = (v_[dv_idx] - kv_mem) * beta_t;
+          auto delta = (v_t[r] - kv_mem) * beta_t;
 
           float out = 0.0f;
           for (int i = 0; i < n_per_t; ++i) {
             state[r][i] = state[r][i] + MLXK_MUL(k_t[i], delta);
             out += MLXK_MUL(state[r][i], q_t[i]);
           }
-          out = simd_sum(out);
-          if (thread_index_in_simdgroup == 0) {
-            y[dv_idx] = static_cast<InT>(out);
+          out_t[r] = simd_sum(out);
+        }
+        if (thread_index_in_simdgroup == 0) {
+          for (int r = 0; r < ROWS; ++r) {
+            y[dv_0 + r] = static_cast<InT>(out_t[r]);
           }
         }
       } else {

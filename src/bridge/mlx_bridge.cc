@@ -592,9 +592,61 @@ const mx::fast::CustomKernelFunction& cached_kernel(const MetalLaunch& launch, M
   return found->second;
 }
 
-std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                           bool gpu, uint32_t vjp_kernel,
+namespace {
+// The primitive of a kept launch's first node (its CustomKernel, or the GpuKernelWithVjp around
+// it) with its outputs' shapes and dtypes, by (launch id, stream). MLX's kernel function
+// regenerates the kernel's whole text on every call (names, signature, template arguments) and
+// the primitive copies it; a primitive is immutable and evaluates from its inputs alone (MLX's
+// compile shares one across calls the same way), so later nodes of the launch share it.
+// Guarded by the library's MLX lock.
+struct KeptNode {
+  std::shared_ptr<mx::Primitive> primitive;
+  std::vector<mx::Shape> shapes;
+  std::vector<mx::Dtype> dtypes;
+  size_t inputs;
+};
+
+std::unordered_map<uint64_t, KeptNode>& kept_nodes() {
+  static auto& kept = *new std::unordered_map<uint64_t, KeptNode>();
+  return kept;
+}
+
+// Launch ids are far below 2^48; streams far below 2^16.
+uint64_t kept_key(uint64_t id, const mx::Stream& s) {
+  return (id << 16) ^ static_cast<uint64_t>(s.index & 0xffff);
+}
+
+// The outputs of a node of launch `id` on stream `s` when its primitive is kept, else nullptr.
+std::unique_ptr<ArrayList> from_kept(uint64_t id, const mx::Stream& s, const ArrayList& inputs) {
+  if (id == 0) return nullptr;
+  auto& kept = kept_nodes();
+  auto found = kept.find(kept_key(id, s));
+  if (found == kept.end() || found->second.inputs != inputs.items.size()) return nullptr;
+  auto out = std::make_unique<ArrayList>();
+  out->items = mx::array::make_arrays(found->second.shapes, found->second.dtypes,
+                                      found->second.primitive, inputs.items);
+  return out;
+}
+
+// Keeps the primitive of `outs` (a launch's node) for later calls.
+void keep(uint64_t id, const mx::Stream& s, const std::vector<mx::array>& outs, size_t inputs) {
+  if (id == 0 || outs.empty() || !outs[0].has_primitive()) return;
+  auto& kept = kept_nodes();
+  if (kept.size() >= 512) kept.clear();  // as the launches behind them (src/ops), bounded
+  KeptNode node{outs[0].primitive_ptr(), {}, {}, inputs};
+  for (const auto& o : outs) {
+    node.shapes.push_back(o.shape());
+    node.dtypes.push_back(o.dtype());
+  }
+  kept[kept_key(id, s)] = std::move(node);
+}
+}  // namespace
+
+std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, uint64_t id,
+                                           const ArrayList& inputs, bool gpu, uint32_t vjp_kernel,
                                            rust::Slice<const int64_t> vjp_params) {
+  auto stream = stream_for(gpu);
+  if (auto out = from_kept(id, stream, inputs)) return out;
   const auto& kernel = cached_kernel(launch, [&] {
     return mx::fast::metal_kernel(std::string(launch.name), strings(launch.input_names),
                                   strings(launch.output_names), std::string(launch.source),
@@ -606,14 +658,17 @@ std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const Arra
                       output_dtypes(launch),
                       {launch.grid[0], launch.grid[1], launch.grid[2]},
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
-                      template_args(launch), std::nullopt, false, stream_for(gpu));
+                      template_args(launch), std::nullopt, false, stream);
   out->items = with_vjp(std::move(out->items), vjp_kernel, vjp_params);
+  keep(id, stream, out->items, inputs.items.size());
   return out;
 }
 
-std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
-                                          bool gpu, uint32_t vjp_kernel,
+std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, uint64_t id,
+                                          const ArrayList& inputs, bool gpu, uint32_t vjp_kernel,
                                           rust::Slice<const int64_t> vjp_params) {
+  auto stream = stream_for(gpu);
+  if (auto out = from_kept(id, stream, inputs)) return out;
   auto shapes = output_shapes(launch.output_dims, launch.output_ndims);
   auto dtypes = output_dtypes(launch);
   auto out = std::make_unique<ArrayList>();
@@ -633,8 +688,9 @@ std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const Array
   out->items = kernel(inputs.items, shapes, dtypes,
                       {launch.grid[0], launch.grid[1], launch.grid[2]},
                       {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
-                      template_args(launch), std::nullopt, false, stream_for(gpu));
+                      template_args(launch), std::nullopt, false, stream);
   out->items = with_vjp(std::move(out->items), vjp_kernel, vjp_params);
+  keep(id, stream, out->items, inputs.items.size());
   return out;
 }
 

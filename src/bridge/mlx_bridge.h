@@ -47,11 +47,13 @@ std::unique_ptr<ArrayList> gated_rms_norm_vjp_ops(const ArrayList& inputs, float
                                                   bool has_dout, bool gpu);
 
 std::unique_ptr<ArrayList> cpu_kernel_op(const CpuLaunch& launch, const ArrayList& inputs);
-std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+std::unique_ptr<ArrayList> metal_kernel_op(const MetalLaunch& launch, uint64_t id,
+                                           const ArrayList& inputs,
                                            bool gpu, uint32_t vjp_kernel,
                                            rust::Slice<const int64_t> vjp_params);
 
-std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, const ArrayList& inputs,
+std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, uint64_t id,
+                                          const ArrayList& inputs,
                                           bool gpu, uint32_t vjp_kernel,
                                           rust::Slice<const int64_t> vjp_params);
 std::unique_ptr<ArrayList> gated_delta_backward_tail(const ArrayList& inputs, int32_t key_heads,

@@ -122,8 +122,13 @@ pub mod ffi {
         /// `vjp_kernel` (not 0) gives the node a gradient for MLX's autograd: the outputs are
         /// rebuilt on a primitive that evaluates as the kernel's and answers vjp through
         /// `mlxk_gpu_vjp(vjp_kernel, vjp_params, …)` (`crate::node::gpu_vjp`).
+        ///
+        /// `id` (not 0: a kept launch, `crate::ops::gpu_node`) keeps the node's primitive for
+        /// later calls with the same id and stream, which then only make the outputs on it;
+        /// such calls must pass the same launch, vjp description and input count.
         fn metal_kernel_op(
             launch: &MetalLaunch,
+            id: u64,
             inputs: &ArrayList,
             gpu: bool,
             vjp_kernel: u32,
@@ -134,9 +139,10 @@ pub mod ffi {
         /// makes both); `gpu = false` uses a CPU stream (MLX then refuses, which tests use to
         /// reach this code without CUDA). A grid with a zero axis runs nothing: the outputs are
         /// empty arrays of their shapes.
-        /// `vjp_kernel`, `vjp_params` as for `metal_kernel_op`.
+        /// `id`, `vjp_kernel`, `vjp_params` as for `metal_kernel_op`.
         fn cuda_kernel_op(
             launch: &MetalLaunch,
+            id: u64,
             inputs: &ArrayList,
             gpu: bool,
             vjp_kernel: u32,

@@ -86,7 +86,10 @@ pub(crate) fn cpu_node(
 ///
 /// `key` (the node's words and whatever else `make` depends on) keeps the finished launch for
 /// later calls with the same key, backend and input dtypes, so a decode step does not rebuild
-/// the same description (names, sources, geometry) every call; None builds it afresh.
+/// the same description (names, sources, geometry) every call; None builds it afresh. A kept
+/// launch has an id of its own (never reused), under which the bridge keeps MLX's kernel
+/// primitive: later nodes of that launch share it instead of having MLX regenerate and copy
+/// the kernel's text per call (docs/DESIGN.md §3, MLX CUDA, "Caches").
 ///
 /// `vjp` (the forward's kernel and its `GpuVjp::params`) gives the node a gradient under MLX's
 /// autograd: MLX then asks `gpu_vjp` for it (docs/DESIGN.md §4 "Gradients").
@@ -116,21 +119,21 @@ pub(crate) fn gpu_node(
             _ => Ok(launch),
         }
     };
-    let launch = match key {
+    let (id, launch) = match key {
         Some(mut key) => {
             key.push(backend.code());
             key.extend(dtypes.iter().map(|&d| d as i64));
             launches::get(key, || finish(make()))?
         }
-        None => Arc::new(finish(make())?),
+        None => (0, Arc::new(finish(make())?)),
     };
     let list = bridge::list(inputs);
     let outputs = match backend {
         Backend::Metal { gpu } => {
-            bridge::metal_kernel_op(&launch, &list, gpu, vjp_kernel, &vjp_params)?
+            bridge::metal_kernel_op(&launch, id, &list, gpu, vjp_kernel, &vjp_params)?
         }
         Backend::Cuda { gpu } => {
-            bridge::cuda_kernel_op(&launch, &list, gpu, vjp_kernel, &vjp_params)?
+            bridge::cuda_kernel_op(&launch, id, &list, gpu, vjp_kernel, &vjp_params)?
         }
         Backend::Cpu => unreachable!("gpu_node takes a GPU backend"),
     };
@@ -140,6 +143,7 @@ pub(crate) fn gpu_node(
 /// The finished GPU launches by key (`gpu_node`).
 mod launches {
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
     use crate::bridge::MetalLaunch;
@@ -150,26 +154,29 @@ mod launches {
     /// otherwise grow it without end.
     const CAPACITY: usize = 256;
 
-    static LAUNCHES: Mutex<Option<HashMap<Vec<i64>, Arc<MetalLaunch>>>> = Mutex::new(None);
+    type Kept = (u64, Arc<MetalLaunch>);
 
-    /// The launch kept under `key`, or `make`'s, kept.
-    pub fn get(
-        key: Vec<i64>,
-        make: impl FnOnce() -> Result<MetalLaunch>,
-    ) -> Result<Arc<MetalLaunch>> {
+    static LAUNCHES: Mutex<Option<HashMap<Vec<i64>, Kept>>> = Mutex::new(None);
+
+    /// Ids of kept launches: from 1 (0 is "not kept"), never reused.
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+    /// The launch kept under `key`, or `make`'s, kept; with its id.
+    pub fn get(key: Vec<i64>, make: impl FnOnce() -> Result<MetalLaunch>) -> Result<Kept> {
         let mut guard = LAUNCHES
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let map = guard.get_or_insert_with(HashMap::new);
-        if let Some(launch) = map.get(&key) {
-            return Ok(Arc::clone(launch));
+        if let Some((id, launch)) = map.get(&key) {
+            return Ok((*id, Arc::clone(launch)));
         }
         let launch = Arc::new(make()?);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         if map.len() >= CAPACITY {
             map.clear();
         }
-        map.insert(key, Arc::clone(&launch));
-        Ok(launch)
+        map.insert(key, (id, Arc::clone(&launch)));
+        Ok((id, launch))
     }
 
     #[cfg(test)]
@@ -201,30 +208,32 @@ mod launches {
             // time cannot meet them.
             let base = -7_000_000i64;
             let mut built = 0;
-            let first = get(vec![base, 1], || {
+            let (first_id, first) = get(vec![base, 1], || {
                 built += 1;
                 Ok(named("one"))
             })
             .unwrap();
-            let again = get(vec![base, 1], || {
+            let (again_id, again) = get(vec![base, 1], || {
                 built += 1;
                 Ok(named("other"))
             })
             .unwrap();
             assert_eq!(built, 1);
             assert!(Arc::ptr_eq(&first, &again));
-            let second = get(vec![base, 2], || {
+            assert!(first_id > 0 && first_id == again_id);
+            let (second_id, second) = get(vec![base, 2], || {
                 built += 1;
                 Ok(named("two"))
             })
             .unwrap();
             assert_eq!((built, second.name.as_str()), (2, "two"));
+            assert!(second_id > 0 && second_id != first_id);
             // An error is returned and nothing is kept.
             let err = get(vec![base, 3], || {
                 Err(crate::error::Error::Backend("no".into()))
             });
             assert!(err.is_err());
-            let kept = get(vec![base, 3], || Ok(named("three"))).unwrap();
+            let (_, kept) = get(vec![base, 3], || Ok(named("three"))).unwrap();
             assert_eq!(kept.name, "three");
 
             // Past its capacity the cache starts over (in the same test: a clear in between
