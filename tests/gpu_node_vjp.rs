@@ -172,13 +172,12 @@ fn head_split_gradients_match_the_cpu_backward() {
 }
 
 /// The recurrence's arrays for a forward with T tokens: the caller's (q, k, v, a, b, a_log,
-/// dt_bias, state, mask) and the launch-only ones (g, beta, T).
+/// dt_bias, state, mask) and the launch-only ones (g, beta; T comes with k's shape).
 struct Recurrence {
     dims: [i32; 6], // B, T, Hk, Hv, Dk, Dv
     caller: [H; 9],
     g: H,
     beta: H,
-    t: H,
     dy: H,
     dstate: H,
 }
@@ -205,12 +204,10 @@ impl Recurrence {
             f(rng, &[b, hv, dv, dk], 0.3),
             mask,
         ];
-        let t_in = new_bytes(&t.to_ne_bytes(), &[1], MLXK_DTYPE_INT32);
         Recurrence {
             dims,
             g: f(rng, &gates, 0.5),
             beta: f(rng, &gates, 0.5),
-            t: t_in,
             dy: f(rng, &[b, t, hv, dv], 1.0),
             dstate: f(rng, &[b, hv, dv, dk], 1.0),
             caller,
@@ -221,9 +218,9 @@ impl Recurrence {
     fn primals(&self, fused: bool) -> Vec<H> {
         let [q, k, v, a, b, a_log, dt_bias, state, mask] = self.caller;
         let mut p = if fused {
-            vec![q, k, v, a, b, state, self.t]
+            vec![q, k, v, a, b, state]
         } else {
-            vec![q, k, v, self.g, self.beta, state, self.t]
+            vec![q, k, v, self.g, self.beta, state]
         };
         if !mask.is_null() {
             p.push(mask);
@@ -238,7 +235,7 @@ impl Recurrence {
         for h in self
             .caller
             .into_iter()
-            .chain([self.g, self.beta, self.t, self.dy, self.dstate])
+            .chain([self.g, self.beta, self.dy, self.dstate])
         {
             if !h.is_null() {
                 free(h);
@@ -276,8 +273,8 @@ fn the_recurrence_without_tokens_gives_zeros_and_passes_the_state_gradient() {
                     shape,
                     "{forward:?}: primal {i}'s gradient shape"
                 );
-                if primals[i] == r.t || primals[i] == r.caller[8] {
-                    // T (int32) and the mask (bool) get zeros of their own dtype.
+                if primals[i] == r.caller[8] {
+                    // The mask (bool) gets zeros of its own dtype.
                     assert_eq!(dtype_of(g), dtype_of(primals[i]), "{forward:?}: primal {i}");
                     free(g);
                     continue;

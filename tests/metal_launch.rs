@@ -37,7 +37,9 @@ fn recurrence_launch_matches_mlx_lm() {
         let l = gated_delta_launch(&node(d, Form::Exact, masked));
         assert_eq!(l.grid, [32, 96, 18]);
         assert_eq!(l.threadgroup, [32, 4, 1]);
-        let mut inputs = vec!["q", "k", "v", "g", "beta", "state_in", "Tin"];
+        let mut inputs = vec!["q", "k", "v", "g", "beta", "state_in"];
+        // T comes with k's shape, which MLX passes when the text names k_shape.
+        assert!(l.source.contains("const int T = k_shape[1];"));
         if masked {
             inputs.push("mask");
             assert!(l.source.contains("if (mask[b_idx * T + t])"));
@@ -91,8 +93,9 @@ fn replay_head_split_and_gated_norm_launches() {
     assert_eq!((l.grid, l.threadgroup), ([32, 128, 64], [32, 4, 1]));
     assert_eq!(
         l.input_names,
-        ["k", "v", "g", "beta", "state_in", "Tin", "lengths"]
+        ["k", "v", "g", "beta", "state_in", "lengths"]
     );
+    assert!(l.source.contains("const int T = k_shape[1];"));
     assert_eq!(l.source, GATED_DELTA_STATE_SOURCE);
 
     let h = silu_rms_heads::Dims {

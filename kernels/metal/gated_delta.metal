@@ -1,6 +1,7 @@
 // Gated DeltaNet recurrence: the body of mlx-lm's `gated_delta_step` Metal kernel (scalar gate,
 // generic layout), Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md).
-// mlxkern passes T as a 1-element int32 input `Tin`, and replaces the token-active marker with `true`
+// mlxkern reads T from k's shape (`k_shape`, which MLX passes with the launch: no memory read
+// that every other address would wait for), and replaces the token-active marker with `true`
 // (unmasked) or `mask[b_idx * T + t]` (masked variant).
 // Launch: grid (32, Dv / ROWS, B * Hv), threadgroup (32, 4, 1); template InT, StT, Dk, Dv, Hk, Hv,
 // ROWS (value rows per SIMD group: 1 on Metal; src/cuda.rs picks it on CUDA).
@@ -16,7 +17,7 @@
   for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = static_cast<float>((src)[i_])
 #define MLXK_STORE_STATE(dst, src) for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = (src)[i_]
 #endif
-    const int T = Tin[0];
+    const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     auto n = thread_position_in_grid.z;
     auto b_idx = n / Hv;
     auto hv_idx = n % Hv;

@@ -15,7 +15,7 @@
   for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = static_cast<float>((src)[i_])
 #define MLXK_STORE_STATE(dst, src) for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = (src)[i_]
 #endif
-  const int T = Tin[0];
+  const int T = k_shape[1];  // k: [B, T, Hk, Dk], as in gated_delta.metal
   auto n = thread_position_in_grid.z;
   auto b_idx = n / Hv;
   auto hv_idx = n % Hv;

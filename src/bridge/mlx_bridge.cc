@@ -343,19 +343,6 @@ std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dty
   return std::make_unique<Array>(std::move(a));
 }
 
-std::unique_ptr<Array> int32_scalar(int32_t value) {
-  // Called under the library's MLX lock (every bridge call is), which guards the map.
-  // Never destroyed: its arrays must not be freed after MLX's allocator at exit.
-  static auto& cache = *new std::map<int32_t, mx::array>();
-  auto found = cache.find(value);
-  if (found != cache.end()) return std::make_unique<Array>(found->second);
-  void* dst = nullptr;
-  auto a = allocated(mx::Shape{1}, mx::int32, &dst);
-  std::memcpy(dst, &value, sizeof(value));
-  if (cache.size() < 256) cache.emplace(value, a);
-  return std::make_unique<Array>(std::move(a));
-}
-
 size_t array_ndim(const Array& a) { return a.ndim(); }
 int32_t array_dim(const Array& a, size_t axis) { return a.shape()[axis]; }
 int32_t array_dtype(const Array& a) { return from_mlx(a.dtype()); }

@@ -60,10 +60,6 @@ pub mod ffi {
 
         fn array_from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
         fn array_zeros(shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
-        /// A 1-element int32 array holding `value`, shared by every call with that value (the
-        /// GPU kernels' T input): made once, so a GPU reads a buffer it already holds instead
-        /// of a new host buffer per call. Keeps up to 256 values; beyond that, a fresh array.
-        fn int32_scalar(value: i32) -> Result<UniquePtr<Array>>;
         fn array_ndim(a: &Array) -> usize;
         fn array_dim(a: &Array, axis: usize) -> i32;
         fn array_dtype(a: &Array) -> i32;

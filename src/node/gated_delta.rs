@@ -94,7 +94,6 @@ pub enum Input {
     /// Metal only: g and beta computed by MLX ops, and T as a 1-element int32 array.
     G,
     Beta,
-    T,
 }
 
 impl Input {
@@ -113,7 +112,6 @@ impl Input {
             Input::Lengths => "lengths",
             Input::G => "g",
             Input::Beta => "beta",
-            Input::T => "Tin",
         }
     }
 }
@@ -154,21 +152,14 @@ impl Node {
         inputs
     }
 
-    /// The Metal launch's inputs, in order: `[q,] k, v, g, beta, state_in, Tin,` then the mask
-    /// (if given) or the lengths.
+    /// The Metal launch's inputs, in order: `[q,] k, v, g, beta, state_in,` then the mask (if
+    /// given) or the lengths. T comes with k's shape (`k_shape` in the kernel text).
     pub fn metal_inputs(&self) -> Vec<Input> {
         let mut inputs = Vec::with_capacity(8);
         if self.updates() {
             inputs.push(Input::Q);
         }
-        inputs.extend([
-            Input::K,
-            Input::V,
-            Input::G,
-            Input::Beta,
-            Input::State,
-            Input::T,
-        ]);
+        inputs.extend([Input::K, Input::V, Input::G, Input::Beta, Input::State]);
         self.push_last(&mut inputs);
         inputs
     }

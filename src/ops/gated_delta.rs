@@ -766,7 +766,6 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
                 .map(|input| match input {
                     Input::G => m.g.as_deref().expect("gates made for this launch"),
                     Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
-                    Input::T => &*m.t_in,
                     Input::State => x.state.unwrap_or_else(|| m.zeros()),
                     other => caller_array(x, other),
                 })
@@ -809,7 +808,7 @@ fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
         Input::State => x.state,
         Input::Mask => x.mask,
         Input::Lengths => x.lengths,
-        Input::G | Input::Beta | Input::T => None,
+        Input::G | Input::Beta => None,
     };
     array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
 }
@@ -819,13 +818,12 @@ fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
 /// with the CPU kernel's bits where only the gates' transcendentals differ.
 pub(crate) static GPU_GATES_ON_CPU: AtomicBool = AtomicBool::new(false);
 
-/// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops),
-/// a zero state when none is given, and T as a 1-element int32 input.
+/// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops)
+/// and a zero state when none is given (T comes with k's shape).
 struct MetalInputs {
     g: Option<UniquePtr<Array>>,
     beta: Option<UniquePtr<Array>>,
     zeros: Option<UniquePtr<Array>>,
-    t_in: UniquePtr<Array>,
 }
 
 impl MetalInputs {
@@ -854,12 +852,7 @@ impl MetalInputs {
         } else {
             (None, None)
         };
-        Ok(MetalInputs {
-            g,
-            beta,
-            zeros,
-            t_in: bridge::int32_scalar(d.t as i32)?,
-        })
+        Ok(MetalInputs { g, beta, zeros })
     }
 
     /// The zero state made when the call gives none.

@@ -263,15 +263,12 @@ Built build_recurrence(const EmuCase& c, Rng& rng) {
   if (masked) adopt(hmask, mask);
   Tensor g, beta;
   gates_for_kernel(c, x, &g, &beta);
-  Tensor t_in = make(MLXK_DTYPE_INT32, {1});
-  t_in.set(0, static_cast<float>(T));
 
   out.inputs["k"] = k;
   out.inputs["v"] = v;
   out.inputs["g"] = g;
   out.inputs["beta"] = beta;
   out.inputs["state_in"] = state;
-  out.inputs["Tin"] = t_in;
   if (!replay) {
     out.inputs["q"] = q;
     if (masked) out.inputs["mask"] = mask;

@@ -542,8 +542,8 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta.rs `update`, Backend::Metal: q, k, v, g (f32, compute_g),
-            // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), Tin (int32 [1]),
-            // mask (bool [B, T]).
+            // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), mask (bool [B, T]);
+            // T from k's shape (k_shape).
             let mut inputs: Inputs = vec![
                 ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
                 ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
@@ -551,7 +551,6 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 ("g", F32, vec![d.b, d.t, d.hv]),
                 ("beta", c.aux, vec![d.b, d.t, d.hv]),
                 ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
-                ("Tin", Dtype::Int32, vec![1]),
             ];
             if *masked {
                 inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
@@ -706,7 +705,6 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 ("g", F32, vec![d.b, d.t, d.hv]),
                 ("beta", c.aux, vec![d.b, d.t, d.hv]),
                 ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
-                ("Tin", Dtype::Int32, vec![1]),
                 ("lengths", Dtype::Int32, vec![d.b]),
             ];
             let label = format!(

@@ -363,6 +363,25 @@ int main(int argc, char** argv) {
       for (size_t j = 0; j < l.inputs.size(); ++j) {
         if (l.inputs[j].name == p.name) index = static_cast<int>(j);
       }
+      // `<input>_shape`: MLX passes the input's shape as int32 values (the text uses it when it
+      // names it); here a constant array of the launch's shape for that input.
+      const std::string suffix = "_shape";
+      if (index < 0 && p.name.size() > suffix.size() &&
+          p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        const std::string of = p.name.substr(0, p.name.size() - suffix.size());
+        for (const auto& t : l.inputs) {
+          if (t.name != of) continue;
+          std::string values;
+          for (size_t j = 0; j < t.shape.size(); ++j) {
+            values += (j ? ", " : "") + std::to_string(t.shape[j]);
+          }
+          std::string type = trim(p.declaration.substr(0, p.declaration.size() - p.name.size()));
+          o << "[]() { static const int s[] = {" << values << "}; return static_cast<" << type
+            << ">(s); }()";
+          index = -2;
+        }
+        if (index == -2) continue;
+      }
       if (index < 0) {
         input = false;
         for (size_t j = 0; j < l.outputs.size(); ++j) {
