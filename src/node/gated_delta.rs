@@ -399,11 +399,11 @@ mod tests {
         use Input::*;
         let n = node(Form::Exact, true, true);
         assert_eq!(n.cpu_inputs(), [Q, K, V, A, B, ALog, DtBias, State, Mask]);
-        assert_eq!(n.metal_inputs(), [Q, K, V, G, Beta, State, T, Mask]);
+        assert_eq!(n.metal_inputs(), [Q, K, V, G, Beta, State, Mask]);
         assert_eq!(n.donations(), [-1, 7]);
         let r = node(Form::State, false, false);
         assert_eq!(r.cpu_inputs(), [K, V, A, B, ALog, DtBias, Lengths]);
-        assert_eq!(r.metal_inputs(), [K, V, G, Beta, State, T, Lengths]);
+        assert_eq!(r.metal_inputs(), [K, V, G, Beta, State, Lengths]);
         assert_eq!(r.outputs().len(), 1);
         assert_eq!(r.donations(), [-1]);
     }
