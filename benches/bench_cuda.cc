@@ -367,11 +367,12 @@ void dispatch(int warmup, int iters) {
       }, warmup, iters),
       kLayers, 0, 0);
   mlxk::set_default_device(mlxk::Device::Gpu);
-  // The recurrence text at B = 32 and 256 with 1 to 8 value rows per warp (the library takes
-  // 4 from 256 (batch, head) pairs): which layout hides the state loads' latency best.
-  for (int batch : {32, 256}) {
+  // The recurrence text at B = 8, 32 and 256 with 1 to 16 value rows per warp
+  // (cuda::rows_per_simd_group picks the library's): which layout hides the state loads'
+  // latency best.
+  for (int batch : {8, 32, 256}) {
     auto wide = layers(batch, 1);
-    for (int rows : {1, 2, 4, 8}) {
+    for (int rows : {1, 2, 4, 8, 16}) {
       auto targs_r = targs;
       targs_r[4] = {"ROWS", rows};
       auto step = [&] {
