@@ -13,7 +13,7 @@ use crate::node::gated_delta::Dims;
 pub const METAL_COMPAT_HEADER: &str = include_str!("../kernels/cuda/metal_compat.cuh");
 
 /// The gates computed inside the recurrence and replay (MLX's CPU formulas; the Metal text's
-/// MLXK_GATE_DECAY / MLXK_GATE_BETA hooks).
+/// MLXK_GATE_DECAY_AT / MLXK_GATE_BETA_AT hooks).
 pub const GATES_HEADER: &str = include_str!("../kernels/cuda/gates.cuh");
 
 /// CUDA's limit on the blocks of a grid's y and z axes (x allows 2^31 - 1).
@@ -112,18 +112,23 @@ pub fn with_fused_gates(mut l: MetalLaunch) -> MetalLaunch {
     l
 }
 
-/// Value rows per SIMD group for the CUDA recurrence and replay: 8 (or 4, 2) when they divide
-/// Dv and the launch has at least 256 (batch, value head) pairs, so each warp keeps 8x the
-/// state loads in flight (the seed's one row per warp leaves an H200 latency-bound; through
-/// `mx::fast::cuda_kernel` at B = 32, 1 / 2 / 4 / 8 rows took 88.5 / 79.7 / 68.2 / 65.3 µs a
-/// layer); 1 for smaller launches, which need every warp they can get. The bits do not depend
-/// on it.
+/// Value rows per SIMD group for the CUDA recurrence and replay: the largest of 16 (from 1024
+/// (batch, value head) pairs), 8, 4, 2 that divides Dv when the launch has at least 256 pairs,
+/// so each warp keeps that many rows' state loads in flight and computes each token's gates
+/// for all of them (the seed's one row per warp leaves an H200 latency-bound); 1 for smaller
+/// launches, which need every warp they can get. The bits do not depend on it. Through
+/// `mx::fast::cuda_kernel` on an H200, µs a layer at 1 / 2 / 4 / 8 / 16 rows: B = 8 31.6 /
+/// 32.9 / 30.7 / 26.7 / 28.2, B = 32 81.5 / 66.1 / 62.6 / 60.6 / 59.3, B = 256 482 / 369 /
+/// 330 / 304 / 295 (Hv = 32, Dk = Dv = 128).
 pub fn rows_per_simd_group(dims: Dims) -> usize {
-    if dims.b * dims.hv < 256 {
+    let pairs = dims.b * dims.hv;
+    if pairs < 256 {
         return 1;
     }
-    [8, 4, 2, 1]
+    let widest = if pairs >= 1024 { 16 } else { 8 };
+    [16, 8, 4, 2, 1]
         .into_iter()
+        .filter(|&r| r <= widest)
         .find(|r| dims.dv % r == 0)
         .unwrap_or(1)
 }
@@ -158,6 +163,33 @@ mod tests {
             template_int_values: vec![],
             template_dtype_names: vec![],
             template_dtype_values: vec![],
+        }
+    }
+
+    #[test]
+    fn rows_per_simd_group_follows_the_launch_size_and_divides_dv() {
+        let d = |b, hv, dv| Dims {
+            b,
+            t: 1,
+            hk: 1,
+            hv,
+            dk: 128,
+            dv,
+        };
+        assert_eq!(rows_per_simd_group(d(1, 32, 128)), 1);
+        assert_eq!(rows_per_simd_group(d(7, 32, 128)), 1);
+        assert_eq!(rows_per_simd_group(d(8, 32, 128)), 8);
+        assert_eq!(rows_per_simd_group(d(31, 32, 128)), 8);
+        assert_eq!(rows_per_simd_group(d(32, 32, 128)), 16);
+        assert_eq!(rows_per_simd_group(d(256, 32, 128)), 16);
+        assert_eq!(rows_per_simd_group(d(256, 32, 24)), 8);
+        assert_eq!(rows_per_simd_group(d(256, 32, 12)), 4);
+        assert_eq!(rows_per_simd_group(d(256, 32, 6)), 2);
+        assert_eq!(rows_per_simd_group(d(256, 32, 7)), 1);
+        for dv in 1..=300 {
+            for b in [1, 8, 32, 300] {
+                assert_eq!(dv % rows_per_simd_group(d(b, 32, dv)), 0);
+            }
         }
     }
 

@@ -2,7 +2,7 @@
 // metal_compat.cuh. MLX CUDA spends ~6-10 us of dispatch on every op; the seven ops of mlx-lm's
 // compute_g and sigmoid would cost a decode step ten times its kernel. So on CUDA the inputs
 // named g and beta carry the raw gate inputs a and b (same [B, T, Hv] layout), a_log and
-// dt_bias come as two more inputs, and the kernel text's MLXK_GATE_DECAY / MLXK_GATE_BETA
+// dt_bias come as two more inputs, and the kernel text's MLXK_GATE_DECAY_AT / MLXK_GATE_BETA_AT
 // compute, per token and value head:
 //   g    = exp(-exp(f32(A_log)) * softplus(a + dt_bias))   (a + dt_bias and softplus in the
 //                                                           promoted dtype of a and dt_bias)
@@ -70,5 +70,6 @@ __device__ inline float gate_beta(T b) {
 
 }  // namespace mlxk_cuda
 
-#define MLXK_GATE_DECAY ::mlxk_cuda::gate_decay(g_[hv_idx], a_log[hv_idx], dt_bias[hv_idx])
-#define MLXK_GATE_BETA ::mlxk_cuda::gate_beta(beta_[hv_idx])
+#define MLXK_GATE_DECAY_AT(t) \
+  ::mlxk_cuda::gate_decay(g_[(t) * Hv + hv_idx], a_log[hv_idx], dt_bias[hv_idx])
+#define MLXK_GATE_BETA_AT(t) ::mlxk_cuda::gate_beta(beta_[(t) * Hv + hv_idx])

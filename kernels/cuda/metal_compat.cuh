@@ -52,6 +52,11 @@ __device__ inline float simd_sum(float x) {
   return x;
 }
 
+// Lane `from`'s x for every lane of the warp (all 32 take part).
+__device__ inline float simd_shuffle(float x, unsigned short from) {
+  return __shfl_sync(0xffffffffu, x, from);
+}
+
 __device__ inline float abs(float x) { return __uint_as_float(__float_as_uint(x) & 0x7fffffffu); }
 __device__ inline __nv_bfloat16 abs(__nv_bfloat16 x) {
   return __ushort_as_bfloat16(__bfloat16_as_ushort(x) & 0x7fffu);
@@ -92,6 +97,7 @@ __device__ inline float rsqrt(float x) { return __fdiv_rn(1.0f, __fsqrt_rn(x)); 
 }  // namespace metal
 
 using metal::simd_sum;
+using metal::simd_shuffle;
 
 __device__ inline void threadgroup_barrier(metal::mem_flags) { __syncthreads(); }
 

@@ -8,9 +8,9 @@
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
-#ifndef MLXK_GATE_DECAY  // this token's gates: read from g and beta (computed on CUDA)
-#define MLXK_GATE_DECAY g_[hv_idx]
-#define MLXK_GATE_BETA beta_[hv_idx]
+#ifndef MLXK_GATE_DECAY_AT  // token t's gates: read from g and beta (computed on CUDA)
+#define MLXK_GATE_DECAY_AT(t) g_[(t) * Hv + hv_idx]
+#define MLXK_GATE_BETA_AT(t) beta_[(t) * Hv + hv_idx]
 #endif
 #ifndef MLXK_LOAD_STATE  // a lane's n_per_t consecutive state values (vector accesses on CUDA)
 #define MLXK_LOAD_STATE(dst, src) \
@@ -50,10 +50,21 @@
     auto g_ = g + b_idx * T * Hv;
     auto beta_ = beta + b_idx * T * Hv;
 
+    // The gates: every 32 tokens, lane l computes token (t + l)'s decay and beta once for all
+    // of the SIMD group's rows; token t then takes them from lane t % 32 (a shuffle moves the
+    // float bits unchanged). Tokens past T and masked tokens are never read.
+    const uint lane = thread_index_in_simdgroup;
+    float lane_decay = 0.0f, lane_beta = 0.0f;
+
     for (int t = 0; t < T; ++t) {
+      const ushort from = ushort(t % 32);
+      if (from == 0 && t + int(lane) < T) {
+        lane_decay = MLXK_GATE_DECAY_AT(t + int(lane));
+        lane_beta = MLXK_GATE_BETA_AT(t + int(lane));
+      }
+      const float decay = simd_shuffle(lane_decay, from);
+      const float beta_t = simd_shuffle(lane_beta, from);
       if (MLXK_TOKEN_ACTIVE) {
-        const float decay = MLXK_GATE_DECAY;
-        const float beta_t = MLXK_GATE_BETA;
         // This token's k and q as float, read once for all ROWS rows (the same values the
         // products would widen them to), and the rows' v, all read before any y is written:
         // y may alias v as far as a compiler knows, so a read after a write would wait for it.
@@ -84,7 +95,7 @@
           }
           out_t[r] = simd_sum(out);
         }
-        if (thread_index_in_simdgroup == 0) {
+        if (lane == 0) {
           for (int r = 0; r < ROWS; ++r) {
             y[dv_0 + r] = static_cast<InT>(out_t[r]);
           }
@@ -99,8 +110,6 @@
       k_ += Hk * Dk;
       v_ += Hv * Dv;
       y += Hv * Dv;
-      g_ += Hv;
-      beta_ += Hv;
     }
     for (int r = 0; r < ROWS; ++r) {
       MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);

@@ -6,9 +6,9 @@
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
-#ifndef MLXK_GATE_DECAY  // this token's gates: read from g and beta (computed on CUDA)
-#define MLXK_GATE_DECAY g_[hv_idx]
-#define MLXK_GATE_BETA beta_[hv_idx]
+#ifndef MLXK_GATE_DECAY_AT  // token t's gates: read from g and beta (computed on CUDA)
+#define MLXK_GATE_DECAY_AT(t) g_[(t) * Hv + hv_idx]
+#define MLXK_GATE_BETA_AT(t) beta_[(t) * Hv + hv_idx]
 #endif
 #ifndef MLXK_LOAD_STATE  // a lane's n_per_t consecutive state values (vector accesses on CUDA)
 #define MLXK_LOAD_STATE(dst, src) \
@@ -33,9 +33,17 @@
   float state[ROWS][n_per_t];
   for (int r = 0; r < ROWS; ++r) MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
   const int keep = lengths[b_idx];
+  // The gates as in gated_delta.metal: lane l computes token (t + l)'s every 32 tokens.
+  const uint lane = thread_index_in_simdgroup;
+  float lane_decay = 0.0f, lane_beta = 0.0f;
   for (int t = 0; t < keep; ++t) {
-    const float decay = MLXK_GATE_DECAY;
-    const float beta_t = MLXK_GATE_BETA;
+    const ushort from = ushort(t % 32);
+    if (from == 0 && t + int(lane) < keep) {
+      lane_decay = MLXK_GATE_DECAY_AT(t + int(lane));
+      lane_beta = MLXK_GATE_BETA_AT(t + int(lane));
+    }
+    const float decay = simd_shuffle(lane_decay, from);
+    const float beta_t = simd_shuffle(lane_beta, from);
     float k_t[n_per_t];  // this token's k as float, read once for all rows
     for (int i = 0; i < n_per_t; ++i) k_t[i] = static_cast<float>(k_[n_per_t * dk_idx + i]);
     for (int r = 0; r < ROWS; ++r) {
@@ -52,7 +60,5 @@
     }
     k_ += Hk * Dk;
     v_ += Hv * Dv;
-    g_ += Hv;
-    beta_ += Hv;
   }
   for (int r = 0; r < ROWS; ++r) MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);

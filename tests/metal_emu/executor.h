@@ -85,11 +85,31 @@ void resolve_shuffle_xor(const void* const* in, void* const* out, uint64_t mask)
   }
 }
 
+// simd_shuffle with the source lane the same in every lane (all the kernels need): lane l
+// receives lane `from`'s value.
+template <class T>
+void resolve_shuffle(const void* const* in, void* const* out, uint64_t from) {
+  for (uint32_t l = 0; l < kSimdWidth; ++l) std::memcpy(out[l], in[from], sizeof(T));
+}
+
 template <class T>
 T simd_sum(T value) {
   static_assert(sizeof(T) <= 16, "SIMD payloads are at most 16 bytes");
   T result;
   simd_collective(&resolve_simd_sum<T>, 0, &value, &result, sizeof(T));
+  return result;
+}
+
+template <class T>
+T simd_shuffle(T value, uint16_t from) {
+  static_assert(sizeof(T) <= 16, "SIMD payloads are at most 16 bytes");
+  if (from >= kSimdWidth) {
+    std::fprintf(stderr, "metal-emu: simd_shuffle lane %u outside the SIMD group\n", from);
+    std::abort();
+  }
+  T result;
+  // Lanes naming different sources wait at different collectives: the executor reports it.
+  simd_collective(&resolve_shuffle<T>, from, &value, &result, sizeof(T));
   return result;
 }
 

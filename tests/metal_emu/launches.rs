@@ -314,6 +314,10 @@ fn cases() -> Vec<Case> {
         rec_rows(F16, F32, dims(3, 3, 1, 3, 64, 6), true, true, 2),
         rec_rows(F32, F32, dims(2, 2, 2, 4, 32, 12), true, false, 4),
         rec_rows(BF16, BF16, dims(2, 3, 2, 4, 128, 16), true, true, 8),
+        rec_rows(F32, BF16, dims(2, 2, 1, 2, 64, 32), false, true, 16),
+        // Past 32 tokens: the gates of tokens 32.. come from the SIMD group's next refill.
+        rec(BF16, BF16, dims(2, 70, 1, 2, 32, 3), true, true),
+        rec_rows(F16, F32, dims(1, 41, 2, 2, 64, 8), false, false, 4),
         // Prefix replay (lengths [B]: B < 8 passes them in constant memory).
         replay(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3]),
         replay(BF16, F32, dims(2, 6, 1, 3, 128, 6), false, &[6, 2]),
@@ -329,6 +333,7 @@ fn cases() -> Vec<Case> {
         replay_rows(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3], 4),
         replay_rows(F16, F16, dims(2, 4, 1, 2, 32, 6), true, &[4, 2], 2),
         replay_rows(BF16, F32, dims(2, 4, 1, 2, 64, 8), true, &[4, 3], 8),
+        replay_rows(BF16, BF16, dims(3, 66, 1, 2, 32, 16), true, &[66, 33, 31], 16),
         // Head split (Dk, Dv <= 128; qscale/kscale [Dk]: Dk < 8 passes them in constant memory).
         split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
         split(BF16, heads(2, 2, 1, 2, 64, 96), 1e-6),

@@ -27,8 +27,9 @@
 //   -DMLXK_EMU_EXP_RETURNS_FLOAT (a diagnostic, not Metal), exp(half) and exp(bfloat) return
 //   the same rounded value typed float.
 // * simd_sum is the xor butterfly (offsets 1, 2, 4, 8, 16: x[l] = x[l] + x[l ^ offset]) over
-//   the 32 lanes of the SIMD group; simd_shuffle_xor exchanges lanes; both are collectives the
-//   executor resolves when all 32 lanes arrive. threadgroup_barrier waits for the threadgroup.
+//   the 32 lanes of the SIMD group; simd_shuffle_xor exchanges lanes; simd_shuffle broadcasts
+//   one lane (named alike in every lane); all are collectives the executor resolves when all
+//   32 lanes arrive. threadgroup_barrier waits for the threadgroup.
 // * No double: arithmetic of half or bfloat with double is deleted (Metal has no double).
 #pragma once
 
@@ -195,6 +196,11 @@ inline void threadgroup_barrier(mem_flags) { emu::threadgroup_barrier(); }
 template <class T>
 inline T simd_sum(T x) {
   return emu::simd_sum(x);
+}
+
+template <class T>
+inline T simd_shuffle(T x, ushort from) {
+  return emu::simd_shuffle(x, from);
 }
 
 template <class T>
