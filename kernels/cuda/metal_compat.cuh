@@ -53,7 +53,7 @@ __device__ inline float simd_sum(float x) {
 }
 
 // Lane `from`'s x for every lane of the warp (all 32 take part).
-__device__ inline float simd_shuffle(float x, unsigned short from) {
+__device__ inline float simd_shuffle(float x, int from) {
   return __shfl_sync(0xffffffffu, x, from);
 }
 

@@ -57,7 +57,7 @@
     float lane_decay = 0.0f, lane_beta = 0.0f;
 
     for (int t = 0; t < T; ++t) {
-      const ushort from = ushort(t % 32);
+      const int from = t % 32;
       if (from == 0 && t + int(lane) < T) {
         lane_decay = MLXK_GATE_DECAY_AT(t + int(lane));
         lane_beta = MLXK_GATE_BETA_AT(t + int(lane));
