@@ -275,8 +275,9 @@ void prefill(int t, int warmup, int iters) {
   std::printf("prefill  mlx fast / mlxkern = %.1fx\n", m / o);
 }
 
-// Where a decode step's time goes at B = 1 (diagnostic rows, same 30 layers and states), each
-// one op per layer built straight on MLX's API unless it says mlxkern:
+// Where a decode step's time goes at B = 1 (diagnostic rows, same 30 layers and states; the two
+// copies also at B = 32), each one op per layer built straight on MLX's API unless it says
+// mlxkern:
 //   custom copy 1:1      mx::fast::cuda_kernel copying the state (1 input, 1 output): MLX's
 //                        dispatch of a custom kernel against the floor's built-in op
 //   custom copy 8:2      the same copy with the recurrence's 8 inputs and 2 outputs
@@ -370,7 +371,10 @@ void dispatch(int warmup, int iters) {
   // The recurrence text at B = 8, 32 and 256 with 1 to 16 value rows per warp
   // (cuda::rows_per_simd_group picks the library's): which layout hides the state loads'
   // latency best.
+  // MLXK_BENCH_SWEEP=0 leaves the sweep out.
+  const char* sweep = std::getenv("MLXK_BENCH_SWEEP");
   for (int batch : {8, 32, 256}) {
+    if (sweep && std::string(sweep) == "0") break;
     auto wide = layers(batch, 1);
     for (int rows : {1, 2, 4, 8, 16}) {
       auto targs_r = targs;
@@ -397,6 +401,29 @@ void dispatch(int warmup, int iters) {
         kLayers, which == 2 ? update_bytes(1, 1) : state_bytes, 0);
     row("dispatch", name, std::string(names[which]) + " build",
         time_us([&] { (void)build(which); }, warmup, iters), kLayers, 0, 0);
+  }
+  // The two copies at B = 32: the dispatch floor of a custom kernel with the recurrence's
+  // inputs where a decode step moves 128 MiB of state a layer.
+  auto wide = layers(32, 1);
+  const int n32 = 32 * n;
+  for (int which = 0; which < 2; ++which) {
+    auto step = [&] {
+      std::vector<mx::array> outs;
+      for (auto& x : wide) {
+        if (which == 0) {
+          outs.push_back(copy11({x.state}, {x.state.shape()}, {mx::float32}, {n32, 1, 1},
+                                {256, 1, 1}, none, std::nullopt, false, {})[0]);
+          continue;
+        }
+        std::vector<mx::array> in = {x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias};
+        auto r = copy82(in, {{32, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                        {n32, 1, 1}, {256, 1, 1}, none, std::nullopt, false, {});
+        outs.insert(outs.end(), r.begin(), r.end());
+      }
+      mx::eval(outs);
+    };
+    row("dispatch", "decode B=32 (30 layers)", names[which], time_us(step, warmup, iters),
+        kLayers, 32 * state_bytes, 0);
   }
 }
 
