@@ -308,16 +308,23 @@ void dispatch(int warmup, int iters) {
       "auto i = blockIdx.x * blockDim.x + threadIdx.x; state_out[i] = state_in[i];"
       " if (i < 4096) y[i] = v[i];",
       "", true, 0);
-  std::string source = read_text("kernels/metal/gated_delta.metal");
-  const std::string marker = "MLXK_TOKEN_ACTIVE";
-  for (size_t at; (at = source.find(marker)) != std::string::npos;) {
-    source.replace(at, marker.size(), "true");
-  }
-  auto rec = mx::fast::cuda_kernel(
-      "mlxk_probe_recurrence",
-      {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"}, {"y", "state_out"},
-      source,
-      read_text("kernels/cuda/metal_compat.cuh") + read_text("kernels/cuda/gates.cuh"), true, 0);
+  const std::string header =
+      read_text("kernels/cuda/metal_compat.cuh") + read_text("kernels/cuda/gates.cuh");
+  auto recurrence = [&](const std::string& name, const char* path) {
+    std::string source = read_text(path);
+    const std::string marker = "MLXK_TOKEN_ACTIVE";
+    for (size_t at; (at = source.find(marker)) != std::string::npos;) {
+      source.replace(at, marker.size(), "true");
+    }
+    return mx::fast::cuda_kernel(
+        name, {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"}, {"y", "state_out"},
+        source, header, true, 0);
+  };
+  auto rec = recurrence("mlxk_probe_recurrence", "kernels/metal/gated_delta.metal");
+  // MLXK_BENCH_ALT=<file>: a variant of gated_delta.metal, swept beside it (rows "alt ROWS=").
+  const char* alt_path = std::getenv("MLXK_BENCH_ALT");
+  std::vector<std::pair<std::string, mx::fast::CustomKernelFunction>> texts = {{"direct", rec}};
+  if (alt_path) texts.emplace_back("alt", recurrence("mlxk_probe_recurrence_alt", alt_path));
   const std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs = {
       {"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", 1},
       {"InT", mx::bfloat16}, {"StT", mx::float32}};
@@ -379,20 +386,22 @@ void dispatch(int warmup, int iters) {
     for (int rows : {1, 2, 4, 8, 16}) {
       auto targs_r = targs;
       targs_r[4] = {"ROWS", rows};
-      auto step = [&] {
-        std::vector<mx::array> outs;
-        for (auto& x : wide) {
-          auto r = rec({x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias},
-                       {{batch, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
-                       {32, kD / rows, batch * kHv}, {32, 4, 1}, targs_r, std::nullopt, false,
-                       {});
-          outs.insert(outs.end(), r.begin(), r.end());
-        }
-        mx::eval(outs);
-      };
-      row("dispatch", "decode B=" + std::to_string(batch) + " (30 layers)",
-          "direct ROWS=" + std::to_string(rows), time_us(step, warmup, iters), kLayers,
-          update_bytes(batch, 1), 0);
+      for (auto& [label, kernel] : texts) {
+        auto step = [&] {
+          std::vector<mx::array> outs;
+          for (auto& x : wide) {
+            auto r = kernel({x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias},
+                            {{batch, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                            {32, kD / rows, batch * kHv}, {32, 4, 1}, targs_r, std::nullopt,
+                            false, {});
+            outs.insert(outs.end(), r.begin(), r.end());
+          }
+          mx::eval(outs);
+        };
+        row("dispatch", "decode B=" + std::to_string(batch) + " (30 layers)",
+            label + " ROWS=" + std::to_string(rows), time_us(step, warmup, iters), kLayers,
+            update_bytes(batch, 1), 0);
+      }
     }
   }
   const char* names[] = {"custom copy 1:1", "custom copy 8:2", "recurrence direct"};
