@@ -1,0 +1,236 @@
+//! Every CUDA kernel text as MLX CUDA compiles it, through a host C++ compiler: `cuda::launch`'s
+//! header and source put together the way `mx::fast::cuda_kernel` does (MLX's header, then the
+//! library's, then `namespace mlx::core::cu { __global__ void <name>(<inputs, their _shape
+//! parameters where the source names them, outputs>) { <template constants> <source> } }`),
+//! checked with `-fsyntax-only` against `tests/cuda_mock/nvrtc_mock.h`, compile-only stand-ins
+//! for NVRTC's and MLX's names. A name CUDA lacks, a typo or a type error in a kernel text or in
+//! `kernels/cuda/` fails here, on any machine, instead of on the GPU machine (docs/DESIGN.md §6).
+//! Whether NVRTC accepts the text is still `make test-cuda`'s to say.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use mlxkern::bridge::MetalLaunch;
+use mlxkern::cuda;
+use mlxkern::metal::*;
+use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node};
+use mlxkern::node::{gated_rms_norm, silu_rms_heads};
+use mlxkern::Dtype;
+
+/// MLX's CUDA name of a dtype (`dtype_to_cuda_type`).
+fn cuda_type(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Bfloat16 => "__nv_bfloat16",
+        Dtype::Float16 => "__half",
+        Dtype::Float32 => "float",
+        Dtype::Int32 => "int32_t",
+        Dtype::Uint32 => "uint32_t",
+        Dtype::Bool => "bool",
+        Dtype::Uint8 => "uint8_t",
+        Dtype::Int8 => "int8_t",
+    }
+}
+
+/// The text MLX compiles for `l` (already through `cuda::launch`) with these input dtypes.
+fn kernel_text(l: &MetalLaunch, inputs: &[Dtype]) -> String {
+    assert_eq!(
+        inputs.len(),
+        l.input_names.len(),
+        "{}: input dtypes",
+        l.name
+    );
+    let mut text = format!(
+        "{}namespace mlx::core::cu {{\n\nnamespace cg = cooperative_groups;\n\n",
+        l.header
+    );
+    text += &format!("__global__ void custom_kernel_{}(\n", l.name);
+    for (name, &dtype) in l.input_names.iter().zip(inputs) {
+        text += &format!("    const {}* {name},\n", cuda_type(dtype));
+        if l.source.contains(&format!("{name}_shape")) {
+            text += &format!("    const __grid_constant__ Shape {name}_shape,\n");
+        }
+        if l.source.contains(&format!("{name}_strides")) {
+            text += &format!("    const __grid_constant__ Strides {name}_strides,\n");
+        }
+        if l.source.contains(&format!("{name}_ndim")) {
+            text += &format!("    const __grid_constant__ int {name}_ndim,\n");
+        }
+    }
+    let outputs: Vec<String> = l
+        .output_names
+        .iter()
+        .zip(&l.output_dtypes)
+        .map(|(name, &code)| {
+            let dtype = Dtype::from_code(code).expect("an output dtype");
+            format!("    {}* {name}", cuda_type(dtype))
+        })
+        .collect();
+    text += &outputs.join(",\n");
+    text += ") {\n";
+    for (name, value) in l.template_int_names.iter().zip(&l.template_int_values) {
+        text += &format!("  constexpr int {name} = {value};\n");
+    }
+    for (name, &code) in l.template_dtype_names.iter().zip(&l.template_dtype_values) {
+        let dtype = Dtype::from_code(code).expect("a template dtype");
+        text += &format!("  using {name} = {};\n", cuda_type(dtype));
+    }
+    text += "\n";
+    text += &l.source;
+    text += "\n}\n\n} // namespace mlx::core::cu\n";
+    text
+}
+
+/// Compiles `text` with `-fsyntax-only`; the compiler's messages on failure.
+fn syntax_check(text: &str) -> Result<(), String> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+    let mock = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_mock/nvrtc_mock.h");
+    let mut child = Command::new(&cxx)
+        .args([
+            "-std=c++17",
+            "-fsyntax-only",
+            "-x",
+            "c++",
+            "-include",
+            mock,
+            "-",
+        ])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{cxx} (set CXX): {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn gated_delta_node(dtype: Dtype, gate: Dtype, form: Form, has_mask: bool) -> Node {
+    Node {
+        dims: Dims {
+            b: 32,
+            t: 3,
+            hk: 16,
+            hv: 32,
+            dk: 128,
+            dv: 128,
+        },
+        dtype,
+        gates: GateDtypes {
+            a: gate,
+            b: gate,
+            a_log: Dtype::Float32,
+            dt_bias: gate,
+        },
+        has_state: true,
+        has_mask,
+        form,
+    }
+}
+
+/// Each input's dtype, by name, as the library passes them for `n` (src/ops/gated_delta.rs).
+fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
+    l.input_names
+        .iter()
+        .map(|name| match name.as_str() {
+            "q" | "k" | "v" => n.dtype,
+            "g" if fused => n.gates.a,
+            "g" => Dtype::Float32,
+            "beta" => n.gates.b,
+            "state_in" | "dstate_out" => Dtype::Float32,
+            "dy" => n.dtype,
+            "mask" => Dtype::Bool,
+            "lengths" | "Tin" => Dtype::Int32,
+            "a_log" => n.gates.a_log,
+            "dt_bias" => n.gates.dt_bias,
+            other => panic!("{}: unexpected input {other}", l.name),
+        })
+        .collect()
+}
+
+#[test]
+fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
+    let mut checked = Vec::new();
+    let mut check = |label: String, l: MetalLaunch, inputs: Vec<Dtype>| {
+        let l = cuda::launch(l).unwrap_or_else(|e| panic!("{label}: {e}"));
+        if let Err(messages) = syntax_check(&kernel_text(&l, &inputs)) {
+            panic!("{label}: the CUDA text does not compile:\n{messages}");
+        }
+        checked.push(label);
+    };
+    let (bf16, f16, f32) = (Dtype::Bfloat16, Dtype::Float16, Dtype::Float32);
+    for (dtype, gate) in [(bf16, bf16), (f16, f32), (f32, f32)] {
+        for masked in [false, true] {
+            let n = gated_delta_node(dtype, gate, Form::Exact, masked);
+            for rows in [1, 16] {
+                // The CUDA launch (gates in the kernel) and the Metal launch's form (g and beta
+                // from MLX ops: the tests' hook).
+                let l = gated_delta_launch_rows(&n, rows);
+                let fused = cuda::with_fused_gates(l.clone());
+                let inputs = gated_delta_inputs(&fused, &n, true);
+                check(
+                    format!("recurrence {dtype:?} masked={masked} ROWS={rows}"),
+                    fused,
+                    inputs,
+                );
+                let inputs = gated_delta_inputs(&l, &n, false);
+                check(
+                    format!("recurrence {dtype:?} masked={masked} ROWS={rows} ops gates"),
+                    l,
+                    inputs,
+                );
+            }
+            let c = backward_checkpoint(n.dims.t);
+            let l = gated_delta_backward_launch(&n, c);
+            let inputs = gated_delta_inputs(&l, &n, false);
+            check(format!("backward {dtype:?} masked={masked}"), l, inputs);
+        }
+        let n = gated_delta_node(dtype, gate, Form::State, false);
+        let l = cuda::with_fused_gates(gated_delta_launch_rows(&n, 8));
+        let inputs = gated_delta_inputs(&l, &n, true);
+        check(format!("replay {dtype:?}"), l, inputs);
+
+        let split = silu_rms_heads::Node {
+            dims: silu_rms_heads::Dims {
+                b: 2,
+                s: 3,
+                hk: 16,
+                hv: 32,
+                dk: 128,
+                dv: 128,
+            },
+            dtype,
+            eps: 1e-6,
+        };
+        check(
+            format!("head split {dtype:?}"),
+            silu_rms_heads_launch(&split),
+            vec![dtype; 3],
+        );
+        for width in [128, 1000, 4096] {
+            let norm = gated_rms_norm::Node {
+                shape: vec![4, width],
+                dtype,
+                gate_dtype: gate,
+                eps: 1e-6,
+            };
+            check(
+                format!("gated norm {dtype:?} D={width}"),
+                gated_rms_norm_launch(&norm),
+                vec![dtype, gate, dtype],
+            );
+        }
+    }
+    println!(
+        "PASS: {} CUDA kernel texts compile as MLX assembles them: {}",
+        checked.len(),
+        checked.join("; ")
+    );
+}
