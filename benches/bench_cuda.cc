@@ -310,14 +310,15 @@ void dispatch(int warmup, int iters) {
       "", true, 0);
   const std::string header =
       read_text("kernels/cuda/metal_compat.cuh") + read_text("kernels/cuda/gates.cuh");
-  auto recurrence = [&](const std::string& name, const char* path) {
+  auto recurrence = [&](const std::string& kernel_name, const char* path) {
     std::string source = read_text(path);
     const std::string marker = "MLXK_TOKEN_ACTIVE";
     for (size_t at; (at = source.find(marker)) != std::string::npos;) {
       source.replace(at, marker.size(), "true");
     }
     return mx::fast::cuda_kernel(
-        name, {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"}, {"y", "state_out"},
+        kernel_name, {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"},
+        {"y", "state_out"},
         source, header, true, 0);
   };
   auto rec = recurrence("mlxk_probe_recurrence", "kernels/metal/gated_delta.metal");
