@@ -3,14 +3,14 @@
 use cxx::UniquePtr;
 
 use super::shape::{check_eps, ArgInfo};
-use super::{cpu_node, gpu_node, Backend};
+use super::{cpu_node, same_inputs_node, Backend};
 use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::gated_rms_norm::{Backward, Node};
-use crate::node::{Kernel, Words};
+use crate::node::Words;
 
 pub struct Inputs<'a> {
     pub x: &'a Array,
@@ -84,24 +84,15 @@ pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
     let node = check(x)?;
     // The CPU node and the Metal launch take the inputs in one order (node::gated_rms_norm::INPUTS).
     let inputs = [x.x, x.gate, x.weight];
-    let mut outputs = match backend {
-        Backend::Cpu => cpu_node(
-            node.kernel(),
-            node.encode(),
-            &node.outputs(),
-            vec![-1],
-            &inputs,
-        )?,
-        gpu => {
-            let words = node.encode();
-            let vjp = (
-                Kernel::GatedRmsNorm,
-                super::gpu_vjp_params(gpu, words.clone()),
-            );
-            let make = || metal::gated_rms_norm_launch(&node);
-            gpu_node(Some(words), make, &inputs, gpu, Some(vjp))?
-        }
-    };
+    let mut outputs = same_inputs_node(
+        node.kernel(),
+        node.encode(),
+        &node.outputs(),
+        vec![-1],
+        &inputs,
+        backend,
+        || metal::gated_rms_norm_launch(&node),
+    )?;
     Ok(outputs.pop().expect("one output"))
 }
 

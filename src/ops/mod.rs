@@ -77,6 +77,28 @@ pub(crate) fn cpu_node(
     )?))
 }
 
+/// A node whose CPU kernel and GPU launch take the same inputs in the same order (the head
+/// split, the gated norm): the CPU primitive running `kernel` with the node's `words`, or the
+/// GPU launch `make` builds, kept under those words and differentiable through `kernel`'s
+/// backward (`gpu_vjp`).
+pub(crate) fn same_inputs_node(
+    kernel: Kernel,
+    words: Vec<i64>,
+    outputs: &[Output],
+    donate_from: Vec<i32>,
+    inputs: &[&Array],
+    backend: Backend,
+    make: impl FnOnce() -> MetalLaunch,
+) -> Result<Vec<UniquePtr<Array>>> {
+    match backend {
+        Backend::Cpu => cpu_node(kernel, words, outputs, donate_from, inputs),
+        gpu => {
+            let vjp = (kernel, gpu_vjp_params(gpu, words.clone()));
+            gpu_node(Some(words), make, inputs, gpu, Some(vjp))
+        }
+    }
+}
+
 /// Builds a GPU kernel's launch on the given inputs (in the launch's input order): the Metal
 /// launch as it is, or its CUDA form (`crate::cuda::launch`). `backend` is not `Cpu`.
 ///

@@ -3,14 +3,14 @@
 use cxx::UniquePtr;
 
 use super::shape::{check_eps, ArgInfo};
-use super::{cpu_node, gpu_node, Backend};
+use super::{cpu_node, same_inputs_node, Backend};
 use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::silu_rms_heads::{Backward, BackwardInput, Dims, Node};
-use crate::node::{Kernel, Words};
+use crate::node::Words;
 
 /// The widest head the kernel handles (32 lanes × 4 values).
 pub const MAX_HEAD_WIDTH: i64 = 128;
@@ -112,24 +112,15 @@ pub fn split(
     let node = check(x)?;
     // The CPU node and the Metal launch take the inputs in one order (node::silu_rms_heads::INPUTS).
     let inputs = [x.x, x.q_scale, x.k_scale];
-    let mut outputs = match backend {
-        Backend::Cpu => cpu_node(
-            node.kernel(),
-            node.encode(),
-            &node.outputs(),
-            vec![-1; 3],
-            &inputs,
-        )?,
-        gpu => {
-            let words = node.encode();
-            let vjp = (
-                Kernel::SiluRmsHeads,
-                super::gpu_vjp_params(gpu, words.clone()),
-            );
-            let make = || metal::silu_rms_heads_launch(&node);
-            gpu_node(Some(words), make, &inputs, gpu, Some(vjp))?
-        }
-    };
+    let mut outputs = same_inputs_node(
+        node.kernel(),
+        node.encode(),
+        &node.outputs(),
+        vec![-1; 3],
+        &inputs,
+        backend,
+        || metal::silu_rms_heads_launch(&node),
+    )?;
     let v = outputs.pop().expect("three outputs");
     let k = outputs.pop().expect("three outputs");
     let q = outputs.pop().expect("three outputs");
