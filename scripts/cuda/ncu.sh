@@ -1,28 +1,51 @@
 #!/usr/bin/env bash
-# On the CUDA machine with Nsight Compute: one launch of each kernel at a bandwidth-bound size
-# (decode B = 32, head split S = 512, gated norm S = 512), speed of light, occupancy, warp
-# stalls and memory workload. Usage: scripts/cuda/ncu.sh OUT_DIR
+# On the CUDA machine with Nsight Compute: one launch of each kernel at a bandwidth-bound size,
+# speed of light, occupancy, launch, warp stalls, scheduler, memory and instruction statistics;
+# then, where Nsight Systems is installed, the kernels' own durations in a decode B = 32 run
+# (without the profiler's clock lock).
+# Usage: scripts/cuda/ncu.sh OUT_DIR [LAUNCH...]
+#   LAUNCH: decode8, decode32, replay32, split512, norm512 (default: all five).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build/cuda/out}
+shift || true
 mkdir -p "$out"
 # shellcheck disable=SC1091
 source scripts/cuda/carry-env.sh
 ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-[ -n "$ncu_bin" ] || { echo "ncu: not installed"; exit 0; }
+nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+echo "ncu: ${ncu_bin:-none}; nsys: ${nsys_bin:-none}"
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
-  --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis)
+  --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis
+  --section InstructionStats)
 profile() {  # name group kernel-regex skip [env...]
   local name=$1 group=$2 kernel=$3 skip=$4
   shift 4
+  [ -n "$ncu_bin" ] || return 0
   env MLXK_BENCH_ONLY="$group" MLXK_BENCH_QUICK=1 "$@" timeout 150 "$ncu_bin" \
     --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 "${sections[@]}" \
     "$carry/bench_cuda" > "$out/ncu-$name.txt" 2>&1
   echo "== $name"
-  grep -E "Duration|DRAM Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Issue Slots Busy|No Eligible|Stall|stall|Block Size|Grid Size|L1/TEX Hit|Mem Busy" \
+  grep -E "Duration|DRAM Throughput|Compute \(SM\)|L1/TEX Cache Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Block Size|Grid Size|Waves Per SM|Mem Busy" \
     "$out/ncu-$name.txt" | head -40
   grep -E "^ +(OPT|WRN)" -A3 "$out/ncu-$name.txt" | head -30
 }
-profile decode32 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=32
-profile split512 "head split" mlxk_silu_rms_heads 400
-profile norm512 "gated norm" mlxk_gated_rms_norm 400
+launches=${*:-decode8 decode32 replay32 split512 norm512}
+for launch in $launches; do
+  case $launch in
+    decode8) profile decode8 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=8 ;;
+    decode32) profile decode32 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=32 ;;
+    # replay group, quick: B = 1 takes 13 evals x 30 layers = 390 launches, then B = 32.
+    replay32) profile replay32 replay mlxk_gated_delta_state 420 ;;
+    split512) profile split512 "head split" mlxk_silu_rms_heads 400 ;;
+    norm512) profile norm512 "gated norm" mlxk_gated_rms_norm 400 ;;
+    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, replay32, split512, norm512)"; exit 2 ;;
+  esac
+done
+if [ -n "$nsys_bin" ]; then
+  MLXK_BENCH_ONLY=decode MLXK_BENCH_BATCH=32 MLXK_BENCH_QUICK=1 timeout 200 "$nsys_bin" profile \
+    -o "$out/decode32" --force-overwrite true --stats=false "$carry/bench_cuda" > "$out/nsys.log" 2>&1
+  timeout 120 "$nsys_bin" stats -r cuda_gpu_kern_sum "$out/decode32.nsys-rep" 2>&1 |
+    tee "$out/nsys-kernels.txt" | head -30
+  rm -f "$out"/decode32.nsys-rep "$out"/decode32.sqlite
+fi
