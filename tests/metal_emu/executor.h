@@ -100,29 +100,29 @@ T simd_sum(T value) {
   return result;
 }
 
+// A lane exchange resolved by `resolver` with `arg` (a lane or a lane mask, the same in every
+// lane), checked to lie inside the SIMD group; `what` names the call in the message.
 template <class T>
-T simd_shuffle(T value, uint16_t from) {
+T simd_exchange(Resolver resolver, uint16_t arg, const char* what, T value) {
   static_assert(sizeof(T) <= 16, "SIMD payloads are at most 16 bytes");
-  if (from >= kSimdWidth) {
-    std::fprintf(stderr, "metal-emu: simd_shuffle lane %u outside the SIMD group\n", from);
+  if (arg >= kSimdWidth) {
+    std::fprintf(stderr, "metal-emu: %s %u outside the SIMD group\n", what, arg);
     std::abort();
   }
   T result;
-  // Lanes naming different sources wait at different collectives: the executor reports it.
-  simd_collective(&resolve_shuffle<T>, from, &value, &result, sizeof(T));
+  // Lanes naming different arguments wait at different collectives: the executor reports it.
+  simd_collective(resolver, arg, &value, &result, sizeof(T));
   return result;
 }
 
 template <class T>
+T simd_shuffle(T value, uint16_t from) {
+  return simd_exchange(&resolve_shuffle<T>, from, "simd_shuffle lane", value);
+}
+
+template <class T>
 T simd_shuffle_xor(T value, uint16_t mask) {
-  static_assert(sizeof(T) <= 16, "SIMD payloads are at most 16 bytes");
-  if (mask >= kSimdWidth) {
-    std::fprintf(stderr, "metal-emu: simd_shuffle_xor mask %u outside the SIMD group\n", mask);
-    std::abort();
-  }
-  T result;
-  simd_collective(&resolve_shuffle_xor<T>, mask, &value, &result, sizeof(T));
-  return result;
+  return simd_exchange(&resolve_shuffle_xor<T>, mask, "simd_shuffle_xor mask", value);
 }
 
 }  // namespace emu
