@@ -148,22 +148,7 @@ mod tests {
     use super::*;
 
     fn metal(name: &str, grid: [i32; 3], threadgroup: [i32; 3]) -> MetalLaunch {
-        MetalLaunch {
-            name: name.into(),
-            source: String::new(),
-            header: String::new(),
-            input_names: vec![],
-            output_names: vec![],
-            output_dims: vec![],
-            output_ndims: vec![],
-            output_dtypes: vec![],
-            grid,
-            threadgroup,
-            template_int_names: vec![],
-            template_int_values: vec![],
-            template_dtype_names: vec![],
-            template_dtype_values: vec![],
-        }
+        MetalLaunch::empty(name, grid, threadgroup)
     }
 
     #[test]

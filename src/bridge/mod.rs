@@ -235,6 +235,29 @@ pub use ffi::*;
 
 use cxx::UniquePtr;
 
+#[cfg(test)]
+impl MetalLaunch {
+    /// A launch with only a name and a geometry (unit tests of what reads those alone).
+    pub(crate) fn empty(name: &str, grid: [i32; 3], threadgroup: [i32; 3]) -> MetalLaunch {
+        MetalLaunch {
+            name: name.into(),
+            source: String::new(),
+            header: String::new(),
+            input_names: vec![],
+            output_names: vec![],
+            output_dims: vec![],
+            output_ndims: vec![],
+            output_dtypes: vec![],
+            grid,
+            threadgroup,
+            template_int_names: vec![],
+            template_int_values: vec![],
+            template_dtype_names: vec![],
+            template_dtype_values: vec![],
+        }
+    }
+}
+
 /// The arrays as an input list for a node.
 pub fn list(arrays: &[&Array]) -> UniquePtr<ArrayList> {
     let mut list = list_new();

@@ -206,22 +206,7 @@ mod launches {
         use super::*;
 
         fn named(name: &str) -> MetalLaunch {
-            MetalLaunch {
-                name: name.into(),
-                source: String::new(),
-                header: String::new(),
-                input_names: vec![],
-                output_names: vec![],
-                output_dims: vec![],
-                output_ndims: vec![],
-                output_dtypes: vec![],
-                grid: [1; 3],
-                threadgroup: [1; 3],
-                template_int_names: vec![],
-                template_int_values: vec![],
-                template_dtype_names: vec![],
-                template_dtype_values: vec![],
-            }
+            MetalLaunch::empty(name, [1; 3], [1; 3])
         }
 
         #[test]
