@@ -1,5 +1,6 @@
 """Chart of `make bench-cuda`: per-layer decode time by batch for every implementation (log
-scale), and each mlxkern row's time relative to MLX's floor op on the same data.
+scale), and each mlxkern row's time relative to MLX's floor op on the same data, serial and
+pipelined.
     chart_cuda.py OUT.png bench-cuda.jsonl [fla.jsonl]
 """
 import json
@@ -19,7 +20,7 @@ for path in sys.argv[2:]:
     except FileNotFoundError:
         pass
 
-fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+fig, (left, right) = plt.subplots(1, 2, figsize=(14, 7))
 # Whole layer steps only (the "build" rows time the host's node building alone).
 decode = [r for r in rows if r["group"] == "decode" and "build" not in r["impl"]]
 for impl in sorted({r["impl"] for r in decode}):
@@ -34,8 +35,12 @@ left.set_title("Gated DeltaNet decode on the GPU (Qwen3.5-35B-A3B dims)")
 left.legend()
 left.grid(True, which="both", alpha=0.3)
 
-ours = [r for r in rows if r["impl"] == "mlxkern" and r["vs_floor"] > 0]
-right.barh([r["case"] for r in ours], [1 / r["vs_floor"] for r in ours], color="tab:green")
+# Serial rows (one eval per graph) in green, pipelined rows (one graph in flight while the next
+# is built, each against the pipelined floor) in blue.
+ours = [r for r in rows if r["impl"] in ("mlxkern", "mlxkern, pipelined") and r["vs_floor"] > 0]
+right.barh([r["case"] + (", pipelined" if "pipelined" in r["impl"] else "") for r in ours],
+           [1 / r["vs_floor"] for r in ours],
+           color=["tab:blue" if "pipelined" in r["impl"] else "tab:green" for r in ours])
 right.axvline(1.0, color="k", lw=0.8)
 right.axvline(0.9, color="tab:gray", lw=0.8, ls="--")
 right.axvline(0.7, color="tab:gray", lw=0.8, ls=":")

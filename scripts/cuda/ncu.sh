@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the CUDA machine with Nsight Compute: one launch of each kernel at a bandwidth-bound size,
-# speed of light, occupancy, launch, warp stalls, scheduler, memory and instruction statistics;
+# speed of light, occupancy, launch, warp stalls, scheduler, memory and instruction statistics,
+# at the GPU's own clocks (--clock-control none: Nsight Compute otherwise locks them to base,
+# ~1.45 GHz on an H200), and MLX's floor op on the same decode B = 32 states beside them;
 # then, where Nsight Systems is installed, the kernels' own durations in a decode B = 32 run
 # (without the profiler's clock lock).
 # Usage: scripts/cuda/ncu.sh OUT_DIR [LAUNCH...]
-#   LAUNCH: decode8, decode32, replay32, split512, norm512 (default: all five).
+#   LAUNCH: decode8, decode32, floor32, replay32, split512, norm512 (default: all six).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build/cuda/out}
@@ -23,23 +25,26 @@ profile() {  # name group kernel-regex skip [env...]
   shift 4
   [ -n "$ncu_bin" ] || return 0
   env MLXK_BENCH_ONLY="$group" MLXK_BENCH_QUICK=1 "$@" timeout 150 "$ncu_bin" \
-    --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 "${sections[@]}" \
+    --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 --clock-control none \
+    "${sections[@]}" \
     "$carry/bench_cuda" > "$out/ncu-$name.txt" 2>&1
   echo "== $name"
   grep -E "Duration|DRAM Throughput|Compute \(SM\)|L1/TEX Cache Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Block Size|Grid Size|Waves Per SM|Mem Busy" \
     "$out/ncu-$name.txt" | head -40
   grep -E "^ +(OPT|WRN)" -A3 "$out/ncu-$name.txt" | head -30
 }
-launches=${*:-decode8 decode32 replay32 split512 norm512}
+launches=${*:-decode8 decode32 floor32 replay32 split512 norm512}
 for launch in $launches; do
   case $launch in
     decode8) profile decode8 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=8 ;;
     decode32) profile decode32 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=32 ;;
+    # MLX's unary kernel of the floor op (mx::negative), which the decode group runs first.
+    floor32) profile floor32 decode unary 60 MLXK_BENCH_BATCH=32 ;;
     # replay group, quick: B = 1 takes 13 evals x 30 layers = 390 launches, then B = 32.
     replay32) profile replay32 replay mlxk_gated_delta_state 420 ;;
     split512) profile split512 "head split" mlxk_silu_rms_heads 400 ;;
     norm512) profile norm512 "gated norm" mlxk_gated_rms_norm 400 ;;
-    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, replay32, split512, norm512)"; exit 2 ;;
+    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512)"; exit 2 ;;
   esac
 done
 if [ -n "$nsys_bin" ]; then
