@@ -69,30 +69,52 @@ bool pipelined = false;
 
 using Build = std::function<std::vector<mx::array>()>;
 
+// Where a pipelined graph's host time goes, µs a graph (medians' run): building it, handing it
+// to MLX (async_eval: eval_gpu of every node and the CUDA graph's launch), waiting for the graph
+// before it, and releasing that graph's arrays. Printed with each pipelined row.
+struct Phases {
+  double build = 0, submit = 0, wait = 0, release = 0;
+  bool valid = false;
+} phases;
+
 // Microseconds of one graph: serial, the median of `iters` build-and-eval calls; pipelined, the
 // median over three runs of `iters` graphs of the time per graph, one graph always in flight.
 double graph_us(const Build& build, int warmup, int iters) {
   if (!pipelined) return time_us([&] { mx::eval(build()); }, warmup, iters);
   std::vector<mx::array> in_flight;
-  auto run = [&](int n) {
+  auto run = [&](int n, Phases& p) {
     for (int i = 0; i < n; ++i) {
+      double t0 = now_us();
       auto next = build();
+      double t1 = now_us();
       mx::async_eval(next);
+      double t2 = now_us();
       if (!in_flight.empty()) mx::eval(in_flight);
+      double t3 = now_us();
       in_flight = std::move(next);
+      double t4 = now_us();
+      p.build += t1 - t0;
+      p.submit += t2 - t1;
+      p.wait += t3 - t2;
+      p.release += t4 - t3;
     }
     mx::eval(in_flight);
     in_flight.clear();
   };
-  run(warmup);
-  std::vector<double> t;
+  Phases unused;
+  run(warmup, unused);
+  std::vector<std::pair<double, Phases>> t;
   for (int r = 0; r < 3; ++r) {
+    Phases p;
     const double t0 = now_us();
-    run(iters);
-    t.push_back((now_us() - t0) / iters);
+    run(iters, p);
+    t.emplace_back((now_us() - t0) / iters, p);
   }
-  std::sort(t.begin(), t.end());
-  return t[1];
+  std::sort(t.begin(), t.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  phases = t[1].second;
+  for (double* x : {&phases.build, &phases.submit, &phases.wait, &phases.release}) *x /= iters;
+  phases.valid = true;
+  return t[1].first;
 }
 
 std::string impl(const std::string& name) { return pipelined ? name + ", pipelined" : name; }
@@ -103,13 +125,23 @@ void row(const std::string& group, const std::string& name, const std::string& p
   std::printf("%-8s %-34s %-12s %10.2f us/layer  %8.1f GB/s", group.c_str(), name.c_str(),
               peer.c_str(), us / per, gbs);
   if (floor_us > 0) std::printf("  %5.2fx floor", us / floor_us);
+  char host[160] = "";
+  if (phases.valid) {
+    std::printf("  [build %.2f, submit %.2f, wait %.2f, release %.2f us/layer]", phases.build / per,
+                phases.submit / per, phases.wait / per, phases.release / per);
+    std::snprintf(host, sizeof host,
+                  ",\"build_us\":%.3f,\"submit_us\":%.3f,\"wait_us\":%.3f,\"release_us\":%.3f",
+                  phases.build / per, phases.submit / per, phases.wait / per,
+                  phases.release / per);
+    phases.valid = false;
+  }
   std::printf("\n");
   if (json) {
     std::fprintf(json,
                  "{\"group\":\"%s\",\"case\":\"%s\",\"impl\":\"%s\",\"us_per_layer\":%.3f,"
-                 "\"bytes_per_layer\":%.0f,\"gbs\":%.2f,\"vs_floor\":%.4f}\n",
+                 "\"bytes_per_layer\":%.0f,\"gbs\":%.2f,\"vs_floor\":%.4f%s}\n",
                  group.c_str(), name.c_str(), peer.c_str(), us / per, bytes, gbs,
-                 floor_us > 0 ? us / floor_us : 0.0);
+                 floor_us > 0 ? us / floor_us : 0.0, host);
     std::fflush(json);
   }
 }
