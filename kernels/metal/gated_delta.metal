@@ -77,7 +77,6 @@
         for (int r = 0; r < ROWS; ++r) {
           v_t[r] = v_[dv_0 + r];
         }
-        float out_t[ROWS];
         for (int r = 0; r < ROWS; ++r) {
           float kv_mem = 0.0f;
           for (int i = 0; i < n_per_t; ++i) {
@@ -93,11 +92,10 @@
             state[r][i] = state[r][i] + MLXK_MUL(k_t[i], delta);
             out += MLXK_MUL(state[r][i], q_t[i]);
           }
-          out_t[r] = simd_sum(out);
-        }
-        if (lane == 0) {
-          for (int r = 0; r < ROWS; ++r) {
-            y[dv_0 + r] = static_cast<InT>(out_t[r]);
+          out = simd_sum(out);
+          // Every v is read already: y goes out row by row, holding no register for later.
+          if (lane == 0) {
+            y[dv_0 + r] = static_cast<InT>(out);
           }
         }
       } else {
