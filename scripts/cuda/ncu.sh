@@ -6,7 +6,9 @@
 # then, where Nsight Systems is installed, the kernels' own durations in a decode B = 32 run
 # (without the profiler's clock lock).
 # Usage: scripts/cuda/ncu.sh OUT_DIR [LAUNCH...]
-#   LAUNCH: decode8, decode32, floor32, replay32, split512, norm512 (default: all six).
+#   LAUNCH: decode8, decode32, floor32, replay32, split512, norm512 (default: all six), or
+#   rowsB.R: the dispatch group's rows sweep, recurrence text at batch B (8, 32 or 256) with R
+#   value rows a warp (1, 2, 4, 8, 16).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build/cuda/out}
@@ -44,7 +46,15 @@ for launch in $launches; do
     replay32) profile replay32 replay mlxk_gated_delta_state 420 ;;
     split512) profile split512 "head split" mlxk_silu_rms_heads 400 ;;
     norm512) profile norm512 "gated norm" mlxk_gated_rms_norm 400 ;;
-    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512)"; exit 2 ;;
+    rows*)
+      # The sweep runs batch 8, 32, 256 in turn, each quick config 13 evals x 30 layers = 390
+      # launches of the same kernel name (ROWS is in the name, the batch only in the grid;
+      # "b" after the prefix: the input dtypes of the "direct" text, not the "alt" one).
+      spec=${launch#rows} b=${spec%.*} r=${spec#*.}
+      case $b in 8) before=0 ;; 32) before=390 ;; 256) before=780 ;; *) before=-1 ;; esac
+      [ "$before" -ge 0 ] || { echo "ncu.sh: $launch: batch 8, 32 or 256"; exit 2; }
+      profile "$launch" dispatch "probe_recurrence_b[a-z0-9_]*_128_128_16_32_${r}_" $((before + 60)) ;;
+    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, rowsB.R)"; exit 2 ;;
   esac
 done
 if [ -n "$nsys_bin" ]; then
