@@ -14,7 +14,8 @@
 //   norm     mlxk_gated_rms_norm at S = 1 and 512 (rows = S · 32 heads, D = 128), 30 layers
 //   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
 //   pipelined decode, replay, split and norm again (floor and mlxkern) with one graph in
-//            flight while the next is built, as generate loops run (rows ", pipelined")
+//            flight while the next is built, as generate loops run (rows ", pipelined"), and
+//            the dispatch group's custom copies at B = 1 and 32
 //   dispatch where decode B = 1's time goes: MLX custom kernels (a copy with 1 and with 9
 //            inputs, the recurrence text straight through mx::fast::cuda_kernel), eval and build
 //   grad     forward + mlxk_gated_delta_update_vjp over T = 512, 2048, 4096, B = 1, one layer;
@@ -358,20 +359,80 @@ std::string read_text(const char* path) {
   return text;
 }
 
+// Copies of the layers' states through mx::fast::cuda_kernel, each one op per layer: MLX's
+// dispatch of a custom kernel that does no more than the floor op's work.
+//   0 custom copy 1:1              1 input, 1 output
+//   1 custom copy 1:1, 10 KB text  the same with 10 KB of comment as its header: MLX hashes a
+//                                  custom kernel's whole text on every eval, and mlxkern's texts
+//                                  are 5-11 KB (comments stripped)
+//   2 custom copy 8:2              the recurrence's 8 inputs and 2 outputs
+struct CustomCopies {
+  static constexpr const char* names[] = {"custom copy 1:1", "custom copy 1:1, 10 KB text",
+                                          "custom copy 8:2"};
+  std::vector<mx::fast::CustomKernelFunction> kernels;
+
+  CustomCopies() {
+    const std::string copy = "auto i = blockIdx.x * blockDim.x + threadIdx.x; out[i] = s[i];";
+    std::string padding;
+    while (padding.size() < 10240) padding += "// padding of the text MLX hashes per eval\n";
+    kernels.push_back(mx::fast::cuda_kernel("mlxk_probe_copy11", {"s"}, {"out"}, copy, "", true, 0));
+    kernels.push_back(
+        mx::fast::cuda_kernel("mlxk_probe_copy11_long", {"s"}, {"out"}, copy, padding, true, 0));
+    kernels.push_back(mx::fast::cuda_kernel(
+        "mlxk_probe_copy82",
+        {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"}, {"y", "state_out"},
+        "auto i = blockIdx.x * blockDim.x + threadIdx.x; state_out[i] = state_in[i];"
+        " if (i < 4096) y[i] = v[i];",
+        "", true, 0));
+  }
+
+  // One graph: copy `which` of every layer's state (batch `batch`).
+  Build build(int which, const std::vector<Layer>& ls, int batch) const {
+    return [this, which, &ls, batch] {
+      const std::vector<std::pair<std::string, mx::fast::TemplateArg>> none;
+      const int n = batch * kHv * kD * kD;
+      std::vector<mx::array> outs;
+      for (auto& x : ls) {
+        if (which < 2) {
+          outs.push_back(kernels[which]({x.state}, {x.state.shape()}, {mx::float32}, {n, 1, 1},
+                                        {256, 1, 1}, none, std::nullopt, false, {})[0]);
+          continue;
+        }
+        std::vector<mx::array> in = {x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias};
+        auto r = kernels[2](in, {{batch, 1, kHv, kD}, x.state.shape()},
+                            {mx::bfloat16, mx::float32}, {n, 1, 1}, {256, 1, 1}, none,
+                            std::nullopt, false, {});
+        outs.insert(outs.end(), r.begin(), r.end());
+      }
+      return outs;
+    };
+  }
+};
+
+// The copies at B = 1 and 32 (serial or pipelined as the mode says), MLX's floor op beside.
+void copies(const CustomCopies& c, int warmup, int iters) {
+  for (int batch : {1, 32}) {
+    auto ls = layers(batch, 1);
+    const std::string name = "decode B=" + std::to_string(batch) + " (30 layers)";
+    const double bytes = double(batch) * kHv * kD * kD * 8;
+    Build floor = [&] {
+      std::vector<mx::array> outs;
+      for (auto& x : ls) outs.push_back(mx::negative(x.state));
+      return outs;
+    };
+    const double f = graph_us(floor, warmup, iters);
+    row("dispatch", name, impl("mlx floor"), f, kLayers, bytes, 0);
+    for (int which = 0; which < 3; ++which) {
+      row("dispatch", name, impl(CustomCopies::names[which]),
+          graph_us(c.build(which, ls, batch), warmup, iters), kLayers, bytes, f);
+    }
+  }
+}
+
 void dispatch(int warmup, int iters) {
   auto ls = layers(1, 1);
   const std::string name = "decode B=1 (30 layers)";
   const double state_bytes = double(kHv) * kD * kD * 8;
-  const int n = kHv * kD * kD;
-  auto copy11 = mx::fast::cuda_kernel(
-      "mlxk_probe_copy11", {"s"}, {"out"},
-      "auto i = blockIdx.x * blockDim.x + threadIdx.x; out[i] = s[i];", "", true, 0);
-  auto copy82 = mx::fast::cuda_kernel(
-      "mlxk_probe_copy82",
-      {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"}, {"y", "state_out"},
-      "auto i = blockIdx.x * blockDim.x + threadIdx.x; state_out[i] = state_in[i];"
-      " if (i < 4096) y[i] = v[i];",
-      "", true, 0);
   const std::string header =
       read_text("kernels/cuda/metal_compat.cuh") + read_text("kernels/cuda/gates.cuh");
   auto recurrence = [&](const std::string& kernel_name, const char* path) {
@@ -393,21 +454,13 @@ void dispatch(int warmup, int iters) {
   const std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs = {
       {"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", 1},
       {"InT", mx::bfloat16}, {"StT", mx::float32}};
-  const std::vector<std::pair<std::string, mx::fast::TemplateArg>> none;
-  auto build = [&](int which) {
+  // The recurrence text straight through mx::fast::cuda_kernel (fused gates, one row a warp).
+  Build direct = [&] {
     std::vector<mx::array> outs;
     for (auto& x : ls) {
-      if (which == 0) {
-        outs.push_back(copy11({x.state}, {x.state.shape()}, {mx::float32}, {n, 1, 1},
-                              {256, 1, 1}, none, std::nullopt, false, {})[0]);
-        continue;
-      }
-      std::vector<mx::array> in = {x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias};
-      std::vector<mx::Shape> shapes = {{1, 1, kHv, kD}, x.state.shape()};
-      auto r = which == 1 ? copy82(in, shapes, {mx::bfloat16, mx::float32}, {n, 1, 1},
-                                   {256, 1, 1}, none, std::nullopt, false, {})
-                          : rec(in, shapes, {mx::bfloat16, mx::float32}, {32, kD, kHv},
-                                {32, 4, 1}, targs, std::nullopt, false, {});
+      auto r = rec({x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias},
+                   {{1, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                   {32, kD, kHv}, {32, 4, 1}, targs, std::nullopt, false, {});
       outs.insert(outs.end(), r.begin(), r.end());
     }
     return outs;
@@ -469,35 +522,20 @@ void dispatch(int warmup, int iters) {
       }
     }
   }
-  const char* names[] = {"custom copy 1:1", "custom copy 8:2", "recurrence direct"};
-  for (int which = 0; which < 3; ++which) {
-    row("dispatch", name, names[which], time_us([&] { mx::eval(build(which)); }, warmup, iters),
-        kLayers, which == 2 ? update_bytes(1, 1) : state_bytes, 0);
-    row("dispatch", name, std::string(names[which]) + " build",
-        time_us([&] { (void)build(which); }, warmup, iters), kLayers, 0, 0);
+  const CustomCopies c;
+  for (int which = 0; which < 4; ++which) {
+    Build b = which < 3 ? c.build(which, ls, 1) : direct;
+    const std::string label = which < 3 ? CustomCopies::names[which] : "recurrence direct";
+    row("dispatch", name, label, graph_us(b, warmup, iters), kLayers,
+        which == 3 ? update_bytes(1, 1) : state_bytes, 0);
+    row("dispatch", name, label + " build", time_us([&] { (void)b(); }, warmup, iters), kLayers,
+        0, 0);
   }
-  // The two copies at B = 32: the dispatch floor of a custom kernel with the recurrence's
-  // inputs where a decode step moves 128 MiB of state a layer.
+  // The copies at B = 32, where a decode step moves 128 MiB of state a layer, beside the floor.
   auto wide = layers(32, 1);
-  const int n32 = 32 * n;
-  for (int which = 0; which < 2; ++which) {
-    auto step = [&] {
-      std::vector<mx::array> outs;
-      for (auto& x : wide) {
-        if (which == 0) {
-          outs.push_back(copy11({x.state}, {x.state.shape()}, {mx::float32}, {n32, 1, 1},
-                                {256, 1, 1}, none, std::nullopt, false, {})[0]);
-          continue;
-        }
-        std::vector<mx::array> in = {x.q, x.k, x.v, x.a, x.b, x.state, x.a_log, x.dt_bias};
-        auto r = copy82(in, {{32, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
-                        {n32, 1, 1}, {256, 1, 1}, none, std::nullopt, false, {});
-        outs.insert(outs.end(), r.begin(), r.end());
-      }
-      mx::eval(outs);
-    };
-    row("dispatch", "decode B=32 (30 layers)", names[which], time_us(step, warmup, iters),
-        kLayers, 32 * state_bytes, 0);
+  for (int which = 0; which < 3; ++which) {
+    row("dispatch", "decode B=32 (30 layers)", CustomCopies::names[which],
+        graph_us(c.build(which, wide, 32), warmup, iters), kLayers, 32 * state_bytes, 0);
   }
 }
 
@@ -607,6 +645,7 @@ int main() {
     for (int b : {1, 32}) replay(b, warmup, iters);
     for (int s : {1, 512}) head_split(s, warmup, iters);
     for (int s : {1, 512}) gated_norm(s, warmup, iters);
+    copies(CustomCopies(), warmup, iters);
     pipelined = false;
   });
   guarded("prefill", [&] { prefill(4096, 2, quick ? 3 : 10); });

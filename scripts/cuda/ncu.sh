@@ -22,13 +22,13 @@ echo "ncu: ${ncu_bin:-none}; nsys: ${nsys_bin:-none}"
 sections=(--section SpeedOfLight --section Occupancy --section LaunchStats
   --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis
   --section InstructionStats)
-profile() {  # name group kernel-regex skip [env...]
+profile() {  # name group kernel-regex skip [env...]; name_base=demangled matches the full name
   local name=$1 group=$2 kernel=$3 skip=$4
   shift 4
   [ -n "$ncu_bin" ] || return 0
   env MLXK_BENCH_ONLY="$group" MLXK_BENCH_QUICK=1 "$@" timeout 150 "$ncu_bin" \
-    --kernel-name "regex:$kernel" --launch-skip "$skip" --launch-count 1 --clock-control none \
-    "${sections[@]}" \
+    --kernel-name-base "${name_base:-function}" --kernel-name "regex:$kernel" \
+    --launch-skip "$skip" --launch-count 1 --clock-control none "${sections[@]}" \
     "$carry/bench_cuda" > "$out/ncu-$name.txt" 2>&1
   echo "== $name"
   grep -E "Duration|DRAM Throughput|Compute \(SM\)|L1/TEX Cache Throughput|L2 Cache Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|Executed Instructions  |No Eligible|Block Size|Grid Size|Waves Per SM|Mem Busy" \
@@ -40,20 +40,20 @@ for launch in $launches; do
   case $launch in
     decode8) profile decode8 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=8 ;;
     decode32) profile decode32 decode mlxk_gated_delta_step 60 MLXK_BENCH_BATCH=32 ;;
-    # MLX's unary kernel of the floor op (mx::negative), which the decode group runs first.
-    floor32) profile floor32 decode unary 60 MLXK_BENCH_BATCH=32 ;;
+    # MLX's unary kernel of the floor op (mx::negative), which the decode group runs first
+    # (the inputs' setup runs other unary kernels before it: the op is in the template).
+    floor32) name_base=demangled profile floor32 decode "unary.*Negative" 60 MLXK_BENCH_BATCH=32 ;;
     # replay group, quick: B = 1 takes 13 evals x 30 layers = 390 launches, then B = 32.
     replay32) profile replay32 replay mlxk_gated_delta_state 420 ;;
     split512) profile split512 "head split" mlxk_silu_rms_heads 400 ;;
     norm512) profile norm512 "gated norm" mlxk_gated_rms_norm 400 ;;
     rows*)
       # The sweep runs batch 8, 32, 256 in turn, each quick config 13 evals x 30 layers = 390
-      # launches of the same kernel name (ROWS is in the name, the batch only in the grid;
-      # "b" after the prefix: the input dtypes of the "direct" text, not the "alt" one).
+      # launches of the same kernel name (ROWS is in the name, the batch only in the grid).
       spec=${launch#rows} b=${spec%.*} r=${spec#*.}
       case $b in 8) before=0 ;; 32) before=390 ;; 256) before=780 ;; *) before=-1 ;; esac
       [ "$before" -ge 0 ] || { echo "ncu.sh: $launch: batch 8, 32 or 256"; exit 2; }
-      profile "$launch" dispatch "probe_recurrence_b[a-z0-9_]*_128_128_16_32_${r}_" $((before + 60)) ;;
+      profile "$launch" dispatch "mlxk_probe_recurrence_128_128_16_32_${r}_" $((before + 60)) ;;
     *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, rowsB.R)"; exit 2 ;;
   esac
 done
