@@ -113,19 +113,26 @@ pub fn with_fused_gates(mut l: MetalLaunch) -> MetalLaunch {
 }
 
 /// Value rows per SIMD group for the CUDA recurrence and replay: the largest of 16 (from 1024
-/// (batch, value head) pairs), 8, 4, 2 that divides Dv when the launch has at least 256 pairs,
-/// so each warp keeps that many rows' state loads in flight and computes each token's gates
-/// for all of them (the seed's one row per warp leaves an H200 latency-bound); 1 for smaller
-/// launches, which need every warp they can get. The bits do not depend on it. Through
-/// `mx::fast::cuda_kernel` on an H200, µs a layer at 1 / 2 / 4 / 8 / 16 rows: B = 8 31.6 /
-/// 32.9 / 30.7 / 26.7 / 28.2, B = 32 81.5 / 66.1 / 62.6 / 60.6 / 59.3, B = 256 482 / 369 /
-/// 330 / 304 / 295 (Hv = 32, Dk = Dv = 128).
+/// (batch, value head) pairs), 8 (from 512), 4 (from 256), 2 that divides Dv, so each warp keeps
+/// that many rows' state loads in flight and computes each token's gates for all of them (the
+/// seed's one row per warp leaves an H200 latency-bound); 1 below 256 pairs, where every warp
+/// counts. The bits do not depend on it. Measured on an H200 (Hv = 32, Dk = Dv = 128):
+/// - B = 32 and 256, through `mx::fast::cuda_kernel`, µs a layer at 1 / 2 / 4 / 8 / 16 rows:
+///   B = 32 81.5 / 66.1 / 62.6 / 60.6 / 59.3, B = 256 482 / 369 / 330 / 304 / 295;
+/// - B = 8, the kernel alone (Nsight Compute, the GPU's own clocks) at 2 / 4 / 8 rows: 13.9 /
+///   12.5 / 13.7 µs (40 / 56 / 72 registers, 2.6 / 1.7 / 1.1 waves).
+///
+/// 512 pairs (B = 16) lie between the two measured sizes and take the rows between theirs.
 pub fn rows_per_simd_group(dims: Dims) -> usize {
     let pairs = dims.b * dims.hv;
     if pairs < 256 {
         return 1;
     }
-    let widest = if pairs >= 1024 { 16 } else { 8 };
+    let widest = match pairs {
+        p if p >= 1024 => 16,
+        p if p >= 512 => 8,
+        _ => 4,
+    };
     [16, 8, 4, 2, 1]
         .into_iter()
         .filter(|&r| r <= widest)
@@ -163,7 +170,9 @@ mod tests {
         };
         assert_eq!(rows_per_simd_group(d(1, 32, 128)), 1);
         assert_eq!(rows_per_simd_group(d(7, 32, 128)), 1);
-        assert_eq!(rows_per_simd_group(d(8, 32, 128)), 8);
+        assert_eq!(rows_per_simd_group(d(8, 32, 128)), 4);
+        assert_eq!(rows_per_simd_group(d(15, 32, 128)), 4);
+        assert_eq!(rows_per_simd_group(d(16, 32, 128)), 8);
         assert_eq!(rows_per_simd_group(d(31, 32, 128)), 8);
         assert_eq!(rows_per_simd_group(d(32, 32, 128)), 16);
         assert_eq!(rows_per_simd_group(d(256, 32, 128)), 16);
@@ -171,6 +180,7 @@ mod tests {
         assert_eq!(rows_per_simd_group(d(256, 32, 12)), 4);
         assert_eq!(rows_per_simd_group(d(256, 32, 6)), 2);
         assert_eq!(rows_per_simd_group(d(256, 32, 7)), 1);
+        assert_eq!(rows_per_simd_group(d(8, 32, 6)), 2);
         for dv in 1..=300 {
             for b in [1, 8, 32, 300] {
                 assert_eq!(dv % rows_per_simd_group(d(b, 32, dv)), 0);

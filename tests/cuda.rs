@@ -506,9 +506,10 @@ fn cuda_kernels_match_the_cpu_kernels() {
         ([1, 40, 1, 4, 256, 130], f16, true, false),
         ([2, 5, 2, 2, 160, 33], f32, false, true),
         ([3, 0, 2, 4, 64, 64], bf16, true, false),
-        // 256+ (batch, value head) pairs: 4 or 2 value rows per warp (crate::cuda).
+        // 256+ (batch, value head) pairs: 4 or 2 value rows per warp; 512+: 8 (crate::cuda).
         ([16, 9, 4, 16, 64, 48], f16, true, true),
         ([64, 3, 2, 4, 64, 6], f32, false, false),
+        ([16, 3, 8, 32, 64, 64], bf16, true, true),
         ([1, 4096, 2, 4, 128, 128], bf16, true, false),
     ] {
         recurrence(&mut rng, dims, dtype, state, mask);
