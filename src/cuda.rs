@@ -9,6 +9,8 @@ use crate::bridge::MetalLaunch;
 use crate::error::{Error, Result};
 use crate::node::gated_delta::Dims;
 
+mod files;
+
 /// The header that lets NVRTC compile the Metal kernel text.
 pub const METAL_COMPAT_HEADER: &str = include_str!("../kernels/cuda/metal_compat.cuh");
 
@@ -41,6 +43,11 @@ pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
         format!("{compat}{}", strip_comments(&l.header))
     };
     l.source = strip_comments(&l.source);
+    if let Some((header, source)) = files::include_lines(&l.header, &l.source, &l.input_names) {
+        // MLX hashes the text on every evaluation: two lines instead of 5-10 KB (cuda/files.rs).
+        l.header = header;
+        l.source = source;
+    }
     if l.name.starts_with("mlxk_gated_rms_norm") && l.threadgroup[0] == 32 {
         // Rows of at most 128 values take one SIMD group each; on Metal a threadgroup, on CUDA
         // up to eight share a block, as the head split's heads (32-thread blocks cap an SM at
@@ -190,6 +197,16 @@ mod tests {
         }
     }
 
+    /// The text NVRTC reads: `#include "<file>"` lines replaced by the file (cuda/files.rs).
+    fn resolved(text: &str) -> String {
+        text.lines()
+            .map(|line| match line.strip_prefix("#include \"") {
+                Some(rest) => std::fs::read_to_string(rest.trim_end_matches('"')).unwrap(),
+                None => format!("{line}\n"),
+            })
+            .collect()
+    }
+
     #[test]
     fn threadgroups_divide_the_grid() {
         for dv in 1..=260 {
@@ -200,7 +217,7 @@ mod tests {
             if dv % 4 == 0 {
                 assert_eq!(l.threadgroup[1], 4);
             }
-            assert_eq!(l.header, strip_comments(METAL_COMPAT_HEADER));
+            assert_eq!(resolved(&l.header), strip_comments(METAL_COMPAT_HEADER));
             let fused = launch(with_fused_gates(metal(
                 "mlxk_gated_delta_step",
                 [32, dv, 2],
@@ -208,7 +225,7 @@ mod tests {
             )))
             .unwrap();
             assert_eq!(
-                fused.header,
+                resolved(&fused.header),
                 strip_comments(&format!("{METAL_COMPAT_HEADER}{GATES_HEADER}"))
             );
             assert_eq!(fused.name, "mlxk_gated_delta_step_gates");

@@ -158,10 +158,28 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
 #[test]
 fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
     let mut checked = Vec::new();
+    // MLXK_CUDA_TEXT_DIR=<dir>: each text also goes to <dir>/<label>.cu, for
+    // scripts/cuda/sass.py (NVRTC's machine code for them, without a GPU).
+    let dump = std::env::var_os("MLXK_CUDA_TEXT_DIR").map(std::path::PathBuf::from);
     let mut check = |label: String, l: MetalLaunch, inputs: Vec<Dtype>| {
         let l = cuda::launch(l).unwrap_or_else(|e| panic!("{label}: {e}"));
-        if let Err(messages) = syntax_check(&kernel_text(&l, &inputs)) {
+        let text = kernel_text(&l, &inputs);
+        if let Err(messages) = syntax_check(&text) {
             panic!("{label}: the CUDA text does not compile:\n{messages}");
+        }
+        if let Some(dir) = &dump {
+            std::fs::create_dir_all(dir).unwrap();
+            let file: String = label
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '=' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .collect();
+            std::fs::write(dir.join(format!("{file}.cu")), &text).unwrap();
         }
         checked.push(label);
     };
