@@ -13,8 +13,9 @@ the code, not executed), which for the per-element kernels (head split, gated no
 work per element.
 
 Needs, from PyPI (no GPU, no CUDA install): nvidia-cuda-nvrtc, nvidia-cuda-runtime,
-nvidia-cuda-cccl, nvidia-cuda-cuobjdump (the cu13 packages), unpacked or pip-installed; their
-`nvidia/cu13` folder is found next to this Python's site-packages or given as NVIDIA_CU13=<dir>.
+nvidia-cuda-cccl, nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm (the cu13 packages),
+pip-installed or unpacked (then with their bin/ executable); their `nvidia/cu13` folder is found
+in this Python's site-packages or given as NVIDIA_CU13=<dir>.
 """
 import argparse
 import ctypes
@@ -82,6 +83,8 @@ def main():
     include = cu13 / "include"
     args = ["--device-as-default-execution-space", f"--gpu-architecture={opts.arch}",
             f"--include-path={include}", f"--include-path={include / 'cccl'}"]
+    # cuobjdump runs nvdisasm from PATH.
+    env = dict(os.environ, PATH=f"{cu13 / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
     files = sorted(pathlib.Path(opts.texts).glob("*.cu"))
     if opts.patterns:
         files = [f for f in files if any(p in f.name for p in opts.patterns)]
@@ -94,10 +97,10 @@ def main():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin)
             f.flush()
-            sass = subprocess.run([str(cu13 / "bin" / "cuobjdump"), "-sass", f.name],
+            sass = subprocess.run([str(cu13 / "bin" / "cuobjdump"), "-sass", f.name], env=env,
                                   capture_output=True, text=True, check=True).stdout
             res = subprocess.run([str(cu13 / "bin" / "cuobjdump"), "-res-usage", f.name],
-                                 capture_output=True, text=True, check=True).stdout
+                                 env=env, capture_output=True, text=True, check=True).stdout
         count = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+[^ ]", sass, re.M))
         regs = re.search(r"REG:(\d+)", res)
         print(f"{path.stem:<52} {count:>12} {regs.group(1) if regs else '?':>9}")
