@@ -14,6 +14,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// The `#include` lines that stand for `header` and `body`, or `None` to keep them inline.
@@ -98,7 +99,10 @@ fn ensure(path: &Path, text: &str) -> Option<()> {
         }
         return Some(());
     }
-    let temporary = path.with_extension(format!("{}.tmp", std::process::id()));
+    // A name of this writer's own (process and call), so writers never share a temporary file.
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let temporary = path.with_extension(format!("{}-{n}.tmp", std::process::id()));
     let written = create_private(&temporary)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .and_then(|()| fs::rename(&temporary, path));
@@ -114,15 +118,17 @@ fn create_private(path: &Path) -> std::io::Result<fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(path)
 }
 
 #[cfg(not(unix))]
 fn create_private(path: &Path) -> std::io::Result<fs::File> {
-    fs::File::create(path)
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
 }
 
 /// 64-bit FNV-1a: names the files (with the length beside it); the content is compared anyway.
@@ -175,6 +181,30 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap(), text);
     }
 
+    #[test]
+    fn writers_at_once_leave_one_whole_file() {
+        let text = format!("int concurrent_{};\n", std::process::id()).repeat(2000);
+        let dir = folder().expect("a private folder");
+        let paths: Vec<PathBuf> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| write(dir, "c", &text).expect("written")))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(paths.iter().all(|p| *p == paths[0]));
+        assert_eq!(fs::read_to_string(&paths[0]).unwrap(), text);
+        let strays = fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("c-") && name.ends_with(".tmp")
+            })
+            .count();
+        assert_eq!(strays, 0, "temporary files left behind");
+        fs::remove_file(&paths[0]).unwrap();
+    }
+
     #[cfg(unix)]
     #[test]
     fn a_folder_open_to_others_or_a_link_is_not_used() {
@@ -191,6 +221,11 @@ mod tests {
         std::os::unix::fs::symlink(std::env::temp_dir(), &dir).unwrap();
         assert_eq!(private_folder(&base), None);
         fs::remove_file(&dir).unwrap();
+        // No folder can be made under a file: None, and the texts stay inline.
+        let file = base.join("a-file");
+        fs::write(&file, "").unwrap();
+        assert_eq!(private_folder(&file), None);
+        fs::remove_file(&file).unwrap();
         assert_eq!(private_folder(&base), Some(dir.clone()));
         let mode = fs::metadata(&dir).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700, "{mode:o}");
