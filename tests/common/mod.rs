@@ -22,7 +22,19 @@ pub type H = *mut mlxk_array;
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded from the clock, or from `MLXK_TEST_SEED` (the printed seed, hex with
+    /// 0x or decimal) to replay a run.
     pub fn fresh() -> Rng {
+        if let Ok(text) = std::env::var("MLXK_TEST_SEED") {
+            let text = text.trim();
+            let seed = match text.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => text.parse(),
+            }
+            .unwrap_or_else(|_| panic!("MLXK_TEST_SEED={text}: not a number"));
+            eprintln!("rng seed {seed:#x} (MLXK_TEST_SEED)");
+            return Rng(seed | 1);
+        }
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
