@@ -522,6 +522,35 @@ void dispatch(int warmup, int iters) {
       }
     }
   }
+  // The replay text (T = 8, B = 32) with 2 to 16 value rows per warp, pipelined (the GPU's
+  // time: the replay at B = 32 is GPU-bound there): it shares the decode's rows rule, which its
+  // eight sequential tokens a warp may not suit. Rows "replay ROWS=n, pipelined".
+  if (!sweep || std::string(sweep) != "0") {
+    auto replay = mx::fast::cuda_kernel(
+        "mlxk_probe_replay",
+        {"k", "v", "g", "beta", "state_in", "lengths", "a_log", "dt_bias"}, {"state_out"},
+        read_text("kernels/metal/gated_delta_state.metal"), header, true, 0);
+    auto wide8 = layers(32, 8);
+    auto lengths = mx::full({32}, 8, mx::int32);
+    mx::eval(lengths);
+    pipelined = true;
+    for (int rows : {2, 4, 8, 16}) {
+      Build b = [&] {
+        std::vector<mx::array> outs;
+        for (auto& x : wide8) {
+          outs.push_back(replay({x.k, x.v, x.a, x.b, x.state, lengths, x.a_log, x.dt_bias},
+                                {x.state.shape()}, {mx::float32}, {32, kD / rows, 32 * kHv},
+                                {32, 4, 1},
+                                {{"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", rows}},
+                                std::nullopt, false, {})[0]);
+        }
+        return outs;
+      };
+      row("dispatch", "replay T=8 B=32 (30 layers)", impl("replay ROWS=" + std::to_string(rows)),
+          graph_us(b, warmup, iters), kLayers, 0, 0);
+    }
+    pipelined = false;
+  }
   const CustomCopies c;
   for (int which = 0; which < 4; ++which) {
     Build b = which < 3 ? c.build(which, ls, 1) : direct;

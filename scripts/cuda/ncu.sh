@@ -8,7 +8,8 @@
 # Usage: scripts/cuda/ncu.sh OUT_DIR [LAUNCH...]
 #   LAUNCH: decode8, decode32, floor32, replay32, split512, norm512 (default: all six), or
 #   rowsB.R: the dispatch group's rows sweep, recurrence text at batch B (8, 32 or 256) with R
-#   value rows a warp (1, 2, 4, 8, 16).
+#   value rows a warp (1, 2, 4, 8, 16); replay32.R: its replay sweep (T = 8, B = 32; R = 2, 4,
+#   8, 16).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build/cuda/out}
@@ -54,7 +55,10 @@ for launch in $launches; do
       case $b in 8) before=0 ;; 32) before=390 ;; 256) before=780 ;; *) before=-1 ;; esac
       [ "$before" -ge 0 ] || { echo "ncu.sh: $launch: batch 8, 32 or 256"; exit 2; }
       profile "$launch" dispatch "mlxk_probe_recurrence_128_128_16_32_${r}_" $((before + 60)) ;;
-    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, rowsB.R)"; exit 2 ;;
+    replay32.*)
+      # The dispatch group's replay sweep (T = 8, B = 32), R value rows a warp.
+      profile "$launch" dispatch "mlxk_probe_replay_128_128_16_32_${launch#replay32.}\$" 60 ;;
+    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, rowsB.R, replay32.R)"; exit 2 ;;
   esac
 done
 if [ -n "$nsys_bin" ]; then
