@@ -6,10 +6,9 @@
 //! MLX two `#include` lines instead of its header and body, for files named by a hash of their
 //! content in a folder of the temporary directory that only this user may use, checked (and
 //! written where missing or different) for every new launch; NVRTC reads them when MLX first
-//! compiles the launch's kernel. Whatever goes
-//! wrong here (no temporary directory, the folder another user's or open to others, a failed
-//! write, a path an `#include` cannot carry) leaves the text inline, as before; so does
-//! `MLXK_CUDA_INLINE_TEXT=1`.
+//! compiles the launch's kernel. Whatever goes wrong here (no temporary directory, the folder
+//! another user's or open to others, a failed write, a path an `#include` cannot carry) leaves
+//! the text inline, as before; so does `MLXK_CUDA_INLINE_TEXT=1` (any value but empty or 0).
 
 use std::fs;
 use std::io::Write;
@@ -21,7 +20,8 @@ use std::sync::OnceLock;
 /// `input_names`: the kernel's inputs; MLX passes `<name>_shape` / `_strides` / `_ndim` only
 /// where its source names them, so the body's line names those it uses in a comment.
 pub fn include_lines(header: &str, body: &str, input_names: &[String]) -> Option<(String, String)> {
-    if std::env::var_os("MLXK_CUDA_INLINE_TEXT").is_some() {
+    let inline = std::env::var("MLXK_CUDA_INLINE_TEXT");
+    if matches!(inline.as_deref(), Ok(v) if !v.is_empty() && v != "0") {
         return None;
     }
     let dir = folder()?;
