@@ -180,6 +180,15 @@ std::pair<mx::array, mx::array> gates(const Layer& x) {
   return {g, mx::sigmoid(x.b)};
 }
 
+// MLX's floor op over every layer's state (reads and writes each state byte once), one graph.
+Build state_floor(const std::vector<Layer>& ls) {
+  return [&ls] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) outs.push_back(mx::negative(x.state));
+    return outs;
+  };
+}
+
 double update_bytes(int batch, int t) {
   const double state = double(batch) * kHv * kD * kD * 4 * 2;
   const double act = double(batch) * t * (2 * kHk * kD + 2 * kHv * kD + 2 * kHv) * 2;
@@ -189,11 +198,7 @@ double update_bytes(int batch, int t) {
 void decode(int batch, int warmup, int iters) {
   auto ls = layers(batch, 1);
   const std::string name = "decode B=" + std::to_string(batch) + " (30 layers)";
-  Build build_floor = [&] {
-    std::vector<mx::array> outs;
-    for (auto& x : ls) outs.push_back(mx::negative(x.state));
-    return outs;
-  };
+  Build build_floor = state_floor(ls);
   Build build = [&] {
     std::vector<mx::array> outs;
     for (auto& x : ls) {
@@ -233,11 +238,7 @@ void replay(int batch, int warmup, int iters) {
   auto ls = layers(batch, 8);
   const std::string name = "replay T=8 B=" + std::to_string(batch) + " (30 layers)";
   std::vector<std::int32_t> lengths(batch, 8);
-  Build floor = [&] {
-    std::vector<mx::array> outs;
-    for (auto& x : ls) outs.push_back(mx::negative(x.state));
-    return outs;
-  };
+  Build floor = state_floor(ls);
   Build ours = [&] {
     std::vector<mx::array> outs;
     for (auto& x : ls) {
@@ -415,11 +416,7 @@ void copies(const CustomCopies& c, int warmup, int iters) {
     auto ls = layers(batch, 1);
     const std::string name = "decode B=" + std::to_string(batch) + " (30 layers)";
     const double bytes = double(batch) * kHv * kD * kD * 8;
-    Build floor = [&] {
-      std::vector<mx::array> outs;
-      for (auto& x : ls) outs.push_back(mx::negative(x.state));
-      return outs;
-    };
+    Build floor = state_floor(ls);
     const double f = graph_us(floor, warmup, iters);
     row("dispatch", name, impl("mlx floor"), f, kLayers, bytes, 0);
     for (int which = 0; which < 3; ++which) {
