@@ -343,6 +343,8 @@ std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dty
   return std::make_unique<Array>(std::move(a));
 }
 
+std::unique_ptr<Array> array_share(const Array& a) { return std::make_unique<Array>(a); }
+
 size_t array_ndim(const Array& a) { return a.ndim(); }
 int32_t array_dim(const Array& a, size_t axis) { return a.shape()[axis]; }
 int32_t array_dtype(const Array& a) { return from_mlx(a.dtype()); }

@@ -21,6 +21,7 @@ struct CpuLaunch;
 std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
                                         rust::Slice<const int32_t> shape, int32_t dtype);
 std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dtype);
+std::unique_ptr<Array> array_share(const Array& a);
 size_t array_ndim(const Array& a);
 int32_t array_dim(const Array& a, size_t axis);
 int32_t array_dtype(const Array& a);

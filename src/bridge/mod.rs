@@ -60,6 +60,8 @@ pub mod ffi {
 
         fn array_from_bytes(data: &[u8], shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
         fn array_zeros(shape: &[i32], dtype: i32) -> Result<UniquePtr<Array>>;
+        /// Another handle on the same array (MLX arrays are immutable: shared, never copied).
+        fn array_share(a: &Array) -> UniquePtr<Array>;
         fn array_ndim(a: &Array) -> usize;
         fn array_dim(a: &Array, axis: usize) -> i32;
         fn array_dtype(a: &Array) -> i32;
