@@ -376,6 +376,31 @@ mlxk_status mlxk_compute_g(const struct mlxk_array *a_log, const struct mlxk_arr
 mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **state_out);
 
 /**
+ * The head split and the update of one Gated DeltaNet layer in one call: exactly
+ * mlxk_silu_rms_heads(x, q_scale, k_scale, key_heads, value_heads, value_width, eps) followed
+ * by mlxk_gated_delta_update(q, k, v, a, b, a_log, dt_bias, state, mask), bit for bit on
+ * every device, without q, k and v as results. On a GPU it is one kernel node instead of two
+ * (each token's q, k and v are computed where the recurrence reads them), which is what a
+ * decode step pays for per layer; on the CPU it runs the two kernels.
+ *
+ * Shapes: x [B, T, 2·Hk·Dk + Hv·Dv] (the depthwise convolution's output, channels q | k | v,
+ * before the SiLU), `q_scale`, `k_scale` [Dk] in x's dtype; a, b [B, T, Hv]; a_log [Hv]
+ * (float32 or bfloat16); dt_bias [Hv]; state [B, Hv, Dv, Dk] float32 or NULL (zeros); mask
+ * [B, T] bool or NULL. `key_heads` Hk, `value_heads` Hv (a multiple of Hk), `value_width` Dv
+ * in [1, 128]; Dk a multiple of 32 in [32, 128]; `eps` finite and >= 0. Results as
+ * mlxk_gated_delta_update's: `*y` [B, T, Hv, Dv] in x's dtype, `*state_out` float32.
+ *
+ * Gradients: MLX's autograd differentiates it on every device (on a GPU through the two parts'
+ * backward passes). Ownership: inputs borrowed; `*y` and `*state_out` are new handles the
+ * caller frees (the decode loop's in-place state as mlxk_gated_delta_update). NULL: `state`
+ * and `mask` may be NULL; nothing else. Errors: those of mlxk_silu_rms_heads and
+ * mlxk_gated_delta_update, naming this call's arguments (MLXK_ERR_INVALID_ARGUMENT for
+ * `value_heads` not a multiple of `key_heads`, MLXK_ERR_SHAPE for a Dk the update does not
+ * take). Thread: any. Lazy: computation errors surface at eval/read.
+ */
+mlxk_status mlxk_gated_delta_update_from_conv(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **state_out);
+
+/**
  * The same update as mlxk_gated_delta_update computed in chunked (WY / UT-transform) form: an
  * explicit, faster prefill option for the CPU. Tokens are taken `chunk_size` at a time and
  * each chunk's recurrence is solved with matrix products, so the arithmetic (and its rounding)

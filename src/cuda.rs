@@ -115,7 +115,8 @@ pub fn strip_comments(text: &str) -> String {
 /// CUDA's dispatch costs ~6-10 us per op, the kernel itself a few.
 pub fn with_fused_gates(mut l: MetalLaunch) -> MetalLaunch {
     l.name.push_str("_gates");
-    l.header = GATES_HEADER.to_string();
+    // Before any header of the launch's own (the recurrence from the convolution's output).
+    l.header = format!("{GATES_HEADER}{}", l.header);
     l.input_names
         .extend(["a_log".to_string(), "dt_bias".to_string()]);
     l

@@ -17,6 +17,10 @@ pub const GATED_DELTA_STATE_SOURCE: &str = include_str!("../kernels/metal/gated_
 /// The SiLU + RMS head split kernel body.
 pub const SILU_RMS_HEADS_SOURCE: &str = include_str!("../kernels/metal/silu_rms_heads.metal");
 
+/// The SiLU both the head split and the recurrence from the convolution's output compute: the
+/// header of their launches.
+pub const SILU_HEADER: &str = include_str!("../kernels/metal/silu.h");
+
 /// The gated RMSNorm kernel body.
 pub const GATED_RMS_NORM_SOURCE: &str = include_str!("../kernels/metal/gated_rms_norm.metal");
 
@@ -125,6 +129,30 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
     l
 }
 
+/// The recurrence computing q, k and v from the convolution's output x (gated_delta.metal with
+/// `MLXK_FROM_CONV`; `mlxk_gated_delta_update_from_conv`): `recurrence`, a launch of
+/// `gated_delta_launch_rows` for the update's node, with x, qscale and kscale in the places of
+/// q, k and v, the head split's eps as the template EPS (its float32 bits), and the SiLU header.
+/// Same grid, same threadgroups: each lane computes the head split's values for the columns
+/// it owns, with the split's own sums (Dk <= 128).
+pub fn gated_delta_from_conv_launch(mut recurrence: MetalLaunch, eps: f32) -> MetalLaunch {
+    let l = &mut recurrence;
+    assert!(
+        l.name.starts_with("mlxk_gated_delta_step") && l.input_names[..3] == ["q", "k", "v"],
+        "the recurrence's launch"
+    );
+    l.name = l
+        .name
+        .replace("mlxk_gated_delta_step", "mlxk_gated_delta_from_conv");
+    for (slot, name) in silu_rms_heads::INPUTS.iter().enumerate() {
+        l.input_names[slot] = name.to_string();
+    }
+    l.header = format!("#define MLXK_FROM_CONV 1\n{SILU_HEADER}");
+    l.template_int_names.push("EPS".to_string());
+    l.template_int_values.push(eps.to_bits() as i32);
+    recurrence
+}
+
 /// The head split launch: one 32-lane threadgroup per (head, row).
 pub fn silu_rms_heads_launch(n: &silu_rms_heads::Node) -> MetalLaunch {
     let d = n.dims;
@@ -134,6 +162,7 @@ pub fn silu_rms_heads_launch(n: &silu_rms_heads::Node) -> MetalLaunch {
         names(&silu_rms_heads::INPUTS),
         (&["q", "k", "v"], &n.outputs()),
     );
+    l.header = SILU_HEADER.to_string();
     l.grid = [(32 * d.heads()) as i32, d.rows() as i32, 1];
     l.threadgroup = [32, 1, 1];
     l.template_int_names = names(&["C", "HK", "HV", "DK", "DV", "EPS"]);

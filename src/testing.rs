@@ -250,6 +250,34 @@ pub unsafe fn silu_rms_heads_via_gpu(
     }
 }
 
+/// `mlxk_gated_delta_update_from_conv` through a GPU launch (`gpu = false`: a CPU stream, which
+/// MLX refuses). `arrays`: x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask.
+///
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
+pub unsafe fn gated_delta_update_from_conv_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    arrays: [*const mlxk_array; 9],
+    heads: [i32; 3],
+    eps: f32,
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        gated_delta::update_from_conv(
+            &kernels.label("mlxk_gated_delta_update_from_conv"),
+            Some(kernels.backend(gpu)),
+            arrays,
+            heads,
+            eps,
+            y,
+            state_out,
+        )
+    }
+}
+
 /// `mlxk_gated_rms_norm` through a GPU launch.
 ///
 /// # Safety

@@ -140,7 +140,7 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
     l.input_names
         .iter()
         .map(|name| match name.as_str() {
-            "q" | "k" | "v" => n.dtype,
+            "q" | "k" | "v" | "x" | "qscale" | "kscale" => n.dtype,
             "g" if fused => n.gates.a,
             "g" => Dtype::Float32,
             "beta" => n.gates.b,
@@ -204,6 +204,28 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     l,
                     inputs,
                 );
+            }
+            // The recurrence from the convolution's output (x and the scales for q, k, v), at
+            // Dk = 128 (the split's lanes own the recurrence's columns) and 64 (they do not).
+            for dk in [128, 64] {
+                let mut n = n;
+                n.dims.dk = dk;
+                for fused_gates in [true, false] {
+                    let l = gated_delta_from_conv_launch(gated_delta_launch_rows(&n, 4), 1e-6);
+                    let l = if fused_gates {
+                        cuda::with_fused_gates(l)
+                    } else {
+                        l
+                    };
+                    let inputs = gated_delta_inputs(&l, &n, fused_gates);
+                    check(
+                        format!(
+                            "from conv {dtype:?} masked={masked} Dk={dk} fused gates={fused_gates}"
+                        ),
+                        l,
+                        inputs,
+                    );
+                }
             }
             let c = backward_checkpoint(n.dims.t);
             let l = gated_delta_backward_launch(&n, c);

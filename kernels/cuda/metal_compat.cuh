@@ -24,6 +24,9 @@ typedef unsigned int uint;
 
 #define MLXK_MUL(a, b) __fmul_rn((a), (b))
 
+// Metal's inline-function marker (kernels/metal/silu.h): functions a kernel calls.
+#define METAL_FUNC __device__ inline
+
 namespace mlxk_cuda {
 __device__ inline uint linear_thread() {
   return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);

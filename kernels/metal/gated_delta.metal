@@ -5,6 +5,9 @@
 // (unmasked) or `mask[b_idx * T + t]` (masked variant).
 // Launch: grid (32, Dv / ROWS, B * Hv), threadgroup (32, 4, 1); template InT, StT, Dk, Dv, Hk, Hv,
 // ROWS (value rows per SIMD group: 1 on Metal; src/cuda.rs picks it on CUDA).
+// With MLXK_FROM_CONV defined (by the launch's header, with kernels/metal/silu.h), inputs x,
+// qscale, kscale replace q, k, v: the head split of mlxk_silu_rms_heads and this recurrence in
+// one kernel (mlxk_gated_delta_update_from_conv), template EPS besides.
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
@@ -17,19 +20,30 @@
   for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = static_cast<float>((src)[i_])
 #define MLXK_STORE_STATE(dst, src) for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = (src)[i_]
 #endif
-    const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     auto n = thread_position_in_grid.z;
     auto b_idx = n / Hv;
     auto hv_idx = n % Hv;
     auto hk_idx = hv_idx / (Hv / Hk);
     constexpr int n_per_t = Dk / 32;
 
+#ifdef MLXK_FROM_CONV
+    // q, k and v computed from the convolution's output x [B, T, 2 Hk Dk + Hv Dv] (channels
+    // q | k | v) as the head split computes them (silu_rms_heads.metal; template EPS, inputs
+    // qscale and kscale; Dk <= 128).
+    const int T = x_shape[1];
+    constexpr int C = 2 * Hk * Dk + Hv * Dv;
+    auto x_ = x + b_idx * T * C;
+    const int q_at = hk_idx * Dk, k_at = (Hk + hk_idx) * Dk, v_at = 2 * Hk * Dk + hv_idx * Dv;
+#else
+    const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     // q, k: [B, T, Hk, Dk]
     auto q_ = q + b_idx * T * Hk * Dk + hk_idx * Dk;
     auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
 
-    // v, y: [B, T, Hv, Dv]
+    // v: [B, T, Hv, Dv]
     auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
+#endif
+    // y: [B, T, Hv, Dv]
     y += b_idx * T * Hv * Dv + hv_idx * Dv;
 
     auto dk_idx = thread_position_in_threadgroup.x;
@@ -69,14 +83,45 @@
         // products would widen them to), and the rows' v, all read before any y is written:
         // y may alias v as far as a compiler knows, so a read after a write would wait for it.
         float k_t[n_per_t], q_t[n_per_t];
+        InT v_t[ROWS];
+#ifdef MLXK_FROM_CONV
+        // The head split's sums of squares in its own lane order (lane l: columns 4l .. 4l + 3,
+        // zeros past Dk), then this lane's columns normalized and scaled. Where Dk = 128 the
+        // two orders own the same columns and the activations are reused.
+        float q_sum = 0.0f, k_sum = 0.0f;
+        InT q_act[4], k_act[4];
+        for (int i = 0; i < 4; ++i) {
+          const int col = 4 * int(lane) + i;
+          q_act[i] = mlxk_silu<InT>(col < Dk ? x_[q_at + col] : InT(0));
+          k_act[i] = mlxk_silu<InT>(col < Dk ? x_[k_at + col] : InT(0));
+          const float qa = float(q_act[i]), ka = float(k_act[i]);
+          q_sum += MLXK_MUL(qa, qa);
+          k_sum += MLXK_MUL(ka, ka);
+        }
+        q_sum = simd_sum(q_sum);
+        k_sum = simd_sum(k_sum);
+        const float eps = as_type<float>(uint(EPS));
+        const float q_inv = metal::precise::rsqrt(q_sum / float(Dk) + eps);
+        const float k_inv = metal::precise::rsqrt(k_sum / float(Dk) + eps);
+        for (int i = 0; i < n_per_t; ++i) {
+          const int col = n_per_t * int(dk_idx) + i;
+          const InT qa = Dk == 128 ? q_act[i] : mlxk_silu<InT>(x_[q_at + col]);
+          const InT ka = Dk == 128 ? k_act[i] : mlxk_silu<InT>(x_[k_at + col]);
+          q_t[i] = static_cast<float>(qscale[col] * InT(float(qa) * q_inv));
+          k_t[i] = static_cast<float>(kscale[col] * InT(float(ka) * k_inv));
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          v_t[r] = mlxk_silu<InT>(x_[v_at + dv_0 + r]);
+        }
+#else
         for (int i = 0; i < n_per_t; ++i) {
           k_t[i] = static_cast<float>(k_[n_per_t * dk_idx + i]);
           q_t[i] = static_cast<float>(q_[n_per_t * dk_idx + i]);
         }
-        InT v_t[ROWS];
         for (int r = 0; r < ROWS; ++r) {
           v_t[r] = v_[dv_0 + r];
         }
+#endif
         for (int r = 0; r < ROWS; ++r) {
           float kv_mem = 0.0f;
           for (int i = 0; i < n_per_t; ++i) {
@@ -104,9 +149,13 @@
         }
       }
       // Increment data pointers to next time step
+#ifdef MLXK_FROM_CONV
+      x_ += C;
+#else
       q_ += Hk * Dk;
       k_ += Hk * Dk;
       v_ += Hv * Dv;
+#endif
       y += Hv * Dv;
     }
     for (int r = 0; r < ROWS; ++r) {

@@ -20,11 +20,7 @@
   for (uint i = 0; i < 4u; ++i) {
     const uint col = lane * 4u + i;
     const T value = col < width ? x[row * uint(C) + channel + col] : T(0);
-    // MLX's CPU sigmoid rounding points: e rounded to T, y and 1 - y in float.
-    const float e = float(T(metal::exp(float(metal::abs(value)))));
-    const float y = 1.0f / (1.0f + e);
-    const T sigmoid = T(value < T(0) ? y : 1.0f - y);
-    values[i] = T(value * sigmoid);
+    values[i] = mlxk_silu(value);  // kernels/metal/silu.h, the launch's header
     const float activated = float(values[i]);
     sum += MLXK_MUL(activated, activated);
   }

@@ -3,7 +3,8 @@
 
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};
-use crate::ops::gated_delta::{self as ops, Inputs, StateInputs};
+use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
+use crate::ops::silu_rms_heads;
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 
@@ -140,6 +141,102 @@ pub unsafe extern "C" fn mlxk_gated_delta_update(
             "mlxk_gated_delta_update",
             Form::Exact(None),
             [q, k, v, a, b, a_log, dt_bias, state, mask],
+            y,
+            state_out,
+        )
+    }
+}
+
+/// # Safety
+/// `y` and `state_out` are NULL or valid for writing one handle each.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn update_from_conv(
+    function: &str,
+    backend: Option<Backend>,
+    arrays: [*const mlxk_array; 9],
+    heads: [i32; 3],
+    eps: f32,
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        // SAFETY: the documented contract on `y` and `state_out`.
+        let [y, state_out] = unsafe { distinct_outs([y, state_out], ["y", "state_out"]) }?;
+        let mut mlx = registry::lock();
+        let [x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask] = arrays;
+        let inputs = FromConvInputs {
+            split: silu_rms_heads::Inputs {
+                x: mlx.get(x, "x")?,
+                q_scale: mlx.get(q_scale, "q_scale")?,
+                k_scale: mlx.get(k_scale, "k_scale")?,
+                key_heads: heads[0],
+                value_heads: heads[1],
+                value_width: heads[2],
+                eps,
+            },
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: mlx.get_opt(state, "state")?,
+            mask: mlx.get_opt(mask, "mask")?,
+        };
+        let (y_array, state_array) =
+            ops::update_from_conv(&inputs, backend.unwrap_or_else(Backend::current))?;
+        y.write(mlx.insert(y_array));
+        state_out.write(mlx.insert(state_array));
+        Ok(())
+    })
+}
+
+/// The head split and the update of one Gated DeltaNet layer in one call: exactly
+/// mlxk_silu_rms_heads(x, q_scale, k_scale, key_heads, value_heads, value_width, eps) followed
+/// by mlxk_gated_delta_update(q, k, v, a, b, a_log, dt_bias, state, mask), bit for bit on
+/// every device, without q, k and v as results. On a GPU it is one kernel node instead of two
+/// (each token's q, k and v are computed where the recurrence reads them), which is what a
+/// decode step pays for per layer; on the CPU it runs the two kernels.
+///
+/// Shapes: x [B, T, 2·Hk·Dk + Hv·Dv] (the depthwise convolution's output, channels q | k | v,
+/// before the SiLU), `q_scale`, `k_scale` [Dk] in x's dtype; a, b [B, T, Hv]; a_log [Hv]
+/// (float32 or bfloat16); dt_bias [Hv]; state [B, Hv, Dv, Dk] float32 or NULL (zeros); mask
+/// [B, T] bool or NULL. `key_heads` Hk, `value_heads` Hv (a multiple of Hk), `value_width` Dv
+/// in [1, 128]; Dk a multiple of 32 in [32, 128]; `eps` finite and >= 0. Results as
+/// mlxk_gated_delta_update's: `*y` [B, T, Hv, Dv] in x's dtype, `*state_out` float32.
+///
+/// Gradients: MLX's autograd differentiates it on every device (on a GPU through the two parts'
+/// backward passes). Ownership: inputs borrowed; `*y` and `*state_out` are new handles the
+/// caller frees (the decode loop's in-place state as mlxk_gated_delta_update). NULL: `state`
+/// and `mask` may be NULL; nothing else. Errors: those of mlxk_silu_rms_heads and
+/// mlxk_gated_delta_update, naming this call's arguments (MLXK_ERR_INVALID_ARGUMENT for
+/// `value_heads` not a multiple of `key_heads`, MLXK_ERR_SHAPE for a Dk the update does not
+/// take). Thread: any. Lazy: computation errors surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv(
+    x: *const mlxk_array,
+    q_scale: *const mlxk_array,
+    k_scale: *const mlxk_array,
+    key_heads: i32,
+    value_heads: i32,
+    value_width: i32,
+    eps: f32,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    state: *const mlxk_array,
+    mask: *const mlxk_array,
+    y: *mut *mut mlxk_array,
+    state_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `y` and `state_out`.
+    unsafe {
+        update_from_conv(
+            "mlxk_gated_delta_update_from_conv",
+            None,
+            [x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask],
+            [key_heads, value_heads, value_width],
+            eps,
             y,
             state_out,
         )

@@ -100,6 +100,7 @@ pub(crate) unsafe fn distinct_outs<const N: usize>(
                     names[i],
                     names[j],
                     match N {
+                        2 => "two",
                         3 => "three",
                         8 => "eight",
                         _ => "several",

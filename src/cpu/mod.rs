@@ -68,7 +68,8 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
         Some(Kernel::SiluRmsHeadsBackward) => silu_rms_heads_backward::run(params, buffers),
         Some(Kernel::GatedRmsNormBackward) => gated_rms_norm_backward::run(params, buffers),
         Some(Kernel::PanicProbe) => panic!("panic probe kernel ran"),
-        None => panic!("unknown CPU kernel {kernel}"),
+        // GPU only: on the CPU the head split and the update run as nodes of their own.
+        Some(Kernel::GatedDeltaFromConv) | None => panic!("unknown CPU kernel {kernel}"),
     }
 }
 

@@ -94,6 +94,11 @@ pub enum Input {
     /// Metal only: g and beta computed by MLX ops, and T as a 1-element int32 array.
     G,
     Beta,
+    /// The recurrence from the convolution's output (GPU launch only): x and the head split's
+    /// scales, in the places of q, k and v (`Node::from_conv_inputs`).
+    X,
+    QScale,
+    KScale,
 }
 
 impl Input {
@@ -112,6 +117,9 @@ impl Input {
             Input::Lengths => "lengths",
             Input::G => "g",
             Input::Beta => "beta",
+            Input::X => "x",
+            Input::QScale => "qscale",
+            Input::KScale => "kscale",
         }
     }
 }
@@ -181,6 +189,19 @@ impl Node {
         inputs
     }
 
+    /// A GPU launch's inputs (`metal_inputs` or `cuda_fused_inputs`) for the recurrence from
+    /// the convolution's output: x, the q scale and the k scale in the places of q, k and v.
+    pub fn from_conv_inputs(launch_inputs: Vec<Input>) -> Vec<Input> {
+        launch_inputs
+            .into_iter()
+            .map(|input| match input {
+                Input::Q => Input::X,
+                Input::K => Input::QScale,
+                Input::V => Input::KScale,
+                other => other,
+            })
+            .collect()
+    }
     fn push_last(&self, inputs: &mut Vec<Input>) {
         if !self.updates() {
             inputs.push(Input::Lengths);

@@ -34,13 +34,16 @@ pub enum Kernel {
     SiluRmsHeadsBackward = 7,
     /// The gated norm's backward pass (`gated_rms_norm::Backward`).
     GatedRmsNormBackward = 8,
+    /// The head split and the update in one GPU kernel (`mlxk_gated_delta_update_from_conv`);
+    /// on the CPU the two nodes of its parts. Names the GPU node's gradient.
+    GatedDeltaFromConv = 9,
     /// Panics on purpose: tests use it to prove a kernel panic becomes an error at eval.
     #[doc(hidden)]
     PanicProbe = 0xFFFF,
 }
 
 impl Kernel {
-    const ALL: [Kernel; 9] = [
+    const ALL: [Kernel; 10] = [
         Kernel::GatedDelta,
         Kernel::GatedDeltaState,
         Kernel::SiluRmsHeads,
@@ -49,6 +52,7 @@ impl Kernel {
         Kernel::GatedDeltaBackward,
         Kernel::SiluRmsHeadsBackward,
         Kernel::GatedRmsNormBackward,
+        Kernel::GatedDeltaFromConv,
         Kernel::PanicProbe,
     ];
 
@@ -67,6 +71,7 @@ impl Kernel {
             Kernel::GatedDeltaBackward => "mlxk_gated_delta_update_vjp",
             Kernel::SiluRmsHeadsBackward => "mlxk_silu_rms_heads_vjp",
             Kernel::GatedRmsNormBackward => "mlxk_gated_rms_norm_vjp",
+            Kernel::GatedDeltaFromConv => "mlxk_gated_delta_update_from_conv",
             Kernel::PanicProbe => "the panic probe",
         }
     }

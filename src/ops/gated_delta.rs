@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use cxx::UniquePtr;
 
 use super::shape::ArgInfo;
-use super::{cpu_node, gpu_node, Backend};
+use super::{cpu_node, gpu_node, silu_rms_heads, Backend};
 use crate::bridge::{self, Array};
 use crate::cuda;
 use crate::dtype::Dtype;
@@ -102,7 +102,7 @@ pub fn check_update(x: &Inputs) -> Result<Node> {
             .float()?;
     }
     check_gate(&a_log, &a, &dt_bias, hv)?;
-    check_state_and_mask(x.state, x.mask, "q", bsz, t, hv, dv, dk)?;
+    check_state_and_mask(x.state, x.mask, ("q", "v"), bsz, t, hv, dv, dk)?;
     memory::check_outputs(&[
         ("y", &[bsz, t, hv, dv], q.dtype),
         ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
@@ -150,7 +150,7 @@ pub fn check_dims(hk: i64, hv: i64, dk: i64, dv: i64) -> Result<()> {
 pub fn check_state_and_mask(
     state: Option<&Array>,
     mask: Option<&Array>,
-    keys: &str,
+    (keys, values): (&str, &str),
     bsz: i64,
     t: i64,
     hv: i64,
@@ -161,8 +161,8 @@ pub fn check_state_and_mask(
         let s = ArgInfo::of("state", state)?;
         s.rank(4, "[B, Hv, Dv, Dk]")?
             .dim(0, "B", bsz, keys)?
-            .dim(1, "Hv", hv, "v")?
-            .dim(2, "Dv", dv, "v")?
+            .dim(1, "Hv", hv, values)?
+            .dim(2, "Dv", dv, values)?
             .dim(3, "Dk", dk, keys)?;
         if s.dtype != Dtype::Float32 {
             return Err(Error::Dtype(format!(
@@ -174,8 +174,8 @@ pub fn check_state_and_mask(
     if let Some(mask) = mask {
         let m = ArgInfo::of("mask", mask)?;
         m.rank(2, "[B, T]")?
-            .dim(0, "B", bsz, "q")?
-            .dim(1, "T", t, "q")?;
+            .dim(0, "B", bsz, keys)?
+            .dim(1, "T", t, keys)?;
         if m.dtype != Dtype::Bool {
             return Err(Error::Dtype(format!(
                 "mask: dtype {} is not accepted (expected bool, true = real token)",
@@ -225,7 +225,7 @@ pub fn check_state(x: &StateInputs) -> Result<Node> {
             .float()?;
     }
     check_gate(&a_log, &a, &dt_bias, hv)?;
-    check_state_and_mask(x.state, None, "k", bsz, t, hv, dv, dk)?;
+    check_state_and_mask(x.state, None, ("k", "v"), bsz, t, hv, dv, dk)?;
     if x.accepted_lengths.len() as i64 != bsz {
         return Err(Error::InvalidArgument(format!(
             "accepted_lengths: n_lengths is {}, expected one length per batch row (B = {bsz})",
@@ -281,6 +281,109 @@ fn gate_dtypes(a: &ArgInfo, b: &ArgInfo, a_log: &ArgInfo, dt_bias: &ArgInfo) -> 
 pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
     let node = check_update(x)?;
     Ok(two_outputs(build(&node, &x.arrays(), backend)?))
+}
+
+/// The arrays and arguments of one update from the convolution's output
+/// (`mlxk_gated_delta_update_from_conv`): the head split's, then the update's without q, k, v.
+pub struct FromConvInputs<'a> {
+    pub split: silu_rms_heads::Inputs<'a>,
+    pub a: &'a Array,
+    pub b: &'a Array,
+    pub a_log: &'a Array,
+    pub dt_bias: &'a Array,
+    pub state: Option<&'a Array>,
+    pub mask: Option<&'a Array>,
+}
+
+/// Validates every argument of `mlxk_gated_delta_update_from_conv`: the head split's (its
+/// messages), then what the update needs beyond them, named by the caller's arguments.
+/// Returns the update's node and the split's eps.
+pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
+    let split = silu_rms_heads::check_args(&x.split)?;
+    let d = split.dims;
+    let [bsz, t, hk, hv, dk, dv] = [d.b, d.s, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);
+    if hv % hk != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "value_heads is {hv}; expected a multiple of key_heads = {hk} (each value head h \
+             reads key head h / (value_heads / key_heads))"
+        )));
+    }
+    if dk % 32 != 0 || dk < 32 {
+        return Err(Error::Shape(format!(
+            "q_scale: Dk (its length) is {dk}; the update needs a multiple of 32 in [32, {}] \
+             (each of the 32 SIMD lanes owns Dk/32 state elements)",
+            silu_rms_heads::MAX_HEAD_WIDTH
+        )));
+    }
+    let a = ArgInfo::of("a", x.a)?;
+    let b = ArgInfo::of("b", x.b)?;
+    let a_log = ArgInfo::of("a_log", x.a_log)?;
+    let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
+    for gate in [&a, &b] {
+        gate.rank(3, "[B, T, Hv]")?
+            .dim(0, "B", bsz, "x")?
+            .dim(1, "T", t, "x")?
+            .dim(2, "Hv", hv, "value_heads")?
+            .float()?;
+    }
+    check_gate(&a_log, &a, &dt_bias, hv)?;
+    check_state_and_mask(x.state, x.mask, ("x", "value_heads"), bsz, t, hv, dv, dk)?;
+    memory::check_outputs(&[
+        ("y", &[bsz, t, hv, dv], split.dtype),
+        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        ("q, k (internal)", &[bsz, t, 2 * hk, dk], split.dtype),
+        ("v (internal)", &[bsz, t, hv, dv], split.dtype),
+        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
+        ("beta (internal)", &[bsz, t, hv], b.dtype),
+    ])?;
+    let node = Node {
+        dims: dims(bsz, t, hk, hv, dk, dv),
+        dtype: split.dtype,
+        gates: gate_dtypes(&a, &b, &a_log, &dt_bias),
+        has_state: x.state.is_some(),
+        has_mask: x.mask.is_some(),
+        form: Form::Exact,
+    };
+    Ok((node, split.eps))
+}
+
+/// Builds the head split and the update in one (`mlxk_gated_delta_update_from_conv`): returns
+/// `(y, state_out)`, lazy, the bits of `silu_rms_heads::split` followed by `update`. On the CPU
+/// those are its two nodes; on a GPU one kernel computes each token's q, k and v where the
+/// recurrence reads them (`metal::gated_delta_from_conv_launch`), one node instead of two.
+pub fn update_from_conv(
+    x: &FromConvInputs,
+    backend: Backend,
+) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    let (node, eps) = check_update_from_conv(x)?;
+    if backend == Backend::Cpu {
+        let (q, k, v) = silu_rms_heads::split(&x.split, backend)?;
+        let inputs = Inputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            a: x.a,
+            b: x.b,
+            a_log: x.a_log,
+            dt_bias: x.dt_bias,
+            state: x.state,
+            mask: x.mask,
+        };
+        return update(&inputs, backend);
+    }
+    let arrays = Arrays {
+        x: Some(x.split.x),
+        q_scale: Some(x.split.q_scale),
+        k_scale: Some(x.split.k_scale),
+        a: Some(x.a),
+        b: Some(x.b),
+        a_log: Some(x.a_log),
+        dt_bias: Some(x.dt_bias),
+        state: x.state,
+        mask: x.mask,
+        ..Arrays::default()
+    };
+    Ok(two_outputs(build_gpu(&node, &arrays, backend, Some(eps))?))
 }
 
 /// Tokens per chunk of the chunked recurrence when the caller passes 0.
@@ -672,6 +775,64 @@ pub(crate) fn gpu_vjp(
         .collect()
 }
 
+/// MLX's autograd through a GPU node of the update from the convolution's output
+/// (`ops::gpu_vjp`): `words` are fused gates or not, the head split's eps bits, then the
+/// update's node; `primals` the launch's inputs (`gpu_inputs` with x and the scales). The
+/// chain rule through the two parts: q, k and v again from the head split's GPU node, the
+/// recurrence's backward on them (`gpu_vjp`), then the head split's backward of dq, dk, dv.
+pub(crate) fn from_conv_gpu_vjp(
+    words: &[i64],
+    primals: &[&Array],
+    cotangents: &[&Array],
+    backend: Backend,
+) -> Result<Vec<UniquePtr<Array>>> {
+    let malformed = || {
+        Error::Backend(
+            "the gradient description of mlxk_gated_delta_update_from_conv's GPU node is \
+             malformed"
+                .into(),
+        )
+    };
+    let [fused, eps_bits] = match words {
+        [f, e, ..] => [*f, *e],
+        _ => return Err(malformed()),
+    };
+    let node = Node::decode(&words[2..]).map_err(Error::Backend)?;
+    let order = gpu_inputs(&node, fused != 0, true);
+    let recurrence_order = gpu_inputs(&node, fused != 0, false);
+    if order.len() != primals.len() || order[..3] != [Input::X, Input::QScale, Input::KScale] {
+        return Err(malformed());
+    }
+    let d = node.dims;
+    let split = silu_rms_heads::Inputs {
+        x: primals[0],
+        q_scale: primals[1],
+        k_scale: primals[2],
+        key_heads: d.hk as i32,
+        value_heads: d.hv as i32,
+        value_width: d.dv as i32,
+        eps: f32::from_bits(eps_bits as u32),
+    };
+    let (q, k, v) = silu_rms_heads::split(&split, backend)?;
+    let mut recurrence_primals = vec![&*q, &*k, &*v];
+    recurrence_primals.extend_from_slice(&primals[3..]);
+    let mut recurrence_words = vec![fused];
+    recurrence_words.extend_from_slice(&words[2..]);
+    debug_assert_eq!(recurrence_order.len(), recurrence_primals.len());
+    let mut grads = gpu_vjp(&recurrence_words, &recurrence_primals, cotangents, backend)?;
+    let rest = grads.split_off(3);
+    let [dq, dk, dv]: [UniquePtr<Array>; 3] = grads.try_into().map_err(|_| malformed())?;
+    let split_node = silu_rms_heads::check_args(&split)?;
+    let mut out = silu_rms_heads::gpu_vjp(
+        &split_node.encode(),
+        &primals[..3],
+        &[&*dq, &*dk, &*dv],
+        backend,
+    )?;
+    out.extend(rest);
+    Ok(out)
+}
+
 /// Builds the prefix replay: returns the state after each row's accepted prefix, lazy.
 pub fn state(x: &StateInputs, backend: Backend) -> Result<UniquePtr<Array>> {
     let node = check_state(x)?;
@@ -692,7 +853,9 @@ pub fn state(x: &StateInputs, backend: Backend) -> Result<UniquePtr<Array>> {
 /// immutable, so one array can serve every call with the same values. The last
 /// `LENGTHS_KEPT` distinct lengths are kept; the caller holds the MLX lock (every op does).
 fn lengths_array(lengths: &[i32]) -> Result<UniquePtr<Array>> {
-    let mut kept = LENGTHS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut kept = LENGTHS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(at) = kept.iter().position(|(l, _)| l.as_slice() == lengths) {
         let entry = kept.remove(at);
         let shared = bridge::array_share(&entry.1);
@@ -726,6 +889,10 @@ struct Arrays<'a> {
     state: Option<&'a Array>,
     mask: Option<&'a Array>,
     lengths: Option<&'a Array>,
+    /// The recurrence from the convolution's output: x and the head split's scales.
+    x: Option<&'a Array>,
+    q_scale: Option<&'a Array>,
+    k_scale: Option<&'a Array>,
 }
 
 impl Inputs<'_> {
@@ -740,7 +907,7 @@ impl Inputs<'_> {
             dt_bias: Some(self.dt_bias),
             state: self.state,
             mask: self.mask,
-            lengths: None,
+            ..Arrays::default()
         }
     }
 }
@@ -778,47 +945,80 @@ fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Arra
                 &inputs,
             )
         }
-        gpu => {
-            // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
-            let fused =
-                matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
-            let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
-            let order = if fused {
-                node.cuda_fused_inputs()
-            } else {
-                node.metal_inputs()
-            };
-            let inputs = order
-                .into_iter()
-                .map(|input| match input {
-                    Input::G => m.g.as_deref().expect("gates made for this launch"),
-                    Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
-                    Input::State => x.state.unwrap_or_else(|| m.zeros()),
-                    other => caller_array(x, other),
-                })
-                .collect::<Vec<_>>();
-            let make = || {
-                let launch = match gpu {
-                    Backend::Cuda { .. } => {
-                        metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
-                    }
-                    _ => metal::gated_delta_launch(node),
-                };
-                if fused {
-                    cuda::with_fused_gates(launch)
-                } else {
-                    launch
-                }
-            };
-            // The launch depends on the node and on whether the gates are fused.
-            let mut words = vec![fused as i64];
-            words.extend(node.encode());
-            let key = words.clone();
-            // Exact updates carry a gradient for MLX's autograd (the replay has none).
-            let vjp = (node.form == Form::Exact)
-                .then(|| (Kernel::GatedDelta, super::gpu_vjp_params(gpu, words)));
-            gpu_node(Some(key), make, &inputs, gpu, vjp)
+        gpu => build_gpu(node, x, gpu, None),
+    }
+}
+
+/// The GPU node of `node` on `backend` (not the CPU). `from_conv`: the head split's eps when
+/// the launch computes q, k and v from the convolution's output (`update_from_conv`; the
+/// arrays then hold x and the scales instead of q, k and v).
+fn build_gpu(
+    node: &Node,
+    x: &Arrays,
+    gpu: Backend,
+    from_conv: Option<f32>,
+) -> Result<Vec<UniquePtr<Array>>> {
+    // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
+    let order = gpu_inputs(node, fused, from_conv.is_some());
+    let inputs = order
+        .into_iter()
+        .map(|input| match input {
+            Input::G => m.g.as_deref().expect("gates made for this launch"),
+            Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
+            Input::State => x.state.unwrap_or_else(|| m.zeros()),
+            other => caller_array(x, other),
+        })
+        .collect::<Vec<_>>();
+    let make = || {
+        let mut launch = match gpu {
+            Backend::Cuda { .. } => {
+                metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
+            }
+            _ => metal::gated_delta_launch(node),
+        };
+        if let Some(eps) = from_conv {
+            launch = metal::gated_delta_from_conv_launch(launch, eps);
         }
+        if fused {
+            cuda::with_fused_gates(launch)
+        } else {
+            launch
+        }
+    };
+    // The launch depends on the node, on whether the gates are fused and on the head split.
+    let mut words = vec![fused as i64];
+    if let Some(eps) = from_conv {
+        words.push(i64::from(eps.to_bits()));
+    }
+    words.extend(node.encode());
+    let mut key = words.clone();
+    if from_conv.is_some() {
+        key.push(-1); // never the key of a recurrence of its own (one word shorter)
+    }
+    // Exact updates carry a gradient for MLX's autograd (the replay has none).
+    let kernel = if from_conv.is_some() {
+        Kernel::GatedDeltaFromConv
+    } else {
+        Kernel::GatedDelta
+    };
+    let vjp = (node.form == Form::Exact).then(|| (kernel, super::gpu_vjp_params(gpu, words)));
+    gpu_node(Some(key), make, &inputs, gpu, vjp)
+}
+
+/// A GPU launch's inputs in order: the Metal launch's, or with the gates fused on CUDA, and
+/// with x and the scales for q, k and v when it computes them from the convolution's output.
+fn gpu_inputs(node: &Node, fused: bool, from_conv: bool) -> Vec<Input> {
+    let order = if fused {
+        node.cuda_fused_inputs()
+    } else {
+        node.metal_inputs()
+    };
+    if from_conv {
+        Node::from_conv_inputs(order)
+    } else {
+        order
     }
 }
 
@@ -835,6 +1035,9 @@ fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
         Input::State => x.state,
         Input::Mask => x.mask,
         Input::Lengths => x.lengths,
+        Input::X => x.x,
+        Input::QScale => x.q_scale,
+        Input::KScale => x.k_scale,
         Input::G | Input::Beta => None,
     };
     array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
@@ -915,7 +1118,11 @@ mod tests {
         for n in 0..12 {
             let other = [-9_002, n, 3 * n];
             assert_eq!(values(&lengths_array(&other).unwrap()), other);
-            assert_eq!(values(&lengths_array(&first).unwrap()), first, "after {n} others");
+            assert_eq!(
+                values(&lengths_array(&first).unwrap()),
+                first,
+                "after {n} others"
+            );
         }
         let longer = [-9_001, 3, 7, 0];
         assert_eq!(values(&lengths_array(&longer).unwrap()), longer);

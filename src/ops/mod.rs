@@ -305,6 +305,9 @@ pub(crate) fn gpu_vjp(
     let cotangents: Vec<&Array> = cotangents.iter().map(|a| &**a).collect();
     match Kernel::from_code(kernel) {
         Some(Kernel::GatedDelta) => gated_delta::gpu_vjp(words, &primals, &cotangents, backend),
+        Some(Kernel::GatedDeltaFromConv) => {
+            gated_delta::from_conv_gpu_vjp(words, &primals, &cotangents, backend)
+        }
         Some(Kernel::SiluRmsHeads) => {
             silu_rms_heads::gpu_vjp(words, &primals, &cotangents, backend)
         }

@@ -39,7 +39,7 @@ pub fn check(x: &Inputs) -> Result<Node> {
 }
 
 /// Validates the arguments the forward and its backward pass share (no sizes of results).
-fn check_args(x: &Inputs) -> Result<Node> {
+pub(crate) fn check_args(x: &Inputs) -> Result<Node> {
     let xi = ArgInfo::of("x", x.x)?;
     let qs = ArgInfo::of("q_scale", x.q_scale)?;
     let ks = ArgInfo::of("k_scale", x.k_scale)?;
