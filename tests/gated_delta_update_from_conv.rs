@@ -55,9 +55,10 @@ impl Layer {
                 null_mut()
             },
             if mask {
-                // Row 0 fully masked when there are two rows or more, the others at random.
+                // Row 0 fully masked when there are two rows or more, the others at random
+                // but for the last token, which is real.
                 let m: Vec<bool> = (0..b * t)
-                    .map(|i| (b < 2 || i >= t) && rng.below(4) != 0)
+                    .map(|i| (b < 2 || i >= t) && (i + 1 == b * t || rng.below(4) != 0))
                     .collect();
                 new_bool(&m, &[bi, ti])
             } else {
