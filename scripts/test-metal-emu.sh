@@ -80,7 +80,7 @@ HEADERS=("$SRC"/*.h)
 
 # 1. The launch descriptions, from src/metal.rs.
 if stale "$OUT/launches" "$SRC/launches.rs" "$ROOT/src/metal.rs" "$ROOT/src/dtype.rs" \
-  "$ROOT"/kernels/metal/*.metal; then
+  "$ROOT"/kernels/metal/*.metal "$ROOT"/kernels/metal/*.h "$ROOT"/src/node/*.rs; then
   "$RUSTC" --edition 2021 -O --crate-name metal_emu_launches -o "$OUT/launches" \
     "$SRC/launches.rs" || fail "building tests/metal_emu/launches.rs"
 fi

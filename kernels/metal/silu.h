@@ -3,6 +3,8 @@
 // MLXK_FROM_CONV), so both compute the same bits. x * sigmoid(x), with e = exp(|x|) rounded to
 // T, y = 1 / (1 + e) and 1 - y in float, sigmoid rounded to T, the product in T (as MLX's CPU
 // sigmoid and multiply round them; docs/DESIGN.md §3).
+#ifndef MLXK_SILU_H
+#define MLXK_SILU_H
 #ifndef METAL_FUNC
 #define METAL_FUNC inline
 #endif
@@ -13,3 +15,4 @@ METAL_FUNC T mlxk_silu(T value) {
   const T sigmoid = T(value < T(0) ? y : 1.0f - y);
   return T(value * sigmoid);
 }
+#endif

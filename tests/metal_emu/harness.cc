@@ -320,6 +320,53 @@ Built build_head_split(const EmuCase& c, Rng& rng) {
   return out;
 }
 
+// The recurrence from the convolution's output: the recurrence's gate, state and mask draws,
+// x and the scales as the head split draws them; the CPU result through
+// mlxk_gated_delta_update_from_conv (the head split's and the update's CPU kernels).
+Built build_from_conv(const EmuCase& c, Rng& rng) {
+  const int64_t B = c.dims[0], T = c.dims[1], Hk = c.dims[2], Hv = c.dims[3], Dk = c.dims[4],
+                Dv = c.dims[5];
+  const int64_t C = 2 * Hk * Dk + Hv * Dv;
+  const float eps = mlxk_emu::bits_to_float(c.eps_bits);
+  const bool masked = c.masked != 0;
+  const RecurrenceDraw r = draw_recurrence(c, rng);
+  Tensor x = random(rng, c.dtype, {B, T, C}, -8.0f, 8.0f);
+  Tensor qs = make(c.dtype, {Dk});
+  Tensor ks = make(c.dtype, {Dk});
+  for (int64_t i = 0; i < Dk; ++i) {
+    qs.set(i, rng.uniform(0.5f, 1.5f) / static_cast<float>(Dk));
+    ks.set(i, rng.uniform(0.5f, 1.5f) / std::sqrt(static_cast<float>(Dk)));
+  }
+  Handle hx(x), hqs(qs), hks(ks), ha(r.a), hb(r.b), ha_log(r.a_log), hdt(r.dt_bias);
+  Handle hstate, hmask;  // optional: NULL when absent
+  auto adopt = [](Handle& h, const Tensor& t) {
+    std::vector<int32_t> shape(t.shape.begin(), t.shape.end());
+    check(mlxk_array_new(t.bytes.data(), shape.data(), shape.size(), t.dtype, &h.a),
+          "mlxk_array_new");
+  };
+  if (c.with_state) adopt(hstate, r.state);
+  if (masked) adopt(hmask, r.mask);
+  Tensor g, beta;
+  gates_for_kernel(c, r, &g, &beta);
+  Built out;
+  out.inputs["x"] = x;
+  out.inputs["qscale"] = qs;
+  out.inputs["kscale"] = ks;
+  out.inputs["g"] = g;
+  out.inputs["beta"] = beta;
+  out.inputs["state_in"] = r.state;
+  if (masked) out.inputs["mask"] = r.mask;
+  Handle y, st;
+  check(mlxk_gated_delta_update_from_conv(hx.a, hqs.a, hks.a, static_cast<int32_t>(Hk),
+                                          static_cast<int32_t>(Hv), static_cast<int32_t>(Dv), eps,
+                                          ha.a, hb.a, ha_log.a, hdt.a, hstate.a, hmask.a, &y.a,
+                                          &st.a),
+        "mlxk_gated_delta_update_from_conv");
+  out.expected["y"] = y.read();
+  out.expected["state_out"] = st.read();
+  return out;
+}
+
 Built build_gated_norm(const EmuCase& c, Rng& rng) {
   std::vector<int64_t> shape(c.dims, c.dims + c.ndims);
   const int64_t D = shape.back();
@@ -416,6 +463,8 @@ Result run_case(const EmuCase& c) {
   Built built;
   if (kind == "recurrence" || kind == "recurrence_masked" || kind == "replay") {
     built = build_recurrence(c, rng);
+  } else if (kind == "from_conv" || kind == "from_conv_masked") {
+    built = build_from_conv(c, rng);
   } else if (kind == "head_split") {
     built = build_head_split(c, rng);
   } else if (kind == "gated_norm") {

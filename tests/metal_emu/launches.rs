@@ -105,6 +105,15 @@ enum Kind {
         lengths: Vec<i32>,
         rows: usize,
     },
+    /// The recurrence computing q, k, v from the convolution's output (the head split's
+    /// arithmetic in the recurrence's kernel; `metal::gated_delta_from_conv_launch`), the case's
+    /// eps the split's.
+    FromConv {
+        d: Dims,
+        masked: bool,
+        with_state: bool,
+        rows: usize,
+    },
     /// The SiLU + RMS head split.
     /// `grouped`: with the CUDA launch's threadgroup (up to eight heads a block, src/cuda.rs).
     HeadSplit { d: HeadSplitDims, grouped: bool },
@@ -197,6 +206,20 @@ fn replay_rows(
         dtype,
         aux: b_dtype,
         eps: 0.0,
+    }
+}
+
+fn from_conv(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, rows: usize) -> Case {
+    Case {
+        kind: Kind::FromConv {
+            d,
+            masked,
+            with_state,
+            rows,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 1e-6 / d.dk as f32,
     }
 }
 
@@ -334,6 +357,15 @@ fn cases() -> Vec<Case> {
         replay_rows(F16, F16, dims(2, 4, 1, 2, 32, 6), true, &[4, 2], 2),
         replay_rows(BF16, F32, dims(2, 4, 1, 2, 64, 8), true, &[4, 3], 8),
         replay_rows(BF16, BF16, dims(3, 66, 1, 2, 32, 16), true, &[66, 33, 31], 16),
+        // The recurrence from the convolution's output: Dk 128 (the split's lanes own the
+        // recurrence's columns) and 32 / 64 / 96 (they do not), GQA, odd Dv, masks, rows.
+        from_conv(BF16, BF16, dims(2, 3, 2, 4, 128, 16), false, true, 1),
+        from_conv(BF16, F32, dims(3, 2, 1, 3, 64, 6), true, false, 1),
+        from_conv(F16, F16, dims(2, 4, 2, 4, 32, 7), true, true, 1),
+        from_conv(F32, BF16, dims(2, 3, 1, 2, 96, 5), false, true, 1),
+        from_conv(F32, F32, dims(1, 2, 2, 2, 128, 8), true, true, 4),
+        from_conv(BF16, BF16, dims(2, 3, 2, 4, 64, 16), false, false, 8),
+        from_conv(F16, BF16, dims(1, 37, 1, 2, 32, 4), true, true, 2),
         // Head split (Dk, Dv <= 128; qscale/kscale [Dk]: Dk < 8 passes them in constant memory).
         split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
         split(BF16, heads(2, 2, 1, 2, 64, 96), 1e-6),
@@ -743,6 +775,40 @@ fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, S
                 inputs,
                 extra,
             )
+        }
+        Kind::FromConv {
+            d,
+            masked,
+            with_state,
+            rows,
+        } => {
+            // The recurrence's launch and inputs, then x and the scales for q, k and v
+            // (src/ops/gated_delta.rs `update_from_conv`, Backend::Metal).
+            let recurrence = Case {
+                kind: Kind::Recurrence {
+                    d: *d,
+                    masked: *masked,
+                    with_state: *with_state,
+                    rows: *rows,
+                },
+                dtype: c.dtype,
+                aux: c.aux,
+                eps: c.eps,
+            };
+            let (l, kind, label, case_dims, mut inputs, extra) = describe(&recurrence);
+            let l = metal::gated_delta_from_conv_launch(l, c.eps);
+            assert_eq!(&l.input_names[..3], ["x", "qscale", "kscale"]);
+            assert!(l.header.starts_with("#define MLXK_FROM_CONV 1\n"));
+            let channels = 2 * d.hk * d.dk + d.hv * d.dv;
+            inputs[0] = ("x", c.dtype, vec![d.b, d.t, channels]);
+            inputs[1] = ("qscale", c.dtype, vec![d.dk]);
+            inputs[2] = ("kscale", c.dtype, vec![d.dk]);
+            let kind = if kind == "recurrence" {
+                "from_conv"
+            } else {
+                "from_conv_masked"
+            };
+            (l, kind, format!("from conv {label}"), case_dims, inputs, extra)
         }
         Kind::HeadSplit { d, grouped } => {
             let u = |x: i64| x as usize;

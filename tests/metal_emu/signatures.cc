@@ -219,6 +219,7 @@ struct Kernel {
   std::string call;        // NAME<ARGS> or NAME
   std::vector<Param> params;
   std::string file;
+  std::string header;  // the launch's header (inside `signature` as MLX puts it)
   std::vector<std::pair<std::string, std::string>> defines;
   std::vector<int> cases;
 };
@@ -278,8 +279,29 @@ Kernel split_kernel(const Launch& l, const std::string& text) {
     k.call = k.instantiation.substr(from + d.size(), to - from - d.size());
   }
   k.file = l.file;
+  k.header = l.header;
   k.defines = l.defines;
   return k;
+}
+
+// The macros `header` defines that are no include guards (a #define right after an #ifndef
+// of the same name).
+std::vector<std::string> header_switches(const std::string& header) {
+  std::vector<std::string> names;
+  std::istringstream lines(header);
+  std::string previous;
+  for (std::string line; std::getline(lines, line);) {
+    line = trim(line);
+    if (line.empty()) continue;
+    const std::string define = "#define ";
+    if (line.compare(0, define.size(), define) == 0) {
+      std::string name = line.substr(define.size());
+      name = name.substr(0, name.find_first_of(" (\t"));
+      if (previous != "#ifndef " + name) names.push_back(name);
+    }
+    previous = line;
+  }
+  return names;
 }
 
 std::string quote(const std::string& s) {
@@ -336,6 +358,9 @@ int main(int argc, char** argv) {
     o << "#include \"" << k.file << "\"\n";
     for (auto& [marker, text] : k.defines) o << "#undef " << marker << "\n";
     o << "}\n";
+    // MLX compiles each kernel as a program of its own; here they share one file, so the
+    // switches a launch's header defines end with its kernel (include guards stay).
+    for (const auto& name : header_switches(k.header)) o << "#undef " << name << "\n";
     if (!k.instantiation.empty()) o << "\n" << k.instantiation << "\n";
     o << "\n";
   }
