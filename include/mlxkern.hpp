@@ -644,6 +644,22 @@ struct HeadSplit {
   return result;
 }
 
+/** The head split and the update of one layer in one call (mlxk_gated_delta_update_from_conv):
+ * the bits of silu_rms_heads(x, ...) followed by gated_delta_update(q, k, v, ...), as one GPU
+ * kernel node instead of two. Dk (q_scale's length) a multiple of 32 in [32, 128]. */
+[[nodiscard]] inline DeltaUpdate gated_delta_update_from_conv(
+    const Array &x, const Array &q_scale, const Array &k_scale, std::int32_t key_heads,
+    std::int32_t value_heads, std::int32_t value_width, float eps, const Array &a,
+    const Array &b, const Array &a_log, const Array &dt_bias, const Array *state = nullptr,
+    const Array *mask = nullptr) {
+  DeltaUpdate result;
+  check(mlxk_gated_delta_update_from_conv(
+      x.get(), q_scale.get(), k_scale.get(), key_heads, value_heads, value_width, eps, a.get(),
+      b.get(), a_log.get(), dt_bias.get(), detail::optional_handle(state),
+      detail::optional_handle(mask), OutHandle(result.y), OutHandle(result.state)));
+  return result;
+}
+
 /** Gated RMSNorm over the last axis (weight in x's dtype). */
 [[nodiscard]] inline Array gated_rms_norm(const Array &x, const Array &gate, const Array &weight,
                                           float eps) {

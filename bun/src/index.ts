@@ -43,6 +43,7 @@ export {
   gatedDeltaState,
   gatedDeltaUpdate,
   gatedDeltaUpdateChunked,
+  gatedDeltaUpdateFromConv,
   gatedDeltaUpdateVjp,
   gatedRmsNorm,
   gatedRmsNormVjp,

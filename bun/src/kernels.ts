@@ -200,6 +200,49 @@ export function siluRmsHeads(
 }
 
 /**
+ * The head split and the update of one layer in one call: exactly siluRmsHeads(x, ...) followed
+ * by gatedDeltaUpdate(q, k, v, a, ...), bit for bit on every device, without q, k, v as results.
+ * On a GPU it is one kernel node instead of two. Dk (qScale's length) is a multiple of 32 in
+ * [32, 128]; valueHeads a multiple of keyHeads. Results as gatedDeltaUpdate's (y in x's dtype).
+ */
+export function gatedDeltaUpdateFromConv(
+  x: MlxArray,
+  qScale: MlxArray,
+  kScale: MlxArray,
+  keyHeads: number,
+  valueHeads: number,
+  valueWidth: number,
+  eps: number,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null = null,
+  mask: MlxArray | null = null,
+): GatedDeltaResult {
+  const split = [
+    handleOf(x, "x"),
+    handleOf(qScale, "qScale"),
+    handleOf(kScale, "kScale"),
+    int32Arg("keyHeads", keyHeads),
+    int32Arg("valueHeads", valueHeads),
+    int32Arg("valueWidth", valueWidth),
+    floatArg("eps", eps),
+  ] as const;
+  const gates = [
+    handleOf(a, "a"),
+    handleOf(b, "b"),
+    handleOf(aLog, "aLog"),
+    handleOf(dtBias, "dtBias"),
+    optionalHandle(state),
+    optionalHandle(mask),
+  ] as const;
+  return updateResult("gatedDeltaUpdateFromConv", (y, stateOut) =>
+    lib.mlxk_gated_delta_update_from_conv(...split, ...gates, y, stateOut),
+  );
+}
+
+/**
  * Gated RMSNorm over the last axis (mlx-lm's Qwen3NextRMSNormGated):
  * out = silu(gate) * (weight * x * rsqrt(mean(x^2) + eps)), x's shape and dtype. gate has x's
  * shape (any float dtype); weight [D] in x's dtype; eps finite and >= 0.

@@ -92,6 +92,8 @@ export const symbols = {
   mlxk_compute_g: { args: ["ptr", "ptr", "ptr", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_delta_update(const struct mlxk_array * q, const struct mlxk_array * k, const struct mlxk_array * v, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * state, const struct mlxk_array * mask, struct mlxk_array ** y, struct mlxk_array ** state_out)
   mlxk_gated_delta_update: { args: ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_gated_delta_update_from_conv(const struct mlxk_array * x, const struct mlxk_array * q_scale, const struct mlxk_array * k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * state, const struct mlxk_array * mask, struct mlxk_array ** y, struct mlxk_array ** state_out)
+  mlxk_gated_delta_update_from_conv: { args: ["ptr", "ptr", "ptr", "i32", "i32", "i32", "f32", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_delta_update_chunked(const struct mlxk_array * q, const struct mlxk_array * k, const struct mlxk_array * v, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * state, const struct mlxk_array * mask, int32_t chunk_size, struct mlxk_array ** y, struct mlxk_array ** state_out)
   mlxk_gated_delta_update_chunked: { args: ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i32", "ptr", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_delta_update_vjp(const struct mlxk_array * q, const struct mlxk_array * k, const struct mlxk_array * v, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * state, const struct mlxk_array * mask, const struct mlxk_array * dy, const struct mlxk_array * dstate_out, struct mlxk_array ** dq, struct mlxk_array ** dk, struct mlxk_array ** dv, struct mlxk_array ** da, struct mlxk_array ** db, struct mlxk_array ** da_log, struct mlxk_array ** ddt_bias, struct mlxk_array ** dstate)
@@ -151,6 +153,7 @@ export const parameterNames = {
   mlxk_set_cache_limit: ["bytes"],
   mlxk_compute_g: ["a_log", "a", "dt_bias", "g"],
   mlxk_gated_delta_update: ["q", "k", "v", "a", "b", "a_log", "dt_bias", "state", "mask", "y", "state_out"],
+  mlxk_gated_delta_update_from_conv: ["x", "q_scale", "k_scale", "key_heads", "value_heads", "value_width", "eps", "a", "b", "a_log", "dt_bias", "state", "mask", "y", "state_out"],
   mlxk_gated_delta_update_chunked: ["q", "k", "v", "a", "b", "a_log", "dt_bias", "state", "mask", "chunk_size", "y", "state_out"],
   mlxk_gated_delta_update_vjp: ["q", "k", "v", "a", "b", "a_log", "dt_bias", "state", "mask", "dy", "dstate_out", "dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"],
   mlxk_gated_delta_state: ["k", "v", "a", "b", "a_log", "dt_bias", "state", "accepted_lengths", "n_lengths", "state_out"],

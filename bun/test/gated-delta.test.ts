@@ -36,7 +36,9 @@ import {
   gatedDeltaState,
   gatedDeltaUpdate,
   gatedDeltaUpdateChunked,
+  gatedDeltaUpdateFromConv,
   InvalidArgumentError,
+  siluRmsHeads,
   liveArrayCount,
   MlxArray,
 } from "../src/index";
@@ -465,5 +467,35 @@ describe("gatedDeltaUpdateChunked", () => {
     } finally {
       disposeAll(x);
     }
+  });
+});
+
+describe("gatedDeltaUpdateFromConv", () => {
+  test("gives the bits of siluRmsHeads then gatedDeltaUpdate", () => {
+    const rng = rngFor("gatedDeltaUpdateFromConv");
+    const [B, T, HK, HV, DK, DV] = [2, 3, 2, 4, 64, 12];
+    const C = 2 * HK * DK + HV * DV;
+    const values = (n: number, scale: number) => Array.from({ length: n }, () => scale * rng.normal());
+    const x = floatArray(values(B * T * C, 3), [B, T, C], "bfloat16");
+    const qScale = floatArray(Array.from({ length: DK }, () => rng.uniform(0.5, 1.5) / DK), [DK], "bfloat16");
+    const kScale = floatArray(Array.from({ length: DK }, () => rng.uniform(0.5, 1.5) / Math.sqrt(DK)), [DK], "bfloat16");
+    const a = floatArray(values(B * T * HV, 1), [B, T, HV], "bfloat16");
+    const b = floatArray(values(B * T * HV, 1), [B, T, HV], "bfloat16");
+    const aLog = floatArray(Array.from({ length: HV }, () => rng.uniform(-2.3, 1.1)), [HV], "float32");
+    const dtBias = floatArray(values(HV, 0.5), [HV], "bfloat16");
+    const state = floatArray(values(B * HV * DV * DK, 0.3), [B, HV, DV, DK], "float32");
+    const mask = MlxArray.fromBool([true, false, true, true, true, false], [B, T]);
+    const eps = 1e-6 / DK;
+    const fused = gatedDeltaUpdateFromConv(x, qScale, kScale, HK, HV, DV, eps, a, b, aLog, dtBias, state, mask);
+    const split = siluRmsHeads(x, qScale, kScale, HK, HV, DV, eps);
+    const composed = gatedDeltaUpdate(split.q, split.k, split.v, a, b, aLog, dtBias, state, mask);
+    const y = fused.y.toFloat32Array();
+    assertBitwiseEqual("y", y, composed.y.toFloat32Array());
+    assertBitwiseEqual("state", fused.state.toFloat32Array(), composed.state.toFloat32Array());
+    expect(y.some((v) => v !== 0)).toBe(true);
+    expect(() => gatedDeltaUpdateFromConv(x, qScale, kScale, HK, 3, DV, eps, a, b, aLog, dtBias)).toThrow(
+      /mlxk_gated_delta_update_from_conv/,
+    );
+    disposeAll(x, qScale, kScale, a, b, aLog, dtBias, state, mask, fused, split, composed);
   });
 });

@@ -1458,6 +1458,89 @@ static void test_silu_rms_heads(void) {
     free_ok(ka);
 }
 
+/* The head split and the update in one call: the bits of mlxk_silu_rms_heads followed by
+ * mlxk_gated_delta_update (float32, GQA 2, a mask, a given state), and its argument errors. */
+static void test_gated_delta_update_from_conv(void) {
+    enum { B = 2, T = 3, HK = 1, HV = 2, DK = 32, DV = 5, C = 2 * HK * DK + HV * DV };
+    const char *fn = "mlxk_gated_delta_update_from_conv";
+    const float eps = 1e-6f / DK;
+    float x[B * T * C], qs[DK], ks[DK], a[B * T * HV], b[B * T * HV], a_log[HV], dt[HV];
+    float st[B * HV * DV * DK];
+    for (int i = 0; i < B * T * C; i++) x[i] = 3.0f * mlxkt_rng_sym(&rng);
+    for (int i = 0; i < DK; i++) {
+        qs[i] = (1.0f + 0.5f * mlxkt_rng_sym(&rng)) / DK;
+        ks[i] = (1.0f + 0.5f * mlxkt_rng_sym(&rng)) / sqrtf((float)DK);
+    }
+    for (int i = 0; i < B * T * HV; i++) {
+        a[i] = 2.0f * mlxkt_rng_sym(&rng);
+        b[i] = 2.0f * mlxkt_rng_sym(&rng);
+    }
+    for (int i = 0; i < HV; i++) {
+        a_log[i] = mlxkt_rng_sym(&rng);
+        dt[i] = mlxkt_rng_sym(&rng);
+    }
+    for (int i = 0; i < B * HV * DV * DK; i++) st[i] = 0.5f * mlxkt_rng_sym(&rng);
+    const bool mask[B * T] = {true, true, false, true, false, true};
+    int32_t xs[3] = {B, T, C}, ss[1] = {DK}, gs[3] = {B, T, HV}, hs[1] = {HV};
+    int32_t sts[4] = {B, HV, DV, DK}, ms[2] = {B, T};
+    int32_t y_shape[4] = {B, T, HV, DV};
+    mlxk_array *xa = new_f32(x, xs, 3), *qa = new_f32(qs, ss, 1), *ka = new_f32(ks, ss, 1);
+    mlxk_array *aa = new_f32(a, gs, 3), *ba = new_f32(b, gs, 3), *la = new_f32(a_log, hs, 1);
+    mlxk_array *da = new_f32(dt, hs, 1), *sa = new_f32(st, sts, 4), *ma = NULL;
+    CHECK_OK(mlxk_array_new(mask, ms, 2, MLXK_DTYPE_BOOL, &ma));
+    mlxk_array *y = NULL, *s = NULL;
+    CHECK_OK(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV, eps, aa, ba, la, da, sa, ma,
+                                               &y, &s));
+    check_shape(y, y_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(s, sts, 4, MLXK_DTYPE_FLOAT32, __LINE__);
+    mlxk_array *q = NULL, *k = NULL, *v = NULL, *y2 = NULL, *s2 = NULL;
+    CHECK_OK(mlxk_silu_rms_heads(xa, qa, ka, HK, HV, DV, eps, &q, &k, &v));
+    CHECK_OK(mlxk_gated_delta_update(q, k, v, aa, ba, la, da, sa, ma, &y2, &s2));
+    float *yg = mlxkt_read_floats(y, B * T * HV * DV), *yr = mlxkt_read_floats(y2, B * T * HV * DV);
+    float *sg = mlxkt_read_floats(s, B * HV * DV * DK), *sr = mlxkt_read_floats(s2, B * HV * DV * DK);
+    CHECK(memcmp(yg, yr, sizeof(float) * B * T * HV * DV) == 0);
+    CHECK(memcmp(sg, sr, sizeof(float) * B * HV * DV * DK) == 0);
+    int moved = 0;
+    for (int i = 0; i < B * HV * DV * DK; i++) moved += sg[i] != st[i];
+    CHECK(moved > 0);
+    free(yg);
+    free(yr);
+    free(sg);
+    free(sr);
+    free_ok(q);
+    free_ok(k);
+    free_ok(v);
+    free_ok(y);
+    free_ok(s);
+    free_ok(y2);
+    free_ok(s2);
+
+    /* Errors name this call's arguments. */
+    mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
+    mlxk_array *o1 = sentinel, *o2 = sentinel;
+    EXPECT_ERROR(mlxk_gated_delta_update_from_conv(NULL, qa, ka, HK, HV, DV, eps, aa, ba, la, da,
+                                                   sa, ma, &o1, &o2),
+                 MLXK_ERR_NULL_POINTER, fn, "x");
+    EXPECT_ERROR(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV + 1, eps, aa, ba, la, da,
+                                                   sa, ma, &o1, &o2),
+                 MLXK_ERR_SHAPE, fn, ": x: dimension 2 (channels)");
+    EXPECT_ERROR(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV, eps, ba, aa, la, da,
+                                                   ma, ma, &o1, &o2),
+                 MLXK_ERR_SHAPE, fn, ": state: expected rank 4");
+    EXPECT_ERROR(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV, eps, xa, ba, la, da, sa,
+                                                   ma, &o1, &o2),
+                 MLXK_ERR_SHAPE, fn, ": a: dimension 2 (Hv)");
+    EXPECT_ERROR(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV, -1.0f, aa, ba, la, da,
+                                                   sa, ma, &o1, &o2),
+                 MLXK_ERR_INVALID_ARGUMENT, fn, "eps");
+    EXPECT_ERROR(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV, eps, aa, ba, la, da, sa,
+                                                   ma, &o1, &o1),
+                 MLXK_ERR_INVALID_ARGUMENT, fn, "y and state_out");
+    CHECK(o1 == sentinel && o2 == sentinel);
+    mlxk_array *all[] = {xa, qa, ka, aa, ba, la, da, sa, ma};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free_ok(all[i]);
+}
+
 enum { SB = 2, SS = 2, SHK = 2, SDK = 12, SHV = 3, SDV = 5, SC = 2 * SHK * SDK + SHV * SDV };
 
 /* sum(gq * q) + sum(gk * k) + sum(gv * v) of the head split in float64. */
@@ -1712,6 +1795,7 @@ int main(void) {
     test_gated_rms_norm();
     test_gated_rms_norm_vjp();
     test_silu_rms_heads();
+    test_gated_delta_update_from_conv();
     test_silu_rms_heads_vjp();
     test_threads();
     test_host_mlx();

@@ -59,6 +59,38 @@ extension MLXKern {
                 MLXKArray.adopt(stateOut, "mlxk_gated_delta_update"))
     }
 
+    /// The head split and the update of one layer in one call: exactly `siluRMSHeads` of the
+    /// convolution's output followed by `gatedDeltaUpdate` on its q, k and v, bit for bit on
+    /// every device, without q, k and v as results. On a GPU it is one kernel node instead of
+    /// two, which is what a decode step pays for per layer.
+    ///
+    /// - Parameters: `x`, `qScale`, `kScale`, `keyHeads`, `valueHeads`, `valueWidth`, `eps` as
+    ///   `siluRMSHeads` (Dk, qScale's length, a multiple of 32 in [32, 128]; Hv a multiple of
+    ///   Hk); `a` ... `mask` as `gatedDeltaUpdate`.
+    /// - Returns: `y` `[B, T, Hv, Dv]` in x's dtype and the new `state` `[B, Hv, Dv, Dk]`
+    ///   float32, both lazy.
+    /// - Throws: `MLXKError` naming the argument at fault.
+    public static func gatedDeltaUpdateFromConv(
+        x: MLXKArray, qScale: MLXKArray, kScale: MLXKArray,
+        keyHeads: Int, valueHeads: Int, valueWidth: Int, eps: Float,
+        a: MLXKArray, b: MLXKArray, aLog: MLXKArray, dtBias: MLXKArray,
+        state: MLXKArray? = nil, mask: MLXKArray? = nil
+    ) throws -> (y: MLXKArray, state: MLXKArray) {
+        let function = "MLXKern.gatedDeltaUpdateFromConv"
+        let hk = try int32(keyHeads, "key_heads", function)
+        let hv = try int32(valueHeads, "value_heads", function)
+        let dv = try int32(valueWidth, "value_width", function)
+        var y: OpaquePointer?
+        var stateOut: OpaquePointer?
+        try withExtendedLifetime((x, qScale, kScale, a, b, aLog, dtBias, state, mask)) {
+            try check(mlxk_gated_delta_update_from_conv(
+                x.handle, qScale.handle, kScale.handle, hk, hv, dv, eps, a.handle, b.handle,
+                aLog.handle, dtBias.handle, state?.handle, mask?.handle, &y, &stateOut))
+        }
+        return (MLXKArray.adopt(y, "mlxk_gated_delta_update_from_conv"),
+                MLXKArray.adopt(stateOut, "mlxk_gated_delta_update_from_conv"))
+    }
+
     /// The same update as `gatedDeltaUpdate` computed in chunked (WY / UT-transform) form: a
     /// faster prefill on the CPU. Tokens are taken `chunkSize` at a time and each chunk's
     /// recurrence is solved with matrix products, so the results equal `gatedDeltaUpdate`'s up

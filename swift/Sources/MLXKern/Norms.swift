@@ -118,7 +118,7 @@ extension MLXKern {
     }
 
     /// A count as the C ABI's int32, or the error the library would give for it.
-    private static func int32(_ value: Int, _ name: String,
+    static func int32(_ value: Int, _ name: String,
                               _ function: String = "MLXKern.siluRMSHeads") throws -> Int32 {
         guard let value = Int32(exactly: value) else {
             throw MLXKError(status: .invalidArgument,

@@ -125,6 +125,46 @@ func scaledError(_ kernel: [Float], _ reference: [Double]) -> Double {
 }
 
 final class GatedDeltaTests: XCTestCase {
+    // MARK: head split and update in one call
+
+    /// `gatedDeltaUpdateFromConv` gives the bits of `siluRMSHeads` then `gatedDeltaUpdate`.
+    func testUpdateFromConvEqualsSplitThenUpdate() throws {
+        var rng = SeededGenerator()
+        let (batch, tokens, hk, hv, dk, dv) = (2, 3, 2, 4, 64, 24)
+        let channels = 2 * hk * dk + hv * dv
+        let x = try MLXKArray.floats(rng.normals(batch * tokens * channels, scale: 3),
+                                     shape: [batch, tokens, channels], dtype: .bfloat16)
+        let qScale = try MLXKArray.floats(rng.uniforms(dk, in: 0.5...1.5).map { $0 / Float(dk) },
+                                          shape: [dk], dtype: .bfloat16)
+        let kScale = try MLXKArray.floats(rng.uniforms(dk, in: 0.5...1.5).map { $0 / Float(dk).squareRoot() },
+                                          shape: [dk], dtype: .bfloat16)
+        let gateShape = [batch, tokens, hv]
+        let a = try MLXKArray.floats(rng.normals(batch * tokens * hv), shape: gateShape, dtype: .bfloat16)
+        let b = try MLXKArray.floats(rng.normals(batch * tokens * hv), shape: gateShape, dtype: .bfloat16)
+        let aLog = try MLXKArray.floats(rng.uniforms(hv, in: -2.3...1.1), shape: [hv])
+        let dtBias = try MLXKArray.floats(rng.normals(hv, scale: 0.5), shape: [hv], dtype: .bfloat16)
+        let state = try MLXKArray.floats(rng.normals(batch * hv * dv * dk, scale: 0.3),
+                                         shape: [batch, hv, dv, dk])
+        let mask = try MLXKArray.bools([true, true, false, true, false, true], shape: [batch, tokens])
+        let eps = 1e-6 / Float(dk)
+        let fused = try MLXKern.gatedDeltaUpdateFromConv(
+            x: x, qScale: qScale, kScale: kScale, keyHeads: hk, valueHeads: hv, valueWidth: dv,
+            eps: eps, a: a, b: b, aLog: aLog, dtBias: dtBias, state: state, mask: mask)
+        let split = try MLXKern.siluRMSHeads(x: x, qScale: qScale, kScale: kScale, keyHeads: hk,
+                                             valueHeads: hv, valueWidth: dv, eps: eps)
+        let composed = try MLXKern.gatedDeltaUpdate(q: split.q, k: split.k, v: split.v, a: a, b: b,
+                                                    aLog: aLog, dtBias: dtBias, state: state, mask: mask)
+        let y = try fused.y.toUInt16Bits()
+        XCTAssertEqual(y, try composed.y.toUInt16Bits())
+        XCTAssertTrue(y.contains { $0 & 0x7fff != 0 }, "y carries values")
+        XCTAssertEqual(try fused.state.toFloats(), try composed.state.toFloats())
+        XCTAssertThrowsError(try MLXKern.gatedDeltaUpdateFromConv(
+            x: x, qScale: qScale, kScale: kScale, keyHeads: hk, valueHeads: 3, valueWidth: dv,
+            eps: eps, a: a, b: b, aLog: aLog, dtBias: dtBias)) { error in
+            XCTAssertTrue("\(error)".contains("mlxk_gated_delta_update_from_conv"), "\(error)")
+        }
+    }
+
     // MARK: compute_g
 
     /// float32 inputs: every step is float32 in MLX and float64 here, so z = -log(g) agrees
