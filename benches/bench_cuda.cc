@@ -12,6 +12,9 @@
 //   replay   mlxk_gated_delta_state, T = 8, B = 1 and 32, 30 layers
 //   split    mlxk_silu_rms_heads at S = 1 and 512 (the conv output: 8192 channels), 30 layers
 //   norm     mlxk_gated_rms_norm at S = 1 and 512 (rows = S · 32 heads, D = 128), 30 layers
+//   layer    a decode step's head split and update: mlxk_silu_rms_heads then
+//            mlxk_gated_delta_update (two nodes) against mlxk_gated_delta_update_from_conv (one),
+//            B = 1, 8, 32, 30 layers, the decode floor beside them
 //   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
 //   pipelined decode, replay, split and norm again (floor and mlxkern) with one graph in
 //            flight while the next is built, as generate loops run (rows ", pipelined"), and
@@ -284,6 +287,56 @@ void head_split(int s, int warmup, int iters) {
   const double f = graph_us(floor, warmup, iters);
   row("split", name, impl("mlx floor"), f, kLayers, bytes, 0);
   row("split", name, impl("mlxkern"), graph_us(ours, warmup, iters), kLayers, bytes, f);
+}
+
+// A decode step's head split and update per layer: the two calls (mlxk_silu_rms_heads, then
+// mlxk_gated_delta_update on its q, k, v) against mlxk_gated_delta_update_from_conv (one node,
+// the same bits), beside the floor op over the same states.
+void split_update(int batch, int warmup, int iters) {
+  auto ls = layers(batch, 1);
+  const int c = 2 * kHk * kD + kHv * kD;
+  std::vector<mx::array> xs;
+  for (int l = 0; l < kLayers; ++l) xs.push_back(normal({batch, 1, c}, mx::bfloat16, 2.0f));
+  auto qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
+  auto ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
+  mx::eval(xs);
+  mx::eval({qs, ks});
+  const float eps = 1e-6f / kD;
+  const std::string name = "split + update B=" + std::to_string(batch) + " (30 layers)";
+  auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+  Build floor = state_floor(ls);
+  Build two = [&] {
+    std::vector<mx::array> outs;
+    auto hq = h(qs), hk = h(ks);
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& x = ls[l];
+      auto st = h(x.state);
+      auto s = mlxk::silu_rms_heads(h(xs[l]), hq, hk, kHk, kHv, kD, eps);
+      auto r = mlxk::gated_delta_update(s.q, s.k, s.v, h(x.a), h(x.b), h(x.a_log),
+                                        h(x.dt_bias), &st);
+      outs.push_back(r.y.to_mlx());
+      outs.push_back(r.state.to_mlx());
+    }
+    return outs;
+  };
+  Build one = [&] {
+    std::vector<mx::array> outs;
+    auto hq = h(qs), hk = h(ks);
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& x = ls[l];
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_update_from_conv(h(xs[l]), hq, hk, kHk, kHv, kD, eps, h(x.a),
+                                                  h(x.b), h(x.a_log), h(x.dt_bias), &st);
+      outs.push_back(r.y.to_mlx());
+      outs.push_back(r.state.to_mlx());
+    }
+    return outs;
+  };
+  const double bytes = update_bytes(batch, 1);
+  const double f = graph_us(floor, warmup, iters);
+  row("layer", name, impl("mlx floor"), f, kLayers, double(batch) * kHv * kD * kD * 8, 0);
+  row("layer", name, impl("split + update"), graph_us(two, warmup, iters), kLayers, bytes, f);
+  row("layer", name, impl("from conv"), graph_us(one, warmup, iters), kLayers, bytes, f);
 }
 
 void gated_norm(int s, int warmup, int iters) {
@@ -637,7 +690,7 @@ int main() {
               mlxk_mlx_version(), iters, warmup);
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
-  // norm, prefill, dispatch, grad).
+  // norm, layer, pipelined, prefill, dispatch, grad).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -663,8 +716,10 @@ int main() {
   guarded("replay", [&] { for (int b : {1, 32}) replay(b, warmup, iters); });
   guarded("head split", [&] { for (int s : {1, 512}) head_split(s, warmup, iters); });
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });
+  guarded("layer", [&] { for (int b : {1, 8, 32}) split_update(b, warmup, iters); });
   guarded("pipelined", [&] {
     pipelined = true;
+    for (int b : {1, 8, 32}) split_update(b, warmup, iters);
     for (int b : {1, 8, 32, 256}) {
       if (!batch || std::atoi(batch) == b) decode(b, warmup, iters);
     }

@@ -18,6 +18,7 @@
 
 mod common;
 use common::*;
+use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
 use mlxkern::testing::gpu_gates_on_cpu;
@@ -337,6 +338,92 @@ fn head_split(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) {
     }
 }
 
+/// `mlxk_gated_delta_update_from_conv`: one GPU node computing the head split inside the
+/// recurrence. With CPU-op gates it equals the CPU (the two CPU kernels) bit for bit; with the
+/// CUDA path's own gates it equals the two GPU calls it stands for bit for bit.
+fn from_conv(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) {
+    let [b, t, hk, hv, dk, dv] = dims;
+    let c = 2 * hk * dk + hv * dv;
+    let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
+    let scale = |rng: &mut Rng, base: f32| -> Vec<f32> {
+        (0..dk).map(|_| base * (0.5 + rng.uniform())).collect()
+    };
+    let qs = scale(rng, (dk as f32).powi(-1));
+    let ks = scale(rng, (dk as f32).powf(-0.5));
+    let h: [H; 9] = [
+        typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype),
+        typed(&qs, &[dki], dtype),
+        typed(&ks, &[dki], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        new_f32(&rng.vec(hv, 1.5), &[hvi]),
+        typed(&rng.vec(hv, 1.0), &[hvi], dtype),
+        if state {
+            new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
+        } else {
+            null_mut()
+        },
+        if mask {
+            let m: Vec<bool> = (0..b * t).map(|i| i >= t && rng.below(4) != 0).collect();
+            new_bool(&m, &[bi, ti])
+        } else {
+            null_mut()
+        },
+    ];
+    let [x, qsh, ksh, a, bh, al, dt, s, m] = h.map(|h| h as *const mlxk_array);
+    let (hki, eps) = (hk as i32, 1e-6 / dk as f32);
+    let fused = || {
+        let (mut y, mut st) = (null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_gated_delta_update_from_conv(
+                x, qsh, ksh, hki, hvi, dvi, eps, a, bh, al, dt, s, m, &mut y, &mut st,
+            )
+        });
+        ok(mlxk_array_eval(y));
+        ok(mlxk_array_eval(st));
+        (y, st)
+    };
+    let composed = || {
+        let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
+        ok(unsafe { mlxk_silu_rms_heads(x, qsh, ksh, hki, hvi, dvi, eps, &mut q, &mut k, &mut v) });
+        let (mut y, mut st) = (null_mut(), null_mut());
+        ok(unsafe { mlxk_gated_delta_update(q, k, v, a, bh, al, dt, s, m, &mut y, &mut st) });
+        ok(mlxk_array_eval(y));
+        ok(mlxk_array_eval(st));
+        for h in [q, k, v] {
+            free(h);
+        }
+        (y, st)
+    };
+    let label = format!(
+        "from conv {} B={b} T={t} Hk={hk} Hv={hv} Dk={dk} Dv={dv} state={state} mask={mask}",
+        dtype_name(dtype)
+    );
+    on_gpu(false);
+    let (y0, s0) = fused();
+    on_gpu(true);
+    gpu_gates_on_cpu(true);
+    let (y1, s1) = fused();
+    assert_identical(&format!("{label}: y (CPU gates) vs the CPU"), y0, y1);
+    assert_identical(&format!("{label}: state (CPU gates) vs the CPU"), s0, s1);
+    gpu_gates_on_cpu(false);
+    let (y2, s2) = fused();
+    let (y3, s3) = composed();
+    assert_identical(&format!("{label}: y vs the two GPU calls"), y3, y2);
+    assert_identical(&format!("{label}: state vs the two GPU calls"), s3, s2);
+    on_gpu(false);
+    println!(
+        "PASS: {label}: bit-identical to the CPU (CPU-op gates) and to the head split then the \
+         update on the GPU"
+    );
+    for h in [y0, s0, y1, s1, y2, s2, y3, s3]
+        .into_iter()
+        .chain(h.into_iter().filter(|h| !h.is_null()))
+    {
+        free(h);
+    }
+}
+
 fn gated_norm(rng: &mut Rng, rows: usize, d: usize, dtype: mlxk_dtype, gate: mlxk_dtype) {
     let shape = [rows as i32, d as i32];
     let x = typed(&rng.vec(rows * d, 3.0), &shape, dtype);
@@ -522,6 +609,18 @@ fn cuda_kernels_match_the_cpu_kernels() {
         ([1, 64, 4, 8, 64, 128], f32),
     ] {
         head_split(&mut rng, dims, dtype);
+    }
+    // The head split inside the recurrence: decode at Qwen3.5 dims (B = 1 and 32, 16 rows a
+    // warp from 1024 pairs), prefill, Dk 32 to 128, odd Dv, masks, absent state.
+    for (dims, dtype, state, mask) in [
+        ([1, 1, 16, 32, 128, 128], bf16, true, false),
+        ([32, 1, 16, 32, 128, 128], bf16, true, false),
+        ([2, 64, 16, 32, 128, 128], bf16, true, true),
+        ([3, 33, 2, 4, 32, 48], f32, true, true),
+        ([2, 9, 2, 6, 96, 7], f16, false, true),
+        ([16, 3, 8, 32, 64, 64], bf16, true, true),
+    ] {
+        from_conv(&mut rng, dims, dtype, state, mask);
     }
     for (rows, d, dtype, gate) in [
         (32, 128, bf16, bf16),

@@ -1,6 +1,7 @@
 // MLX autograd through mlxkern's GPU kernels (`make test-cuda`; docs/DESIGN.md §4
 // "Gradients"): with the GPU as default device, mx::vjp of a host function that calls the
-// recurrence, the head split and the gated norm (handles shared with the host's arrays) must
+// recurrence, the head split, the two in one call (from_conv) and the gated norm (handles
+// shared with the host's arrays) must
 //   - give the forward outputs bit for bit as the inference call does, and
 //   - give gradients for every input within a stated bound of the explicit CPU backward
 //     (mlxk_*_vjp with the CPU as default device) on the same inputs and cotangents.
@@ -168,6 +169,68 @@ void head_split(mx::Dtype dtype) {
   near(what + " dk_scale", grads[2], cpu.k_scale.to_mlx(), dtype);
 }
 
+// The head split and the update in one call (one GPU node, whose gradient chains the two
+// parts' backward passes): the forward bit for bit as the inference call and as the two calls
+// it stands for; the gradients against mx::vjp of those two calls on the GPU.
+void from_conv(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool mask) {
+  const std::string what = "from conv B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                           " Hk=" + std::to_string(Hk) + " Hv=" + std::to_string(Hv) +
+                           " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) +
+                           (dtype == mx::float32 ? " f32" : " bf16") + (mask ? " masked" : "");
+  const int C = 2 * Hk * Dk + Hv * Dv;
+  const float eps = 1e-6f / float(Dk);
+  std::vector<mx::array> p = {
+      normal({B, T, C}, dtype, 2.0f),
+      mx::astype(mx::add(mx::full({Dk}, 1.0f / float(Dk)), normal({Dk}, mx::float32, 0.1f / float(Dk))), dtype),
+      mx::astype(mx::add(mx::full({Dk}, 1.0f / std::sqrt(float(Dk))), normal({Dk}, mx::float32, 0.01f)), dtype),
+      normal({B, T, Hv}, dtype, 1.0f),
+      normal({B, T, Hv}, dtype, 1.0f),
+      normal({Hv}, mx::float32, 0.5f),
+      normal({Hv}, dtype, 0.5f),
+      normal({B, Hv, Dv, Dk}, mx::float32, 0.3f)};
+  auto m = mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
+  mx::eval(p);
+  mx::eval(m);
+  auto fused = [&](const std::vector<mx::array>& x) {
+    mlxk::Array st = h(x[7]);
+    mlxk::Array mk;
+    if (mask) mk = h(m);
+    auto r = mlxk::gated_delta_update_from_conv(h(x[0]), h(x[1]), h(x[2]), Hk, Hv, Dv, eps, h(x[3]),
+                                                h(x[4]), h(x[5]), h(x[6]), &st,
+                                                mask ? &mk : nullptr);
+    return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
+  };
+  auto composed = [&](const std::vector<mx::array>& x) {
+    mlxk::Array st = h(x[7]);
+    mlxk::Array mk;
+    if (mask) mk = h(m);
+    auto s = mlxk::silu_rms_heads(h(x[0]), h(x[1]), h(x[2]), Hk, Hv, Dv, eps);
+    auto r = mlxk::gated_delta_update(s.q, s.k, s.v, h(x[3]), h(x[4]), h(x[5]), h(x[6]), &st,
+                                      mask ? &mk : nullptr);
+    return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
+  };
+  auto dy = normal({B, T, Hv, Dv}, dtype, 1.0f);
+  auto ds = normal({B, Hv, Dv, Dk}, mx::float32, 0.5f);
+  mx::eval({dy, ds});
+  mlxk::set_default_device(mlxk::Device::Gpu);
+  auto inference = fused(p);
+  auto reference = composed(p);
+  auto [outputs, grads] = mx::vjp(fused, p, {dy, ds});
+  auto [ref_outputs, ref_grads] = mx::vjp(composed, p, {dy, ds});
+  mx::eval(outputs);
+  mx::eval(grads);
+  mx::eval(ref_grads);
+  mx::eval(inference);
+  mx::eval(reference);
+  identical(what + " y", outputs[0], inference[0]);
+  identical(what + " state", outputs[1], inference[1]);
+  identical(what + " y (the two calls)", inference[0], reference[0]);
+  identical(what + " state (the two calls)", inference[1], reference[1]);
+  const char* names[] = {"dx", "dq_scale", "dk_scale", "da", "db", "da_log", "ddt_bias", "dstate"};
+  for (int i = 0; i < 8; ++i) near(what + " " + names[i], grads[i], ref_grads[i], dtype);
+  mlxk::set_default_device(mlxk::Device::Cpu);
+}
+
 void gated_norm(mx::Dtype dtype) {
   const int rows = 37, D = 128;
   std::vector<mx::array> p = {normal({rows, D}, dtype, 1.0f), normal({rows, D}, dtype, 1.0f),
@@ -206,6 +269,9 @@ int main() {
     recurrence(3, 70, 1, 3, 32, 7, mx::float32, false, true);
     recurrence(1, 130, 2, 8, 128, 128, mx::bfloat16, true, false);
     recurrence(2, 20, 4, 4, 256, 130, mx::float32, true, false);
+    from_conv(1, 1, 16, 32, 128, 128, mx::bfloat16, false);
+    from_conv(2, 9, 2, 4, 64, 24, mx::bfloat16, true);
+    from_conv(2, 5, 1, 2, 32, 7, mx::float32, true);
     head_split(mx::bfloat16);
     head_split(mx::float32);
     gated_norm(mx::bfloat16);
