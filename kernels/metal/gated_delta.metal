@@ -110,8 +110,14 @@
           q_t[i] = static_cast<float>(qscale[col] * InT(float(qa) * q_inv));
           k_t[i] = static_cast<float>(kscale[col] * InT(float(ka) * k_inv));
         }
+        // v: lane r < ROWS activates row dv_0 + r once, and every lane takes each row's value
+        // from its lane (a shuffle moves the bits unchanged; InT to float and back is exact).
+        float v_lane = 0.0f;
+        if (int(lane) < ROWS) {
+          v_lane = static_cast<float>(mlxk_silu<InT>(x_[v_at + dv_0 + int(lane)]));
+        }
         for (int r = 0; r < ROWS; ++r) {
-          v_t[r] = mlxk_silu<InT>(x_[v_at + dv_0 + r]);
+          v_t[r] = static_cast<InT>(simd_shuffle(v_lane, r));
         }
 #else
         for (int i = 0; i < n_per_t; ++i) {
