@@ -34,6 +34,10 @@
     constexpr int C = 2 * Hk * Dk + Hv * Dv;
     auto x_ = x + b_idx * T * C;
     const int q_at = hk_idx * Dk, k_at = (Hk + hk_idx) * Dk, v_at = 2 * Hk * Dk + hv_idx * Dv;
+    // A threadgroup's SIMD groups share one head (its grid z): each token's q and k are
+    // computed by the first and passed on in threadgroup memory, two tokens' worth, so that
+    // one barrier a token keeps every read before the slot's next write.
+    threadgroup float qk_tg[2][2 * Dk];
 #else
     const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     // q, k: [B, T, Hk, Dk]
@@ -85,30 +89,38 @@
         float k_t[n_per_t], q_t[n_per_t];
         InT v_t[ROWS];
 #ifdef MLXK_FROM_CONV
-        // The head split's sums of squares in its own lane order (lane l: columns 4l .. 4l + 3,
-        // zeros past Dk), then this lane's columns normalized and scaled. Where Dk = 128 the
-        // two orders own the same columns and the activations are reused.
-        float q_sum = 0.0f, k_sum = 0.0f;
-        InT q_act[4], k_act[4];
-        for (int i = 0; i < 4; ++i) {
-          const int col = 4 * int(lane) + i;
-          q_act[i] = mlxk_silu<InT>(col < Dk ? x_[q_at + col] : InT(0));
-          k_act[i] = mlxk_silu<InT>(col < Dk ? x_[k_at + col] : InT(0));
-          const float qa = float(q_act[i]), ka = float(k_act[i]);
-          q_sum += MLXK_MUL(qa, qa);
-          k_sum += MLXK_MUL(ka, ka);
+        const int slot = t & 1;
+        if (thread_position_in_threadgroup.y == 0) {
+          // The head split's sums of squares in its own lane order (lane l: columns 4l .. 4l +
+          // 3, zeros past Dk), then this lane's columns normalized and scaled. Where Dk = 128
+          // the two orders own the same columns and the activations are reused.
+          float q_sum = 0.0f, k_sum = 0.0f;
+          InT q_act[4], k_act[4];
+          for (int i = 0; i < 4; ++i) {
+            const int col = 4 * int(lane) + i;
+            q_act[i] = mlxk_silu<InT>(col < Dk ? x_[q_at + col] : InT(0));
+            k_act[i] = mlxk_silu<InT>(col < Dk ? x_[k_at + col] : InT(0));
+            const float qa = float(q_act[i]), ka = float(k_act[i]);
+            q_sum += MLXK_MUL(qa, qa);
+            k_sum += MLXK_MUL(ka, ka);
+          }
+          q_sum = simd_sum(q_sum);
+          k_sum = simd_sum(k_sum);
+          const float eps = as_type<float>(uint(EPS));
+          const float q_inv = metal::precise::rsqrt(q_sum / float(Dk) + eps);
+          const float k_inv = metal::precise::rsqrt(k_sum / float(Dk) + eps);
+          for (int i = 0; i < n_per_t; ++i) {
+            const int col = n_per_t * int(dk_idx) + i;
+            const InT qa = Dk == 128 ? q_act[i] : mlxk_silu<InT>(x_[q_at + col]);
+            const InT ka = Dk == 128 ? k_act[i] : mlxk_silu<InT>(x_[k_at + col]);
+            qk_tg[slot][col] = static_cast<float>(qscale[col] * InT(float(qa) * q_inv));
+            qk_tg[slot][Dk + col] = static_cast<float>(kscale[col] * InT(float(ka) * k_inv));
+          }
         }
-        q_sum = simd_sum(q_sum);
-        k_sum = simd_sum(k_sum);
-        const float eps = as_type<float>(uint(EPS));
-        const float q_inv = metal::precise::rsqrt(q_sum / float(Dk) + eps);
-        const float k_inv = metal::precise::rsqrt(k_sum / float(Dk) + eps);
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
         for (int i = 0; i < n_per_t; ++i) {
-          const int col = n_per_t * int(dk_idx) + i;
-          const InT qa = Dk == 128 ? q_act[i] : mlxk_silu<InT>(x_[q_at + col]);
-          const InT ka = Dk == 128 ? k_act[i] : mlxk_silu<InT>(x_[k_at + col]);
-          q_t[i] = static_cast<float>(qscale[col] * InT(float(qa) * q_inv));
-          k_t[i] = static_cast<float>(kscale[col] * InT(float(ka) * k_inv));
+          q_t[i] = qk_tg[slot][n_per_t * dk_idx + i];
+          k_t[i] = qk_tg[slot][Dk + n_per_t * dk_idx + i];
         }
         // v: lane r < ROWS activates row dv_0 + r once, and every lane takes each row's value
         // from its lane (a shuffle moves the bits unchanged; InT to float and back is exact).
