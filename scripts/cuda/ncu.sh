@@ -6,7 +6,8 @@
 # then, where Nsight Systems is installed, the kernels' own durations in a decode B = 32 run
 # (without the profiler's clock lock).
 # Usage: scripts/cuda/ncu.sh OUT_DIR [LAUNCH...]
-#   LAUNCH: decode8, decode32, floor32, replay32, split512, norm512 (default: all six), or
+#   LAUNCH: decode8, decode32, floor32, replay32, split512, norm512 (default: all six),
+#   fromconv32 (mlxk_gated_delta_update_from_conv's kernel at B = 32), or
 #   rowsB.R: the dispatch group's rows sweep, recurrence text at batch B (8, 32 or 256) with R
 #   value rows a warp (1, 2, 4, 8, 16); replay32.R: its replay sweep (T = 8, B = 32; R = 2, 4,
 #   8, 16).
@@ -48,6 +49,9 @@ for launch in $launches; do
     replay32) profile replay32 replay mlxk_gated_delta_state 420 ;;
     split512) profile split512 "head split" mlxk_silu_rms_heads 400 ;;
     norm512) profile norm512 "gated norm" mlxk_gated_rms_norm 400 ;;
+    # layer group, quick: the update from the convolution's output at B = 1 and 8 takes 13
+    # evals x 30 layers = 390 launches each, then B = 32.
+    fromconv32) profile fromconv32 layer mlxk_gated_delta_from_conv 800 ;;
     rows*)
       # The sweep runs batch 8, 32, 256 in turn, each quick config 13 evals x 30 layers = 390
       # launches of the same kernel name (ROWS is in the name, the batch only in the grid).
@@ -58,7 +62,7 @@ for launch in $launches; do
     replay32.*)
       # The dispatch group's replay sweep (T = 8, B = 32), R value rows a warp.
       profile "$launch" dispatch "mlxk_probe_replay_128_128_16_32_${launch#replay32.}\$" 60 ;;
-    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, rowsB.R, replay32.R)"; exit 2 ;;
+    *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, fromconv32, rowsB.R, replay32.R)"; exit 2 ;;
   esac
 done
 if [ -n "$nsys_bin" ]; then
