@@ -31,6 +31,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -479,6 +481,59 @@ void copies(const CustomCopies& c, int warmup, int iters) {
   }
 }
 
+// The kernel of mlxk_gated_delta_update_from_conv (gated_delta.metal with MLXK_FROM_CONV, gates
+// in the kernel) straight through mx::fast::cuda_kernel at B = 8 and 32 with 4, 8 and 16 value
+// rows a warp, pipelined: which layout suits the head split inside the recurrence (its q and k
+// come from one SIMD group of each threadgroup). Rows "from conv ROWS=n, pipelined".
+void from_conv_rows(int warmup, int iters) {
+  std::string source = read_text("kernels/metal/gated_delta.metal");
+  const std::string marker = "MLXK_TOKEN_ACTIVE";
+  for (size_t at; (at = source.find(marker)) != std::string::npos;) {
+    source.replace(at, marker.size(), "true");
+  }
+  const std::string header = read_text("kernels/cuda/metal_compat.cuh") +
+                             read_text("kernels/cuda/gates.cuh") + "#define MLXK_FROM_CONV 1\n" +
+                             read_text("kernels/metal/silu.h");
+  auto kernel = mx::fast::cuda_kernel(
+      "mlxk_probe_from_conv", {"x", "qscale", "kscale", "g", "beta", "state_in", "a_log", "dt_bias"},
+      {"y", "state_out"}, source, header, true, 0);
+  const int c = 2 * kHk * kD + kHv * kD;
+  const float eps = 1e-6f / kD;
+  int eps_bits = 0;
+  std::memcpy(&eps_bits, &eps, sizeof eps);
+  auto qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
+  auto ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
+  mx::eval({qs, ks});
+  const bool was = pipelined;
+  pipelined = true;
+  for (int batch : {8, 32}) {
+    auto ls = layers(batch, 1);
+    std::vector<mx::array> xs;
+    for (int l = 0; l < kLayers; ++l) xs.push_back(normal({batch, 1, c}, mx::bfloat16, 2.0f));
+    mx::eval(xs);
+    for (int rows : {4, 8, 16}) {
+      Build b = [&] {
+        std::vector<mx::array> outs;
+        for (int l = 0; l < kLayers; ++l) {
+          const Layer& x = ls[l];
+          auto r = kernel({xs[l], qs, ks, x.a, x.b, x.state, x.a_log, x.dt_bias},
+                          {{batch, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                          {32, kD / rows, batch * kHv}, {32, 4, 1},
+                          {{"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", rows},
+                           {"EPS", eps_bits}, {"InT", mx::bfloat16}, {"StT", mx::float32}},
+                          std::nullopt, false, {});
+          outs.insert(outs.end(), r.begin(), r.end());
+        }
+        return outs;
+      };
+      row("layer", "from conv B=" + std::to_string(batch) + " (30 layers)",
+          impl("from conv ROWS=" + std::to_string(rows)), graph_us(b, warmup, iters), kLayers,
+          update_bytes(batch, 1), 0);
+    }
+  }
+  pipelined = was;
+}
+
 void dispatch(int warmup, int iters) {
   auto ls = layers(1, 1);
   const std::string name = "decode B=1 (30 layers)";
@@ -690,7 +745,7 @@ int main() {
               mlxk_mlx_version(), iters, warmup);
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
-  // norm, layer, pipelined, prefill, dispatch, grad).
+  // norm, layer, fromconvrows, pipelined, prefill, dispatch, grad).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -717,6 +772,7 @@ int main() {
   guarded("head split", [&] { for (int s : {1, 512}) head_split(s, warmup, iters); });
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });
   guarded("layer", [&] { for (int b : {1, 8, 32}) split_update(b, warmup, iters); });
+  guarded("fromconvrows", [&] { from_conv_rows(warmup, iters); });
   guarded("pipelined", [&] {
     pipelined = true;
     for (int b : {1, 8, 32}) split_update(b, warmup, iters);
