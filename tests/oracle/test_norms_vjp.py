@@ -336,8 +336,13 @@ NORMS = [
 ]
 
 
-def norm_reference(x, gate, weight, g, eps):
-    """The gradients of x, gate, weight in float64, with their magnitudes."""
+def norm_reference(x, gate, weight, g, eps, dtype):
+    """The gradients of x, gate, weight in float64, with their magnitudes. `dtype`: x's. The
+    gate's gradient is g · x' · silu'(z) with x' = T(w · n) in x's dtype (mlx-lm rounds it so);
+    below T's normal range x' keeps only T's absolute resolution, so |x'| counts at least as
+    T's smallest normal (FLOOR / UNIT) in the magnitude (float16 x: w · n = 5.6e-7 rounds to
+    5.4e-7, 4 % of that gradient)."""
+    resolution = FLOOR[dtype] / UNIT[dtype]
     x, z, w, g = (a.astype(np.float64) for a in (x, gate, weight, g))
     a = silu(z)
     inv = 1.0 / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps)
@@ -345,7 +350,7 @@ def norm_reference(x, gate, weight, g, eps):
     _, dx, dx_mag = rms_backward(x, eps, g * a * w)
     lead = tuple(range(x.ndim - 1))
     return [(dx, dx_mag),
-            (g * w * n * slope(z), np.abs(g * w * n) * slope_mag(z)),
+            (g * w * n * slope(z), np.abs(g) * (np.abs(w * n) + resolution) * slope_mag(z)),
             (np.sum(g * a * n, lead), np.sum(np.abs(g * a * n), lead))]
 
 
@@ -383,7 +388,7 @@ class GatedNormVjp(Checks):
 
                 mlx = mlx_vjp(fun, [to_mx(x, c.dtype), to_mx(gate, c.gate), to_mx(weight, c.dtype)],
                               [to_mx(dout, c.dtype)])
-                ref = norm_reference(x, gate, weight, dout, float(np.float32(eps)))
+                ref = norm_reference(x, gate, weight, dout, float(np.float32(eps)), c.dtype)
                 self.compare(c, errors, "gated norm", ["dx", "dgate", "dweight"], dtypes, lib,
                              mlx, ref, c.dtype, [None, saturated(gate, c.gate), None])
         errors.report("gated norm gradients vs mx.vjp of mlx-lm's Qwen3NextRMSNormGated and "
