@@ -1,4 +1,6 @@
-//! Target `norms`: mlxk_silu_rms_heads and mlxk_gated_rms_norm with random head counts and
+//! Target `norms`: mlxk_silu_rms_heads, mlxk_gated_rms_norm and
+//! mlxk_gated_delta_update_from_conv (against the head split then the update) with random head
+//! counts and
 //! widths (inside and outside [1, 128]), channel counts that do or do not add up, random
 //! dtypes, eps values (0, NaN, ±Inf, negative, subnormal, huge), aliased and NULL
 //! out-parameters, NULL / freed / foreign handles, empty arrays with huge other dims, and
@@ -371,6 +373,150 @@ fn silu_rms_heads(ctx: &mut Ctx, input: &mut Input) {
         );
     }
     for a in [x, q_scale, k_scale] {
+        ctx.release(a);
+    }
+}
+
+/// mlxk_gated_delta_update_from_conv against its definition, the head split followed by the
+/// update on its q, k and v, called with the same arguments: the fused call succeeds exactly
+/// when the two do (tight memory limits included: it checks what they check, in their order),
+/// and then gives their bits; a failure names the function and leaves both out-parameters in
+/// place. NULL and aliased out-parameters fail on their own.
+fn gated_delta_update_from_conv(ctx: &mut Ctx, input: &mut Input) {
+    let [b, s, hk, mut hv, mut dk, dv] = split_dims(input);
+    // Mostly shapes the update takes too: Dk a multiple of 32, Hv a multiple of Hk.
+    if !input.chance(4) && hk < 1 << 20 {
+        dk = input.pick(&[32i64, 64, 96, 128]);
+        hv = hk * input.pick(&[1i64, 2]);
+    }
+    let channels = (2 * hk * dk + hv * dv).min(i32::MAX as i64);
+    let dtype = pick_dtype(input);
+    let mode = DataMode::pick(input);
+    let x = ctx.arr(input, "x", vec![b, s, channels], dtype, mode);
+    let q_scale = ctx.arr(input, "q_scale", vec![dk], dtype, mode);
+    let k_scale = ctx.arr(input, "k_scale", vec![dk], dtype, mode);
+    let a = ctx.arr(input, "a", vec![b, s, hv], dtype, mode);
+    let gate_b = ctx.arr(input, "b", vec![b, s, hv], dtype, mode);
+    // Per-head arrays of the huge head counts (with B = 0) would not fit: four heads, a
+    // mismatch both paths refuse.
+    let per_head = if hv > 1 << 16 { 4 } else { hv };
+    let a_log = ctx.arr(input, "a_log", vec![per_head], MLXK_DTYPE_FLOAT32, mode);
+    let dt_bias = ctx.arr(input, "dt_bias", vec![per_head], dtype, mode);
+    let state = ctx.opt_arr(
+        input,
+        "state",
+        vec![b, hv, dv, dk],
+        MLXK_DTYPE_FLOAT32,
+        mode,
+    );
+    let mask = ctx.opt_arr(input, "mask", vec![b, s], MLXK_DTYPE_BOOL, mode);
+    let mut int_arg = |v: i64| -> i32 {
+        if input.chance(12) {
+            input.pick(&[0, -1, i32::MIN, i32::MAX, v as i32 + 1, 129, 1 << 20])
+        } else {
+            v as i32
+        }
+    };
+    let heads = [int_arg(hk), int_arg(hv), int_arg(dv)];
+    let eps = pick_eps(input, 1e-6 / dk.max(1) as f32);
+    let outs = input.u8() % 16;
+    let tight = tight_limit(input);
+    let args = [
+        &x, &q_scale, &k_scale, &a, &gate_b, &a_log, &dt_bias, &state, &mask,
+    ]
+    .map(|a| a.h);
+
+    let (mut y, mut st) = (sentinel(), sentinel());
+    let yp: *mut H = if outs == 0 { null_mut() } else { &mut y };
+    let sp: *mut H = if outs == 1 { yp } else { &mut st };
+    let status = unsafe {
+        mlxk_gated_delta_update_from_conv(
+            args[0], args[1], args[2], heads[0], heads[1], heads[2], eps, args[3], args[4],
+            args[5], args[6], args[7], args[8], yp, sp,
+        )
+    };
+    let message = last_error();
+    check_status("mlxk_gated_delta_update_from_conv", status);
+    // The two calls it stands for.
+    let (mut q, mut k, mut v) = (sentinel(), sentinel(), sentinel());
+    let split = unsafe {
+        mlxk_silu_rms_heads(
+            args[0], args[1], args[2], heads[0], heads[1], heads[2], eps, &mut q, &mut k, &mut v,
+        )
+    };
+    check_status("mlxk_silu_rms_heads", split);
+    let (mut y2, mut st2) = (sentinel(), sentinel());
+    let mut update = MLXK_ERR_INVALID_ARGUMENT;
+    if split == MLXK_OK {
+        update = unsafe {
+            mlxk_gated_delta_update(
+                q, k, v, args[3], args[4], args[5], args[6], args[7], args[8], &mut y2, &mut st2,
+            )
+        };
+        check_status("mlxk_gated_delta_update", update);
+        for h in [q, k, v] {
+            free_ok(h);
+        }
+    }
+    if tight.is_some() {
+        restore_limit();
+    }
+    let composed = split == MLXK_OK && update == MLXK_OK;
+    if outs <= 1 {
+        assert_ne!(
+            status, MLXK_OK,
+            "an out-parameter NULL or aliased was accepted"
+        );
+    } else {
+        assert_eq!(
+            status == MLXK_OK,
+            composed,
+            "mlxk_gated_delta_update_from_conv: {} where the head split then the update give \
+             {split} / {update} ({message})",
+            status
+        );
+    }
+    if status == MLXK_OK {
+        let [bi, si, hvi, dki, dvi] = [
+            x.shape[0],
+            x.shape[1],
+            heads[1] as i64,
+            q_scale.shape[0],
+            heads[2] as i64,
+        ];
+        let yb = check_result("y", y, &[bi, si, hvi, dvi], x.dtype);
+        let sb = check_result("state_out", st, &[bi, hvi, dvi, dki], MLXK_DTYPE_FLOAT32);
+        let yb2 = check_result("y of the two calls", y2, &[bi, si, hvi, dvi], x.dtype);
+        let sb2 = check_result(
+            "state of the two calls",
+            st2,
+            &[bi, hvi, dvi, dki],
+            MLXK_DTYPE_FLOAT32,
+        );
+        assert!(yb == yb2, "y differs from the head split then the update");
+        assert!(
+            sb == sb2,
+            "state_out differs from the head split then the update"
+        );
+        for h in [y, st] {
+            free_ok(h);
+            ctx.dead.push(h);
+        }
+    } else {
+        assert!(
+            message.starts_with("mlxk_gated_delta_update_from_conv"),
+            "the message names the function: {message}"
+        );
+        assert!(
+            (yp.is_null() || y == sentinel()) && st == sentinel(),
+            "mlxk_gated_delta_update_from_conv wrote an out-parameter on failure"
+        );
+    }
+    if composed {
+        free_ok(y2);
+        free_ok(st2);
+    }
+    for a in [x, q_scale, k_scale, a, gate_b, a_log, dt_bias, state, mask] {
         ctx.release(a);
     }
 }
@@ -826,10 +972,10 @@ pub fn run(input: &mut Input) {
         if input.exhausted() {
             break;
         }
-        if input.u8() % 2 == 0 {
-            silu_rms_heads(&mut ctx, input);
-        } else {
-            gated_rms_norm(&mut ctx, input);
+        match input.u8() % 3 {
+            0 => silu_rms_heads(&mut ctx, input),
+            1 => gated_rms_norm(&mut ctx, input),
+            _ => gated_delta_update_from_conv(&mut ctx, input),
         }
     }
 }

@@ -296,10 +296,12 @@ pub struct FromConvInputs<'a> {
 }
 
 /// Validates every argument of `mlxk_gated_delta_update_from_conv`: the head split's (its
-/// messages), then what the update needs beyond them, named by the caller's arguments.
-/// Returns the update's node and the split's eps.
+/// checks and messages, the size of its q, k and v included), then what the update needs
+/// beyond them, named by the caller's arguments, and the size of the update's results: the
+/// checks of the two calls it stands for, in their order. Returns the update's node and the
+/// split's eps.
 pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
-    let split = silu_rms_heads::check_args(&x.split)?;
+    let split = silu_rms_heads::check(&x.split)?;
     let d = split.dims;
     let [bsz, t, hk, hv, dk, dv] = [d.b, d.s, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);
     if hv % hk != 0 {
@@ -331,8 +333,6 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
     memory::check_outputs(&[
         ("y", &[bsz, t, hv, dv], split.dtype),
         ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
-        ("q, k (internal)", &[bsz, t, 2 * hk, dk], split.dtype),
-        ("v (internal)", &[bsz, t, hv, dv], split.dtype),
         ("g (internal)", &[bsz, t, hv], Dtype::Float32),
         ("beta (internal)", &[bsz, t, hv], b.dtype),
     ])?;
