@@ -94,21 +94,8 @@ pub fn check_update(x: &Inputs) -> Result<Node> {
         .same_dtype(&q)?;
     let (hv, dv) = (v.shape[2], v.shape[3]);
     check_dims(hk, hv, dk, dv)?;
-    for gate in [&a, &b] {
-        gate.rank(3, "[B, T, Hv]")?
-            .dim(0, "B", bsz, "q")?
-            .dim(1, "T", t, "q")?
-            .dim(2, "Hv", hv, "v")?
-            .float()?;
-    }
-    check_gate(&a_log, &a, &dt_bias, hv)?;
-    check_state_and_mask(x.state, x.mask, ("q", "v"), bsz, t, hv, dv, dk)?;
-    memory::check_outputs(&[
-        ("y", &[bsz, t, hv, dv], q.dtype),
-        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
-        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
-        ("beta (internal)", &[bsz, t, hv], b.dtype),
-    ])?;
+    let gates = [&a, &b, &a_log, &dt_bias];
+    check_update_rest(gates, x.state, x.mask, ("q", "v"), [bsz, t, hv, dv, dk], q.dtype)?;
     Ok(Node {
         dims: dims(bsz, t, hk, hv, dk, dv),
         dtype: q.dtype,
@@ -117,6 +104,35 @@ pub fn check_update(x: &Inputs) -> Result<Node> {
         has_mask: x.mask.is_some(),
         form: Form::Exact,
     })
+}
+
+/// The update's arguments besides q, k and v: the gates a, b `[B, T, Hv]` (any float dtype),
+/// A_log and dt_bias `[Hv]`, the optional state and mask, then the size of its results (y in
+/// `dtype`). `sources`: the arguments B, T, Dk and Hv, Dv come from, for messages.
+fn check_update_rest(
+    [a, b, a_log, dt_bias]: [&ArgInfo; 4],
+    state: Option<&Array>,
+    mask: Option<&Array>,
+    sources: (&str, &str),
+    [bsz, t, hv, dv, dk]: [i64; 5],
+    dtype: Dtype,
+) -> Result<()> {
+    let (keys, values) = sources;
+    for gate in [a, b] {
+        gate.rank(3, "[B, T, Hv]")?
+            .dim(0, "B", bsz, keys)?
+            .dim(1, "T", t, keys)?
+            .dim(2, "Hv", hv, values)?
+            .float()?;
+    }
+    check_gate(a_log, a, dt_bias, hv)?;
+    check_state_and_mask(state, mask, sources, bsz, t, hv, dv, dk)?;
+    memory::check_outputs(&[
+        ("y", &[bsz, t, hv, dv], dtype),
+        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
+        ("beta (internal)", &[bsz, t, hv], b.dtype),
+    ])
 }
 
 /// Head counts and widths every recurrence kernel needs.
@@ -321,21 +337,9 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
     let b = ArgInfo::of("b", x.b)?;
     let a_log = ArgInfo::of("a_log", x.a_log)?;
     let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
-    for gate in [&a, &b] {
-        gate.rank(3, "[B, T, Hv]")?
-            .dim(0, "B", bsz, "x")?
-            .dim(1, "T", t, "x")?
-            .dim(2, "Hv", hv, "value_heads")?
-            .float()?;
-    }
-    check_gate(&a_log, &a, &dt_bias, hv)?;
-    check_state_and_mask(x.state, x.mask, ("x", "value_heads"), bsz, t, hv, dv, dk)?;
-    memory::check_outputs(&[
-        ("y", &[bsz, t, hv, dv], split.dtype),
-        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
-        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
-        ("beta (internal)", &[bsz, t, hv], b.dtype),
-    ])?;
+    let gates = [&a, &b, &a_log, &dt_bias];
+    let sources = ("x", "value_heads");
+    check_update_rest(gates, x.state, x.mask, sources, [bsz, t, hv, dv, dk], split.dtype)?;
     let node = Node {
         dims: dims(bsz, t, hk, hv, dk, dv),
         dtype: split.dtype,
