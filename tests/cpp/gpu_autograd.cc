@@ -63,12 +63,13 @@ void near(const std::string& what, const mx::array& gpu, const mx::array& cpu, m
   if (!ok) ++failures;
 }
 
-void identical(const std::string& what, const mx::array& a, const mx::array& b) {
+void identical(const std::string& what, const mx::array& a, const mx::array& b,
+               const char* compared = "forward inside mx::vjp vs the inference call") {
   auto x = floats(a), y = floats(b);
   size_t differ = 0;
   for (size_t i = 0; i < x.size(); ++i) differ += std::memcmp(&x[i], &y[i], 4) != 0;
-  std::printf("%s: %s forward inside mx::vjp vs the inference call: %zu/%zu differ\n",
-              differ == 0 ? "PASS" : "FAIL", what.c_str(), differ, x.size());
+  std::printf("%s: %s %s: %zu/%zu differ\n", differ == 0 ? "PASS" : "FAIL", what.c_str(),
+              compared, differ, x.size());
   if (differ != 0) ++failures;
 }
 
@@ -224,10 +225,13 @@ void from_conv(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bo
   mx::eval(reference);
   identical(what + " y", outputs[0], inference[0]);
   identical(what + " state", outputs[1], inference[1]);
-  identical(what + " y (the two calls)", inference[0], reference[0]);
-  identical(what + " state (the two calls)", inference[1], reference[1]);
+  identical(what + " y", inference[0], reference[0], "one call vs the two calls");
+  identical(what + " state", inference[1], reference[1], "one call vs the two calls");
   const char* names[] = {"dx", "dq_scale", "dk_scale", "da", "db", "da_log", "ddt_bias", "dstate"};
-  for (int i = 0; i < 8; ++i) near(what + " " + names[i], grads[i], ref_grads[i], dtype);
+  // Here "cpu" in near's line is mx::vjp through the two calls, on the GPU.
+  for (int i = 0; i < 8; ++i) {
+    near(what + " " + names[i] + " (vs mx::vjp of the two calls)", grads[i], ref_grads[i], dtype);
+  }
   mlxk::set_default_device(mlxk::Device::Cpu);
 }
 
