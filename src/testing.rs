@@ -114,6 +114,13 @@ pub fn gpu_gates_on_cpu(on_cpu: bool) {
     crate::ops::gated_delta::GPU_GATES_ON_CPU.store(on_cpu, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Makes `mlxk_gated_delta_update_from_conv` build its one GPU kernel for any number of tokens
+/// (`true`), not only for one (`false`, the library's behaviour), so that tests check that
+/// kernel at T > 1 too. Process-wide.
+pub fn from_conv_one_kernel_any_tokens(on: bool) {
+    crate::ops::gated_delta::FROM_CONV_ANY_T.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Threads the CPU kernels use (the calling thread plus the pool's helpers).
 pub fn cpu_threads() -> usize {
     crate::cpu::pool::threads()

@@ -21,7 +21,7 @@ use common::*;
 use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
-use mlxkern::testing::gpu_gates_on_cpu;
+use mlxkern::testing::{from_conv_one_kernel_any_tokens, gpu_gates_on_cpu};
 use std::ptr::null_mut;
 
 fn cuda() -> bool {
@@ -402,15 +402,31 @@ fn from_conv(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, ma
     on_gpu(false);
     let (y0, s0) = fused();
     on_gpu(true);
+    // The one kernel at every T (the library takes it for T = 1 only, the two kernels beyond).
+    from_conv_one_kernel_any_tokens(true);
     gpu_gates_on_cpu(true);
     let (y1, s1) = fused();
     assert_identical(&format!("{label}: y (CPU gates) vs the CPU"), y0, y1);
     assert_identical(&format!("{label}: state (CPU gates) vs the CPU"), s0, s1);
     gpu_gates_on_cpu(false);
     let (y2, s2) = fused();
+    from_conv_one_kernel_any_tokens(false);
     let (y3, s3) = composed();
     assert_identical(&format!("{label}: y vs the two GPU calls"), y3, y2);
     assert_identical(&format!("{label}: state vs the two GPU calls"), s3, s2);
+    let (y4, s4) = fused();
+    assert_identical(
+        &format!("{label}: y, the library's choice of kernels"),
+        y3,
+        y4,
+    );
+    assert_identical(
+        &format!("{label}: state, the library's choice of kernels"),
+        s3,
+        s4,
+    );
+    free(y4);
+    free(s4);
     on_gpu(false);
     println!(
         "PASS: {label}: bit-identical to the CPU (CPU-op gates) and to the head split then the \

@@ -7,7 +7,9 @@
 mod common;
 use common::*;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
-use mlxkern::testing::{gated_delta_update_from_conv_via_gpu, GpuKernels};
+use mlxkern::testing::{
+    from_conv_one_kernel_any_tokens, gated_delta_update_from_conv_via_gpu, GpuKernels,
+};
 use std::ptr::{null, null_mut};
 
 /// One call's inputs: x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask (the last two
@@ -377,16 +379,19 @@ fn bad_arguments_are_refused_with_their_names() {
 fn the_gpu_launch_is_one_node_refused_on_a_cpu_stream() {
     // Without that GPU, MLX refuses the kernel on a CPU stream: a status and a message, never
     // a crash; the launch itself (texts, inputs, geometry) is built on the way.
+    // One token (the one kernel the library takes), and three with that kernel forced (the
+    // library takes the two kernels there).
     let mut rng = Rng::fresh();
-    for kernels in [GpuKernels::Metal, GpuKernels::Cuda] {
+    for (kernels, tokens) in [
+        (GpuKernels::Metal, 1),
+        (GpuKernels::Cuda, 1),
+        (GpuKernels::Metal, 3),
+        (GpuKernels::Cuda, 3),
+    ] {
+        from_conv_one_kernel_any_tokens(tokens > 1);
         for mask in [false, true] {
-            let layer = Layer::random(
-                &mut rng,
-                [2, 3, 2, 4, 128, 16],
-                MLXK_DTYPE_BFLOAT16,
-                true,
-                mask,
-            );
+            let dims = [2, tokens, 2, 4, 128, 16];
+            let layer = Layer::random(&mut rng, dims, MLXK_DTYPE_BFLOAT16, true, mask);
             let (mut y, mut st) = (null_mut(), null_mut());
             let status = unsafe {
                 gated_delta_update_from_conv_via_gpu(
@@ -408,9 +413,10 @@ fn the_gpu_launch_is_one_node_refused_on_a_cpu_stream() {
                 message.contains("mlxk_gated_delta_update_from_conv"),
                 "{kernels:?}: {message}"
             );
-            eprintln!("{kernels:?} mask={mask}: {message}");
+            eprintln!("{kernels:?} T={tokens} mask={mask}: {message}");
             assert!(y.is_null() && st.is_null());
             layer.free();
         }
     }
+    from_conv_one_kernel_any_tokens(false);
 }

@@ -192,9 +192,10 @@ pub(crate) unsafe fn update_from_conv(
 /// The head split and the update of one Gated DeltaNet layer in one call: exactly
 /// mlxk_silu_rms_heads(x, q_scale, k_scale, key_heads, value_heads, value_width, eps) followed
 /// by mlxk_gated_delta_update(q, k, v, a, b, a_log, dt_bias, state, mask), bit for bit on
-/// every device, without q, k and v as results. On a GPU it is one kernel node instead of two
-/// (each token's q, k and v are computed where the recurrence reads them), which is what a
-/// decode step pays for per layer; on the CPU it runs the two kernels.
+/// every device, without q, k and v as results. For one token (a decode step) on a GPU it is
+/// one kernel node instead of two (its q, k and v are computed where the recurrence reads
+/// them), which is what a decode step pays for per layer; for several tokens, and on the CPU,
+/// it runs the two kernels.
 ///
 /// Shapes: x [B, T, 2·Hk·Dk + Hv·Dv] (the depthwise convolution's output, channels q | k | v,
 /// before the SiLU), `q_scale`, `k_scale` [Dk] in x's dtype; a, b [B, T, Hv]; a_log [Hv]

@@ -95,7 +95,14 @@ pub fn check_update(x: &Inputs) -> Result<Node> {
     let (hv, dv) = (v.shape[2], v.shape[3]);
     check_dims(hk, hv, dk, dv)?;
     let gates = [&a, &b, &a_log, &dt_bias];
-    check_update_rest(gates, x.state, x.mask, ("q", "v"), [bsz, t, hv, dv, dk], q.dtype)?;
+    check_update_rest(
+        gates,
+        x.state,
+        x.mask,
+        ("q", "v"),
+        [bsz, t, hv, dv, dk],
+        q.dtype,
+    )?;
     Ok(Node {
         dims: dims(bsz, t, hk, hv, dk, dv),
         dtype: q.dtype,
@@ -339,7 +346,14 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
     let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
     let gates = [&a, &b, &a_log, &dt_bias];
     let sources = ("x", "value_heads");
-    check_update_rest(gates, x.state, x.mask, sources, [bsz, t, hv, dv, dk], split.dtype)?;
+    check_update_rest(
+        gates,
+        x.state,
+        x.mask,
+        sources,
+        [bsz, t, hv, dv, dk],
+        split.dtype,
+    )?;
     let node = Node {
         dims: dims(bsz, t, hk, hv, dk, dv),
         dtype: split.dtype,
@@ -352,15 +366,20 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
 }
 
 /// Builds the head split and the update in one (`mlxk_gated_delta_update_from_conv`): returns
-/// `(y, state_out)`, lazy, the bits of `silu_rms_heads::split` followed by `update`. On the CPU
-/// those are its two nodes; on a GPU one kernel computes each token's q, k and v where the
-/// recurrence reads them (`metal::gated_delta_from_conv_launch`), one node instead of two.
+/// `(y, state_out)`, lazy, the bits of `silu_rms_heads::split` followed by `update`. For one
+/// token a step (decode) on a GPU, one kernel computes each token's q, k and v where the
+/// recurrence reads them (`metal::gated_delta_from_conv_launch`), one node instead of two
+/// (H200, a decode layer pipelined at B = 1 and 8: 37–42 % less time). Otherwise the two
+/// nodes: on the CPU, and for several tokens, where that kernel would add the split's latency
+/// to every token of its sequential loop (not measured; the text handles any T, and the
+/// emulator and `make test-cuda` check it at T > 1 too).
 pub fn update_from_conv(
     x: &FromConvInputs,
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
     let (node, eps) = check_update_from_conv(x)?;
-    if backend == Backend::Cpu {
+    let one_kernel = node.dims.t == 1 || FROM_CONV_ANY_T.load(Ordering::Relaxed);
+    if backend == Backend::Cpu || !one_kernel {
         let (q, k, v) = silu_rms_heads::split(&x.split, backend)?;
         let inputs = Inputs {
             q: &q,
@@ -1046,6 +1065,10 @@ fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
     };
     array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
 }
+
+/// Tests only (`crate::testing::from_conv_one_kernel_any_tokens`): the update from the
+/// convolution's output takes its one GPU kernel at any T.
+pub(crate) static FROM_CONV_ANY_T: AtomicBool = AtomicBool::new(false);
 
 /// Tests only (`crate::testing::gpu_gates_on_cpu`): the GPU kernels' g and beta come from MLX's
 /// CPU ops, which give the CPU kernel's fused gates bit for bit, so a GPU result can be compared
