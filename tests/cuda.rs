@@ -137,18 +137,6 @@ fn dtype_name(d: mlxk_dtype) -> &'static str {
 }
 
 /// `data` as an array of `dtype` (made on the CPU and evaluated).
-fn typed(data: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
-    let f = new_f32(data, shape);
-    if dtype == MLXK_DTYPE_FLOAT32 {
-        return f;
-    }
-    let mut out = null_mut();
-    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
-    ok(mlxk_array_eval(out));
-    free(f);
-    out
-}
-
 struct Update {
     dtype: mlxk_dtype,
     h: [H; 9], // q k v a b a_log dt_bias state mask (state, mask may be null)

@@ -20,18 +20,6 @@ struct Layer {
     eps: f32,
 }
 
-fn typed(data: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
-    let f = new_f32(data, shape);
-    if dtype == MLXK_DTYPE_FLOAT32 {
-        return f;
-    }
-    let mut out = null_mut();
-    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
-    ok(mlxk_array_eval(out));
-    free(f);
-    out
-}
-
 impl Layer {
     /// `dims`: B, T, Hk, Hv, Dk, Dv.
     fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) -> Self {

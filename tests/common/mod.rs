@@ -130,6 +130,20 @@ pub fn new_f32(data: &[f32], shape: &[i32]) -> H {
 }
 
 /// Rounds `data` to bf16 and makes a bf16 array.
+/// An array of `dtype` holding `data` rounded to it (made in float32, then converted and
+/// evaluated).
+pub fn typed(data: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let f = new_f32(data, shape);
+    if dtype == MLXK_DTYPE_FLOAT32 {
+        return f;
+    }
+    let mut out = std::ptr::null_mut();
+    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
+    ok(mlxk_array_eval(out));
+    free(f);
+    out
+}
+
 pub fn new_bf16(data: &[f32], shape: &[i32]) -> H {
     let bits: Vec<u16> = data.iter().map(|&x| bf16_bits(x)).collect();
     new_bytes(as_bytes(&bits), shape, MLXK_DTYPE_BFLOAT16)
