@@ -56,9 +56,10 @@ int run(int argc, char **argv) {
               "(hidden %d, Hk %d, Hv %d, Dk = Dv = %d, K %d), random bfloat16 weights, B = 1\n",
               mlxk::version().c_str(), mlxk_mlx_version(), hidden, config.key_heads,
               config.value_heads, config.key_dim, config.conv_kernel);
-  std::printf("  per step: MLX matmul x4 + concatenate + conv1d -> mlxk_silu_rms_heads -> "
-              "mlxk_gated_delta_update -> mlxk_gated_rms_norm -> MLX matmul; one mx::eval; "
-              "0 bytes copied between MLX and mlxkern\n");
+  std::printf("  per step: MLX matmul x4 + concatenate + conv1d -> "
+              "mlxk_gated_delta_update_from_conv (head split + recurrence) -> "
+              "mlxk_gated_rms_norm -> MLX matmul; one mx::eval; 0 bytes copied between MLX "
+              "and mlxkern\n");
 
   const qwen35::Weights weights = qwen35::Weights::random(config, 20250601);
   const int drafts = 4, accepted = 2;

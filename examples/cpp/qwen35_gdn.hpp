@@ -8,9 +8,12 @@
 //   MLX ops     qkv, z, b, a = x·W_qkv^T, x·W_z^T, x·W_b^T, x·W_a^T         (nn.Linear)
 //               conv_in      = concatenate(conv_state, qkv)                 (conv state: K-1 rows)
 //               conv_out     = conv1d(conv_in, w, groups = conv_dim)        (depthwise, causal)
-//   mlxkern     q, k, v      = mlxk_silu_rms_heads(conv_out)                (SiLU, split, normalize_qk)
-//               y, state     = mlxk_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state)
-//                              (mlxk_gated_delta_update_chunked for a long prefill, on request)
+//   mlxkern     y, state     = mlxk_gated_delta_update_from_conv(conv_out, ..., a, b, A_log,
+//                              dt_bias, state): the head split (SiLU, split, normalize_qk) and
+//                              the recurrence in one call; for a verify window, whose q, k, v
+//                              the replay needs, q, k, v = mlxk_silu_rms_heads(conv_out), then
+//                              mlxk_gated_delta_update (mlxk_gated_delta_update_chunked for a
+//                              long prefill, on request)
 //               normed       = mlxk_gated_rms_norm(y, z, norm.weight)
 //   MLX op      out          = normed·W_out^T                               (out_proj)
 //
@@ -299,7 +302,7 @@ class GatedDeltaNet {
     if (pending_) throw std::logic_error("verify() during a verify: call accept() first");
     const Projections p = project(x);
     const Conv c = conv(conv_state_, p.qkv);
-    KernelResults k = kernels(c.out, p.a, p.b, p.z, state_, Recurrence::Exact);
+    KernelResults k = kernels(c.out, p.a, p.b, p.z, state_, Recurrence::Exact, /*keep_heads=*/true);
     pending_.emplace(Pending{x.shape(1), state_, c.input, std::move(k.heads), p.a, p.b});
     state_ = k.state;
     conv_state_ = c.next_state;
@@ -385,23 +388,35 @@ class GatedDeltaNet {
     return Conv{std::move(input), std::move(out), std::move(next)};
   }
 
-  /** Head split, recurrence and gated norm (mlxkern's kernels on the host's arrays, lazy). */
+  /** Head split, recurrence and gated norm (mlxkern's kernels on the host's arrays, lazy).
+   * `keep_heads`: the head split's q, k, v are needed afterwards (a verify's checkpoint);
+   * otherwise the exact recurrence takes them straight from the conv output
+   * (mlxk_gated_delta_update_from_conv: the same bits; on a GPU one kernel node for a decode
+   * step instead of two). */
   [[nodiscard]] KernelResults kernels(const mx::array &conv_out, const mx::array &a,
                                       const mx::array &b, const mx::array &z,
-                                      const mx::array &state, Recurrence recurrence) const {
+                                      const mx::array &state, Recurrence recurrence,
+                                      bool keep_heads = false) const {
     const Config &c = config_;
-    mlxk::HeadSplit heads =
-        mlxk::silu_rms_heads(mlxk::Array::from_mlx(conv_out), params_.q_scale, params_.k_scale,
-                             c.key_heads, c.value_heads, c.value_dim, params_.qk_eps);
+    const mlxk::Array h_conv = mlxk::Array::from_mlx(conv_out);
     const mlxk::Array h_a = mlxk::Array::from_mlx(a);
     const mlxk::Array h_b = mlxk::Array::from_mlx(b);
     const mlxk::Array h_state = mlxk::Array::from_mlx(state);
-    mlxk::DeltaUpdate update =
-        recurrence == Recurrence::Chunked
-            ? mlxk::gated_delta_update_chunked(heads.q, heads.k, heads.v, h_a, h_b,
-                                               params_.a_log, params_.dt_bias, &h_state)
-            : mlxk::gated_delta_update(heads.q, heads.k, heads.v, h_a, h_b, params_.a_log,
-                                       params_.dt_bias, &h_state);
+    mlxk::HeadSplit heads;
+    mlxk::DeltaUpdate update;
+    if (recurrence == Recurrence::Exact && !keep_heads) {
+      update = mlxk::gated_delta_update_from_conv(
+          h_conv, params_.q_scale, params_.k_scale, c.key_heads, c.value_heads, c.value_dim,
+          params_.qk_eps, h_a, h_b, params_.a_log, params_.dt_bias, &h_state);
+    } else {
+      heads = mlxk::silu_rms_heads(h_conv, params_.q_scale, params_.k_scale, c.key_heads,
+                                   c.value_heads, c.value_dim, params_.qk_eps);
+      update = recurrence == Recurrence::Chunked
+                   ? mlxk::gated_delta_update_chunked(heads.q, heads.k, heads.v, h_a, h_b,
+                                                      params_.a_log, params_.dt_bias, &h_state)
+                   : mlxk::gated_delta_update(heads.q, heads.k, heads.v, h_a, h_b,
+                                              params_.a_log, params_.dt_bias, &h_state);
+    }
     const mlxk::Array normed = mlxk::gated_rms_norm(update.y, mlxk::Array::from_mlx(z),
                                                     params_.norm_weight, c.rms_norm_eps);
     return KernelResults{normed.to_mlx(), update.state.to_mlx(), std::move(heads)};
