@@ -218,7 +218,7 @@ impl Worker {
 
     fn step(&mut self, step: usize) {
         let marker_n = 1000 + self.thread as i32; // thread-specific values in invalid arguments
-        match self.rng.below(12) {
+        match self.rng.below(13) {
             0 => {
                 let n = 1 + self.rng.below(40) as usize;
                 let h = self.f32_array(step, n, &[n as i32]);
@@ -328,6 +328,41 @@ impl Worker {
                     self.free(step, o);
                 }
                 [x, qs, ks].into_iter().for_each(|h| self.free(step, h));
+            }
+            12 => {
+                // The head split and the update in one call, on a layer of random dims.
+                let (h, [b, t, hk, hv, dk, dv]) = self.recurrence(step);
+                let c = 2 * hk * dk + hv * dv;
+                let x = self.bf16_array(step, (b * t * c) as usize, &[b, t, c]);
+                let qs = self.bf16_array(step, dk as usize, &[dk]);
+                let ks = self.bf16_array(step, dk as usize, &[dk]);
+                let (mut y, mut s) = (null_mut(), null_mut());
+                let st = unsafe {
+                    mlxk_gated_delta_update_from_conv(
+                        x,
+                        qs,
+                        ks,
+                        hk,
+                        hv,
+                        dv,
+                        1e-6,
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        null_mut(),
+                        &mut y,
+                        &mut s,
+                    )
+                };
+                self.record(step, "mlxk_gated_delta_update_from_conv", st, vec![], None);
+                self.read(step, y);
+                self.read(step, s);
+                self.free(step, y);
+                self.free(step, s);
+                [x, qs, ks].into_iter().for_each(|a| self.free(step, a));
+                h.into_iter().for_each(|a| self.free(step, a));
             }
             6 => {
                 let d = 1 + self.rng.below(64) as i32;
