@@ -486,17 +486,29 @@ void copies(const CustomCopies& c, int warmup, int iters) {
 // rows a warp, pipelined: which layout suits the head split inside the recurrence (its q and k
 // come from one SIMD group of each threadgroup). Rows "from conv ROWS=n, pipelined".
 void from_conv_rows(int warmup, int iters) {
-  std::string source = read_text("kernels/metal/gated_delta.metal");
-  const std::string marker = "MLXK_TOKEN_ACTIVE";
-  for (size_t at; (at = source.find(marker)) != std::string::npos;) {
-    source.replace(at, marker.size(), "true");
-  }
+  auto text = [](const char* path) {
+    std::string source = read_text(path);
+    const std::string marker = "MLXK_TOKEN_ACTIVE";
+    for (size_t at; (at = source.find(marker)) != std::string::npos;) {
+      source.replace(at, marker.size(), "true");
+    }
+    return source;
+  };
   const std::string header = read_text("kernels/cuda/metal_compat.cuh") +
                              read_text("kernels/cuda/gates.cuh") + "#define MLXK_FROM_CONV 1\n" +
                              read_text("kernels/metal/silu.h");
-  auto kernel = mx::fast::cuda_kernel(
-      "mlxk_probe_from_conv", {"x", "qscale", "kscale", "g", "beta", "state_in", "a_log", "dt_bias"},
-      {"y", "state_out"}, source, header, true, 0);
+  const std::vector<std::string> inputs = {"x",        "qscale", "kscale", "g", "beta",
+                                           "state_in", "a_log",  "dt_bias"};
+  // MLXK_BENCH_ALT=<file>: a variant of gated_delta.metal, swept beside it (rows "alt from
+  // conv ROWS=n").
+  std::vector<std::pair<std::string, mx::fast::CustomKernelFunction>> kernels = {
+      {"", mx::fast::cuda_kernel("mlxk_probe_from_conv", inputs, {"y", "state_out"},
+                                 text("kernels/metal/gated_delta.metal"), header, true, 0)}};
+  if (const char* alt = std::getenv("MLXK_BENCH_ALT")) {
+    kernels.emplace_back("alt ", mx::fast::cuda_kernel("mlxk_probe_from_conv_alt", inputs,
+                                                       {"y", "state_out"}, text(alt), header,
+                                                       true, 0));
+  }
   const int c = 2 * kHk * kD + kHv * kD;
   const float eps = 1e-6f / kD;
   int eps_bits = 0;
@@ -511,24 +523,26 @@ void from_conv_rows(int warmup, int iters) {
     std::vector<mx::array> xs;
     for (int l = 0; l < kLayers; ++l) xs.push_back(normal({batch, 1, c}, mx::bfloat16, 2.0f));
     mx::eval(xs);
-    for (int rows : {4, 8, 16}) {
-      Build b = [&] {
-        std::vector<mx::array> outs;
-        for (int l = 0; l < kLayers; ++l) {
-          const Layer& x = ls[l];
-          auto r = kernel({xs[l], qs, ks, x.a, x.b, x.state, x.a_log, x.dt_bias},
-                          {{batch, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
-                          {32, kD / rows, batch * kHv}, {32, 4, 1},
-                          {{"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", rows},
-                           {"EPS", eps_bits}, {"InT", mx::bfloat16}, {"StT", mx::float32}},
-                          std::nullopt, false, {});
-          outs.insert(outs.end(), r.begin(), r.end());
-        }
-        return outs;
-      };
-      row("layer", "from conv B=" + std::to_string(batch) + " (30 layers)",
-          impl("from conv ROWS=" + std::to_string(rows)), graph_us(b, warmup, iters), kLayers,
-          update_bytes(batch, 1), 0);
+    for (const auto& [label, kernel] : kernels) {
+      for (int rows : {4, 8, 16}) {
+        Build b = [&] {
+          std::vector<mx::array> outs;
+          for (int l = 0; l < kLayers; ++l) {
+            const Layer& x = ls[l];
+            auto r = kernel({xs[l], qs, ks, x.a, x.b, x.state, x.a_log, x.dt_bias},
+                            {{batch, 1, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                            {32, kD / rows, batch * kHv}, {32, 4, 1},
+                            {{"Dk", kD}, {"Dv", kD}, {"Hk", kHk}, {"Hv", kHv}, {"ROWS", rows},
+                             {"EPS", eps_bits}, {"InT", mx::bfloat16}, {"StT", mx::float32}},
+                            std::nullopt, false, {});
+            outs.insert(outs.end(), r.begin(), r.end());
+          }
+          return outs;
+        };
+        row("layer", "from conv B=" + std::to_string(batch) + " (30 layers)",
+            impl(label + "from conv ROWS=" + std::to_string(rows)), graph_us(b, warmup, iters),
+            kLayers, update_bytes(batch, 1), 0);
+      }
     }
   }
   pipelined = was;
