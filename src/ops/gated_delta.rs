@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
 use crate::node::gated_delta::{Backward, BackwardInput, Dims, Form, GateDtypes, Input, Node};
+use crate::node::silu_rms_heads::Node as SplitNode;
 use crate::node::{Kernel, Words};
 
 /// The arrays of one recurrence call (borrowed from the registry).
@@ -322,8 +323,8 @@ pub struct FromConvInputs<'a> {
 /// checks and messages, the size of its q, k and v included), then what the update needs
 /// beyond them, named by the caller's arguments, and the size of the update's results: the
 /// checks of the two calls it stands for, in their order. Returns the update's node and the
-/// split's eps.
-pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
+/// head split's.
+pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitNode)> {
     let split = silu_rms_heads::check(&x.split)?;
     let d = split.dims;
     let [bsz, t, hk, hv, dk, dv] = [d.b, d.s, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);
@@ -362,7 +363,7 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, f32)> {
         has_mask: x.mask.is_some(),
         form: Form::Exact,
     };
-    Ok((node, split.eps))
+    Ok((node, split))
 }
 
 /// Builds the head split and the update in one (`mlxk_gated_delta_update_from_conv`): returns
@@ -377,36 +378,47 @@ pub fn update_from_conv(
     x: &FromConvInputs,
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
-    let (node, eps) = check_update_from_conv(x)?;
+    let (node, split) = check_update_from_conv(x)?;
     let one_kernel = node.dims.t == 1 || FROM_CONV_ANY_T.load(Ordering::Relaxed);
     if backend == Backend::Cpu || !one_kernel {
-        let (q, k, v) = silu_rms_heads::split(&x.split, backend)?;
-        let inputs = Inputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            a: x.a,
-            b: x.b,
-            a_log: x.a_log,
-            dt_bias: x.dt_bias,
-            state: x.state,
-            mask: x.mask,
+        // The two nodes, from the nodes checked above (the update's is the one `check_update`
+        // makes for the split's q, k and v).
+        let (q, k, v) = silu_rms_heads::build(&split, &x.split, backend)?;
+        let arrays = Arrays {
+            q: Some(&q),
+            k: Some(&k),
+            v: Some(&v),
+            ..x.gate_arrays()
         };
-        return update(&inputs, backend);
+        return Ok(two_outputs(build(&node, &arrays, backend)?));
     }
     let arrays = Arrays {
         x: Some(x.split.x),
         q_scale: Some(x.split.q_scale),
         k_scale: Some(x.split.k_scale),
-        a: Some(x.a),
-        b: Some(x.b),
-        a_log: Some(x.a_log),
-        dt_bias: Some(x.dt_bias),
-        state: x.state,
-        mask: x.mask,
-        ..Arrays::default()
+        ..x.gate_arrays()
     };
-    Ok(two_outputs(build_gpu(&node, &arrays, backend, Some(eps))?))
+    Ok(two_outputs(build_gpu(
+        &node,
+        &arrays,
+        backend,
+        Some(split.eps),
+    )?))
+}
+
+impl FromConvInputs<'_> {
+    /// The update's arrays besides q, k and v.
+    fn gate_arrays(&self) -> Arrays<'_> {
+        Arrays {
+            a: Some(self.a),
+            b: Some(self.b),
+            a_log: Some(self.a_log),
+            dt_bias: Some(self.dt_bias),
+            state: self.state,
+            mask: self.mask,
+            ..Arrays::default()
+        }
+    }
 }
 
 /// Tokens per chunk of the chunked recurrence when the caller passes 0.

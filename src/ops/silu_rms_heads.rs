@@ -109,7 +109,15 @@ pub fn split(
     x: &Inputs,
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>, UniquePtr<Array>)> {
-    let node = check(x)?;
+    build(&check(x)?, x, backend)
+}
+
+/// The head split's node for checked arguments (`check`): `(q, k, v)`, lazy.
+pub(crate) fn build(
+    node: &Node,
+    x: &Inputs,
+    backend: Backend,
+) -> Result<(UniquePtr<Array>, UniquePtr<Array>, UniquePtr<Array>)> {
     // The CPU node and the Metal launch take the inputs in one order (node::silu_rms_heads::INPUTS).
     let inputs = [x.x, x.q_scale, x.k_scale];
     let mut outputs = same_inputs_node(
@@ -119,7 +127,7 @@ pub fn split(
         vec![-1; 3],
         &inputs,
         backend,
-        || metal::silu_rms_heads_launch(&node),
+        || metal::silu_rms_heads_launch(node),
     )?;
     let v = outputs.pop().expect("three outputs");
     let k = outputs.pop().expect("three outputs");
