@@ -4,7 +4,6 @@
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};
 use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
-use crate::ops::silu_rms_heads;
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 
@@ -165,15 +164,7 @@ pub(crate) unsafe fn update_from_conv(
         let mut mlx = registry::lock();
         let [x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask] = arrays;
         let inputs = FromConvInputs {
-            split: silu_rms_heads::Inputs {
-                x: mlx.get(x, "x")?,
-                q_scale: mlx.get(q_scale, "q_scale")?,
-                k_scale: mlx.get(k_scale, "k_scale")?,
-                key_heads: heads[0],
-                value_heads: heads[1],
-                value_width: heads[2],
-                eps,
-            },
+            split: super::silu_rms_heads::inputs(&mlx, [x, q_scale, k_scale], heads, eps)?,
             a: mlx.get(a, "a")?,
             b: mlx.get(b, "b")?,
             a_log: mlx.get(a_log, "a_log")?,

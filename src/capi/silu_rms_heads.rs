@@ -4,7 +4,26 @@ use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};
 use crate::ops::silu_rms_heads::{self as ops, Inputs};
 use crate::ops::Backend;
-use crate::registry;
+use crate::registry::{self, Mlx};
+
+/// The head split's arguments, its arrays looked up in the registry: x, q_scale, k_scale, then
+/// key_heads, value_heads, value_width, and eps.
+pub(crate) fn inputs<'a>(
+    mlx: &'a Mlx,
+    arrays: [*const mlxk_array; 3],
+    heads: [i32; 3],
+    eps: f32,
+) -> crate::error::Result<Inputs<'a>> {
+    Ok(Inputs {
+        x: mlx.get(arrays[0], "x")?,
+        q_scale: mlx.get(arrays[1], "q_scale")?,
+        k_scale: mlx.get(arrays[2], "k_scale")?,
+        key_heads: heads[0],
+        value_heads: heads[1],
+        value_width: heads[2],
+        eps,
+    })
+}
 
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.
@@ -32,15 +51,7 @@ pub(crate) unsafe fn split(
             ));
         }
         let mut mlx = registry::lock();
-        let inputs = Inputs {
-            x: mlx.get(arrays[0], "x")?,
-            q_scale: mlx.get(arrays[1], "q_scale")?,
-            k_scale: mlx.get(arrays[2], "k_scale")?,
-            key_heads: heads[0],
-            value_heads: heads[1],
-            value_width: heads[2],
-            eps,
-        };
+        let inputs = inputs(&mlx, arrays, heads, eps)?;
         let (qa, ka, va) = ops::split(&inputs, backend.unwrap_or_else(Backend::current))?;
         q.write(mlx.insert(qa));
         k.write(mlx.insert(ka));
@@ -106,15 +117,7 @@ pub(crate) unsafe fn split_vjp(
         // SAFETY: the documented contract on `dx`, `dq_scale` and `dk_scale`.
         let [dx, dqs, dks] = unsafe { distinct_outs(outs, ["dx", "dq_scale", "dk_scale"]) }?;
         let mut mlx = registry::lock();
-        let inputs = Inputs {
-            x: mlx.get(arrays[0], "x")?,
-            q_scale: mlx.get(arrays[1], "q_scale")?,
-            k_scale: mlx.get(arrays[2], "k_scale")?,
-            key_heads: heads[0],
-            value_heads: heads[1],
-            value_width: heads[2],
-            eps,
-        };
+        let inputs = inputs(&mlx, arrays, heads, eps)?;
         let cotangents = [
             mlx.get_opt(cotangents[0], "dq")?,
             mlx.get_opt(cotangents[1], "dk")?,
