@@ -331,33 +331,8 @@ fn head_split(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) {
 /// CUDA path's own gates it equals the two GPU calls it stands for bit for bit.
 fn from_conv(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) {
     let [b, t, hk, hv, dk, dv] = dims;
-    let c = 2 * hk * dk + hv * dv;
-    let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
-    let scale = |rng: &mut Rng, base: f32| -> Vec<f32> {
-        (0..dk).map(|_| base * (0.5 + rng.uniform())).collect()
-    };
-    let qs = scale(rng, (dk as f32).powi(-1));
-    let ks = scale(rng, (dk as f32).powf(-0.5));
-    let h: [H; 9] = [
-        typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype),
-        typed(&qs, &[dki], dtype),
-        typed(&ks, &[dki], dtype),
-        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-        new_f32(&rng.vec(hv, 1.5), &[hvi]),
-        typed(&rng.vec(hv, 1.0), &[hvi], dtype),
-        if state {
-            new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
-        } else {
-            null_mut()
-        },
-        if mask {
-            let m: Vec<bool> = (0..b * t).map(|i| i >= t && rng.below(4) != 0).collect();
-            new_bool(&m, &[bi, ti])
-        } else {
-            null_mut()
-        },
-    ];
+    let h = from_conv_arrays(rng, dims, dtype, state, mask);
+    let (hvi, dvi) = (hv as i32, dv as i32);
     let [x, qsh, ksh, a, bh, al, dt, s, m] = h.map(|h| h as *const mlxk_array);
     let (hki, eps) = (hk as i32, 1e-6 / dk as f32);
     let fused = || {

@@ -10,7 +10,7 @@ use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
 use mlxkern::testing::{
     from_conv_one_kernel_any_tokens, gated_delta_update_from_conv_via_gpu, GpuKernels,
 };
-use std::ptr::{null, null_mut};
+use std::ptr::null_mut;
 
 /// One call's inputs: x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask (the last two
 /// may be NULL), and the head counts.
@@ -23,38 +23,8 @@ struct Layer {
 impl Layer {
     /// `dims`: B, T, Hk, Hv, Dk, Dv.
     fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) -> Self {
-        let [b, t, hk, hv, dk, dv] = dims;
-        let c = 2 * hk * dk + hv * dv;
-        let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
-        let scale = |rng: &mut Rng, base: f32| -> Vec<f32> {
-            (0..dk).map(|_| base * (0.5 + rng.uniform())).collect()
-        };
-        let qs = scale(rng, (dk as f32).powi(-1));
-        let ks = scale(rng, (dk as f32).powf(-0.5));
-        let h = [
-            typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype),
-            typed(&qs, &[dki], dtype),
-            typed(&ks, &[dki], dtype),
-            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-            new_f32(&rng.vec(hv, 1.5), &[hvi]),
-            typed(&rng.vec(hv, 1.0), &[hvi], dtype),
-            if state {
-                new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
-            } else {
-                null_mut()
-            },
-            if mask {
-                // Row 0 fully masked when there are two rows or more, the others at random
-                // but for the last token, which is real.
-                let m: Vec<bool> = (0..b * t)
-                    .map(|i| (b < 2 || i >= t) && (i + 1 == b * t || rng.below(4) != 0))
-                    .collect();
-                new_bool(&m, &[bi, ti])
-            } else {
-                null_mut()
-            },
-        ];
+        let [_, _, hk, hv, dk, dv] = dims;
+        let h = from_conv_arrays(rng, dims, dtype, state, mask);
         Layer {
             h,
             heads: [hk as i32, hv as i32, dv as i32],
@@ -359,7 +329,6 @@ fn bad_arguments_are_refused_with_their_names() {
         MLXK_ERR_INVALID_HANDLE,
         &["a"],
     );
-    let _ = null::<mlxk_array>();
     layer.free();
 }
 

@@ -415,3 +415,46 @@ pub fn refused_launch(kernels: GpuKernels) -> &'static str {
 
 /// Both GPU launches.
 pub const GPU_KERNELS: [GpuKernels; 2] = [GpuKernels::Metal, GpuKernels::Cuda];
+
+/// Random arguments of `mlxk_gated_delta_update_from_conv` for `dims` = B, T, Hk, Hv, Dk, Dv:
+/// x, q_scale, k_scale, a, b (in `dtype`), a_log (f32), dt_bias (`dtype`), the state (f32, or
+/// NULL without `state`) and the mask (NULL without `mask`; with two rows or more row 0 is
+/// fully masked, the last token is always real).
+pub fn from_conv_arrays(
+    rng: &mut Rng,
+    dims: [usize; 6],
+    dtype: mlxk_dtype,
+    state: bool,
+    mask: bool,
+) -> [H; 9] {
+    let [b, t, hk, hv, dk, dv] = dims;
+    let c = 2 * hk * dk + hv * dv;
+    let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
+    let scale = |rng: &mut Rng, base: f32| -> Vec<f32> {
+        (0..dk).map(|_| base * (0.5 + rng.uniform())).collect()
+    };
+    let qs = scale(rng, (dk as f32).powi(-1));
+    let ks = scale(rng, (dk as f32).powf(-0.5));
+    [
+        typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype),
+        typed(&qs, &[dki], dtype),
+        typed(&ks, &[dki], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        new_f32(&rng.vec(hv, 1.5), &[hvi]),
+        typed(&rng.vec(hv, 1.0), &[hvi], dtype),
+        if state {
+            new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
+        } else {
+            std::ptr::null_mut()
+        },
+        if mask {
+            let m: Vec<bool> = (0..b * t)
+                .map(|i| (b < 2 || i >= t) && (i + 1 == b * t || rng.below(4) != 0))
+                .collect();
+            new_bool(&m, &[bi, ti])
+        } else {
+            std::ptr::null_mut()
+        },
+    ]
+}
