@@ -75,15 +75,8 @@ pub(crate) unsafe fn update(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary(function, || {
-        // SAFETY: the documented contract on `y`.
-        let y = unsafe { Out::new(y, "y") }?;
-        // SAFETY: the documented contract on `state_out`.
-        let state_out = unsafe { Out::new(state_out, "state_out") }?;
-        if y.same_place(&state_out) {
-            return Err(crate::Error::InvalidArgument(
-                "y and state_out point to the same place (two handles are returned)".into(),
-            ));
-        }
+        // SAFETY: the documented contract on `y` and `state_out`.
+        let [y, state_out] = unsafe { distinct_outs([y, state_out], ["y", "state_out"]) }?;
         let mut mlx = registry::lock();
         let inputs = update_inputs(&mlx, args)?;
         let (y_array, state_array) = match form {

@@ -834,7 +834,6 @@ pub(crate) fn from_conv_gpu_vjp(
     };
     let node = Node::decode(&words[2..]).map_err(Error::Backend)?;
     let order = gpu_inputs(&node, fused != 0, true);
-    let recurrence_order = gpu_inputs(&node, fused != 0, false);
     if order.len() != primals.len() || order[..3] != [Input::X, Input::QScale, Input::KScale] {
         return Err(malformed());
     }
@@ -853,7 +852,6 @@ pub(crate) fn from_conv_gpu_vjp(
     recurrence_primals.extend_from_slice(&primals[3..]);
     let mut recurrence_words = vec![fused];
     recurrence_words.extend_from_slice(&words[2..]);
-    debug_assert_eq!(recurrence_order.len(), recurrence_primals.len());
     let mut grads = gpu_vjp(&recurrence_words, &recurrence_primals, cotangents, backend)?;
     let rest = grads.split_off(3);
     let [dq, dk, dv]: [UniquePtr<Array>; 3] = grads.try_into().map_err(|_| malformed())?;
