@@ -847,7 +847,8 @@ pub(crate) fn from_conv_gpu_vjp(
         value_width: d.dv as i32,
         eps: f32::from_bits(eps_bits as u32),
     };
-    let (q, k, v) = silu_rms_heads::split(&split, backend)?;
+    let split_node = silu_rms_heads::check_args(&split)?;
+    let (q, k, v) = silu_rms_heads::build(&split_node, &split, backend)?;
     let mut recurrence_primals = vec![&*q, &*k, &*v];
     recurrence_primals.extend_from_slice(&primals[3..]);
     let mut recurrence_words = vec![fused];
@@ -855,7 +856,6 @@ pub(crate) fn from_conv_gpu_vjp(
     let mut grads = gpu_vjp(&recurrence_words, &recurrence_primals, cotangents, backend)?;
     let rest = grads.split_off(3);
     let [dq, dk, dv]: [UniquePtr<Array>; 3] = grads.try_into().map_err(|_| malformed())?;
-    let split_node = silu_rms_heads::check_args(&split)?;
     let mut out = silu_rms_heads::gpu_vjp(
         &split_node.encode(),
         &primals[..3],
