@@ -75,6 +75,19 @@
     float lane_decay = 0.0f, lane_beta = 0.0f;
 
     for (int t = 0; t < T; ++t) {
+#ifdef MLXK_FROM_CONV
+      // This token's x values, read before its gates are computed so that the two reads
+      // overlap: the first SIMD group's q and k columns (the head split's lane order) and
+      // lane r's value row r.
+      const bool splits = thread_position_in_threadgroup.y == 0;
+      InT x_q[4], x_k[4];
+      for (int i = 0; i < 4; ++i) {
+        const int col = 4 * int(lane) + i;
+        x_q[i] = splits && col < Dk ? x_[q_at + col] : InT(0);
+        x_k[i] = splits && col < Dk ? x_[k_at + col] : InT(0);
+      }
+      const InT x_v = int(lane) < ROWS ? x_[v_at + dv_0 + int(lane)] : InT(0);
+#endif
       const int from = t % 32;
       if (from == 0 && t + int(lane) < T) {
         lane_decay = MLXK_GATE_DECAY_AT(t + int(lane));
@@ -90,16 +103,15 @@
         InT v_t[ROWS];
 #ifdef MLXK_FROM_CONV
         const int slot = t & 1;
-        if (thread_position_in_threadgroup.y == 0) {
+        if (splits) {
           // The head split's sums of squares in its own lane order (lane l: columns 4l .. 4l +
           // 3, zeros past Dk), then this lane's columns normalized and scaled. Where Dk = 128
           // the two orders own the same columns and the activations are reused.
           float q_sum = 0.0f, k_sum = 0.0f;
           InT q_act[4], k_act[4];
           for (int i = 0; i < 4; ++i) {
-            const int col = 4 * int(lane) + i;
-            q_act[i] = mlxk_silu<InT>(col < Dk ? x_[q_at + col] : InT(0));
-            k_act[i] = mlxk_silu<InT>(col < Dk ? x_[k_at + col] : InT(0));
+            q_act[i] = mlxk_silu<InT>(x_q[i]);
+            k_act[i] = mlxk_silu<InT>(x_k[i]);
             const float qa = float(q_act[i]), ka = float(k_act[i]);
             q_sum += MLXK_MUL(qa, qa);
             k_sum += MLXK_MUL(ka, ka);
@@ -126,7 +138,7 @@
         // from its lane (a shuffle moves the bits unchanged; InT to float and back is exact).
         float v_lane = 0.0f;
         if (int(lane) < ROWS) {
-          v_lane = static_cast<float>(mlxk_silu<InT>(x_[v_at + dv_0 + int(lane)]));
+          v_lane = static_cast<float>(mlxk_silu<InT>(x_v));
         }
         for (int r = 0; r < ROWS; ++r) {
           v_t[r] = static_cast<InT>(simd_shuffle(v_lane, r));
