@@ -15,6 +15,9 @@
 //   layer    a decode step's head split and update: mlxk_silu_rms_heads then
 //            mlxk_gated_delta_update (two nodes) against mlxk_gated_delta_update_from_conv (one),
 //            B = 1, 8, 32, 30 layers, the decode floor beside them
+//   fromconvrows  the from_conv kernel at 4, 8, 16 value rows a warp (B = 8, 32), pipelined
+//   fromconvtokens  the from_conv kernel (one node) against the head split's and the
+//            recurrence's kernels (two nodes) at B = 1, 8, 32 and T = 1, 2, 4, 8
 //   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
 //   pipelined decode, replay, split and norm again (floor and mlxkern) with one graph in
 //            flight while the next is built, as generate loops run (rows ", pipelined"), and
@@ -548,6 +551,128 @@ void from_conv_rows(int warmup, int iters) {
   pipelined = was;
 }
 
+// One kernel against two for several tokens a call (speculative decoding's verify windows): the
+// kernel of mlxk_gated_delta_update_from_conv against the head split's kernel followed by the
+// recurrence's, each straight through mx::fast::cuda_kernel with the library's texts (comments
+// stripped, as the library hands them to MLX), launch geometry and value rows a warp
+// (src/cuda.rs), at B = 1, 8, 32 and T = 1, 2, 4, 8, serial and pipelined: where the one
+// kernel's longer token loop (each token's x, SiLU and norm before its state math) costs less
+// than a second node. MLXK_BENCH_ALT=<file> adds a variant of gated_delta.metal as one kernel.
+// Rows "one kernel", "two kernels", "alt one kernel" of case "from conv B=b T=t".
+void from_conv_tokens(int warmup, int iters) {
+  auto stripped = [](const std::string& text) {
+    std::string out;
+    size_t at = 0;
+    while (at < text.size()) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      std::string line = text.substr(at, end - at);
+      if (size_t c = line.find("//"); c != std::string::npos) line.resize(c);
+      if (line.find_first_not_of(" \t") != std::string::npos) out += line + "\n";
+      at = end + 1;
+    }
+    return out;
+  };
+  auto source = [&](const char* path) {
+    std::string text = read_text(path);
+    const std::string marker = "MLXK_TOKEN_ACTIVE";
+    for (size_t at; (at = text.find(marker)) != std::string::npos;) {
+      text.replace(at, marker.size(), "true");
+    }
+    return stripped(text);
+  };
+  const std::string compat = stripped(read_text("kernels/cuda/metal_compat.cuh"));
+  const std::string gates_h = stripped(read_text("kernels/cuda/gates.cuh"));
+  const std::string silu_h = stripped(read_text("kernels/metal/silu.h"));
+  const std::vector<std::string> from_conv_inputs = {"x",        "qscale", "kscale", "g", "beta",
+                                                     "state_in", "a_log",  "dt_bias"};
+  std::vector<std::pair<std::string, mx::fast::CustomKernelFunction>> one = {
+      {"one kernel", mx::fast::cuda_kernel("mlxk_probe_tokens_from_conv", from_conv_inputs,
+                                           {"y", "state_out"},
+                                           source("kernels/metal/gated_delta.metal"),
+                                           compat + gates_h + "#define MLXK_FROM_CONV 1\n" + silu_h,
+                                           true, 0)}};
+  if (const char* alt = std::getenv("MLXK_BENCH_ALT")) {
+    one.emplace_back("alt one kernel",
+                     mx::fast::cuda_kernel("mlxk_probe_tokens_from_conv_alt", from_conv_inputs,
+                                           {"y", "state_out"}, source(alt),
+                                           compat + gates_h + "#define MLXK_FROM_CONV 1\n" +
+                                               silu_h,
+                                           true, 0));
+  }
+  auto split = mx::fast::cuda_kernel("mlxk_probe_tokens_split", {"x", "qscale", "kscale"},
+                                     {"q", "k", "v"}, source("kernels/metal/silu_rms_heads.metal"),
+                                     compat + silu_h, true, 0);
+  auto recurrence = mx::fast::cuda_kernel(
+      "mlxk_probe_tokens_recurrence", {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"},
+      {"y", "state_out"}, source("kernels/metal/gated_delta.metal"), compat + gates_h, true, 0);
+  const int c = 2 * kHk * kD + kHv * kD;
+  const float eps = 1e-6f / kD;
+  int eps_bits = 0;
+  std::memcpy(&eps_bits, &eps, sizeof eps);
+  auto qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
+  auto ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
+  mx::eval({qs, ks});
+  const bool was = pipelined;
+  for (int batch : {1, 8, 32}) {
+    // src/cuda.rs rows_per_simd_group for Hv = 32, Dv = 128.
+    const int pairs = batch * kHv, rows = pairs >= 1024 ? 16 : pairs >= 512 ? 8 : pairs >= 256 ? 4 : 1;
+    const std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs = {
+        {"Dk", kD},   {"Dv", kD},          {"Hk", kHk},          {"Hv", kHv},
+        {"ROWS", rows}, {"EPS", eps_bits}, {"InT", mx::bfloat16}, {"StT", mx::float32}};
+    for (int t : {1, 2, 4, 8}) {
+      auto ls = layers(batch, t);
+      std::vector<mx::array> xs;
+      for (int l = 0; l < kLayers; ++l) xs.push_back(normal({batch, t, c}, mx::bfloat16, 2.0f));
+      mx::eval(xs);
+      const std::string name =
+          "from conv B=" + std::to_string(batch) + " T=" + std::to_string(t) + " (30 layers)";
+      std::vector<std::pair<std::string, Build>> builds;
+      for (const auto& [label, kernel] : one) {
+        builds.emplace_back(label, [&, kernel = kernel] {
+          std::vector<mx::array> outs;
+          for (int l = 0; l < kLayers; ++l) {
+            const Layer& x = ls[l];
+            auto r = kernel({xs[l], qs, ks, x.a, x.b, x.state, x.a_log, x.dt_bias},
+                            {{batch, t, kHv, kD}, x.state.shape()}, {mx::bfloat16, mx::float32},
+                            {32, kD / rows, batch * kHv}, {32, 4, 1}, targs, std::nullopt, false,
+                            {});
+            outs.insert(outs.end(), r.begin(), r.end());
+          }
+          return outs;
+        });
+      }
+      builds.emplace_back("two kernels", [&] {
+        std::vector<mx::array> outs;
+        for (int l = 0; l < kLayers; ++l) {
+          const Layer& x = ls[l];
+          auto qkv = split({xs[l], qs, ks},
+                           {{batch, t, kHk, kD}, {batch, t, kHk, kD}, {batch, t, kHv, kD}},
+                           {mx::bfloat16, mx::bfloat16, mx::bfloat16},
+                           {32 * (2 * kHk + kHv), batch * t, 1}, {256, 1, 1},
+                           {{"T", mx::bfloat16}, {"C", c}, {"HK", kHk}, {"HV", kHv}, {"DK", kD},
+                            {"DV", kD}, {"EPS", eps_bits}},
+                           std::nullopt, false, {});
+          auto r = recurrence({qkv[0], qkv[1], qkv[2], x.a, x.b, x.state, x.a_log, x.dt_bias},
+                              {{batch, t, kHv, kD}, x.state.shape()},
+                              {mx::bfloat16, mx::float32}, {32, kD / rows, batch * kHv},
+                              {32, 4, 1}, targs, std::nullopt, false, {});
+          outs.insert(outs.end(), r.begin(), r.end());
+        }
+        return outs;
+      });
+      for (bool mode : {false, true}) {
+        pipelined = mode;
+        for (const auto& [label, build] : builds) {
+          row("tokens", name, impl(label), graph_us(build, warmup, iters), kLayers,
+              update_bytes(batch, t), 0);
+        }
+      }
+    }
+  }
+  pipelined = was;
+}
+
 void dispatch(int warmup, int iters) {
   auto ls = layers(1, 1);
   const std::string name = "decode B=1 (30 layers)";
@@ -759,7 +884,7 @@ int main() {
               mlxk_mlx_version(), iters, warmup);
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
-  // norm, layer, fromconvrows, pipelined, prefill, dispatch, grad).
+  // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -787,6 +912,7 @@ int main() {
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });
   guarded("layer", [&] { for (int b : {1, 8, 32}) split_update(b, warmup, iters); });
   guarded("fromconvrows", [&] { from_conv_rows(warmup, iters); });
+  guarded("fromconvtokens", [&] { from_conv_tokens(warmup, iters); });
   guarded("pipelined", [&] {
     pipelined = true;
     for (int b : {1, 8, 32}) split_update(b, warmup, iters);
