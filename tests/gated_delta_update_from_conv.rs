@@ -336,8 +336,8 @@ fn bad_arguments_are_refused_with_their_names() {
 fn the_gpu_launch_is_one_node_refused_on_a_cpu_stream() {
     // Without that GPU, MLX refuses the kernel on a CPU stream: a status and a message, never
     // a crash; the launch itself (texts, inputs, geometry) is built on the way.
-    // One token (the one kernel the library takes), and three with that kernel forced (the
-    // library takes the two kernels there).
+    // One token (the one kernel the library takes), and three with that kernel forced (on
+    // Metal the library takes the two kernels there; on CUDA the one, B·T being 6).
     let mut rng = Rng::fresh();
     for (kernels, tokens) in [
         (GpuKernels::Metal, 1),

@@ -367,20 +367,16 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitNode)> {
 }
 
 /// Builds the head split and the update in one (`mlxk_gated_delta_update_from_conv`): returns
-/// `(y, state_out)`, lazy, the bits of `silu_rms_heads::split` followed by `update`. For one
-/// token a step (decode) on a GPU, one kernel computes each token's q, k and v where the
-/// recurrence reads them (`metal::gated_delta_from_conv_launch`), one node instead of two
-/// (H200, a decode layer pipelined at B = 1 and 8: 37–42 % less time). Otherwise the two
-/// nodes: on the CPU, and for several tokens, where that kernel would add the split's latency
-/// to every token of its sequential loop (not measured; the text handles any T, and the
-/// emulator and `make test-cuda` check it at T > 1 too).
+/// `(y, state_out)`, lazy, the bits of `silu_rms_heads::split` followed by `update`. On a GPU,
+/// for the calls `one_kernel` picks, one kernel computes each token's q, k and v where the
+/// recurrence reads them (`metal::gated_delta_from_conv_launch`): one node instead of two.
+/// Otherwise the two nodes (always on the CPU).
 pub fn update_from_conv(
     x: &FromConvInputs,
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
     let (node, split) = check_update_from_conv(x)?;
-    let one_kernel = node.dims.t == 1 || FROM_CONV_ANY_T.load(Ordering::Relaxed);
-    if backend == Backend::Cpu || !one_kernel {
+    if !one_kernel(backend, node.dims) {
         // The two nodes, from the nodes checked above (the update's is the one `check_update`
         // makes for the split's q, k and v).
         let (q, k, v) = silu_rms_heads::build(&split, &x.split, backend)?;
@@ -404,6 +400,24 @@ pub fn update_from_conv(
         backend,
         Some(split.eps),
     )?))
+}
+
+/// Whether `update_from_conv` takes its one kernel. That kernel saves a node's dispatch (the
+/// host's work per node sets a small batch's pace) and adds each token's x, SiLU and norm to
+/// the latency of its sequential token loop, recomputed by every threadgroup of a head. On an
+/// H200 (bench-cuda's `fromconvtokens` group, µs a layer, one kernel against two, pipelined):
+/// B = 1 T = 8 25.1 / 41.8; B = 8 T = 4 29.0 / 41.7, T = 8 52.1 / 48.8; B = 32 T = 1 38.3 /
+/// 44.2, T = 2 49.7 / 44.3. So on MLX CUDA: one token a call, or up to 8 and 32 (batch,
+/// token) pairs. Metal keeps the one kernel to one token a call (not measured there).
+fn one_kernel(backend: Backend, d: Dims) -> bool {
+    if FROM_CONV_ANY_T.load(Ordering::Relaxed) {
+        return backend != Backend::Cpu;
+    }
+    match backend {
+        Backend::Cpu => false,
+        Backend::Metal { .. } => d.t == 1,
+        Backend::Cuda { .. } => d.t == 1 || (d.t <= 8 && d.b * d.t <= 32),
+    }
 }
 
 impl FromConvInputs<'_> {
@@ -1165,5 +1179,34 @@ mod tests {
         assert_eq!(values(&lengths_array(&longer).unwrap()), longer);
         assert_eq!(values(&lengths_array(&first[..2]).unwrap()), first[..2]);
         assert!(LENGTHS.lock().unwrap().len() <= LENGTHS_KEPT);
+    }
+
+    #[test]
+    fn the_update_from_conv_takes_one_kernel_where_it_was_measured_faster() {
+        let d = |b, t| Dims {
+            b,
+            t,
+            hk: 16,
+            hv: 32,
+            dk: 128,
+            dv: 128,
+        };
+        let (cuda, metal) = (Backend::Cuda { gpu: true }, Backend::Metal { gpu: true });
+        for (b, t, on_cuda) in [
+            (1, 1, true),
+            (256, 1, true),
+            (1, 8, true),
+            (4, 8, true),
+            (8, 4, true),
+            (16, 2, true),
+            (1, 9, false),
+            (8, 8, false),
+            (32, 2, false),
+            (1, 4096, false),
+        ] {
+            assert_eq!(one_kernel(cuda, d(b, t)), on_cuda, "CUDA B={b} T={t}");
+            assert_eq!(one_kernel(metal, d(b, t)), t == 1, "Metal B={b} T={t}");
+            assert!(!one_kernel(Backend::Cpu, d(b, t)), "CPU B={b} T={t}");
+        }
     }
 }
