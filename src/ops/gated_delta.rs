@@ -405,9 +405,10 @@ pub fn update_from_conv(
 /// Whether `update_from_conv` takes its one kernel. That kernel saves a node's dispatch (the
 /// host's work per node sets a small batch's pace) and adds each token's x, SiLU and norm to
 /// the latency of its sequential token loop, recomputed by every threadgroup of a head. On an
-/// H200 (bench-cuda's `fromconvtokens` group, µs a layer, one kernel against two, pipelined):
-/// B = 1 T = 8 25.1 / 41.8; B = 8 T = 4 29.0 / 41.7, T = 8 52.1 / 48.8; B = 32 T = 1 38.3 /
-/// 44.2, T = 2 49.7 / 44.3. So on MLX CUDA: one token a call, or up to 8 and 32 (batch,
+/// H200 (bench-cuda's `fromconvtokens` group, µs a layer, pipelined, one kernel against two,
+/// over two and three runs): B = 1, T = 8 24.8–25.1 / 29.6–42.7; B = 8, T = 4 28.6–29.0 /
+/// 38.7–44.4, T = 8 52.1 / 42.6–48.8; B = 32, T = 1 38.2–38.3 / 40.5–46.5, T = 2 49.7 /
+/// 43.8–44.3. So on MLX CUDA: one token a call, or up to 8 tokens and 32 (batch,
 /// token) pairs. Metal keeps the one kernel to one token a call (not measured there).
 fn one_kernel(backend: Backend, d: Dims) -> bool {
     if FROM_CONV_ANY_T.load(Ordering::Relaxed) {
