@@ -591,10 +591,13 @@ fn cuda_kernels_match_the_cpu_kernels() {
         head_split(&mut rng, dims, dtype);
     }
     // The head split inside the recurrence: decode at Qwen3.5 dims (B = 1 and 32, 16 rows a
-    // warp from 1024 pairs), prefill, Dk 32 to 128, odd Dv, masks, absent state.
+    // warp from 1024 pairs), verify windows the library runs as one kernel (B·T <= 32, T <= 8),
+    // prefill, Dk 32 to 128, odd Dv, masks, absent state.
     for (dims, dtype, state, mask) in [
         ([1, 1, 16, 32, 128, 128], bf16, true, false),
         ([32, 1, 16, 32, 128, 128], bf16, true, false),
+        ([4, 8, 16, 32, 128, 128], bf16, true, false),
+        ([2, 5, 2, 4, 64, 24], f16, false, true),
         ([2, 64, 16, 32, 128, 128], bf16, true, true),
         ([3, 33, 2, 4, 32, 48], f32, true, true),
         ([2, 9, 2, 6, 96, 7], f16, false, true),
