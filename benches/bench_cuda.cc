@@ -14,7 +14,7 @@
 //   norm     mlxk_gated_rms_norm at S = 1 and 512 (rows = S · 32 heads, D = 128), 30 layers
 //   layer    a decode step's head split and update: mlxk_silu_rms_heads then
 //            mlxk_gated_delta_update (two nodes) against mlxk_gated_delta_update_from_conv (one),
-//            B = 1, 8, 32, 30 layers, the decode floor beside them
+//            B = 1, 8, 32, 256, 30 layers, the decode floor beside them
 //   fromconvrows  the from_conv kernel at 4, 8, 16 value rows a warp (B = 8, 32), pipelined
 //   fromconvtokens  the from_conv kernel (one node) against the head split's and the
 //            recurrence's kernels (two nodes) at B = 1, 8, 32 and T = 1, 2, 4, 8
@@ -910,12 +910,12 @@ int main() {
   guarded("replay", [&] { for (int b : {1, 32}) replay(b, warmup, iters); });
   guarded("head split", [&] { for (int s : {1, 512}) head_split(s, warmup, iters); });
   guarded("gated norm", [&] { for (int s : {1, 512}) gated_norm(s, warmup, iters); });
-  guarded("layer", [&] { for (int b : {1, 8, 32}) split_update(b, warmup, iters); });
+  guarded("layer", [&] { for (int b : {1, 8, 32, 256}) split_update(b, warmup, iters); });
   guarded("fromconvrows", [&] { from_conv_rows(warmup, iters); });
   guarded("fromconvtokens", [&] { from_conv_tokens(warmup, iters); });
   guarded("pipelined", [&] {
     pipelined = true;
-    for (int b : {1, 8, 32}) split_update(b, warmup, iters);
+    for (int b : {1, 8, 32, 256}) split_update(b, warmup, iters);
     for (int b : {1, 8, 32, 256}) {
       if (!batch || std::atoi(batch) == b) decode(b, warmup, iters);
     }
