@@ -379,11 +379,11 @@ mlxk_status mlxk_gated_delta_update(const struct mlxk_array *q, const struct mlx
  * The head split and the update of one Gated DeltaNet layer in one call: exactly
  * mlxk_silu_rms_heads(x, q_scale, k_scale, key_heads, value_heads, value_width, eps) followed
  * by mlxk_gated_delta_update(q, k, v, a, b, a_log, dt_bias, state, mask), bit for bit on
- * every device, without q, k and v as results. For one token (a decode step) on a GPU it is
- * one kernel node instead of two (its q, k and v are computed where the recurrence reads
- * them), which is what a decode step pays for per layer; on MLX CUDA also for up to 8 tokens
- * and 32 (batch, token) pairs (a verify window). For more tokens, and on the CPU, it runs
- * the two kernels.
+ * every device, without q, k and v as results. On a GPU it runs as one kernel node instead of
+ * two where that was measured faster (its q, k and v are computed where the recurrence reads
+ * them; a decode step pays per node): on MLX CUDA for 1 to 8 tokens and at most 32 (batch,
+ * token) pairs (decode up to B = 32, verify windows), on Metal for one token. Otherwise, and
+ * on the CPU, it runs the two kernels.
  *
  * Shapes: x [B, T, 2·Hk·Dk + Hv·Dv] (the depthwise convolution's output, channels q | k | v,
  * before the SiLU), `q_scale`, `k_scale` [Dk] in x's dtype; a, b [B, T, Hv]; a_log [Hv]

@@ -645,9 +645,9 @@ struct HeadSplit {
 }
 
 /** The head split and the update of one layer in one call (mlxk_gated_delta_update_from_conv):
- * the bits of silu_rms_heads(x, ...) followed by gated_delta_update(q, k, v, ...); for one
- * token on a GPU one kernel node instead of two. Dk (q_scale's length) a multiple of 32 in
- * [32, 128]. */
+ * the bits of silu_rms_heads(x, ...) followed by gated_delta_update(q, k, v, ...); on a GPU
+ * one kernel node instead of two where the C function's documentation says (decode). Dk
+ * (q_scale's length) a multiple of 32 in [32, 128]. */
 [[nodiscard]] inline DeltaUpdate gated_delta_update_from_conv(
     const Array &x, const Array &q_scale, const Array &k_scale, std::int32_t key_heads,
     std::int32_t value_heads, std::int32_t value_width, float eps, const Array &a,

@@ -202,8 +202,8 @@ export function siluRmsHeads(
 /**
  * The head split and the update of one layer in one call: exactly siluRmsHeads(x, ...) followed
  * by gatedDeltaUpdate(q, k, v, a, ...), bit for bit on every device, without q, k, v as results.
- * For one token on a GPU it is one kernel node instead of two. Dk (qScale's length) is a multiple of 32 in
- * [32, 128]; valueHeads a multiple of keyHeads. Results as gatedDeltaUpdate's (y in x's dtype).
+ * On a GPU it is one kernel node instead of two where mlxkern.h says (decode). Dk (qScale's
+ * length) is a multiple of 32 in [32, 128]; valueHeads a multiple of keyHeads. Results as gatedDeltaUpdate's (y in x's dtype).
  */
 export function gatedDeltaUpdateFromConv(
   x: MlxArray,

@@ -404,12 +404,14 @@ pub fn update_from_conv(
 
 /// Whether `update_from_conv` takes its one kernel. That kernel saves a node's dispatch (the
 /// host's work per node sets a small batch's pace) and adds each token's x, SiLU and norm to
-/// the latency of its sequential token loop, recomputed by every threadgroup of a head. On an
-/// H200 (bench-cuda's `fromconvtokens` group, µs a layer, pipelined, one kernel against two,
-/// over two and three runs): B = 1, T = 8 24.8–25.1 / 29.6–42.7; B = 8, T = 4 28.6–29.0 /
-/// 38.7–44.4, T = 8 52.1 / 42.6–48.8; B = 32, T = 1 38.2–38.3 / 40.5–46.5, T = 2 49.7 /
-/// 43.8–44.3. So on MLX CUDA: one token a call, or up to 8 tokens and 32 (batch,
-/// token) pairs. Metal keeps the one kernel to one token a call (not measured there).
+/// the latency of its sequential token loop, recomputed by every threadgroup of a head (more
+/// GPU work, which counts once the GPU sets the pace). On an H200, µs a layer, pipelined, one
+/// kernel against two: bench-cuda's `fromconvtokens` (over two and three runs) B = 1, T = 8
+/// 24.8–25.1 / 29.6–42.7; B = 8, T = 4 28.6–29.0 / 38.7–44.4, T = 8 52.1 / 42.6–48.8; B = 32,
+/// T = 2 49.7 / 43.8–44.3; its `layer` group (the library's calls) B = 32, T = 1 38.2 / 37.1–38.4
+/// (serial 59.8–64.1 / 66.9–71.4), B = 256, T = 1 299.0 / 283.3. So on MLX CUDA: 1 to 8
+/// tokens and at most 32 (batch, token) pairs. Metal takes it for one token a call (not
+/// measured there).
 fn one_kernel(backend: Backend, d: Dims) -> bool {
     if FROM_CONV_ANY_T.load(Ordering::Relaxed) {
         return backend != Backend::Cpu;
@@ -417,7 +419,8 @@ fn one_kernel(backend: Backend, d: Dims) -> bool {
     match backend {
         Backend::Cpu => false,
         Backend::Metal { .. } => d.t == 1,
-        Backend::Cuda { .. } => d.t == 1 || (d.t <= 8 && d.b * d.t <= 32),
+        // No tokens: the two nodes (nothing to save).
+        Backend::Cuda { .. } => (1..=8).contains(&d.t) && d.b * d.t <= 32,
     }
 }
 
@@ -1195,7 +1198,10 @@ mod tests {
         let (cuda, metal) = (Backend::Cuda { gpu: true }, Backend::Metal { gpu: true });
         for (b, t, on_cuda) in [
             (1, 1, true),
-            (256, 1, true),
+            (32, 1, true),
+            (33, 1, false),
+            (256, 1, false),
+            (1, 0, false),
             (1, 8, true),
             (4, 8, true),
             (8, 4, true),

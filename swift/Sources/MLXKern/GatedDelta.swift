@@ -61,8 +61,8 @@ extension MLXKern {
 
     /// The head split and the update of one layer in one call: exactly `siluRMSHeads` of the
     /// convolution's output followed by `gatedDeltaUpdate` on its q, k and v, bit for bit on
-    /// every device, without q, k and v as results. For one token on a GPU it is one kernel
-    /// node instead of two, which is what a decode step pays for per layer.
+    /// every device, without q, k and v as results. On a GPU it is one kernel node instead of
+    /// two where `mlxkern.h` says (decode: a step pays for each node per layer).
     ///
     /// - Parameters: `x`, `qScale`, `kScale`, `keyHeads`, `valueHeads`, `valueWidth`, `eps` as
     ///   `siluRMSHeads` (Dk, qScale's length, a multiple of 32 in [32, 128]; Hv a multiple of
