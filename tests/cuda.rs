@@ -365,8 +365,8 @@ fn from_conv(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, ma
     on_gpu(false);
     let (y0, s0) = fused();
     on_gpu(true);
-    // The one kernel at every T (the library takes it for T = 1, and on CUDA up to 8 tokens and
-    // 32 (batch, token) pairs; the two kernels beyond).
+    // The one kernel at every T (the library takes it on CUDA for 1 to 8 tokens and at most 32
+    // (batch, token) pairs, the two kernels beyond).
     from_conv_one_kernel_any_tokens(true);
     gpu_gates_on_cpu(true);
     let (y1, s1) = fused();
