@@ -294,6 +294,19 @@ void head_split(int s, int warmup, int iters) {
   row("split", name, impl("mlxkern"), graph_us(ours, warmup, iters), kLayers, bytes, f);
 }
 
+// The head split's scales and eps of a decode layer (Qwen3.5's q and k scales), eps also as
+// the bit pattern the kernels take as template EPS.
+struct SplitConstants {
+  mx::array qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
+  mx::array ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
+  float eps = 1e-6f / kD;
+  int eps_bits = 0;
+  SplitConstants() {
+    std::memcpy(&eps_bits, &eps, sizeof eps);
+    mx::eval({qs, ks});
+  }
+};
+
 // A decode step's head split and update per layer: the two calls (mlxk_silu_rms_heads, then
 // mlxk_gated_delta_update on its q, k, v) against mlxk_gated_delta_update_from_conv (one node,
 // the same bits), beside the floor op over the same states.
@@ -302,11 +315,10 @@ void split_update(int batch, int warmup, int iters) {
   const int c = 2 * kHk * kD + kHv * kD;
   std::vector<mx::array> xs;
   for (int l = 0; l < kLayers; ++l) xs.push_back(normal({batch, 1, c}, mx::bfloat16, 2.0f));
-  auto qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
-  auto ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
   mx::eval(xs);
-  mx::eval({qs, ks});
-  const float eps = 1e-6f / kD;
+  const SplitConstants split_constants;
+  const auto &qs = split_constants.qs, &ks = split_constants.ks;
+  const float eps = split_constants.eps;
   const std::string name = "split + update B=" + std::to_string(batch) + " (30 layers)";
   auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
   Build floor = state_floor(ls);
@@ -513,12 +525,9 @@ void from_conv_rows(int warmup, int iters) {
                                                        true, 0));
   }
   const int c = 2 * kHk * kD + kHv * kD;
-  const float eps = 1e-6f / kD;
-  int eps_bits = 0;
-  std::memcpy(&eps_bits, &eps, sizeof eps);
-  auto qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
-  auto ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
-  mx::eval({qs, ks});
+  const SplitConstants split_constants;
+  const auto &qs = split_constants.qs, &ks = split_constants.ks;
+  const int eps_bits = split_constants.eps_bits;
   const bool was = pipelined;
   pipelined = true;
   for (int batch : {8, 32}) {
@@ -607,16 +616,14 @@ void from_conv_tokens(int warmup, int iters) {
       "mlxk_probe_tokens_recurrence", {"q", "k", "v", "g", "beta", "state_in", "a_log", "dt_bias"},
       {"y", "state_out"}, source("kernels/metal/gated_delta.metal"), compat + gates_h, true, 0);
   const int c = 2 * kHk * kD + kHv * kD;
-  const float eps = 1e-6f / kD;
-  int eps_bits = 0;
-  std::memcpy(&eps_bits, &eps, sizeof eps);
-  auto qs = mx::astype(mx::full({kD}, 1.0f / kD), mx::bfloat16);
-  auto ks = mx::astype(mx::full({kD}, 1.0f / std::sqrt(float(kD))), mx::bfloat16);
-  mx::eval({qs, ks});
+  const SplitConstants split_constants;
+  const auto &qs = split_constants.qs, &ks = split_constants.ks;
+  const int eps_bits = split_constants.eps_bits;
   const bool was = pipelined;
   for (int batch : {1, 8, 32}) {
     // src/cuda.rs rows_per_simd_group for Hv = 32, Dv = 128.
-    const int pairs = batch * kHv, rows = pairs >= 1024 ? 16 : pairs >= 512 ? 8 : pairs >= 256 ? 4 : 1;
+    const int pairs = batch * kHv;
+    const int rows = pairs >= 1024 ? 16 : pairs >= 512 ? 8 : pairs >= 256 ? 4 : 1;
     const std::vector<std::pair<std::string, mx::fast::TemplateArg>> targs = {
         {"Dk", kD},   {"Dv", kD},          {"Hk", kHk},          {"Hv", kHv},
         {"ROWS", rows}, {"EPS", eps_bits}, {"InT", mx::bfloat16}, {"StT", mx::float32}};
