@@ -47,6 +47,7 @@ fn main() {
     for path in [
         "src/bridge/mlx_bridge.cc",
         "src/bridge/mlx_bridge.h",
+        "src/bridge/mlx_compat.h",
         "cbindgen.toml",
         "Cargo.toml",
     ] {

@@ -1,6 +1,7 @@
 // The C++ half of the bridge: array plumbing, the few MLX ops the kernels need, the Metal
 // launch, and the CPU primitive whose eval_cpu hands the buffers to a Rust kernel.
 #include "src/bridge/mlx_bridge.h"
+#include "src/bridge/mlx_compat.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -96,9 +97,7 @@ mx::Stream stream_for(bool gpu) {
 mx::array allocated(const mx::Shape& shape, mx::Dtype dtype, void** data) {
   size_t count = 1;
   for (auto d : shape) count *= static_cast<size_t>(d);
-  auto buffer = mx::allocator::malloc(std::max<size_t>(count * dtype.size(), 1));
-  *data = buffer.buffer().raw_ptr();
-  return mx::array(std::move(buffer), shape, dtype);
+  return compat::allocated_array(std::max<size_t>(count * dtype.size(), 1), shape, dtype, data);
 }
 
 // What the library's primitives share: the kernel code `kernel` (node::Kernel), whose C
