@@ -11,8 +11,7 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
 
     let mlx = find_mlx(&manifest_dir);
-    let include = mlx.join("include");
-    let lib = mlx.join("lib");
+    let include = mlx.include.clone();
 
     cxx_build::bridge("src/bridge/mod.rs")
         .file("src/bridge/mlx_bridge.cc")
@@ -23,26 +22,56 @@ fn main() {
         .flag_if_supported("-Wno-deprecated-declarations")
         .compile("mlxkern_bridge");
 
-    println!("cargo:rustc-link-search=native={}", lib.display());
-    println!("cargo:rustc-link-lib=dylib=mlx");
-    // Every artifact (cdylib, tests, examples) finds libmlx without LD_LIBRARY_PATH; a copy of
-    // the library shipped next to libmlx finds it too.
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,@loader_path");
-    } else {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
+    let macos = env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos");
+    match link_mode(&mlx) {
+        Link::Shared(lib) => {
+            println!("cargo:rustc-link-search=native={}", lib.display());
+            println!("cargo:rustc-link-lib=dylib=mlx");
+            // Every artifact of this package (cdylib, tests, examples) finds libmlx without
+            // LD_LIBRARY_PATH; a copy of the library shipped next to libmlx finds it too.
+            // Dependents get the folder as DEP_MLX_LIB_DIR (README, "Rust").
+            println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+            println!("cargo:lib_dir={}", lib.display());
+        }
+        Link::Host => {
+            // Host-MLX mode (docs/DESIGN.md §2.2, "Link modes"): MLX's symbols are left to the
+            // program that links this library's static archive (libmlxkern.a) with its own MLX.
+            // The cdylib and test binaries of this build cannot run; the archive is the product.
+            println!(
+                "cargo:warning=mlxkern: no shared libmlx linked (MLXKERN_LINK_MLX=none or none in \
+                 {}): MLX's symbols are left to the final link; use libmlxkern.a",
+                mlx.root.display()
+            );
+            if !macos {
+                println!("cargo:rustc-cdylib-link-arg=-Wl,--allow-shlib-undefined");
+            } else {
+                println!("cargo:rustc-cdylib-link-arg=-Wl,-undefined,dynamic_lookup");
+            }
+        }
     }
-    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("macos") {
+    if macos {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,@loader_path");
         println!("cargo:rustc-cdylib-link-arg=-Wl,-install_name,@rpath/libmlxkern.dylib");
     } else {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
         set_soname(&manifest_dir, &out_dir);
         // A host's MLX graph may hold nodes whose code is here (lazy results handed over with
         // mlxk_array_to_mlx): a dlclose must not unmap it (macOS: pinned at run time).
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     }
-    println!("cargo:mlx_dir={}", mlx.display());
-    println!("cargo:rustc-env=MLXK_MLX_DIR={}", mlx.display());
+    println!("cargo:mlx_dir={}", mlx.root.display());
+    println!("cargo:include={}", include.display());
+    println!("cargo:version={}", mlx.version);
+    println!("cargo:rustc-env=MLXK_MLX_DIR={}", mlx.root.display());
+    if env::var("OPT_LEVEL").as_deref() == Ok("0") {
+        // The kernels are loops over every state element: unoptimized they run about 90x
+        // slower. A dependent's dev profile compiles its dependencies at opt-level 0 unless
+        // told otherwise (README, "Rust").
+        println!(
+            "cargo:warning=mlxkern is being compiled at opt-level 0, which makes its kernels about \
+             90x slower; add to your Cargo.toml: [profile.dev.package.mlxkern] opt-level = 3"
+        );
+    }
 
     for path in [
         "src/bridge/mlx_bridge.cc",
@@ -55,6 +84,7 @@ fn main() {
     }
     println!("cargo:rerun-if-changed=src/capi");
     println!("cargo:rerun-if-env-changed=MLX_DIR");
+    println!("cargo:rerun-if-env-changed=MLXKERN_LINK_MLX");
 
     generate_header(&manifest_dir, &out_dir);
 }
@@ -80,23 +110,52 @@ fn set_soname(manifest_dir: &Path, out_dir: &Path) {
     }
 }
 
-/// MLX's pip package folder (it holds `include/mlx/` and `lib/libmlx.*`): `MLX_DIR` if set,
-/// else the project's `.venv` (made by `scripts/bootstrap.sh`).
-fn find_mlx(manifest_dir: &Path) -> PathBuf {
-    let valid = |dir: &Path| dir.join("include/mlx/mlx.h").is_file();
-    if let Ok(dir) = env::var("MLX_DIR") {
-        let dir = PathBuf::from(dir);
-        // Accept the package folder or its CMake folder (`python -m mlx --cmake-dir`).
-        for candidate in [dir.clone(), dir.join("../../..")] {
-            if valid(&candidate) {
-                return candidate.canonicalize().unwrap();
+/// The MLX this build compiles against.
+struct Mlx {
+    /// The folder named (a pip package folder, an install prefix or a source tree).
+    root: PathBuf,
+    /// The folder holding `mlx/mlx.h`.
+    include: PathBuf,
+    /// "major.minor.patch" from `mlx/version.h`.
+    version: String,
+}
+
+enum Link {
+    /// Link this shared libmlx (the folder holding it).
+    Shared(PathBuf),
+    /// Leave MLX's symbols to the host's final link.
+    Host,
+}
+
+/// `MLX_DIR` if set, else the project's `.venv` (made by `scripts/bootstrap.sh`). `MLX_DIR` may
+/// name MLX's pip package folder or its CMake folder (`python3 -m mlx --cmake-dir`), an install
+/// prefix (`include/mlx/mlx.h`, `lib/libmlx.*`: a CMake install of MLX, static or shared), or
+/// an MLX source tree (`mlx/mlx.h` at its root, as mlx-swift's `Source/Cmlx/mlx` holds it).
+fn find_mlx(manifest_dir: &Path) -> Mlx {
+    let probe = |dir: &Path| -> Option<Mlx> {
+        for (root, include) in [
+            (dir.to_path_buf(), dir.join("include")),
+            (dir.join("../../.."), dir.join("../../../include")),
+            (dir.to_path_buf(), dir.to_path_buf()),
+        ] {
+            if include.join("mlx/mlx.h").is_file() {
+                let include = include.canonicalize().unwrap();
+                let version = mlx_version(&include.join("mlx/version.h"));
+                return Some(Mlx { root: root.canonicalize().unwrap(), include, version });
             }
         }
-        panic!(
-            "MLX_DIR={} does not contain include/mlx/mlx.h: point it at the `mlx` package folder \
-             of an mlx==0.32.4 install (python3 -m mlx --cmake-dir prints it)",
-            dir.display()
-        );
+        None
+    };
+    if let Ok(dir) = env::var("MLX_DIR") {
+        let dir = PathBuf::from(dir);
+        return probe(&dir).unwrap_or_else(|| {
+            panic!(
+                "MLX_DIR={} holds neither include/mlx/mlx.h (a pip package folder or an install \
+                 prefix) nor mlx/mlx.h (a source tree): point it at MLX 0.31.x or 0.32.x \
+                 (python3 -m mlx --cmake-dir prints a pip install's folder)",
+                dir.display()
+            )
+        });
     }
     let python = manifest_dir.join(".venv/bin/python3");
     if python.is_file() {
@@ -104,18 +163,56 @@ fn find_mlx(manifest_dir: &Path) -> PathBuf {
             .args(["-m", "mlx", "--cmake-dir"])
             .output()
         {
-            let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-            for candidate in [dir.clone(), dir.join("../../..")] {
-                if valid(&candidate) {
-                    return candidate.canonicalize().unwrap();
-                }
+            if let Some(mlx) = probe(Path::new(String::from_utf8_lossy(&out.stdout).trim())) {
+                return mlx;
             }
         }
     }
     panic!(
         "MLX not found: run `make bootstrap` (creates .venv with mlx==0.32.4) or set MLX_DIR to \
-         the `mlx` package folder of an mlx==0.32.4 install"
+         the MLX to build against (0.31.x or 0.32.x: a pip package folder, an install prefix or \
+         a source tree)"
     );
+}
+
+/// "major.minor.patch" from MLX's `version.h`.
+fn mlx_version(path: &Path) -> String {
+    let text = fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let part = |name: &str| {
+        text.lines()
+            .find_map(|line| {
+                let rest = line.trim().strip_prefix("#define")?.trim();
+                rest.strip_prefix(name)?.trim().parse::<u32>().ok()
+            })
+            .unwrap_or_else(|| panic!("{} has no {name}", path.display()))
+    };
+    format!(
+        "{}.{}.{}",
+        part("MLX_VERSION_MAJOR"),
+        part("MLX_VERSION_MINOR"),
+        part("MLX_VERSION_PATCH")
+    )
+}
+
+/// How libmlx is linked: `MLXKERN_LINK_MLX=shared` (link `lib/libmlx.so` / `.dylib` beside
+/// the headers: the bundled mode, or a host's shared MLX), `none` (leave MLX's symbols to the
+/// host's final link: static archive for a host with its own MLX), or unset: `shared` where
+/// the folder has a shared libmlx, `none` otherwise (a source tree, a static MLX install).
+fn link_mode(mlx: &Mlx) -> Link {
+    let shared = ["libmlx.so", "libmlx.dylib"]
+        .iter()
+        .any(|name| mlx.root.join("lib").join(name).is_file());
+    match env::var("MLXKERN_LINK_MLX").as_deref() {
+        Ok("none") => Link::Host,
+        Ok("shared") if !shared => panic!(
+            "MLXKERN_LINK_MLX=shared but {} has no lib/libmlx.so or lib/libmlx.dylib",
+            mlx.root.display()
+        ),
+        Ok("shared") | Ok("") | Err(_) if shared => Link::Shared(mlx.root.join("lib")),
+        Ok("") | Err(_) => Link::Host,
+        Ok(other) => panic!("MLXKERN_LINK_MLX={other}: expected shared or none"),
+    }
 }
 
 /// The ABI version from `[package.metadata.mlxkern] abi-version = N` in Cargo.toml.

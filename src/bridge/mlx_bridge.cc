@@ -193,13 +193,16 @@ class RustCpuKernel : public MlxkernPrimitive {
                       out_ptrs = std::move(out_ptrs), out_bytes = std::move(out_bytes),
                       aliased = std::move(aliased), keep_alive = std::move(keep_alive)]() {
       (void)keep_alive;  // the input buffers outlive the kernel whatever MLX's bookkeeping
-      // A Rust error (or a caught panic) arrives as rust::Error, which MLX re-throws at eval.
-      mlxk_cpu_kernel(kernel, rust::Slice<const int64_t>(params.data(), params.size()),
-                      rust::Slice<const size_t>(in_ptrs.data(), in_ptrs.size()),
-                      rust::Slice<const size_t>(in_bytes.data(), in_bytes.size()),
-                      rust::Slice<const size_t>(out_ptrs.data(), out_ptrs.size()),
-                      rust::Slice<const size_t>(out_bytes.data(), out_bytes.size()),
-                      rust::Slice<const int32_t>(aliased.data(), aliased.size()));
+      // A Rust error (or a caught panic) arrives as rust::Error, which reaches the eval
+      // (compat::run_task: MLX 0.32 re-throws it there, on 0.31 the library's eval does).
+      compat::run_task([&] {
+        mlxk_cpu_kernel(kernel, rust::Slice<const int64_t>(params.data(), params.size()),
+                        rust::Slice<const size_t>(in_ptrs.data(), in_ptrs.size()),
+                        rust::Slice<const size_t>(in_bytes.data(), in_bytes.size()),
+                        rust::Slice<const size_t>(out_ptrs.data(), out_ptrs.size()),
+                        rust::Slice<const size_t>(out_bytes.data(), out_bytes.size()),
+                        rust::Slice<const int32_t>(aliased.data(), aliased.size()));
+      });
     });
   }
 
@@ -353,12 +356,14 @@ size_t array_nbytes(const Array& a) { return a.nbytes(); }
 void array_eval(const Array& a) {
   mx::array copy = a;
   mx::eval(copy);
+  compat::rethrow_task_error();
 }
 
 void array_read(const Array& a, rust::Slice<uint8_t> dst) {
   if (dst.size() != a.nbytes()) throw std::invalid_argument("array_read: size mismatch");
   mx::array c = a;
   mx::eval(c);
+  compat::rethrow_task_error();
   if (a.size() && (!c.flags().row_contiguous || c.data_size() != c.size())) {
     c = mx::contiguous(c, false, mx::Device(mx::Device::cpu));
     mx::eval(c);

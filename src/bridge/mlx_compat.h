@@ -7,6 +7,11 @@
 //   - 0.32 moved buffer ownership into allocator::Data (malloc returns a Data that frees itself;
 //     array(Data, shape, dtype)); 0.31 returns a bare allocator::Buffer and the array takes a
 //     deleter (array(Buffer, shape, dtype, deleter = allocator::free)).
+//   - 0.32 carries an exception thrown by a task on the CPU stream's thread to the eval that
+//     waits for it (the array's event holds it). 0.31 has no handler there: the exception
+//     terminates the process. So on 0.31 a task's error is caught in the task, parked, and
+//     thrown by the library's own next eval (run_task / rethrow_task_error below); the
+//     kernel has already filled its outputs with NaN bytes (docs/DESIGN.md §2.2).
 // Everything else the bridge uses (Primitive, fast::metal_kernel / cuda_kernel, the CPU
 // command encoder, donation through copy_shared_buffer / is_donatable, set_data(malloc(n)))
 // has the same spelling in both.
@@ -18,6 +23,10 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "mlx/allocator.h"
@@ -50,5 +59,47 @@ inline mx::array allocated_array(size_t nbytes, const mx::Shape& shape, mx::Dtyp
 #endif
   return mx::array(std::move(storage), shape, dtype);
 }
+
+#if MLXK_MLX_NUMERIC >= 32000
+// Runs a task on MLX's CPU stream thread; MLX hands what it throws to the waiting eval.
+template <class Task>
+void run_task(Task&& task) {
+  task();
+}
+inline void rethrow_task_error() {}
+#else
+// The first error of a task not yet reported (0.31: see above).
+inline std::mutex& parked_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+inline std::string& parked_error() {
+  static std::string message;
+  return message;
+}
+
+template <class Task>
+void run_task(Task&& task) {
+  try {
+    task();
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(parked_mutex());
+    if (parked_error().empty()) parked_error() = e.what();
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(parked_mutex());
+    if (parked_error().empty()) parked_error() = "mlxkern: unknown error in a CPU kernel task";
+  }
+}
+
+// Throws (and clears) the parked error, if any; called after the library's evals.
+inline void rethrow_task_error() {
+  std::string message;
+  {
+    std::lock_guard<std::mutex> lock(parked_mutex());
+    message.swap(parked_error());
+  }
+  if (!message.empty()) throw std::runtime_error(message);
+}
+#endif
 
 }  // namespace mlxk::compat
