@@ -2,24 +2,27 @@
 // place (docs/DESIGN.md §2.2, "MLX versions"). The bridge includes this header and never tests
 // MLX_VERSION_* itself.
 //
-// Supported: MLX 0.31.x and 0.32.x (checked here with the pip wheels 0.31.1 and 0.32.4, and with
-// the MLX 0.31.1 that mlx-swift 0.31.x compiles into an app). What differs between them:
+// Supported: MLX 0.30.x, 0.31.x and 0.32.x. CI builds against the pip wheels 0.32.4 (every
+// suite) and 0.31.1 (the C ABI and interop suites); 0.30.0 was built and passed the Rust suite
+// here; mlx-swift 0.31.x compiles MLX 0.31.1 into the app. What differs between them:
 //   - 0.32 moved buffer ownership into allocator::Data (malloc returns a Data that frees itself;
-//     array(Data, shape, dtype)); 0.31 returns a bare allocator::Buffer and the array takes a
-//     deleter (array(Buffer, shape, dtype, deleter = allocator::free)).
+//     array(Data, shape, dtype)); 0.30 and 0.31 return a bare allocator::Buffer and the array
+//     takes a deleter (array(Buffer, shape, dtype, deleter = allocator::free)).
 //   - 0.32 carries an exception thrown by a task on the CPU stream's thread to the eval that
-//     waits for it (the array's event holds it). 0.31 has no handler there: the exception
-//     terminates the process. So on 0.31 a task's error is caught in the task, parked, and
-//     thrown by the library's own next eval (run_task / rethrow_task_error below); the
+//     waits for it (the array's event holds it). 0.30 and 0.31 have no handler there: the
+//     exception terminates the process. So there a task's error is caught in the task, parked,
+//     and thrown by the library's own next eval (run_task / rethrow_task_error below); the
 //     kernel has already filled its outputs with NaN bytes (docs/DESIGN.md §2.2).
 // Everything else the bridge uses (Primitive, fast::metal_kernel / cuda_kernel, the CPU
 // command encoder, donation through copy_shared_buffer / is_donatable, set_data(malloc(n)))
-// has the same spelling in both.
+// has the same spelling in all three.
 //
-// Older MLX: 0.30 lacks mx::fast::cuda_kernel's current signature and the CPU encoder's
-// dispatch of this form; it is refused below rather than half supported. Newer MLX (0.33+) is
-// refused too until the bridge has been built and tested against it: MLX has no stable C++
-// ABI, and each minor release has changed at least one type the bridge touches.
+// Where the range ends. 0.29 compiles, but its own ops compute the gates g and beta with
+// other rounding than the CPU kernel's fused gates (the test fused_gates_equal_mlx_bit_for_bit
+// fails: mlx-lm's numbers on that MLX would need 0.29's formulas); 0.28 and older lack
+// fast::cuda_kernel and fast::CustomKernelFunction. 0.33 and newer are refused until the
+// bridge has been built and tested against them: MLX has no stable C++ ABI, and its minor
+// releases change types the bridge touches.
 #pragma once
 
 #include <cstddef>
@@ -39,8 +42,8 @@
 
 #define MLXK_MLX_NUMERIC (100000 * MLX_VERSION_MAJOR + 1000 * MLX_VERSION_MINOR)
 
-#if MLXK_MLX_NUMERIC < 31000 || MLXK_MLX_NUMERIC >= 33000
-#error "mlxkern supports MLX 0.31.x and 0.32.x (docs/DESIGN.md §2.2): point MLX_DIR at one"
+#if MLXK_MLX_NUMERIC < 30000 || MLXK_MLX_NUMERIC >= 33000
+#error "mlxkern supports MLX 0.30.x to 0.32.x (docs/DESIGN.md §2.2): point MLX_DIR at one"
 #endif
 
 namespace mlxk::compat {
@@ -68,7 +71,7 @@ void run_task(Task&& task) {
 }
 inline void rethrow_task_error() {}
 #else
-// The first error of a task not yet reported (0.31: see above).
+// The first error of a task not yet reported (0.30 and 0.31: see above).
 inline std::mutex& parked_mutex() {
   static std::mutex mutex;
   return mutex;
