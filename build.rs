@@ -141,7 +141,11 @@ fn find_mlx(manifest_dir: &Path) -> Mlx {
             if include.join("mlx/mlx.h").is_file() {
                 let include = include.canonicalize().unwrap();
                 let version = mlx_version(&include.join("mlx/version.h"));
-                return Some(Mlx { root: root.canonicalize().unwrap(), include, version });
+                return Some(Mlx {
+                    root: root.canonicalize().unwrap(),
+                    include,
+                    version,
+                });
             }
         }
         None
@@ -177,8 +181,8 @@ fn find_mlx(manifest_dir: &Path) -> Mlx {
 
 /// "major.minor.patch" from MLX's `version.h`.
 fn mlx_version(path: &Path) -> String {
-    let text = fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let part = |name: &str| {
         text.lines()
             .find_map(|line| {
