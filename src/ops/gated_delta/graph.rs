@@ -1,0 +1,208 @@
+//! The graph building every form of the update shares: the CPU node, or the GPU launch with
+//! its inputs in the kernel's order.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cxx::UniquePtr;
+
+use crate::bridge::{self, Array};
+use crate::cuda;
+use crate::dtype::Dtype;
+use crate::error::Result;
+use crate::metal;
+use crate::node::gated_delta::{Form, Input, Node};
+use crate::node::{Kernel, Words};
+use crate::ops::{cpu_node, gpu_node, Backend};
+
+pub(super) fn two_outputs(
+    mut outputs: Vec<UniquePtr<Array>>,
+) -> (UniquePtr<Array>, UniquePtr<Array>) {
+    let state_out = outputs.pop().expect("two outputs");
+    let y = outputs.pop().expect("two outputs");
+    (y, state_out)
+}
+
+/// The caller's arrays of one call, by input (None: not given).
+#[derive(Default)]
+pub(super) struct Arrays<'a> {
+    pub(super) q: Option<&'a Array>,
+    pub(super) k: Option<&'a Array>,
+    pub(super) v: Option<&'a Array>,
+    pub(super) a: Option<&'a Array>,
+    pub(super) b: Option<&'a Array>,
+    pub(super) a_log: Option<&'a Array>,
+    pub(super) dt_bias: Option<&'a Array>,
+    pub(super) state: Option<&'a Array>,
+    pub(super) mask: Option<&'a Array>,
+    pub(super) lengths: Option<&'a Array>,
+    /// The recurrence from the convolution's output: x and the head split's scales.
+    pub(super) x: Option<&'a Array>,
+    pub(super) q_scale: Option<&'a Array>,
+    pub(super) k_scale: Option<&'a Array>,
+}
+
+/// Builds `node` on `backend` from the caller's arrays, taking them in the order the node
+/// defines for that backend.
+pub(super) fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<UniquePtr<Array>>> {
+    match backend {
+        Backend::Cpu => {
+            let inputs = node
+                .cpu_inputs()
+                .into_iter()
+                .map(|input| caller_array(x, input))
+                .collect::<Vec<_>>();
+            cpu_node(
+                node.kernel(),
+                node.encode(),
+                &node.outputs(),
+                node.donations(),
+                &inputs,
+            )
+        }
+        gpu => build_gpu(node, x, gpu, None),
+    }
+}
+
+/// The GPU node of `node` on `backend` (not the CPU). `from_conv`: the head split's eps when
+/// the launch computes q, k and v from the convolution's output (`update_from_conv`; the
+/// arrays then hold x and the scales instead of q, k and v).
+pub(super) fn build_gpu(
+    node: &Node,
+    x: &Arrays,
+    gpu: Backend,
+    from_conv: Option<f32>,
+) -> Result<Vec<UniquePtr<Array>>> {
+    // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
+    let order = gpu_inputs(node, fused, from_conv.is_some());
+    let inputs = order
+        .into_iter()
+        .map(|input| match input {
+            Input::G => m.g.as_deref().expect("gates made for this launch"),
+            Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
+            Input::State => x.state.unwrap_or_else(|| m.zeros()),
+            other => caller_array(x, other),
+        })
+        .collect::<Vec<_>>();
+    let make = || {
+        let mut launch = match gpu {
+            Backend::Cuda { .. } => {
+                metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
+            }
+            _ => metal::gated_delta_launch(node),
+        };
+        if let Some(eps) = from_conv {
+            launch = metal::gated_delta_from_conv_launch(launch, eps);
+        }
+        if fused {
+            cuda::with_fused_gates(launch)
+        } else {
+            launch
+        }
+    };
+    // The launch depends on the node, on whether the gates are fused and on the head split.
+    let mut words = vec![fused as i64];
+    if let Some(eps) = from_conv {
+        words.push(i64::from(eps.to_bits()));
+    }
+    words.extend(node.encode());
+    let mut key = words.clone();
+    if from_conv.is_some() {
+        key.push(-1); // never the key of a recurrence of its own (one word shorter)
+    }
+    // Exact updates carry a gradient for MLX's autograd (the replay has none).
+    let kernel = if from_conv.is_some() {
+        Kernel::GatedDeltaFromConv
+    } else {
+        Kernel::GatedDelta
+    };
+    let vjp = (node.form == Form::Exact).then(|| (kernel, crate::ops::gpu_vjp_params(gpu, words)));
+    gpu_node(Some(key), make, &inputs, gpu, vjp)
+}
+
+/// A GPU launch's inputs in order: the Metal launch's, or with the gates fused on CUDA, and
+/// with x and the scales for q, k and v when it computes them from the convolution's output.
+pub(super) fn gpu_inputs(node: &Node, fused: bool, from_conv: bool) -> Vec<Input> {
+    let order = if fused {
+        node.cuda_fused_inputs()
+    } else {
+        node.metal_inputs()
+    };
+    if from_conv {
+        Node::from_conv_inputs(order)
+    } else {
+        order
+    }
+}
+
+/// The caller's array for `input`; the node lists only inputs the call has.
+pub(super) fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
+    let array = match input {
+        Input::Q => x.q,
+        Input::K => x.k,
+        Input::V => x.v,
+        Input::A => x.a,
+        Input::B => x.b,
+        Input::ALog => x.a_log,
+        Input::DtBias => x.dt_bias,
+        Input::State => x.state,
+        Input::Mask => x.mask,
+        Input::Lengths => x.lengths,
+        Input::X => x.x,
+        Input::QScale => x.q_scale,
+        Input::KScale => x.k_scale,
+        Input::G | Input::Beta => None,
+    };
+    array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
+}
+
+/// Tests only (`crate::testing::gpu_gates_on_cpu`): the GPU kernels' g and beta come from MLX's
+/// CPU ops, which give the CPU kernel's fused gates bit for bit, so a GPU result can be compared
+/// with the CPU kernel's bits where only the gates' transcendentals differ.
+pub(crate) static GPU_GATES_ON_CPU: AtomicBool = AtomicBool::new(false);
+
+/// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops)
+/// and a zero state when none is given (T comes with k's shape).
+pub(super) struct MetalInputs {
+    g: Option<UniquePtr<Array>>,
+    beta: Option<UniquePtr<Array>>,
+    zeros: Option<UniquePtr<Array>>,
+}
+
+impl MetalInputs {
+    /// `gates`: whether to make g and beta (not when the kernel computes them).
+    fn new(node: &Node, x: &Arrays, gpu: bool, gates: bool) -> Result<MetalInputs> {
+        let d = node.dims;
+        let zeros = match x.state {
+            Some(_) => None,
+            None => Some(bridge::array_zeros(
+                &[d.b as i32, d.hv as i32, d.dv as i32, d.dk as i32],
+                Dtype::Float32 as i32,
+            )?),
+        };
+        let gate = |input| caller_array(x, input);
+        let gates_gpu = gpu && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+        let (g, beta) = if gates {
+            (
+                Some(bridge::compute_g(
+                    gate(Input::ALog),
+                    gate(Input::A),
+                    gate(Input::DtBias),
+                    gates_gpu,
+                )?),
+                Some(bridge::sigmoid(gate(Input::B), gates_gpu)?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(MetalInputs { g, beta, zeros })
+    }
+
+    /// The zero state made when the call gives none.
+    fn zeros(&self) -> &Array {
+        self.zeros
+            .as_deref()
+            .expect("zeros made when no state is given")
+    }
+}

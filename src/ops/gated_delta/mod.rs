@@ -1,0 +1,388 @@
+//! `compute_g` and the gated-delta recurrence: argument checks and the entry points of the
+//! update (exact and chunked). The update from the convolution's output is in `from_conv`, the
+//! prefix replay in `replay`, the gradients in `vjp`, and the graph building all of them share
+//! in `graph`.
+
+mod from_conv;
+mod graph;
+mod replay;
+mod vjp;
+
+pub(crate) use from_conv::FROM_CONV_ANY_T;
+pub use from_conv::{update_from_conv, FromConvInputs};
+pub(crate) use graph::GPU_GATES_ON_CPU;
+pub use replay::state;
+pub use vjp::update_vjp;
+pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
+
+use cxx::UniquePtr;
+
+use super::shape::ArgInfo;
+use super::Backend;
+use crate::bridge::{self, Array};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::memory;
+use crate::node::gated_delta::{Dims, Form, GateDtypes, Node};
+use graph::{build, two_outputs, Arrays};
+
+/// The arrays of one recurrence call (borrowed from the registry).
+pub struct Inputs<'a> {
+    pub q: &'a Array,
+    pub k: &'a Array,
+    pub v: &'a Array,
+    pub a: &'a Array,
+    pub b: &'a Array,
+    pub a_log: &'a Array,
+    pub dt_bias: &'a Array,
+    pub state: Option<&'a Array>,
+    pub mask: Option<&'a Array>,
+}
+
+/// Checks the gate arguments: `a_log [Hv]`, `a [.., Hv]`, `dt_bias [Hv]`.
+fn check_gate(a_log: &ArgInfo, a: &ArgInfo, dt_bias: &ArgInfo, hv: i64) -> Result<()> {
+    a_log.rank(1, "[Hv]")?.dim(0, "Hv", hv, "the value heads")?;
+    a_log.dtype_in(&[Dtype::Float32, Dtype::Bfloat16])?;
+    dt_bias
+        .rank(1, "[Hv]")?
+        .dim(0, "Hv", hv, "the value heads")?
+        .float()?;
+    a.float()?;
+    Ok(())
+}
+
+/// Validates `mlxk_compute_g`'s arguments; returns the shape of g.
+pub fn check_compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<Vec<i64>> {
+    let a_log = ArgInfo::of("a_log", a_log)?;
+    let a = ArgInfo::of("a", a)?;
+    let dt_bias = ArgInfo::of("dt_bias", dt_bias)?;
+    if a.shape.is_empty() {
+        return Err(Error::Shape(
+            "a: expected rank >= 1 [..., Hv], got a scalar (rank 0)".into(),
+        ));
+    }
+    a_log.rank(1, "[Hv]")?;
+    let hv = a_log.shape[0];
+    let last = a.shape.len() - 1;
+    a.dim(last, "Hv", hv, "a_log")?;
+    check_gate(&a_log, &a, &dt_bias, hv)?;
+    memory::check_outputs(&[("g", &a.shape, Dtype::Float32)])?;
+    Ok(a.shape.clone())
+}
+
+pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<UniquePtr<Array>> {
+    check_compute_g(a_log, a, dt_bias)?;
+    Ok(bridge::compute_g(
+        a_log,
+        a,
+        dt_bias,
+        Backend::current().gpu_stream(),
+    )?)
+}
+
+/// Validates every argument of `mlxk_gated_delta_update` (before any graph is built).
+pub fn check_update(x: &Inputs) -> Result<Node> {
+    let q = ArgInfo::of("q", x.q)?;
+    let k = ArgInfo::of("k", x.k)?;
+    let v = ArgInfo::of("v", x.v)?;
+    let a = ArgInfo::of("a", x.a)?;
+    let b = ArgInfo::of("b", x.b)?;
+    let a_log = ArgInfo::of("a_log", x.a_log)?;
+    let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
+
+    q.rank(4, "[B, T, Hk, Dk]")?.float()?;
+    let (bsz, t, hk, dk) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    k.rank(4, "[B, T, Hk, Dk]")?
+        .dim(0, "B", bsz, "q")?
+        .dim(1, "T", t, "q")?
+        .dim(2, "Hk", hk, "q")?
+        .dim(3, "Dk", dk, "q")?
+        .same_dtype(&q)?;
+    v.rank(4, "[B, T, Hv, Dv]")?
+        .dim(0, "B", bsz, "q")?
+        .dim(1, "T", t, "q")?
+        .same_dtype(&q)?;
+    let (hv, dv) = (v.shape[2], v.shape[3]);
+    check_dims(hk, hv, dk, dv)?;
+    let gates = [&a, &b, &a_log, &dt_bias];
+    check_update_rest(
+        gates,
+        x.state,
+        x.mask,
+        ("q", "v"),
+        [bsz, t, hv, dv, dk],
+        q.dtype,
+    )?;
+    Ok(Node {
+        dims: dims(bsz, t, hk, hv, dk, dv),
+        dtype: q.dtype,
+        gates: gate_dtypes(&a, &b, &a_log, &dt_bias),
+        has_state: x.state.is_some(),
+        has_mask: x.mask.is_some(),
+        form: Form::Exact,
+    })
+}
+
+/// The update's arguments besides q, k and v: the gates a, b `[B, T, Hv]` (any float dtype),
+/// A_log and dt_bias `[Hv]`, the optional state and mask, then the size of its results (y in
+/// `dtype`). `sources`: the arguments B, T, Dk and Hv, Dv come from, for messages.
+fn check_update_rest(
+    [a, b, a_log, dt_bias]: [&ArgInfo; 4],
+    state: Option<&Array>,
+    mask: Option<&Array>,
+    sources: (&str, &str),
+    [bsz, t, hv, dv, dk]: [i64; 5],
+    dtype: Dtype,
+) -> Result<()> {
+    let (keys, values) = sources;
+    for gate in [a, b] {
+        gate.rank(3, "[B, T, Hv]")?
+            .dim(0, "B", bsz, keys)?
+            .dim(1, "T", t, keys)?
+            .dim(2, "Hv", hv, values)?
+            .float()?;
+    }
+    check_gate(a_log, a, dt_bias, hv)?;
+    check_state_and_mask(state, mask, sources, bsz, t, hv, dv, dk)?;
+    memory::check_outputs(&[
+        ("y", &[bsz, t, hv, dv], dtype),
+        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
+        ("beta (internal)", &[bsz, t, hv], b.dtype),
+    ])
+}
+
+/// Head counts and widths every recurrence kernel needs.
+pub fn check_dims(hk: i64, hv: i64, dk: i64, dv: i64) -> Result<()> {
+    if hk < 1 {
+        return Err(Error::Shape(format!(
+            "q: Hk (dimension 2) is {hk}; at least one key head"
+        )));
+    }
+    if hv < 1 || hv % hk != 0 {
+        return Err(Error::Shape(format!(
+            "v: Hv (dimension 2) is {hv}; it must be a positive multiple of Hk = {hk} (each \
+             value head h reads key head h / (Hv / Hk))"
+        )));
+    }
+    if !(32..=256).contains(&dk) || dk % 32 != 0 {
+        return Err(Error::Shape(format!(
+            "q: Dk (dimension 3) is {dk}; it must be a multiple of 32 in [32, 256] (each of \
+             the 32 SIMD lanes owns Dk/32 state elements)"
+        )));
+    }
+    if dv < 1 {
+        return Err(Error::Shape(format!(
+            "v: Dv (dimension 3) is {dv}; it must be at least 1"
+        )));
+    }
+    Ok(())
+}
+
+/// The optional state `[B, Hv, Dv, Dk]` f32 and mask `[B, T]` bool.
+pub fn check_state_and_mask(
+    state: Option<&Array>,
+    mask: Option<&Array>,
+    (keys, values): (&str, &str),
+    bsz: i64,
+    t: i64,
+    hv: i64,
+    dv: i64,
+    dk: i64,
+) -> Result<()> {
+    if let Some(state) = state {
+        let s = ArgInfo::of("state", state)?;
+        s.rank(4, "[B, Hv, Dv, Dk]")?
+            .dim(0, "B", bsz, keys)?
+            .dim(1, "Hv", hv, values)?
+            .dim(2, "Dv", dv, values)?
+            .dim(3, "Dk", dk, keys)?;
+        if s.dtype != Dtype::Float32 {
+            return Err(Error::Dtype(format!(
+                "state: dtype {} is not accepted (the recurrent state is float32 only)",
+                s.dtype.name()
+            )));
+        }
+    }
+    if let Some(mask) = mask {
+        let m = ArgInfo::of("mask", mask)?;
+        m.rank(2, "[B, T]")?
+            .dim(0, "B", bsz, keys)?
+            .dim(1, "T", t, keys)?;
+        if m.dtype != Dtype::Bool {
+            return Err(Error::Dtype(format!(
+                "mask: dtype {} is not accepted (expected bool, true = real token)",
+                m.dtype.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The arrays of one prefix-state replay (borrowed from the registry) and the accepted lengths.
+pub struct StateInputs<'a> {
+    pub k: &'a Array,
+    pub v: &'a Array,
+    pub a: &'a Array,
+    pub b: &'a Array,
+    pub a_log: &'a Array,
+    pub dt_bias: &'a Array,
+    pub state: Option<&'a Array>,
+    pub accepted_lengths: &'a [i32],
+}
+
+/// Validates every argument of `mlxk_gated_delta_state`.
+pub fn check_state(x: &StateInputs) -> Result<Node> {
+    let k = ArgInfo::of("k", x.k)?;
+    let v = ArgInfo::of("v", x.v)?;
+    let a = ArgInfo::of("a", x.a)?;
+    let b = ArgInfo::of("b", x.b)?;
+    let a_log = ArgInfo::of("a_log", x.a_log)?;
+    let dt_bias = ArgInfo::of("dt_bias", x.dt_bias)?;
+    k.rank(4, "[B, T, Hk, Dk]")?.float()?;
+    let (bsz, t, hk, dk) = (k.shape[0], k.shape[1], k.shape[2], k.shape[3]);
+    v.rank(4, "[B, T, Hv, Dv]")?
+        .dim(0, "B", bsz, "k")?
+        .dim(1, "T", t, "k")?
+        .same_dtype(&k)?;
+    let (hv, dv) = (v.shape[2], v.shape[3]);
+    check_dims(hk, hv, dk, dv).map_err(|e| match e {
+        Error::Shape(m) => Error::Shape(m.replace("q: ", "k: ")),
+        other => other,
+    })?;
+    for gate in [&a, &b] {
+        gate.rank(3, "[B, T, Hv]")?
+            .dim(0, "B", bsz, "k")?
+            .dim(1, "T", t, "k")?
+            .dim(2, "Hv", hv, "v")?
+            .float()?;
+    }
+    check_gate(&a_log, &a, &dt_bias, hv)?;
+    check_state_and_mask(x.state, None, ("k", "v"), bsz, t, hv, dv, dk)?;
+    if x.accepted_lengths.len() as i64 != bsz {
+        return Err(Error::InvalidArgument(format!(
+            "accepted_lengths: n_lengths is {}, expected one length per batch row (B = {bsz})",
+            x.accepted_lengths.len()
+        )));
+    }
+    for (row, &len) in x.accepted_lengths.iter().enumerate() {
+        if len < 0 || len as i64 > t {
+            return Err(Error::InvalidArgument(format!(
+                "accepted_lengths[{row}] is {len}; expected 0 <= length <= T ({t})"
+            )));
+        }
+    }
+    memory::check_outputs(&[
+        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        ("g (internal)", &[bsz, t, hv], Dtype::Float32),
+        ("beta (internal)", &[bsz, t, hv], b.dtype),
+    ])?;
+    Ok(Node {
+        dims: dims(bsz, t, hk, hv, dk, dv),
+        dtype: k.dtype,
+        gates: gate_dtypes(&a, &b, &a_log, &dt_bias),
+        has_state: x.state.is_some(),
+        has_mask: false,
+        form: Form::State,
+    })
+}
+
+/// The validated dimensions as the node carries them (all non-negative: they are checked
+/// array dimensions).
+fn dims(b: i64, t: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> Dims {
+    let u = |x: i64| x as usize;
+    Dims {
+        b: u(b),
+        t: u(t),
+        hk: u(hk),
+        hv: u(hv),
+        dk: u(dk),
+        dv: u(dv),
+    }
+}
+
+fn gate_dtypes(a: &ArgInfo, b: &ArgInfo, a_log: &ArgInfo, dt_bias: &ArgInfo) -> GateDtypes {
+    GateDtypes {
+        a: a.dtype,
+        b: b.dtype,
+        a_log: a_log.dtype,
+        dt_bias: dt_bias.dtype,
+    }
+}
+
+/// Builds the recurrence: returns `(y, state_out)`, lazy.
+pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    let node = check_update(x)?;
+    Ok(two_outputs(build(&node, &x.arrays(), backend)?))
+}
+
+/// Tokens per chunk of the chunked recurrence when the caller passes 0.
+pub const DEFAULT_CHUNK: i32 = crate::cpu::chunked::DEFAULT_CHUNK as i32;
+
+/// Validates the chunk size of `mlxk_gated_delta_update_chunked` (0 = the default).
+pub fn check_chunk(chunk: i32) -> Result<usize> {
+    let min = crate::cpu::chunked::MIN_CHUNK as i32;
+    let max = crate::cpu::chunked::MAX_CHUNK as i32;
+    match chunk {
+        0 => Ok(DEFAULT_CHUNK as usize),
+        c if (min..=max).contains(&c) && c % min == 0 => Ok(c as usize),
+        c => Err(Error::InvalidArgument(format!(
+            "chunk_size is {c}; expected 0 (the default, {DEFAULT_CHUNK}) or a multiple of \
+             {min} in [{min}, {max}]"
+        ))),
+    }
+}
+
+/// Builds the chunked (WY-form) recurrence on the CPU: returns `(y, state_out)`, lazy. The
+/// same arguments as `update` plus the chunk size (0 = default); no Metal form exists.
+pub fn update_chunked(
+    x: &Inputs,
+    chunk: i32,
+    backend: Backend,
+) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    // The chunk size first: it is an argument, the memory check in check_update a resource.
+    let chunk = check_chunk(chunk)?;
+    let mut node = check_update(x)?;
+    if backend != Backend::Cpu {
+        return Err(Error::Unsupported(
+            "the chunked form runs on the CPU only and the default device is the GPU; use \
+             mlxk_gated_delta_update there (its Metal kernel is the fast path), or select \
+             MLXK_DEVICE_CPU"
+                .into(),
+        ));
+    }
+    node.form = Form::Chunked { chunk };
+    Ok(two_outputs(build(&node, &x.arrays(), Backend::Cpu)?))
+}
+
+impl Inputs<'_> {
+    fn arrays(&self) -> Arrays<'_> {
+        Arrays {
+            q: Some(self.q),
+            k: Some(self.k),
+            v: Some(self.v),
+            a: Some(self.a),
+            b: Some(self.b),
+            a_log: Some(self.a_log),
+            dt_bias: Some(self.dt_bias),
+            state: self.state,
+            mask: self.mask,
+            ..Arrays::default()
+        }
+    }
+}
+
+impl StateInputs<'_> {
+    fn arrays(&self) -> Arrays<'_> {
+        Arrays {
+            k: Some(self.k),
+            v: Some(self.v),
+            a: Some(self.a),
+            b: Some(self.b),
+            a_log: Some(self.a_log),
+            dt_bias: Some(self.dt_bias),
+            state: self.state,
+            ..Arrays::default()
+        }
+    }
+}
