@@ -3,12 +3,15 @@
 #
 #   scripts/test-bun.sh [bun test arguments...]
 #
-# Needs node/npm (to install the pinned Bun from the npm registry) and the library built by
-# `make build` (target/debug/libmlxkern.so), or MLXKERN_LIB pointing at one; it builds nothing.
-# Bun comes from the platform package @oven/bun-linux-x64 pinned in bun/package.json and
-# bun/package-lock.json (`npm ci`, no install scripts); it is reinstalled only when node_modules
-# is missing or older than the lockfile. BUN=/path/to/bun uses another Bun instead (e.g. on
-# macOS, or the -baseline build on a CPU without AVX2).
+# Needs node/npm and the library built by `make build` (target/debug/libmlxkern.so), or
+# MLXKERN_LIB pointing at one; it builds nothing. Bun is no dependency of the package: this
+# script fetches the pinned Bun (BUN_VERSION below) from its npm platform package
+# @oven/bun-linux-x64 (`npm pack`, no install script, checked against the pinned sha512) into
+# build/tools/bun-<version>/, once. BUN=/path/to/bun uses another Bun instead (e.g. on macOS, or
+# the -baseline build on a CPU without AVX2).
+# The type check runs first: `bun check` and `tsc --noEmit` over src/, test/, examples/ and
+# scripts/ with Bun's types (@types/bun and typescript, bun/package.json's devDependencies,
+# installed by `npm ci` in bun/ when node_modules is missing or older than the lockfile).
 # The tests of arrays shared with a host's MLX (bun/test/mlx-interop.test.ts) load a real mlx-c
 # into the Bun process: scripts/mlxc-shared.sh builds it, once, from ../shared/vendor/mlx-c
 # into build/mlx-c-shared (MLXKERN_TEST_MLXC=/path/libmlxc.so uses another). Where those
@@ -44,7 +47,8 @@ else
 fi
 
 # --- Bun -------------------------------------------------------------------------------------
-PINNED=$(node -p 'require(process.argv[1]).devDependencies["@oven/bun-linux-x64"]' "$PKG/package.json")
+BUN_VERSION=1.4.5
+BUN_INTEGRITY=sha512-IWX9BELoGHAUtMonkeSaNaZwXzRk+oDw6Mk+HBFXd3KHYIBNBsIGRupMZPcgNoDbJpLu6gAJjIoIVPZtt1aJ1g==
 if [[ -n "${BUN:-}" ]]; then
   echo "test-bun: using BUN=$BUN ($("$BUN" --version))"
 else
@@ -53,25 +57,57 @@ else
     exit 1
   fi
   if [[ -r /proc/cpuinfo ]] && ! grep -qw avx2 /proc/cpuinfo; then
-    echo "test-bun: this CPU lacks AVX2, which @oven/bun-linux-x64 needs; install @oven/bun-linux-x64-baseline@$PINNED and set BUN" >&2
+    echo "test-bun: this CPU lacks AVX2, which @oven/bun-linux-x64 needs; install @oven/bun-linux-x64-baseline@$BUN_VERSION and set BUN" >&2
     exit 1
   fi
-  BUN=$PKG/node_modules/@oven/bun-linux-x64/bin/bun
-  STAMP=$PKG/node_modules/.mlxkern-lock
-  # npm ci when the binary is missing or the lockfile changed since the last install.
-  if [[ ! -x "$BUN" || ! -f "$STAMP" ]] || ! cmp -s "$PKG/package-lock.json" "$STAMP"; then
-    echo "test-bun: installing @oven/bun-linux-x64@$PINNED (npm ci in bun/)"
+  TOOL=$ROOT/build/tools/bun-$BUN_VERSION
+  BUN=$TOOL/bin/bun
+  if [[ ! -x "$BUN" ]]; then
+    echo "test-bun: fetching @oven/bun-linux-x64@$BUN_VERSION into $TOOL"
     T1=$(now)
-    npm ci --prefix "$PKG" --no-audit --no-fund --ignore-scripts --loglevel=error
-    cp "$PKG/package-lock.json" "$STAMP"
-    echo "test-bun: npm ci took $(elapsed "$T1" "$(now)") s"
+    FETCH=$(mktemp -d)
+    trap 'rm -rf "$FETCH"' EXIT
+    npm pack "@oven/bun-linux-x64@$BUN_VERSION" --pack-destination "$FETCH" --ignore-scripts --loglevel=error >/dev/null
+    TGZ=$FETCH/oven-bun-linux-x64-$BUN_VERSION.tgz
+    GOT=sha512-$(node -e 'const c = require("node:crypto"), fs = require("node:fs");
+      process.stdout.write(c.createHash("sha512").update(fs.readFileSync(process.argv[1])).digest("base64"))' "$TGZ")
+    if [[ "$GOT" != "$BUN_INTEGRITY" ]]; then
+      echo "test-bun: @oven/bun-linux-x64@$BUN_VERSION has integrity $GOT, expected $BUN_INTEGRITY" >&2
+      exit 1
+    fi
+    tar -xzf "$TGZ" -C "$FETCH" package/bin/bun
+    mkdir -p "$TOOL/bin"
+    mv "$FETCH/package/bin/bun" "$BUN.tmp"
+    chmod 0755 "$BUN.tmp"
+    mv "$BUN.tmp" "$BUN"
+    rm -rf "$FETCH"
+    trap - EXIT
+    echo "test-bun: fetching Bun took $(elapsed "$T1" "$(now)") s"
   fi
   VERSION=$("$BUN" --version)
-  if [[ "$VERSION" != "$PINNED" ]]; then
-    echo "test-bun: $BUN reports $VERSION, but $PINNED is pinned; remove bun/node_modules and retry" >&2
+  if [[ "$VERSION" != "$BUN_VERSION" ]]; then
+    echo "test-bun: $BUN reports $VERSION, but $BUN_VERSION is pinned; remove $TOOL and retry" >&2
     exit 1
   fi
-  echo "test-bun: bun $VERSION"
+  echo "test-bun: bun $VERSION ($BUN)"
+fi
+
+# --- the type check ----------------------------------------------------------------------------
+STAMP=$PKG/node_modules/.mlxkern-lock
+if [[ ! -f "$STAMP" ]] || ! cmp -s "$PKG/package-lock.json" "$STAMP"; then
+  echo "test-bun: installing the type-check tools (npm ci in bun/)"
+  T1=$(now)
+  npm ci --prefix "$PKG" --no-audit --no-fund --ignore-scripts --loglevel=error
+  cp "$PKG/package-lock.json" "$STAMP"
+  echo "test-bun: npm ci took $(elapsed "$T1" "$(now)") s"
+fi
+T1=$(now)
+CHECKED=0
+if (cd "$PKG" && "$BUN" check --no-script --no-pretty) && (cd "$PKG" && node node_modules/typescript/bin/tsc --noEmit); then
+  CHECKED=1
+  echo "test-bun: type check clean (bun check, tsc --noEmit), $(elapsed "$T1" "$(now)") s"
+else
+  echo "test-bun: the type check failed (above)" >&2
 fi
 
 # --- mlx-c, the host of the interop tests ------------------------------------------------------
@@ -104,5 +140,9 @@ PASSED=$(sed -nE 's/^ *([0-9]+) pass$/\1/p' "$LOG" | tail -n1)
 FAILED=$(sed -nE 's/^ *([0-9]+) fail$/\1/p' "$LOG" | tail -n1)
 SKIPPED=$(sed -nE 's/^ *([0-9]+) skip$/\1/p' "$LOG" | tail -n1)
 echo "test-bun: bun test took $(elapsed "$T2" "$T3") s; total $(elapsed "$T0" "$T3") s"
+if [[ "$CHECKED" != 1 ]]; then
+  echo "test-bun: FAIL: the type check reported errors"
+  [[ "$STATUS" != 0 ]] || STATUS=1
+fi
 echo "bun: ${PASSED:-0} passed, ${FAILED:-?} failed${SKIPPED:+, $SKIPPED skipped}"
 exit "$STATUS"
