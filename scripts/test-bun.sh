@@ -4,11 +4,9 @@
 #   scripts/test-bun.sh [bun test arguments...]
 #
 # Needs node/npm and the library built by `make build` (target/debug/libmlxkern.so), or
-# MLXKERN_LIB pointing at one; it builds nothing. Bun is no dependency of the package: this
-# script fetches the pinned Bun (BUN_VERSION below) from its npm platform package
-# @oven/bun-linux-x64 (`npm pack`, no install script, checked against the pinned sha512) into
-# build/tools/bun-<version>/, once. BUN=/path/to/bun uses another Bun instead (e.g. on macOS, or
-# the -baseline build on a CPU without AVX2).
+# MLXKERN_LIB pointing at one; it builds nothing. Bun is no dependency of the package:
+# scripts/bun-tool.sh fetches the pinned one from the npm registry into build/tools/, once
+# (BUN=/path/to/bun uses another, e.g. on macOS or on a CPU without AVX2).
 # The type check runs first: `bun check` and `tsc --noEmit` over src/, test/, examples/ and
 # scripts/ with Bun's types (@types/bun and typescript, bun/package.json's devDependencies,
 # installed by `npm ci` in bun/ when node_modules is missing or older than the lockfile).
@@ -47,50 +45,8 @@ else
 fi
 
 # --- Bun -------------------------------------------------------------------------------------
-BUN_VERSION=1.4.5
-BUN_INTEGRITY=sha512-IWX9BELoGHAUtMonkeSaNaZwXzRk+oDw6Mk+HBFXd3KHYIBNBsIGRupMZPcgNoDbJpLu6gAJjIoIVPZtt1aJ1g==
-if [[ -n "${BUN:-}" ]]; then
-  echo "test-bun: using BUN=$BUN ($("$BUN" --version))"
-else
-  if [[ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]]; then
-    echo "test-bun: the pinned Bun package is @oven/bun-linux-x64; on $(uname -s)-$(uname -m) set BUN=/path/to/bun" >&2
-    exit 1
-  fi
-  if [[ -r /proc/cpuinfo ]] && ! grep -qw avx2 /proc/cpuinfo; then
-    echo "test-bun: this CPU lacks AVX2, which @oven/bun-linux-x64 needs; install @oven/bun-linux-x64-baseline@$BUN_VERSION and set BUN" >&2
-    exit 1
-  fi
-  TOOL=$ROOT/build/tools/bun-$BUN_VERSION
-  BUN=$TOOL/bin/bun
-  if [[ ! -x "$BUN" ]]; then
-    echo "test-bun: fetching @oven/bun-linux-x64@$BUN_VERSION into $TOOL"
-    T1=$(now)
-    FETCH=$(mktemp -d)
-    trap 'rm -rf "$FETCH"' EXIT
-    npm pack "@oven/bun-linux-x64@$BUN_VERSION" --pack-destination "$FETCH" --ignore-scripts --loglevel=error >/dev/null
-    TGZ=$FETCH/oven-bun-linux-x64-$BUN_VERSION.tgz
-    GOT=sha512-$(node -e 'const c = require("node:crypto"), fs = require("node:fs");
-      process.stdout.write(c.createHash("sha512").update(fs.readFileSync(process.argv[1])).digest("base64"))' "$TGZ")
-    if [[ "$GOT" != "$BUN_INTEGRITY" ]]; then
-      echo "test-bun: @oven/bun-linux-x64@$BUN_VERSION has integrity $GOT, expected $BUN_INTEGRITY" >&2
-      exit 1
-    fi
-    tar -xzf "$TGZ" -C "$FETCH" package/bin/bun
-    mkdir -p "$TOOL/bin"
-    mv "$FETCH/package/bin/bun" "$BUN.tmp"
-    chmod 0755 "$BUN.tmp"
-    mv "$BUN.tmp" "$BUN"
-    rm -rf "$FETCH"
-    trap - EXIT
-    echo "test-bun: fetching Bun took $(elapsed "$T1" "$(now)") s"
-  fi
-  VERSION=$("$BUN" --version)
-  if [[ "$VERSION" != "$BUN_VERSION" ]]; then
-    echo "test-bun: $BUN reports $VERSION, but $BUN_VERSION is pinned; remove $TOOL and retry" >&2
-    exit 1
-  fi
-  echo "test-bun: bun $VERSION ($BUN)"
-fi
+BUN=$("$ROOT/scripts/bun-tool.sh")
+echo "test-bun: bun $("$BUN" --version) ($BUN)"
 
 # --- the type check ----------------------------------------------------------------------------
 STAMP=$PKG/node_modules/.mlxkern-lock
