@@ -57,8 +57,9 @@ MAIN_TGZ=$OUT/mlxkern-$version.tgz
 PLATFORM_TGZ=$OUT/$PLATFORM-$version.tgz
 
 # What the tarballs are made of: the library, the bindings' sources and manifest, this script.
-stamp=$( (sha256sum "$LIBDIR/libmlxkern.so" "$PKG/package.json" "$PKG/README.md" "$0" "$ROOT/scripts/install.sh"
-  find "$PKG/src" -type f -print0 | sort -z | xargs -0 sha256sum) | sed "s|$ROOT/||" | sha256sum | cut -d' ' -f1)
+stamp=$( (sha256sum <"$LIBDIR/libmlxkern.so"
+  cd "$ROOT" && sha256sum bun/package.json bun/README.md LICENSE scripts/bun-pack.sh scripts/install.sh
+  find bun/src -type f -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
 if [ "$if_changed" = 1 ] && [ -f "$MAIN_TGZ" ] && [ -f "$PLATFORM_TGZ" ] &&
   [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$stamp" ]; then
   echo "bun-pack: $MAIN_TGZ and $PLATFORM_TGZ are up to date"
