@@ -3,7 +3,9 @@
 // inputs of tests/consumers/reference.c's generator, printed in its format (float32 bit
 // patterns in hex). Only the package's public API.
 
-import { gatedDeltaUpdate, gatedRmsNorm, MlxArray } from "mlxkern";
+import { gatedDeltaUpdate, gatedRmsNorm, library, MlxArray } from "mlxkern";
+
+console.error(`library: ${library.path}`);
 
 let s = 2024;
 /** reference.c's generator: s = s * 1664525 + 1013904223 (mod 2^32), a float in [-1, 1). */

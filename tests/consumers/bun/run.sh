@@ -65,7 +65,22 @@ if [ "$installed" != "mlxkern mlxkern-linux-x64-gnu" ]; then
 fi
 say "installed: $installed ($(du -sk node_modules | cut -f1) KiB)"
 
+# The library and the MLX it loads are the platform package's, not the build's.
+PLATFORM_LIB=$APP/node_modules/mlxkern-linux-x64-gnu/lib/libmlxkern.so.1
+for dep in libmlx.so libblas libgfortran; do
+  resolved=$(ldd "$PLATFORM_LIB" | awk -v d="$dep" 'index($1, d) == 1 { print $3 }')
+  case "$resolved" in
+    "$APP"/node_modules/mlxkern-linux-x64-gnu/lib/mlxkern/*) ;;
+    *) say "$dep of $PLATFORM_LIB resolves to '$resolved', not inside the package"; exit 1 ;;
+  esac
+done
+
 cp "$ROOT/tests/consumers/bun/consumer.ts" "$APP/consumer.ts"
 t=$(now)
-env -u MLXKERN_LIB "$BUN" run consumer.ts
+env -u MLXKERN_LIB "$BUN" run consumer.ts 2>"$WORK/consumer.err" || { cat "$WORK/consumer.err" >&2; exit 1; }
 say "consumer ran in $(since "$t") s"
+cat "$WORK/consumer.err" >&2
+if ! grep -qxF "library: $PLATFORM_LIB" "$WORK/consumer.err"; then
+  say "the consumer did not load $PLATFORM_LIB"
+  exit 1
+fi
