@@ -9,7 +9,7 @@
 # LIBDIR by scripts/bun-pack.sh when missing or stale; Bun is scripts/bun-tool.sh's (BUN=...
 # uses another). The install is made with an unreachable registry and an empty package cache:
 # the two local tarballs must be all it needs. Exit 3 (skip) where the platform package is not
-# built (anything but Linux x86-64) or Bun cannot be had.
+# built (anything but Linux x86-64), node/npm are missing, or the CPU cannot run the pinned Bun.
 set -euo pipefail
 
 : "${ROOT:?}" "${WORK:?}" "${LIBDIR:?}"
@@ -24,7 +24,11 @@ fi
 for tool in node npm; do
   command -v "$tool" >/dev/null || { say "SKIP: $tool not found (it fetches Bun and packs the tarballs)"; exit 3; }
 done
-BUN=$("$ROOT/scripts/bun-tool.sh") || { say "SKIP: no Bun (scripts/bun-tool.sh failed)"; exit 3; }
+if [ -z "${BUN:-}" ] && [ -r /proc/cpuinfo ] && ! grep -qw avx2 /proc/cpuinfo; then
+  say "SKIP: this CPU lacks AVX2, which the pinned Bun needs (set BUN to a -baseline build)"
+  exit 3
+fi
+BUN=$("$ROOT/scripts/bun-tool.sh")
 say "bun $("$BUN" --version) ($BUN)"
 
 # The tarballs, as `make bun-pack` makes them.
@@ -35,19 +39,16 @@ MAIN=mlxkern-$version.tgz
 PLATFORM=mlxkern-linux-x64-gnu-$version.tgz
 say "tarballs ready in $(since "$t") s: $MAIN ($(du -k "$ROOT/build/npm/$MAIN" | cut -f1) KiB), $PLATFORM ($(du -k "$ROOT/build/npm/$PLATFORM" | cut -f1) KiB)"
 
-# A new project, as in bun/README.md: the tarballs in vendor/, the platform package named in
-# "overrides" (it is mlxkern's optional dependency), then `bun add` of mlxkern.
+# A new project, as in bun/README.md: the tarballs in vendor/, the platform package (mlxkern's
+# optional dependency, not on the registry) pointed at its tarball in "overrides", then `bun add`
+# of mlxkern. (The README starts from `bun init -y`; its package.json is written here instead,
+# as `bun init` would fetch its own devDependencies from the registry.)
 APP=$WORK/app
 mkdir -p "$APP/vendor"
 cp "$ROOT/build/npm/$MAIN" "$ROOT/build/npm/$PLATFORM" "$APP/vendor/"
 cd "$APP"
-"$BUN" init -y >/dev/null 2>&1 || true
-[ -f package.json ] || echo '{ "name": "app", "private": true, "type": "module" }' >package.json
-node -e '
-  const fs = require("node:fs"), p = JSON.parse(fs.readFileSync("package.json", "utf8"));
-  p.overrides = { "mlxkern-linux-x64-gnu": "./vendor/" + process.argv[1] };
-  delete p.devDependencies; delete p.peerDependencies;  // what `bun init` adds, from the registry
-  fs.writeFileSync("package.json", JSON.stringify(p, null, 2) + "\n");' "$PLATFORM"
+echo '{ "name": "app", "private": true, "type": "module" }' >package.json
+npm pkg set "overrides.mlxkern-linux-x64-gnu=./vendor/$PLATFORM"
 t=$(now)
 env -u MLXKERN_LIB BUN_CONFIG_REGISTRY=http://127.0.0.1:9/ NPM_CONFIG_REGISTRY=http://127.0.0.1:9/ \
   BUN_INSTALL_CACHE_DIR="$WORK/bun-cache" "$BUN" add "./vendor/$MAIN" >"$WORK/add.log" 2>&1 ||
