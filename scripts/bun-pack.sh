@@ -86,8 +86,18 @@ cp -R "$STAGE/prefix/share/doc/mlxkern/." "$P/licenses/"
 mlx_version=$(sed -n 's/^#define MLX_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' \
   "$STAGE/prefix/lib/mlxkern/mlx/include/mlx/version.h" | paste -sd.)
 
-node - "$P/package.json" "$PLATFORM" "$version" "lib/$soname" "$mlx_version" <<'JS'
-const [file, name, version, library, mlx] = process.argv.slice(2);
+# The newest glibc and libstdc++ symbol versions the packed libraries need (what the machine
+# needs at least), from their dynamic symbol tables.
+needs() {
+  find "$P/lib" -name '*.so*' -type f -exec readelf --dyn-syms -W {} + |
+    grep -o "@$1_[0-9.]*" | sed "s/^@$1_//" | sort -uV | tail -n 1
+}
+glibc=$(needs GLIBC)
+glibcxx=$(needs GLIBCXX)
+[ -n "$glibc" ] && [ -n "$glibcxx" ] || fail "could not read the glibc/libstdc++ versions the libraries need"
+
+node - "$P/package.json" "$PLATFORM" "$version" "lib/$soname" "$mlx_version" "$glibc" "$glibcxx" <<'JS'
+const [file, name, version, library, mlx, glibc, glibcxx] = process.argv.slice(2);
 const manifest = {
   name,
   version,
@@ -97,7 +107,7 @@ const manifest = {
   cpu: ["x64"],
   libc: ["glibc"],
   files: ["lib", "licenses"],
-  mlxkern: { library, mlx },
+  mlxkern: { library, mlx, glibc, glibcxx },
 };
 require("node:fs").writeFileSync(file, JSON.stringify(manifest, null, 2) + "\n");
 JS
@@ -107,7 +117,7 @@ cat >"$P/README.md" <<EOF
 The native part of the npm package \`mlxkern\` (Bun
 bindings to libmlxkern: Gated DeltaNet kernels on MLX) for Linux x86-64 with glibc. Install
 \`mlxkern\`, not this package: the package manager picks this one from its \`os\`, \`cpu\` and
-\`libc\` fields.
+\`libc\` fields. It needs glibc $glibc or later and a libstdc++ with GLIBCXX_$glibcxx.
 
 - \`lib/$soname\`: libmlxkern $version (its RUNPATH is \`\$ORIGIN/mlxkern/mlx/lib\`)
 - \`lib/mlxkern/mlx/lib/libmlx.so\`: MLX $mlx_version (CPU), unmodified, as in the \`mlx\` Python wheel
