@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun test-metal-emu test-swift test-sanitizers fuzz clean
+.PHONY: bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -101,6 +101,11 @@ install: build
 
 test-bun: build
 	./scripts/test-bun.sh
+
+# The Bun binding as npm tarballs (build/npm/mlxkern-<v>.tgz and the platform package
+# mlxkern-linux-x64-gnu-<v>.tgz carrying the library and its MLX): bun/README.md, "Installing".
+bun-pack: build
+	LIBDIR=$(LIBDIR) ./scripts/bun-pack.sh
 
 clean:
 	$(CARGO) clean

@@ -3,12 +3,13 @@
 #
 #   scripts/test-bun.sh [bun test arguments...]
 #
-# Needs node/npm (to install the pinned Bun from the npm registry) and the library built by
-# `make build` (target/debug/libmlxkern.so), or MLXKERN_LIB pointing at one; it builds nothing.
-# Bun comes from the platform package @oven/bun-linux-x64 pinned in bun/package.json and
-# bun/package-lock.json (`npm ci`, no install scripts); it is reinstalled only when node_modules
-# is missing or older than the lockfile. BUN=/path/to/bun uses another Bun instead (e.g. on
-# macOS, or the -baseline build on a CPU without AVX2).
+# Needs node/npm and the library built by `make build` (target/debug/libmlxkern.so), or
+# MLXKERN_LIB pointing at one; it builds nothing. Bun is no dependency of the package:
+# scripts/bun-tool.sh fetches the pinned one from the npm registry into build/tools/, once
+# (BUN=/path/to/bun uses another, e.g. on macOS or on a CPU without AVX2).
+# The type check runs first: `bun check` and `tsc --noEmit` over src/, test/, examples/ and
+# scripts/ with Bun's types (@types/bun and typescript, bun/package.json's devDependencies,
+# installed by `npm ci` in bun/ when node_modules is missing or older than the lockfile).
 # The tests of arrays shared with a host's MLX (bun/test/mlx-interop.test.ts) load a real mlx-c
 # into the Bun process: scripts/mlxc-shared.sh builds it, once, from ../shared/vendor/mlx-c
 # into build/mlx-c-shared (MLXKERN_TEST_MLXC=/path/libmlxc.so uses another). Where those
@@ -44,34 +45,25 @@ else
 fi
 
 # --- Bun -------------------------------------------------------------------------------------
-PINNED=$(node -p 'require(process.argv[1]).devDependencies["@oven/bun-linux-x64"]' "$PKG/package.json")
-if [[ -n "${BUN:-}" ]]; then
-  echo "test-bun: using BUN=$BUN ($("$BUN" --version))"
+BUN=$("$ROOT/scripts/bun-tool.sh")
+echo "test-bun: bun $("$BUN" --version) ($BUN)"
+
+# --- the type check ----------------------------------------------------------------------------
+STAMP=$PKG/node_modules/.mlxkern-lock
+if [[ ! -f "$STAMP" ]] || ! cmp -s "$PKG/package-lock.json" "$STAMP"; then
+  echo "test-bun: installing the type-check tools (npm ci in bun/)"
+  T1=$(now)
+  npm ci --prefix "$PKG" --no-audit --no-fund --ignore-scripts --loglevel=error
+  cp "$PKG/package-lock.json" "$STAMP"
+  echo "test-bun: npm ci took $(elapsed "$T1" "$(now)") s"
+fi
+T1=$(now)
+CHECKED=0
+if (cd "$PKG" && "$BUN" check --no-script --no-pretty) && (cd "$PKG" && node node_modules/typescript/bin/tsc --noEmit); then
+  CHECKED=1
+  echo "test-bun: type check clean (bun check, tsc --noEmit), $(elapsed "$T1" "$(now)") s"
 else
-  if [[ "$(uname -s)-$(uname -m)" != "Linux-x86_64" ]]; then
-    echo "test-bun: the pinned Bun package is @oven/bun-linux-x64; on $(uname -s)-$(uname -m) set BUN=/path/to/bun" >&2
-    exit 1
-  fi
-  if [[ -r /proc/cpuinfo ]] && ! grep -qw avx2 /proc/cpuinfo; then
-    echo "test-bun: this CPU lacks AVX2, which @oven/bun-linux-x64 needs; install @oven/bun-linux-x64-baseline@$PINNED and set BUN" >&2
-    exit 1
-  fi
-  BUN=$PKG/node_modules/@oven/bun-linux-x64/bin/bun
-  STAMP=$PKG/node_modules/.mlxkern-lock
-  # npm ci when the binary is missing or the lockfile changed since the last install.
-  if [[ ! -x "$BUN" || ! -f "$STAMP" ]] || ! cmp -s "$PKG/package-lock.json" "$STAMP"; then
-    echo "test-bun: installing @oven/bun-linux-x64@$PINNED (npm ci in bun/)"
-    T1=$(now)
-    npm ci --prefix "$PKG" --no-audit --no-fund --ignore-scripts --loglevel=error
-    cp "$PKG/package-lock.json" "$STAMP"
-    echo "test-bun: npm ci took $(elapsed "$T1" "$(now)") s"
-  fi
-  VERSION=$("$BUN" --version)
-  if [[ "$VERSION" != "$PINNED" ]]; then
-    echo "test-bun: $BUN reports $VERSION, but $PINNED is pinned; remove bun/node_modules and retry" >&2
-    exit 1
-  fi
-  echo "test-bun: bun $VERSION"
+  echo "test-bun: the type check failed (above)" >&2
 fi
 
 # --- mlx-c, the host of the interop tests ------------------------------------------------------
@@ -104,5 +96,9 @@ PASSED=$(sed -nE 's/^ *([0-9]+) pass$/\1/p' "$LOG" | tail -n1)
 FAILED=$(sed -nE 's/^ *([0-9]+) fail$/\1/p' "$LOG" | tail -n1)
 SKIPPED=$(sed -nE 's/^ *([0-9]+) skip$/\1/p' "$LOG" | tail -n1)
 echo "test-bun: bun test took $(elapsed "$T2" "$T3") s; total $(elapsed "$T0" "$T3") s"
+if [[ "$CHECKED" != 1 ]]; then
+  echo "test-bun: FAIL: the type check reported errors"
+  [[ "$STATUS" != 0 ]] || STATUS=1
+fi
 echo "bun: ${PASSED:-0} passed, ${FAILED:-?} failed${SKIPPED:+, $SKIPPED skipped}"
 exit "$STATUS"

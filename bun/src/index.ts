@@ -1,9 +1,20 @@
 // mlxkern for Bun: bun:ffi bindings to libmlxkern (Gated DeltaNet kernels on MLX, arrays shared
 // with a host's MLX, and the GLM-5.2 expert-slot layout). The library is found and opened at
-// import (MLXKERN_LIB, else ../target/{debug,release}/libmlxkern.{so,dylib}), and its ABI
-// version checked.
+// import (MLXKERN_LIB, else the installed platform package mlxkern-<platform>-<arch>-<libc>,
+// else, in a checkout of the repository, ../target/{debug,release}/libmlxkern.{so,dylib}), and
+// its ABI version checked.
 
-export { AbiVersionError, defaultLibraryCandidates, findLibrary, lib, library, openLibrary } from "./library";
+export {
+  AbiVersionError,
+  defaultLibraryCandidates,
+  findLibrary,
+  lib,
+  library,
+  openLibrary,
+  PLATFORM_PACKAGES,
+  platformLibrary,
+  platformPackageName,
+} from "./library";
 export type { OpenedLibrary, Symbols } from "./library";
 export {
   BackendError,

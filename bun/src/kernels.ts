@@ -259,6 +259,9 @@ function gradients<K extends string>(
   names: readonly K[],
   call: (...slots: BigUint64Array[]) => number,
 ): Record<K, MlxArray> {
+  if (call.length !== names.length) {
+    throw new Error(`mlxkern: ${fn}: the call takes ${call.length} output slots, ${names.length} are named`);
+  }
   const slots = names.map(() => outSlot());
   check(call(...slots));
   const out = {} as Record<K, MlxArray>;
@@ -312,7 +315,8 @@ export function gatedDeltaUpdateVjp(
   return gradients(
     "gatedDeltaUpdateVjp",
     ["dq", "dk", "dv", "da", "db", "daLog", "dDtBias", "dState"] as const,
-    (...s) => lib.mlxk_gated_delta_update_vjp(...inputs, ...cotangents, s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]),
+    (dq, dk, dv, da, db, daLog, dDtBias, dState) =>
+      lib.mlxk_gated_delta_update_vjp(...inputs, ...cotangents, dq, dk, dv, da, db, daLog, dDtBias, dState),
   );
 }
 
@@ -355,8 +359,8 @@ export function siluRmsHeadsVjp(
     optionalHandle(dk),
     optionalHandle(dv),
   ] as const;
-  return gradients("siluRmsHeadsVjp", ["dx", "dqScale", "dkScale"] as const, (...s) =>
-    lib.mlxk_silu_rms_heads_vjp(...args, s[0], s[1], s[2]),
+  return gradients("siluRmsHeadsVjp", ["dx", "dqScale", "dkScale"] as const, (dx, dqScale, dkScale) =>
+    lib.mlxk_silu_rms_heads_vjp(...args, dx, dqScale, dkScale),
   );
 }
 
@@ -388,7 +392,7 @@ export function gatedRmsNormVjp(
     floatArg("eps", eps),
     optionalHandle(dout),
   ] as const;
-  return gradients("gatedRmsNormVjp", ["dx", "dgate", "dweight"] as const, (...s) =>
-    lib.mlxk_gated_rms_norm_vjp(...args, s[0], s[1], s[2]),
+  return gradients("gatedRmsNormVjp", ["dx", "dgate", "dweight"] as const, (dx, dgate, dweight) =>
+    lib.mlxk_gated_rms_norm_vjp(...args, dx, dgate, dweight),
   );
 }

@@ -1,25 +1,63 @@
 // Finding and opening libmlxkern, and the ABI check made at load.
 
 import { dlopen, suffix } from "bun:ffi";
-import { existsSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { existsSync, readFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
 import { MLXK_ABI_VERSION, symbols } from "./symbols.generated";
 
-/** The package directory (bun/). */
+/** The package directory (the folder holding package.json and src/). */
 const PACKAGE_DIR = join(import.meta.dir, "..");
 
-/** Where the library is looked for, in order, when MLXKERN_LIB is not set: the cargo build
- * outputs next to this package (debug first: `make build` makes it). */
-export function defaultLibraryCandidates(): string[] {
+/** The npm package that carries the prebuilt library (with the MLX it runs on) for each
+ * `${process.platform}-${process.arch}`. mlxkern lists them as optionalDependencies; the package
+ * manager installs the one whose os, cpu and libc fields match the machine. */
+export const PLATFORM_PACKAGES: Readonly<Record<string, string>> = {
+  "linux-x64": "mlxkern-linux-x64-gnu",
+};
+
+/** The platform package for `platform`-`arch` (default: this process's), or undefined where
+ * none is built. */
+export function platformPackageName(platform: string = process.platform, arch: string = process.arch): string | undefined {
+  return PLATFORM_PACKAGES[`${platform}-${arch}`];
+}
+
+/** The library file inside the installed platform package `name` (default: this machine's):
+ * the path its package.json names in the field "mlxkern": { "library": ... }, relative to that
+ * package. undefined when the package is not installed (or none exists for this machine). */
+export function platformLibrary(name: string | undefined = platformPackageName()): string | undefined {
+  if (name === undefined) return undefined;
+  let manifest: string;
+  try {
+    manifest = fileURLToPath(import.meta.resolve(`${name}/package.json`));
+  } catch {
+    return undefined;
+  }
+  const field: unknown = JSON.parse(readFileSync(manifest, "utf8"))?.mlxkern?.library;
+  if (typeof field !== "string" || field === "") {
+    throw new Error(`mlxkern: ${manifest} does not name its library (expected a field "mlxkern": { "library": "<path>" })`);
+  }
+  return join(dirname(manifest), field);
+}
+
+/** The cargo build outputs, when this package is the repository's bun/ folder (debug first:
+ * `make build` makes it); else none. */
+function repositoryCandidates(): string[] {
+  const root = join(PACKAGE_DIR, "..");
+  if (!existsSync(join(root, "Cargo.toml"))) return [];
   const file = `libmlxkern.${suffix}`;
-  return [
-    join(PACKAGE_DIR, "..", "target", "debug", file),
-    join(PACKAGE_DIR, "..", "target", "release", file),
-  ];
+  return [join(root, "target", "debug", file), join(root, "target", "release", file)];
+}
+
+/** Where the library is looked for, in order, when MLXKERN_LIB is not set: the installed
+ * platform package's library, then (in a checkout of the repository) the cargo build outputs. */
+export function defaultLibraryCandidates(): string[] {
+  const installed = platformLibrary();
+  return [...(installed === undefined ? [] : [installed]), ...repositoryCandidates()];
 }
 
 /** The library path to open: `MLXKERN_LIB` if set (it must exist), else the first existing
- * default candidate. Throws an Error naming every path tried. */
+ * default candidate. Throws an Error naming every path tried and how to get the library. */
 export function findLibrary(env: Record<string, string | undefined> = process.env): string {
   const fromEnv = env.MLXKERN_LIB;
   if (fromEnv !== undefined && fromEnv !== "") {
@@ -31,11 +69,14 @@ export function findLibrary(env: Record<string, string | undefined> = process.en
   }
   const candidates = defaultLibraryCandidates();
   const found = candidates.find((p) => existsSync(p));
-  if (!found) {
-    throw new Error(
-      `mlxkern: libmlxkern not found; looked at ${candidates.join(", ")}. ` +
-        "Build it (`make build` in the repository root) or set MLXKERN_LIB to its path.",
-    );
+  if (found === undefined) {
+    const name = platformPackageName();
+    const looked = candidates.length > 0 ? ` Looked at ${candidates.join(", ")}.` : "";
+    const remedy =
+      name === undefined
+        ? `No prebuilt library exists for ${process.platform}-${process.arch}: build libmlxkern (cargo build --lib in the repository) and set MLXKERN_LIB to its path.`
+        : `The prebuilt library comes in the package ${name} (an optional dependency of mlxkern, installed where its os/cpu/libc fields match: Linux x64 with glibc); add it (e.g. bun add ${name}, or its packed tarball), or set MLXKERN_LIB to a libmlxkern you built.`;
+    throw new Error(`mlxkern: libmlxkern not found.${looked} ${remedy}`);
   }
   return found;
 }

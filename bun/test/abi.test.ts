@@ -2,7 +2,8 @@
 // sync with include/mlxkern.h.
 
 import { describe, expect, test } from "bun:test";
-import { readFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DEFAULT_HEADER, GENERATED_FILE, generate, parseHeader } from "../scripts/gen-symbols";
 import {
@@ -14,16 +15,20 @@ import {
   lib,
   library,
   openLibrary,
+  PLATFORM_PACKAGES,
+  platformLibrary,
+  platformPackageName,
   version,
 } from "../src/index";
 import { MLXK_ABI_VERSION, MLXK_VERSION, symbols } from "../src/symbols.generated";
 
 const PACKAGE_DIR = join(import.meta.dir, "..");
 
-/** Runs `code` in a fresh Bun process from the package directory with `env` added. */
-function runBun(code: string, env: Record<string, string>) {
+/** Runs `code` in a fresh Bun process from `cwd` (default: the package directory) with `env`
+ * added; `MLXKERN_LIB: undefined` removes it. */
+function runBun(code: string, env: Record<string, string | undefined>, cwd = PACKAGE_DIR) {
   const proc = Bun.spawnSync([process.execPath, "-e", code], {
-    cwd: PACKAGE_DIR,
+    cwd,
     env: { ...process.env, ...env },
     stdout: "pipe",
     stderr: "pipe",
@@ -64,12 +69,28 @@ describe("ABI version", () => {
 });
 
 describe("library lookup", () => {
-  test("MLXKERN_LIB wins; else target/debug, then target/release", () => {
+  test("MLXKERN_LIB wins; in the repository (no platform package installed), target/debug, then target/release", () => {
     expect(findLibrary({ MLXKERN_LIB: library.path })).toBe(library.path);
-    const [debug, release] = defaultLibraryCandidates();
+    expect(platformLibrary()).toBeUndefined();
+    const [debug, release, ...rest] = defaultLibraryCandidates();
     expect(debug).toMatch(/target[\\/]debug[\\/]libmlxkern\.(so|dylib|dll)$/);
     expect(release).toMatch(/target[\\/]release[\\/]libmlxkern\.(so|dylib|dll)$/);
-    expect(defaultLibraryCandidates()).toContain(findLibrary({}));
+    expect(rest).toEqual([]);
+    if ([debug, release].some((path) => path !== undefined && existsSync(path))) {
+      expect(defaultLibraryCandidates()).toContain(findLibrary({}));
+    } else {
+      // Only MLXKERN_LIB named the library this run loaded.
+      expect(() => findLibrary({})).toThrow(`libmlxkern not found. Looked at ${debug}, ${release}.`);
+    }
+  });
+
+  test("one platform package per built platform; none elsewhere", () => {
+    expect(platformPackageName("linux", "x64")).toBe("mlxkern-linux-x64-gnu");
+    expect(platformPackageName("darwin", "arm64")).toBeUndefined();
+    expect(platformPackageName("linux", "arm64")).toBeUndefined();
+    expect(Object.values(PLATFORM_PACKAGES)).toEqual(["mlxkern-linux-x64-gnu"]);
+    expect(platformLibrary(undefined)).toBeUndefined();
+    expect(platformLibrary("mlxkern-no-such-platform")).toBeUndefined();
   });
 
   test("a missing MLXKERN_LIB is a clear error, not a fallback", () => {
@@ -87,6 +108,67 @@ describe("library lookup", () => {
     });
     expect(run.stderr).toBe("");
     expect(run.stdout.trim()).toBe(`${library.path} ${MLXK_ABI_VERSION}`);
+  });
+});
+
+// A project outside the repository with the package installed as a package manager lays it out:
+// node_modules/mlxkern (package.json, src/) beside node_modules/<platform package> (package.json,
+// lib/ holding the library, here a link to the built one).
+describe.if(platformPackageName() !== undefined)("installed in a project", () => {
+  const platform = platformPackageName() ?? "";
+  const load = 'const m = await import("mlxkern"); console.log(m.library.path, m.abiVersion())';
+
+  function project(manifest: object | null): { dir: string; libraryPath: string } {
+    const dir = mkdtempSync(join(tmpdir(), "mlxkern-bun-install-"));
+    const modules = join(dir, "node_modules");
+    mkdirSync(join(modules, "mlxkern"), { recursive: true });
+    cpSync(join(PACKAGE_DIR, "package.json"), join(modules, "mlxkern", "package.json"));
+    cpSync(join(PACKAGE_DIR, "src"), join(modules, "mlxkern", "src"), { recursive: true });
+    writeFileSync(join(dir, "package.json"), JSON.stringify({ name: "consumer", private: true }));
+    const libraryPath = join(modules, platform, "lib", "libmlxkern.so.1");
+    if (manifest !== null) {
+      mkdirSync(join(modules, platform, "lib"), { recursive: true });
+      writeFileSync(join(modules, platform, "package.json"), JSON.stringify({ name: platform, version: "0.0.0", ...manifest }));
+      symlinkSync(library.path, libraryPath);
+    }
+    return { dir, libraryPath };
+  }
+
+  test("the platform package's library loads without MLXKERN_LIB", () => {
+    const { dir, libraryPath } = project({ mlxkern: { library: "lib/libmlxkern.so.1" } });
+    try {
+      const run = runBun(load, { MLXKERN_LIB: undefined }, dir);
+      expect(run.stderr).toBe("");
+      expect(run.stdout.trim()).toBe(`${libraryPath} ${MLXK_ABI_VERSION}`);
+      // MLXKERN_LIB still wins over it.
+      const over = runBun(load, { MLXKERN_LIB: library.path }, dir);
+      expect(over.stdout.trim()).toBe(`${library.path} ${MLXK_ABI_VERSION}`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("without the platform package, the error names it (and no repository paths)", () => {
+    const { dir } = project(null);
+    try {
+      const run = runBun(load, { MLXKERN_LIB: undefined }, dir);
+      expect(run.exitCode).not.toBe(0);
+      expect(run.stderr).toContain(`libmlxkern not found. The prebuilt library comes in the package ${platform}`);
+      expect(run.stderr).not.toContain("target");
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  test("a platform package that does not name its library is an error naming the field", () => {
+    const { dir } = project({});
+    try {
+      const run = runBun(load, { MLXKERN_LIB: undefined }, dir);
+      expect(run.exitCode).not.toBe(0);
+      expect(run.stderr).toContain(`${platform}/package.json does not name its library`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 

@@ -192,13 +192,19 @@ function openMlxc(path: string) {
 
 type Mlxc = ReturnType<typeof openMlxc>;
 
+/** An mlx-c pointer result (bun:ffi gives a Pointer, or a bigint) as the Pointer the tests pass on. */
+function pointerOf(p: Pointer | bigint | null, what: string): Pointer {
+  if (p === null) throw new Error(`mlx-c: ${what} returned NULL`);
+  return typeof p === "bigint" ? (Number(p) as Pointer) : p;
+}
+
 /** A small host on mlx-c: arrays are their ctx pointers. */
 class Host {
   readonly c: Mlxc;
   readonly cpu: Pointer;
   constructor(path: string) {
     this.c = openMlxc(path);
-    this.cpu = this.c.mlx_default_cpu_stream_new()!;
+    this.cpu = pointerOf(this.c.mlx_default_cpu_stream_new(), "mlx_default_cpu_stream_new");
   }
 
   version(): string {
@@ -213,9 +219,7 @@ class Host {
   /** A new mlx-c array holding a copy of `data` (float32, or bfloat16 bits). */
   array(data: Float32Array | Uint16Array | Float64Array, shape: number[], dtype: number): Pointer {
     const dims = Int32Array.from(shape);
-    const ctx = this.c.mlx_array_new_data(data, dims, dims.length, dtype);
-    expect(ctx).not.toBeNull();
-    return ctx!;
+    return pointerOf(this.c.mlx_array_new_data(data, dims, dims.length, dtype), "mlx_array_new_data");
   }
 
   /** The result of an mlx-c op writing `mlx_array *res`. */
