@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-sanitizers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -98,6 +98,12 @@ fuzz: bootstrap
 PREFIX ?= /usr/local
 install: build
 	LIBDIR=$(LIBDIR) ./scripts/install.sh $(PREFIX)
+
+# A consumer of each kind (CMake, cargo, Bun, SwiftPM), built from the installed or packed
+# artifact in a fresh folder outside the repository, checked bit for bit against the C ABI
+# (scripts/test-consumers.sh; CONSUMERS="cmake cargo" for some).
+test-consumers: build
+	LIBDIR=$(LIBDIR) ./scripts/test-consumers.sh $(CONSUMERS)
 
 test-bun: build
 	./scripts/test-bun.sh
