@@ -31,7 +31,8 @@ case "$(uname -s)" in
     command -v git >/dev/null || { say "SKIP: git not found (apt-get install git)"; exit 3; }
     export SWIFT_CHROOT_PACKAGES="${SWIFT_CHROOT_PACKAGES:+$SWIFT_CHROOT_PACKAGES }git"
     t=$(now)
-    "$ROOT/scripts/swift-env.sh" >&2
+    "$ROOT/scripts/swift-env.sh" >"$WORK/swift-env.log" 2>&1 ||
+      { cat "$WORK/swift-env.log" >&2; say "error: scripts/swift-env.sh failed"; exit 1; }
     say "Swift root ready ($(since "$t"))"
     export SWIFT_RUN_ENV="PKG_CONFIG_PATH"
     swift_in() { local dir=$1; shift; (cd "$dir" && "$ROOT/scripts/swift-run.sh" "$WORK" "$@"); }
@@ -79,8 +80,9 @@ t=$(now)
 swift_in "$WORK/app" swift build -Xlinker -rpath -Xlinker "$WORK/prefix/lib" >"$WORK/build.log" 2>&1 ||
   { cat "$WORK/build.log" >&2; say "error: swift build failed"; exit 1; }
 grep -E 'warning|error' "$WORK/build.log" | sed 's/^/consumer-swift:   /' >&2 || true
-grep -q "Computing version for file://$PKG\|Computed file://$PKG at 0.1.0" "$WORK/build.log" ||
-  say "note: SwiftPM did not report resolving the version (log: $(grep -c . "$WORK/build.log") lines)"
+grep -E 'resolved at|Computed .* at ' "$WORK/build.log" | sed 's/^/consumer-swift:   /' >&2 || true
+grep -qE 'mlxkern-swift.* at 0\.1\.0' "$WORK/build.log" ||
+  { cat "$WORK/build.log" >&2; say "error: SwiftPM did not resolve mlxkern-swift at version 0.1.0"; exit 1; }
 say "built the consumer against mlxkern-swift 0.1.0 ($(since "$t"))"
 swift_in "$WORK/app" ./.build/debug/Consumer
 

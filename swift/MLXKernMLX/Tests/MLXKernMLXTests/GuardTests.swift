@@ -42,7 +42,7 @@ final class GuardTests: XCTestCase {
                                (@convention(c) (OpaquePointer?, UnsafeMutablePointer<UnsafeMutableRawPointer?>?) -> Int32).self)
         let zeros = try symbol("mlxk_array_zeros",
                                (@convention(c) (UnsafePointer<Int32>?, Int, Int32, UnsafeMutablePointer<OpaquePointer?>?) -> Int32).self)
-        let free = try symbol("mlxk_array_free", (@convention(c) (OpaquePointer?) -> Int32).self)
+        let arrayFree = try symbol("mlxk_array_free", (@convention(c) (OpaquePointer?) -> Int32).self)
         let lastError = try symbol("mlxk_last_error", (@convention(c) () -> UnsafePointer<CChar>?).self)
         let mlxVersion = try symbol("mlxk_mlx_version", (@convention(c) () -> UnsafePointer<CChar>?).self)
         let bundledMLX = String(cString: try XCTUnwrap(mlxVersion()))
@@ -69,7 +69,7 @@ final class GuardTests: XCTestCase {
         XCTAssertEqual(toMLX(handle, &out), MLXKError.Status.unsupported.rawValue)
         XCTAssertNil(out)
         assertNamesBoth(String(cString: try XCTUnwrap(lastError())), "bundled mlxk_array_to_mlx")
-        XCTAssertEqual(free(handle), 0)
+        XCTAssertEqual(arrayFree(handle), 0)
 
         // This program's own (static) libmlxkern now sees the second MLX too.
         XCTAssertThrowsError(try MLXKArray(sharing: x)) { error in
