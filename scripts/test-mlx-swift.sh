@@ -6,7 +6,8 @@
 #   2. the references the tests compare with, from the bundled library (target/debug, on the
 #      pip MLX): tests/consumers/reference.c's output, and the C++ engine layer
 #      (examples/cpp/qwen35_layer) run by tests/cpp/test_qwen35_layer.py on its "small"
-#      configuration, which leaves the weights, the token stream and the engine's outputs;
+#      configuration (MLXKERN_TEST_QWEN35_CONFIG=35b: Qwen3.5-35B-A3B's shapes), which leaves
+#      the weights, the token stream and the engine's outputs;
 #   3. the package's XCTest suite (swift/MLXKernMLX/Tests) built against mlx-swift and that
 #      archive, in the Swift root of scripts/swift-env.sh: MLXArrays into the kernels and back
 #      (zero copy, laziness, views, decode loop), the kernels bit-identical to the bundled
@@ -20,7 +21,8 @@
 #
 # Environment: MLX_SWIFT_PATH (an mlx-swift checkout with submodules; default
 # ../shared/vendor/mlx-swift), LIBDIR (the bundled library; default target/debug), BUILD
-# (default build), CC, CXX (default cc, c++), SWIFT_CHROOT, MLXKERN_TEST_SEED.
+# (default build), CC, CXX (default cc, c++), SWIFT_CHROOT, MLXKERN_TEST_SEED,
+# MLXKERN_TEST_QWEN35_CONFIG (small or 35b; default small).
 # Linux needs root (the Swift root). macOS: not run here; see swift/README.md.
 set -euo pipefail
 
@@ -50,6 +52,9 @@ MLX_SWIFT=$(cd "$MLX_SWIFT" && pwd -P)
 [ -f "$LIBDIR/libmlxkern.so" ] || die "$LIBDIR/libmlxkern.so not found: build it first (make build)"
 [ -x "$PY" ] || die "$PY not found: run make bootstrap"
 mkdir -p "$OUT"
+export MLXKERN_TEST_QWEN35_CONFIG=${MLXKERN_TEST_QWEN35_CONFIG:-small}
+QWEN35=$MLXKERN_TEST_QWEN35_CONFIG
+case "$QWEN35" in small|35b) ;; *) die "MLXKERN_TEST_QWEN35_CONFIG=$QWEN35: expected small or 35b" ;; esac
 
 # 1. The static library against mlx-swift's MLX.
 t=$(now)
@@ -68,7 +73,7 @@ if [ ! -x "$OUT/qwen35_layer" ] || [ "$ROOT/examples/cpp/qwen35_layer.cpp" -nt "
     -Wl,-rpath,"$LIBDIR" -isystem "$MLX/include" -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/qwen35_layer"
 fi
 rm -rf "$OUT/qwen35" && mkdir -p "$OUT/qwen35"
-"$PY" "$ROOT/tests/cpp/test_qwen35_layer.py" --binary "$OUT/qwen35_layer" --config small \
+"$PY" "$ROOT/tests/cpp/test_qwen35_layer.py" --binary "$OUT/qwen35_layer" --config "$QWEN35" \
   --workdir "$OUT/qwen35" ${MLXKERN_TEST_SEED:+--seed "$MLXKERN_TEST_SEED"} >"$OUT/qwen35.log" 2>&1 ||
   { cat "$OUT/qwen35.log"; die "the C++ engine's acceptance test failed"; }
 grep -E '^(seed|PASS)' "$OUT/qwen35.log" | sed 's/^/test-mlx-swift: C++ engine vs mlx-lm: /'
@@ -91,7 +96,8 @@ export SWIFT_RUN_BINDS
 SWIFT_RUN_BINDS=$(IFS=:; echo "${binds[*]-}")
 export MLX_SWIFT_PATH=$MLX_SWIFT PKG_CONFIG_PATH=$PCDIR
 export MLXKERN_TEST_REFERENCE=$OUT/reference.txt MLXKERN_TEST_QWEN35_DIR=$OUT/qwen35
-export SWIFT_RUN_ENV="MLX_SWIFT_PATH PKG_CONFIG_PATH MLXKERN_TEST_REFERENCE MLXKERN_TEST_QWEN35_DIR MLXKERN_TEST_SEED MLXKERN_TEST_BUNDLED_LIB"
+export SWIFT_RUN_ENV="MLX_SWIFT_PATH PKG_CONFIG_PATH MLXKERN_TEST_REFERENCE MLXKERN_TEST_QWEN35_DIR
+  MLXKERN_TEST_QWEN35_CONFIG MLXKERN_TEST_SEED MLXKERN_TEST_BUNDLED_LIB"
 say "Swift root ready: $(since "$t") s"
 run() { "$ROOT/scripts/swift-run.sh" "$ROOT" "$@"; }
 
