@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-sanitizers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -72,6 +72,12 @@ test-metal-emu: build
 
 test-swift: build
 	MLXKERN_LIB_DIR=$(LIBDIR) ./scripts/test-swift.sh
+
+# mlxkern inside an mlx-swift program, on its one MLX (swift/MLXKernMLX; needs
+# ../shared/vendor/mlx-swift or MLX_SWIFT_PATH, else it says so and skips).
+test-mlx-swift: build
+	@mkdir -p $(BUILD)
+	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-mlx-swift.sh
 
 # Benchmarks: the C ABI against MLX's own CPU path, side by side (table, JSON and a PNG chart
 # in build/bench/). MLXK_BENCH_QUICK=1 for a short run.

@@ -93,13 +93,27 @@ exec 9>"$ROOT.lock"
 flock -w 3600 9 || die "timed out waiting for $ROOT.lock"
 
 # --- fast path: already there --------------------------------------------
+# Whether every wanted package is among those the stamp records (a root made with more
+# packages serves callers that want fewer: test-swift.sh and test-mlx-swift.sh share one).
+has_packages() {
+  local have p
+  have=" $(sed -n 's/^packages=//p' "$STAMP") "
+  for p in $BASE_PACKAGES $EXTRA_PACKAGES; do
+    case "$have" in *" $p "*) ;; *) return 1 ;; esac
+  done
+}
 if [ -f "$STAMP" ]; then
-  if [ "$(sed -n '1,3p' "$STAMP")" = "$(want_config)" ]; then
+  if [ "$(sed -n '1,3p' "$STAMP")" = "$(want_config)" ] ||
+     { [ "$(sed -n '1,2p' "$STAMP")" = "$(want_config | sed -n '1,2p')" ] && has_packages; }; then
     log "ready: $ROOT ($(sed -n 's/^swift=//p' "$STAMP"))"
     exit 0
   fi
   # Same suite, other package list: install what is wanted, in place.
   if [ "$(sed -n '1p' "$STAMP")" = "suite=$SUITE" ]; then
+    # Keep what is there: the root then serves both the old and the new callers.
+    for p in $(sed -n 's/^packages=//p' "$STAMP"); do
+      case " $BASE_PACKAGES $EXTRA_PACKAGES " in *" $p "*) ;; *) EXTRA_PACKAGES="$EXTRA_PACKAGES $p" ;; esac
+    done
     log "updating packages in place: $BASE_PACKAGES $EXTRA_PACKAGES"
     in_root "$ROOT" apt-get update -q >&2
     # shellcheck disable=SC2086

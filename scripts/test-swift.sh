@@ -41,6 +41,22 @@ esac
 LIBDIR=$(cd "$LIBDIR" && pwd -P)
 export MLXKERN_LIB_DIR=$LIBDIR
 
+# How SwiftPM finds the library (the package's manifest carries no linker flags, so that it can
+# be another package's dependency): an mlxkern.pc for this library folder on PKG_CONFIG_PATH
+# (-L, -l: what SwiftPM takes from pkg-config), and the rpath on the command line.
+PCDIR=$PACKAGE/.build/pkgconfig
+mkdir -p "$PCDIR"
+cat >"$PCDIR/mlxkern.pc" <<PC
+# Written by scripts/test-swift.sh: the library built in $LIBDIR.
+libdir=$LIBDIR
+Name: mlxkern
+Description: mlxkern built in this repository
+Version: $(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -n 1)
+Libs: -L\${libdir} -lmlxkern
+PC
+export PKG_CONFIG_PATH=$PCDIR
+RPATH="-Xlinker -rpath -Xlinker $LIBDIR"
+
 # The XCTest summary line ("Executed 31 tests, with 0 failures ...") of the whole run.
 summary() { grep -E 'Executed [0-9]+ tests?, with' "$LOG" | tail -n 1 | sed 's/^[[:space:]]*//'; }
 
@@ -67,7 +83,7 @@ if [ "$(uname -s)" = Darwin ]; then
     flags+=(--disable-swift-testing)  # XCTest only: keep the summary about the tests that ran
   fi
   t=$(now)
-  (cd "$PACKAGE" && swift build --build-tests) 2>&1 | tee "$LOG"
+  (cd "$PACKAGE" && swift build --build-tests $RPATH) 2>&1 | tee "$LOG"
   say "build: $(since "$t") s"
   t=$(now)
   (cd "$PACKAGE" && swift test --skip-build ${flags[@]+"${flags[@]}"}) 2>&1 | tee -a "$LOG"
@@ -99,7 +115,7 @@ for path in "${paths[@]}"; do
 done
 export SWIFT_RUN_BINDS
 SWIFT_RUN_BINDS=$(IFS=:; echo "${binds[*]-}")
-export SWIFT_RUN_ENV="MLXKERN_LIB_DIR MLXKERN_TEST_MLXC"
+export SWIFT_RUN_ENV="MLXKERN_LIB_DIR MLXKERN_TEST_MLXC PKG_CONFIG_PATH"
 
 t=$(now)
 "$ROOT/scripts/swift-env.sh"
@@ -116,7 +132,7 @@ if [ -n "$MLXKERN_TEST_MLXC" ]; then
 fi
 
 t=$(now)
-run sh -c 'cd swift && swift build --build-tests' 2>&1 | tee "$LOG"
+run sh -c "cd swift && swift build --build-tests $RPATH" 2>&1 | tee "$LOG"
 say "build: $(since "$t") s"
 
 t=$(now)

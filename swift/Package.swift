@@ -1,21 +1,23 @@
 // swift-tools-version:5.9
 import PackageDescription
 
-// The Swift package over libmlxkern, the C ABI built by cargo from the repository root.
+// The Swift package over libmlxkern, the C library built by cargo from the repository root.
 //
-// Where the library is found, at link time and at run time: MLXKERN_LIB_DIR if set, else the
-// repository's target/debug (what `cargo build` / `make build` produce). The folder goes to the
-// linker as -L and as an rpath, so `swift build` and `swift test` need no DYLD_/LD_LIBRARY_PATH.
-// libmlxkern itself carries an rpath to the libmlx it was built against (the project's .venv).
+// The manifest carries no unsafe flags, so the package can be a dependency of another package
+// (SwiftPM refuses `unsafeFlags` in a dependency pinned to a version). How the linker finds
+// libmlxkern (the module map links `mlxkern`):
+//   - pkg-config: the `mlxkern.pc` SwiftPM finds on PKG_CONFIG_PATH or in the default folders
+//     (scripts/install.sh installs one in PREFIX/lib/pkgconfig) gives `-L<libdir> -lmlxkern`.
+//     SwiftPM drops the file's rpath flag ("prohibited flag(s)", a warning): at run time the
+//     program finds the library through an rpath it sets itself, the system's library path or
+//     LD_LIBRARY_PATH / DYLD_LIBRARY_PATH;
+//   - or the command line: `swift build -Xlinker -L<dir> -Xlinker -rpath -Xlinker <dir>`
+//     (scripts/test-swift.sh does so with the repository's target/debug);
+//   - Xcode: "Library Search Paths" and "Runpath Search Paths" of the app target.
+// See README.md, "Adding the package to an app".
 //
-// SwiftPM accepts these unsafeFlags in a root package and in a dependency added by local path
-// (`.package(path: ...)`) or by branch; a dependency pinned to a version tag may not carry them:
-// such an app passes the same flags itself (Xcode: "Library Search Paths" and
-// "Runpath Search Paths"). See README.md.
-let packageDirectory = Context.packageDirectory
-let repositoryRoot = String(packageDirectory[..<packageDirectory.lastIndex(of: "/")!])
-let libraryDirectory = Context.environment["MLXKERN_LIB_DIR"] ?? repositoryRoot + "/target/debug"
-
+// The product MLXKernMLX (mlxkern on an mlx-swift app's own MLX) is the package in
+// MLXKernMLX/, beside this one: it depends on mlx-swift, which this package never resolves.
 let package = Package(
     name: "MLXKern",
     platforms: [.macOS(.v13)],
@@ -25,17 +27,8 @@ let package = Package(
     targets: [
         // The C declarations: a module map over the repository's generated header
         // (include/mlxkern.h, by relative path: there is no copy to keep in sync).
-        .systemLibrary(name: "CMLXKern", path: "Sources/CMLXKern"),
-        .target(
-            name: "MLXKern",
-            dependencies: ["CMLXKern"],
-            linkerSettings: [
-                .unsafeFlags([
-                    "-L", libraryDirectory,
-                    "-Xlinker", "-rpath", "-Xlinker", libraryDirectory,
-                ]),
-            ]
-        ),
+        .systemLibrary(name: "CMLXKern", path: "Sources/CMLXKern", pkgConfig: "mlxkern"),
+        .target(name: "MLXKern", dependencies: ["CMLXKern"]),
         .testTarget(name: "MLXKernTests", dependencies: ["MLXKern"]),
     ]
 )

@@ -37,7 +37,12 @@
 #if defined(__APPLE__)
 #include <mach-o/dyld.h>
 #else
+#include <elf.h>
+#include <fcntl.h>
 #include <link.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #endif
 
 namespace mx = mlx::core;
@@ -749,6 +754,50 @@ uint64_t loader_generation() {
 #endif
 }
 
+#if !defined(__APPLE__)
+// Whether the ELF file at `path` defines kMlxSymbol in its static symbol table (.symtab): MLX
+// compiled into a program or library whose MLX symbols are not exported (an mlx-swift app),
+// which dlsym cannot see. A stripped file has no .symtab, and such a copy stays unseen.
+bool elf_defines_mlx(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  void* map = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > (off_t)sizeof(ElfW(Ehdr)))
+    map = mmap(nullptr, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) return false;
+  const auto* base = static_cast<const unsigned char*>(map);
+  const size_t size = (size_t)st.st_size, want = strlen(kMlxSymbol) + 1;
+  auto fits = [size](size_t offset, size_t length) {
+    return offset <= size && length <= size - offset;
+  };
+  const auto* eh = reinterpret_cast<const ElfW(Ehdr)*>(base);
+  bool found = false;
+  const unsigned char elf_class = sizeof(void*) == 8 ? ELFCLASS64 : ELFCLASS32;
+  if (memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == elf_class &&
+      eh->e_shentsize == sizeof(ElfW(Shdr)) &&
+      fits(eh->e_shoff, eh->e_shnum * sizeof(ElfW(Shdr)))) {
+    const auto* sh = reinterpret_cast<const ElfW(Shdr)*>(base + eh->e_shoff);
+    for (size_t i = 0; i < eh->e_shnum && !found; ++i) {
+      if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+      const ElfW(Shdr)& strings = sh[sh[i].sh_link];
+      if (!fits(sh[i].sh_offset, sh[i].sh_size) || !fits(strings.sh_offset, strings.sh_size))
+        continue;
+      const auto* syms = reinterpret_cast<const ElfW(Sym)*>(base + sh[i].sh_offset);
+      const char* names = reinterpret_cast<const char*>(base + strings.sh_offset);
+      for (size_t j = 0, n = sh[i].sh_size / sizeof(ElfW(Sym)); j < n && !found; ++j) {
+        found = syms[j].st_shndx != SHN_UNDEF && syms[j].st_name < strings.sh_size &&
+                want <= strings.sh_size - syms[j].st_name &&
+                memcmp(names + syms[j].st_name, kMlxSymbol, want) == 0;
+      }
+    }
+  }
+  munmap(map, size);
+  return found;
+}
+#endif
+
 std::vector<std::string> mlx_definers() {
   // Every object that defines MLX's symbols itself, whatever its file is called (a renamed
   // libmlx, a framework, a library or program MLX is compiled into with its symbols visible):
@@ -768,6 +817,16 @@ std::vector<std::string> mlx_definers() {
     }
     dlclose(handle);
   }
+#if !defined(__APPLE__)
+  // Then the copies dlsym cannot see: objects whose symbol table defines MLX's symbol.
+  for (const auto& name : loaded_objects()) {
+    char resolved[PATH_MAX];
+    if (!realpath(name.empty() ? "/proc/self/exe" : name.c_str(), resolved)) continue;
+    if (std::find(found.begin(), found.end(), resolved) == found.end() &&
+        elf_defines_mlx(resolved))
+      found.emplace_back(resolved);
+  }
+#endif
   return found;
 }
 }  // namespace

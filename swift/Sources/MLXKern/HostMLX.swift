@@ -17,8 +17,8 @@ extension MLXKArray {
     /// behaviour, as with any raw pointer).
     /// - Throws: `MLXKError` `.nullPointer` for nil; `.unsupported` when the loaded libmlx is
     ///   not the one this library was built against, or a second libmlx file is loaded (the
-    ///   message names the versions or both files; MLX compiled into the app binary is not seen:
-    ///   see README.md); `.dtype` for dtypes without a `DType` (float64, int64, ...); `.shape`
+    ///   message names the versions or both files; an MLX compiled into the app binary counts
+    ///   too, found on Linux through its symbol table unless stripped: see README.md); `.dtype` for dtypes without a `DType` (float64, int64, ...); `.shape`
     ///   past `MLXK_MAX_NDIM` dimensions.
     public convenience init(sharingMLXArray mlxArray: UnsafeRawPointer?) throws {
         try MLXKern.requireCompatibleLibrary()
