@@ -45,7 +45,7 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift
+test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift test-mlx-swift test-consumers
 
 test-rust:
 	$(CARGO) test

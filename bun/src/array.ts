@@ -177,8 +177,9 @@ export class MlxArray {
    * either side holds it. The returned MlxArray is yours (dispose it).
    *
    * Only with the libmlx mlxkern was built against, loaded once in the process (mlxVersion()
-   * names it): a second libmlx file or another version throws UnsupportedError (MLX compiled
-   * into another binary is not seen: see README.md). An address that is not an
+   * names it): a second libmlx file, an MLX compiled into another binary (found on Linux
+   * through its ELF symbol table unless stripped; see README.md) or another version throws
+   * UnsupportedError. An address that is not an
    * `mlx::core::array` cannot be detected (undefined behaviour, as for any raw pointer).
    * Throws NullPointerError for null or 0, DtypeError for dtypes without an mlxkern dtype
    * (float64, int64, ...), ShapeError past MLXK_MAX_NDIM dimensions; TypeError / RangeError
