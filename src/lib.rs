@@ -103,7 +103,10 @@
 mod api;
 #[doc(hidden)]
 pub mod bridge;
+// The C ABI's doc comments are also the header's comments (cbindgen copies them): their
+// shapes are written as C readers read them, `[B, T, Hv]`, not as intra-doc links.
 #[doc(hidden)]
+#[allow(rustdoc::broken_intra_doc_links)]
 pub mod capi;
 #[doc(hidden)]
 pub mod cpu;
@@ -124,6 +127,9 @@ mod registry;
 pub mod testing;
 
 pub use api::*;
+/// The `half` crate, whose [`f16`](half::f16) and [`bf16`](half::bf16) are the Rust types of
+/// float16 and bfloat16 elements.
+pub use half;
 pub use dtype::Dtype;
 pub use error::{Error, Result};
 
