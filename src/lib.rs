@@ -127,11 +127,11 @@ mod registry;
 pub mod testing;
 
 pub use api::*;
+pub use dtype::Dtype;
+pub use error::{Error, Result};
 /// The `half` crate, whose [`f16`](half::f16) and [`bf16`](half::bf16) are the Rust types of
 /// float16 and bfloat16 elements.
 pub use half;
-pub use dtype::Dtype;
-pub use error::{Error, Result};
 
 /// The header cbindgen generated for this build (tests compare it with `include/mlxkern.h`).
 #[doc(hidden)]

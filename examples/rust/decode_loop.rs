@@ -49,7 +49,11 @@ fn normalized(mut x: Vec<f32>, width: usize) -> Vec<f32> {
 /// Token range `t0..t1` of every row of a `[B, T, ...]` buffer with `inner` values per token.
 fn window(x: &[f32], t: usize, inner: usize, t0: usize, t1: usize) -> Vec<f32> {
     (0..B)
-        .flat_map(|b| x[(b * t + t0) * inner..(b * t + t1) * inner].iter().copied())
+        .flat_map(|b| {
+            x[(b * t + t0) * inner..(b * t + t1) * inner]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -67,7 +71,18 @@ fn run(
     let v = Array::from_slice(&window(&x.v, total, HV * DV, t0, t1), &[B, t, HV, DV])?;
     let a = Array::from_slice(&window(&x.a, total, HV, t0, t1), &[B, t, HV])?;
     let b = Array::from_slice(&window(&x.b, total, HV, t0, t1), &[B, t, HV])?;
-    GatedDelta { q: &q, k: &k, v: &v, a: &a, b: &b, a_log, dt_bias, state, mask: None }.update()
+    GatedDelta {
+        q: &q,
+        k: &k,
+        v: &v,
+        a: &a,
+        b: &b,
+        a_log,
+        dt_bias,
+        state,
+        mask: None,
+    }
+    .update()
 }
 
 fn main() -> Result<()> {
@@ -109,7 +124,10 @@ fn main() -> Result<()> {
     let whole = run(&tokens, total, (0, total), &a_log, &dt_bias, None)?;
     let carried: Vec<f32> = state.to_vec()?;
     let at_once: Vec<f32> = whole.state.to_vec()?;
-    let same = carried.iter().zip(&at_once).all(|(x, y)| x.to_bits() == y.to_bits());
+    let same = carried
+        .iter()
+        .zip(&at_once)
+        .all(|(x, y)| x.to_bits() == y.to_bits());
     println!(
         "state {:?} {}: carried over {STEPS} steps = one call over {total} tokens: {same}",
         state.shape()?,

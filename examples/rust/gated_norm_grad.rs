@@ -27,7 +27,11 @@ fn loss(x: &[f32], gate: &[f32], weight: &Array, dout: &[f32]) -> Result<f64> {
     let x = Array::from_slice(x, &[ROWS, WIDTH])?;
     let gate = Array::from_slice(gate, &[ROWS, WIDTH])?;
     let out: Vec<f32> = mlxkern::gated_rms_norm(&x, &gate, weight, EPS)?.to_vec()?;
-    Ok(out.iter().zip(dout).map(|(o, d)| *o as f64 * *d as f64).sum())
+    Ok(out
+        .iter()
+        .zip(dout)
+        .map(|(o, d)| *o as f64 * *d as f64)
+        .sum())
 }
 
 fn main() -> Result<()> {
@@ -42,7 +46,12 @@ fn main() -> Result<()> {
     let weight = Array::from_slice(&ws, &[WIDTH])?;
     let dout = Array::from_slice(&douts, &[ROWS, WIDTH])?;
 
-    let norm = GatedRmsNorm { x: &x, gate: &gate, weight: &weight, eps: EPS };
+    let norm = GatedRmsNorm {
+        x: &x,
+        gate: &gate,
+        weight: &weight,
+        eps: EPS,
+    };
     let out = norm.forward()?;
     println!("out {:?} {:?}", out.shape()?, out.dtype()?);
     let grads = norm.vjp(Some(&dout))?;
@@ -92,7 +101,11 @@ fn main() -> Result<()> {
         }
         worst = worst.max((want - got as f64).abs() / (1.0 + want.abs()));
     }
-    println!("dweight[0..3] = {:?} ({} values)", &dweight[..3], dweight.len());
+    println!(
+        "dweight[0..3] = {:?} ({} values)",
+        &dweight[..3],
+        dweight.len()
+    );
     println!("largest relative difference: {worst:.2e}");
     if worst > 2e-2 {
         eprintln!("gated_norm_grad: the gradient disagrees with the central differences");

@@ -153,7 +153,12 @@ impl Array {
 
     /// The dimensions. Never computes anything.
     pub fn shape(&self) -> Result<Vec<usize>> {
-        locked(|| Ok(ops::shape(self.get("array")?).into_iter().map(|d| d as usize).collect()))
+        locked(|| {
+            Ok(ops::shape(self.get("array")?)
+                .into_iter()
+                .map(|d| d as usize)
+                .collect())
+        })
     }
 
     /// The number of dimensions. Never computes anything.

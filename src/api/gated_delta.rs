@@ -110,10 +110,7 @@ pub struct GatedDeltaGrads {
 }
 
 impl<'a> GatedDelta<'a> {
-    fn with_inputs<T>(
-        &self,
-        f: impl FnOnce(&Inputs) -> Result<T>,
-    ) -> Result<T> {
+    fn with_inputs<T>(&self, f: impl FnOnce(&Inputs) -> Result<T>) -> Result<T> {
         locked(|| {
             let inputs = Inputs {
                 q: self.q.get("q")?,
