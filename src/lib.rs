@@ -85,8 +85,8 @@
 //! ```
 //!
 //! The kernels are loops over every state element: compiled at opt-level 0 (a dependent's
-//! default dev profile) they run about 90 times slower. Keep mlxkern optimized in the
-//! dependent's `Cargo.toml`:
+//! default dev profile) they run about 100 times slower (a T = 512 prefill at Qwen3.5 dims took
+//! 2.5 s instead of 25 ms). Keep mlxkern optimized in the dependent's `Cargo.toml`:
 //!
 //! ```toml
 //! [profile.dev.package.mlxkern]
