@@ -177,7 +177,7 @@ fn update_matches_the_c_abi() {
         let real = rec
             .mask
             .as_ref()
-            .map_or(true, |m| m.r.to_vec::<bool>().unwrap().contains(&true));
+            .is_none_or(|m| m.r.to_vec::<bool>().unwrap().contains(&true));
         assert_eq!(floats(&y).iter().any(|&v| v != 0.0), real, "dims {dims:?}");
     }
 }
