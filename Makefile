@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -45,10 +45,20 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-rust test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift test-mlx-swift test-consumers
+test: bootstrap test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift test-mlx-swift test-consumers
 
 test-rust:
 	$(CARGO) test
+
+# The crate's documentation (the safe Rust API) builds without a warning; `cargo test` runs its
+# examples (doctests).
+test-doc: bootstrap
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps
+
+# The Rust examples (examples/rust/), each checking its own results.
+test-rust-examples: bootstrap
+	$(CARGO) run --example decode_loop
+	$(CARGO) run --example gated_norm_grad
 
 test-oracle: build
 	$(PY) tests/oracle/run.py

@@ -64,12 +64,12 @@ fn main() {
     println!("cargo:version={}", mlx.version);
     println!("cargo:rustc-env=MLXK_MLX_DIR={}", mlx.root.display());
     if env::var("OPT_LEVEL").as_deref() == Ok("0") {
-        // The kernels are loops over every state element: unoptimized they run about 90x
+        // The kernels are loops over every state element: unoptimized they run about 100x
         // slower. A dependent's dev profile compiles its dependencies at opt-level 0 unless
         // told otherwise (README, "Rust").
         println!(
             "cargo:warning=mlxkern is being compiled at opt-level 0, which makes its kernels about \
-             90x slower; add to your Cargo.toml: [profile.dev.package.mlxkern] opt-level = 3"
+             100x slower; add to your Cargo.toml: [profile.dev.package.mlxkern] opt-level = 3"
         );
     }
 
@@ -127,7 +127,8 @@ enum Link {
     Host,
 }
 
-/// `MLX_DIR` if set, else the project's `.venv` (made by `scripts/bootstrap.sh`). `MLX_DIR` may
+/// `MLX_DIR` if set, else the project's `.venv` (made by `scripts/bootstrap.sh`), else the pip
+/// `mlx` of the `python3` on `PATH` (`python3 -m mlx --cmake-dir`). `MLX_DIR` may
 /// name MLX's pip package folder or its CMake folder (`python3 -m mlx --cmake-dir`), an install
 /// prefix (`include/mlx/mlx.h`, `lib/libmlx.*`: a CMake install of MLX, static or shared), or
 /// an MLX source tree (`mlx/mlx.h` at its root, as mlx-swift's `Source/Cmlx/mlx` holds it).
@@ -161,21 +162,30 @@ fn find_mlx(manifest_dir: &Path) -> Mlx {
             )
         });
     }
-    let python = manifest_dir.join(".venv/bin/python3");
-    if python.is_file() {
-        if let Ok(out) = Command::new(&python)
+    // The repository's .venv, then (for a copy of this crate outside the repository, e.g. from
+    // a registry) the pip `mlx` of the python3 on PATH.
+    let venv = manifest_dir.join(".venv/bin/python3");
+    for python in [venv.as_path(), Path::new("python3")] {
+        if python.is_absolute() && !python.is_file() {
+            continue;
+        }
+        if let Ok(out) = Command::new(python)
             .args(["-m", "mlx", "--cmake-dir"])
             .output()
         {
-            if let Some(mlx) = probe(Path::new(String::from_utf8_lossy(&out.stdout).trim())) {
-                return mlx;
+            let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if out.status.success() && !dir.is_empty() {
+                if let Some(mlx) = probe(Path::new(&dir)) {
+                    return mlx;
+                }
             }
         }
     }
     panic!(
-        "MLX not found: run `make bootstrap` (creates .venv with mlx==0.32.4) or set MLX_DIR to \
-         the MLX to build against (0.31.x or 0.32.x: a pip package folder, an install prefix or \
-         a source tree)"
+        "MLX not found: set MLX_DIR to the MLX to build against (0.31.x or 0.32.x: a pip package \
+         folder, an install prefix or a source tree), or `pip install mlx==0.32.4` (Linux: \
+         mlx[cpu]) for the python3 on PATH (`python3 -m mlx --cmake-dir` must print its folder); \
+         in the repository, `make bootstrap` creates .venv with it"
     );
 }
 

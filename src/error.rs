@@ -25,7 +25,14 @@ macro_rules! statuses {
             CStr::from_bytes_with_nul(name.as_bytes()).unwrap_or(c"MLXK_UNKNOWN_STATUS")
         }
 
-        /// Every failure the library reports; each variant is one status code.
+        /// Every failure the library reports; each variant is one status code of the C ABI
+        /// ([`Error::status`]) and holds the message, which names the argument at fault and
+        /// what was expected: `NullPointer` (a required pointer of the C ABI was NULL),
+        /// `InvalidArgument` (a value outside what the function accepts), `Shape` (a rank or
+        /// dimension), `Dtype`, `Unsupported` (this build or machine cannot run the request),
+        /// `Backend` (MLX raised an error), `OutOfMemory` (above the memory limit; nothing was
+        /// allocated), `BufferTooSmall`, `Panic` (an internal panic, caught), `InvalidHandle`
+        /// (a C handle that is not live).
         #[derive(Debug, thiserror::Error)]
         pub enum Error {
             $( $( #[error("{0}")] $variant(String), )? )*
@@ -92,6 +99,7 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic payload".to_string())
 }
 
+/// The result of every fallible call of this library.
 pub type Result<T> = std::result::Result<T, Error>;
 
 #[cfg(test)]

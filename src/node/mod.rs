@@ -77,7 +77,7 @@ impl Kernel {
     }
 }
 
-/// The C function of CPU kernel `code`, for messages ("kernel <code>" if unknown).
+/// The C function of CPU kernel `code`, for messages ("kernel `<code>`" if unknown).
 pub fn function_name(code: u32) -> String {
     Kernel::from_code(code).map_or_else(|| format!("kernel {code}"), |k| k.function().into())
 }
