@@ -339,7 +339,8 @@ else
       if [ -f "$entry/libmlx.so" ]; then MLX_LIB=$(cd "$entry" && pwd); break; fi
     done
     [ -n "$MLX_LIB" ] || fail "$LIB links libmlx but its RUNPATH names no folder holding it"
-    [ -f "$MLX_LIB/../include/mlx/mlx.h" ] && [ "$(cd "$MLX_LIB/../include" && pwd)" = "$MLX_INCLUDE" ] ||
+    [ -f "$MLX_LIB/../include/mlx/mlx.h" ] &&
+      [ "$(cd "$MLX_LIB/../include" && pwd -P)" = "$(cd "$MLX_INCLUDE" && pwd -P)" ] ||
       fail "$LIB links $MLX_LIB/libmlx.so, not the MLX of MLX_DIR=$MLX_DIR: install the build made against MLX_DIR"
     install_shared "$LIB" ""  # its RUNPATH keeps the host MLX's folder
     mlx_libs="-L$MLX_LIB -lmlx -Wl,-rpath,$MLX_LIB"
