@@ -310,6 +310,10 @@ if [ "$MODE" = bundled ]; then
   install_shared "$LIB" "$NEW_RUNPATH"
   mlx_cflags='-isystem ${mlxdir}/include'
   mlx_libs='-L${mlxdir}/lib -lmlx -Wl,-rpath,${mlxdir}/lib'
+  # mlx[cpu] 0.31.1's liblapack has no RPATH of its own: GNU ld needs the folder named to find
+  # its libgfortran when linking against libmlx (the loader finds it through libmlx's RPATH).
+  rpath_link=
+  [ -d "$DEST_MLX/mlx_cpu.libs" ] && rpath_link=' -Wl,-rpath-link,${libdir}/mlxkern/mlx_cpu.libs'
   mlx_cmake_hint=
   summary="MLX $mlx_version from $MLX_LIB, copied; RUNPATH $NEW_RUNPATH"
 else
@@ -344,11 +348,14 @@ else
       fail "$LIB links $MLX_LIB/libmlx.so, not the MLX of MLX_DIR=$MLX_DIR: install the build made against MLX_DIR"
     install_shared "$LIB" ""  # its RUNPATH keeps the host MLX's folder
     mlx_libs="-L$MLX_LIB -lmlx -Wl,-rpath,$MLX_LIB"
+    rpath_link=
+    [ -d "$MLX_LIB/../../mlx_cpu.libs" ] && rpath_link=" -Wl,-rpath-link,$(cd "$MLX_LIB/../../mlx_cpu.libs" && pwd)"
     summary="the shared library links the host's libmlx ($MLX_LIB) and"
   else
     echo "install: note: no shared libmlx linked by the build in $LIBDIR (a static or source MLX):" \
       "only libmlxkern.a is installed" >&2
     mlx_libs=
+    rpath_link=
     summary="no shared library;"
   fi
   mlx_cflags="-isystem $MLX_INCLUDE"
@@ -358,7 +365,7 @@ fi
 # 4. pkg-config files (relocatable: prefix from ${pcfiledir}).
 for pc in mlxkern mlxkern-mlx; do
   sed -e "s|@VERSION@|$version|g" -e "s|@MLX_VERSION@|$mlx_version|g" -e "s|@MLX_MODE@|$MODE|g" \
-    -e "s|@MLX_CFLAGS@|$mlx_cflags|g" -e "s|@MLX_LIBS@|$mlx_libs|g" \
+    -e "s|@MLX_CFLAGS@|$mlx_cflags|g" -e "s|@MLX_LIBS@|$mlx_libs|g" -e "s|@RPATH_LINK@|$rpath_link|g" \
     "$ROOT/$pc.pc.in" >"$DEST_LIB/pkgconfig/$pc.pc"
   chmod 0644 "$DEST_LIB/pkgconfig/$pc.pc"
 done

@@ -19,8 +19,9 @@
 #      build/host-mlx/mlx-0.31.1-static) needs Debian's BLAS/LAPACK headers, installed here
 #      with apt-get when missing (as root).
 #
-# Environment: CC, CXX, CARGO, BUILD (default build), MLX_SRC (the MLX source tree of step 5),
-# MLXK_HOST_MLX_STATIC=0 (skip step 5).
+# Environment: CC, CXX, CARGO, BUILD (default build), MLX_SRC (the MLX source tree of step 5;
+# default ../shared/vendor/mlx-swift/Source/Cmlx/mlx), MLXC031_SRC (mlx-c sources for MLX 0.31.1;
+# default ../shared/vendor/mlx-swift/Source/Cmlx/mlx-c), MLXK_HOST_MLX_STATIC=0 (skip step 5).
 # Needs: cargo, g++, python3 (venv, pip), binutils, cmake (else pip's, into .venv).
 set -euo pipefail
 
@@ -76,7 +77,8 @@ cmake_hosts() {
       [ "$count" -eq 0 ] || fail "$host loads a libmlx, but its MLX is linked statically: $libs"
       if echo "$libs" | grep -q libmlxkern; then fail "$host loads libmlxkern.so; expected libmlxkern.a"; fi
     else
-      [ "$count" -eq 1 ] && echo "$libs" | grep 'libmlx\.so' | grep -q "=> $expect/libmlx.so" ||
+      [ "$count" -eq 1 ] &&
+        [ "$(realpath "$(echo "$libs" | awk '/libmlx\.so/ { print $3 }')")" = "$(realpath "$expect/libmlx.so")" ] ||
         fail "$host does not load exactly one libmlx, $expect/libmlx.so: $(echo "$libs" | grep mlx)"
       case "$host" in
         *_static)
@@ -103,17 +105,26 @@ echo "PASS: .venv-mlx-0.31.1 ($MLX031) [$(since "$start")]"
 start=$(now)
 cargo_build target/mlx031 "$MLX031"
 LIB031=$ROOT/target/mlx031/debug
-readelf -d "$LIB031/libmlxkern.so" | grep -q "$MLX031/lib" ||
+readelf -d "$LIB031/libmlxkern.so" | grep -q "$(cd "$MLX031/lib" && pwd -P)" ||
   fail "$LIB031/libmlxkern.so does not link $MLX031/lib/libmlx.so"
 echo "PASS: built against MLX 0.31.1 (target/mlx031) [$(since "$start")]"
 
-# 3. The C ABI and interop suites on MLX 0.31.1.
+# 3. The C ABI and interop suites on MLX 0.31.1. The wheel's libmlx finds its BLAS/LAPACK in
+#    ../../mlx_cpu.libs through its RPATH, but mlx[cpu] 0.31.1's liblapack has no RPATH of its
+#    own (0.32.4's has $ORIGIN), so GNU ld, linking a program against libmlxkern, cannot find
+#    liblapack's libgfortran (the loader can: libmlx's DT_RPATH covers it). ld also searches
+#    LD_LIBRARY_PATH: that folder, which holds nothing but the wheel's own libraries.
+CPU_LIBS=$(cd "$MLX031/../mlx_cpu.libs" && pwd)
 start=$(now)
-CC=$CC CXX=$CXX LIBDIR=$LIB031 BUILD=$OUT/0.31.1 "$ROOT/tests/c/run.sh" || fail "tests/c on MLX 0.31.1"
+LD_LIBRARY_PATH=$CPU_LIBS CC=$CC CXX=$CXX LIBDIR=$LIB031 BUILD=$OUT/0.31.1 "$ROOT/tests/c/run.sh" ||
+  fail "tests/c on MLX 0.31.1"
 echo "PASS: tests/c on MLX 0.31.1 [$(since "$start")]"
 start=$(now)
-CC=$CC CXX=$CXX LIBDIR=$LIB031 MLX_DIR=$MLX031 BUILD=$OUT/0.31.1 "$ROOT/scripts/test-interop.sh" ||
-  fail "scripts/test-interop.sh on MLX 0.31.1"
+# mlx-c for MLX 0.31.1 is the one mlx-swift pins with it (v0.6.0; ../shared/vendor/mlx-c is
+# newer, for MLX 0.32).
+LD_LIBRARY_PATH=$CPU_LIBS CC=$CC CXX=$CXX LIBDIR=$LIB031 MLX_DIR=$MLX031 BUILD=$OUT/0.31.1 \
+  MLXC_SRC=${MLXC031_SRC:-$ROOT/../shared/vendor/mlx-swift/Source/Cmlx/mlx-c} \
+  "$ROOT/scripts/test-interop.sh" || fail "scripts/test-interop.sh on MLX 0.31.1"
 echo "PASS: scripts/test-interop.sh on MLX 0.31.1 [$(since "$start")]"
 
 # 4. Engines with their own MLX (pip wheels) through CMake, host-MLX installs.
