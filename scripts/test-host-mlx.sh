@@ -148,7 +148,7 @@ if "$CMAKE" -S "$ROOT/tests/interop/cmake" -B "$refused" -DMLX_DIR="$MLX032/shar
   -DCMAKE_PREFIX_PATH="$OUT/0.31.1/prefix" >"$refused.log" 2>&1; then
   fail "find_package(mlxkern) built against MLX 0.31.1 accepted MLX 0.32.4"
 fi
-grep -q "built against MLX 0.31.1, but this project's MLX is 0.32.4" "$refused.log" ||
+tr -s ' \n' '  ' <"$refused.log" | grep -q "built against MLX 0.31.1, but this project's MLX is 0.32.4" ||
   { cat "$refused.log" >&2; fail "find_package(mlxkern) refused MLX 0.32.4 without saying why"; }
 echo "PASS: find_package(mlxkern) built against MLX 0.31.1 refuses MLX 0.32.4, naming both [$(since "$start")]"
 
