@@ -201,6 +201,25 @@ else
     fail "the install against a static MLX should hold libmlxkern.a only"
   cmake_hosts "$STATIC/prefix/share/cmake/MLX" "$prefix" "$OUT/static/cmake-hosts" none
   [ -x "$OUT/static/cmake-hosts/host_cpp_static" ] || fail "no static host was built"
+  # The same MLX taken by add_subdirectory of these sources (tests/consumers/cmake's engine):
+  # the parent's static `mlx` target decides the mode (cargo's folder: the one above, unchanged).
+  sub=$OUT/static/subdirectory
+  rm -rf "$sub"
+  mkdir -p "$sub/src"
+  cp "$ROOT/tests/consumers/cmake/project/"* "$sub/src/"
+  "$CMAKE" -S "$sub/src" -B "$sub/build" -DMLXKERN_SOURCE_DIR="$ROOT" \
+    -DMLX_DIR="$STATIC/prefix/share/cmake/MLX" -DMLXKERN_CARGO_TARGET_DIR="$ROOT/target/mlx031-static" \
+    >"$sub/configure.log" 2>&1 || { cat "$sub/configure.log" >&2; fail "add_subdirectory with a static MLX: configure"; }
+  "$CMAKE" --build "$sub/build" -j2 >"$sub/build.log" 2>&1 ||
+    { tail -n 30 "$sub/build.log" >&2; fail "add_subdirectory with a static MLX: build"; }
+  if ldd "$sub/build/consumer" | grep -q mlx; then fail "the add_subdirectory engine loads a shared MLX or mlxkern"; fi
+  "$CC" -std=c11 -I"$ROOT/include" "$ROOT/tests/consumers/reference.c" -L"$ROOT/target/debug" -lmlxkern \
+    -Wl,-rpath,"$ROOT/target/debug" -o "$sub/reference" || fail "tests/consumers/reference.c does not build"
+  "$sub/build/consumer" >"$sub/consumer.out" 2>/dev/null || fail "the add_subdirectory engine (static MLX) failed"
+  cmp -s "$sub/consumer.out" <("$sub/reference") ||
+    fail "the add_subdirectory engine on static MLX 0.31.1 differs from the C ABI on MLX 0.32.4"
+  echo "PASS: add_subdirectory(mlxkern) under a static MLX 0.31.1: mlxkern::mlx is libmlxkern.a;" \
+    "results bit-identical to reference.c's on MLX 0.32.4"
   echo "PASS: MLX 0.31.1 built from source (static) engine on host-MLX mlxkern (libmlxkern.a) [$(since "$start")]"
 fi
 echo "PASS: scripts/test-host-mlx.sh [$(since "$total") total]"
