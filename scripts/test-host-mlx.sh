@@ -14,7 +14,9 @@
 #   5. an engine on MLX 0.31.1 built from source as a static library (CPU only; the sources of
 #      ../shared/vendor/mlx-swift/Source/Cmlx/mlx, with the fmt and json copies beside them),
 #      mlxkern built against it (MLXKERN_LINK_MLX=none) and installed in host-MLX mode, the
-#      interop host linked with mlxkern::static and MLX statically, run under ASan. Skipped, with
+#      interop host linked with mlxkern::static and MLX statically, run under ASan (and, where
+#      mlx-swift's mlx-c is, the C host on mlx-c and examples/c/mlxc_decode.c, built with mlx-c
+#      against that MLX), then the same MLX under add_subdirectory(mlxkern). Skipped, with
 #      the reason, where those sources are absent. MLX's build (once, cached in
 #      build/host-mlx/mlx-0.31.1-static) needs Debian's BLAS/LAPACK headers, installed here
 #      with apt-get when missing (as root).
@@ -62,14 +64,15 @@ cargo_build() {
 # folder $3); runs each host built, checking the loaded libmlx is $4 (or none: statically linked).
 cmake_hosts() {
   local mlx_cmake=$1 prefix=$2 build=$3 expect=$4 host libs count
+  shift 4
   rm -rf "$build"
   "$CMAKE" -S "$ROOT/tests/interop/cmake" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DCMAKE_CXX_COMPILER="$(command -v "$CXX")" -DMLX_DIR="$mlx_cmake" \
-    -DCMAKE_PREFIX_PATH="$prefix" >"$build.configure.log" 2>&1 ||
+    -DCMAKE_CXX_COMPILER="$(command -v "$CXX")" -DCMAKE_C_COMPILER="$(command -v "$CC")" \
+    -DMLX_DIR="$mlx_cmake" -DCMAKE_PREFIX_PATH="$prefix" "$@" >"$build.configure.log" 2>&1 ||
     { cat "$build.configure.log" >&2; fail "tests/interop/cmake does not configure ($mlx_cmake, $prefix)"; }
   "$CMAKE" --build "$build" -j2 >"$build.build.log" 2>&1 ||
     { tail -n 40 "$build.build.log" >&2; fail "tests/interop/cmake does not build ($mlx_cmake, $prefix)"; }
-  for host in "$build"/host_cpp_shared "$build"/host_cpp_static; do
+  for host in "$build"/host_cpp_shared "$build"/host_cpp_static "$build"/host_mlxc "$build"/mlxc_decode; do
     [ -x "$host" ] || continue
     libs=$(ldd "$host")
     count=$(echo "$libs" | grep -c 'libmlx\.so' || true)
@@ -89,7 +92,9 @@ cmake_hosts() {
           fi ;;
       esac
     fi
-    "$host" >"$host.log" 2>&1 || { tail -n 30 "$host.log" >&2; fail "$(basename "$host") ($prefix)"; }
+    args=()
+    case "$host" in *mlxc_decode) args=(8) ;; esac
+    "$host" "${args[@]}" >"$host.log" 2>&1 || { tail -n 30 "$host.log" >&2; fail "$(basename "$host") ($prefix)"; }
     if grep -q "Sanitizer" "$host.log"; then cat "$host.log" >&2; fail "sanitizer report from $host"; fi
     echo "PASS: $(basename "$host") (find_package(MLX) + find_package(mlxkern), ASan): $(tail -n 1 "$host.log")"
   done
@@ -199,8 +204,14 @@ else
     "$ROOT/scripts/install.sh" "$prefix" >/dev/null 2>&1 || fail "install.sh in host-MLX mode against the static MLX"
   [ -f "$prefix/lib/libmlxkern.a" ] && [ ! -e "$prefix/lib/libmlxkern.so" ] ||
     fail "the install against a static MLX should hold libmlxkern.a only"
-  cmake_hosts "$STATIC/prefix/share/cmake/MLX" "$prefix" "$OUT/static/cmake-hosts" none
+  # With mlx-c (v0.6.0, mlx-swift's, for MLX 0.31.1) where its sources are: the C hosts too.
+  MLXC031=${MLXC031_SRC:-$ROOT/../shared/vendor/mlx-swift/Source/Cmlx/mlx-c}
+  mlxc=()
+  if [ -f "$MLXC031/CMakeLists.txt" ]; then mlxc=(-DHOST_MLXC_SRC="$MLXC031"); else
+    echo "SKIP: the C hosts on mlx-c with the static MLX: mlx-c's sources ($MLXC031) are not here"; fi
+  cmake_hosts "$STATIC/prefix/share/cmake/MLX" "$prefix" "$OUT/static/cmake-hosts" none "${mlxc[@]}"
   [ -x "$OUT/static/cmake-hosts/host_cpp_static" ] || fail "no static host was built"
+  if [ ${#mlxc[@]} -gt 0 ] && [ ! -x "$OUT/static/cmake-hosts/host_mlxc" ]; then fail "no mlx-c host was built"; fi
   # The same MLX taken by add_subdirectory of these sources (tests/consumers/cmake's engine):
   # the parent's static `mlx` target decides the mode (cargo's folder: the one above, unchanged).
   sub=$OUT/static/subdirectory
