@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -45,7 +45,7 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-bun test-metal-emu test-swift test-mlx-swift test-consumers
+test: bootstrap test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers
 
 test-rust:
 	$(CARGO) test
@@ -75,6 +75,14 @@ test-cpp: build
 test-interop: build
 	@mkdir -p $(BUILD)
 	CC=$(CC) CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-interop.sh
+
+# A second MLX (0.31.1, in .venv-mlx-0.31.1, built into target/mlx031): the C ABI and interop
+# suites on it; engines that bring their own MLX (find_package(MLX) of the pip 0.31.1 and
+# 0.32.4 wheels; MLX 0.31.1 built from source, static, where ../shared has its sources) linking
+# host-MLX installs of mlxkern through CMake (docs/DESIGN.md §2.2, "Link modes").
+test-host-mlx: build
+	@mkdir -p $(BUILD)
+	CC=$(CC) CXX=$(CXX) CARGO=$(CARGO) BUILD=$(abspath $(BUILD)) ./scripts/test-host-mlx.sh
 
 test-metal-emu: build
 	@mkdir -p $(BUILD)
@@ -110,10 +118,23 @@ FUZZ_SECONDS ?= 600
 fuzz: bootstrap
 	./scripts/fuzz.sh $(FUZZ_SECONDS)
 
-# Installs the library (with a private copy of MLX's libmlx), both headers and mlxkern.pc.
+# Installs the library, the headers, the pkg-config files and the CMake package
+# (lib/cmake/mlxkern). MLXKERN_MLX=bundled (default): with a private copy of the .venv's MLX.
+# MLXKERN_MLX=host MLX_DIR=<the host's MLX>: built against that MLX (target/host-mlx), no MLX
+# copied: libmlxkern.so links the host's libmlx (where it is shared) and libmlxkern.a leaves
+# MLX's symbols to the host's final link (docs/DESIGN.md §2.2, "Link modes").
 PREFIX ?= /usr/local
+MLXKERN_MLX ?= bundled
+HOST_TARGET := target/host-mlx
+ifeq ($(MLXKERN_MLX),host)
+install:
+	@test -n "$(MLX_DIR)" || { echo "install: MLXKERN_MLX=host needs MLX_DIR (the host's MLX: a pip mlx folder, an install prefix, its share/cmake/MLX or a source tree)"; exit 2; }
+	MLX_DIR="$(MLX_DIR)" CARGO_TARGET_DIR=$(HOST_TARGET) $(CARGO) build --lib
+	MLXKERN_MLX=host MLX_DIR="$(MLX_DIR)" LIBDIR=$(abspath $(HOST_TARGET))/debug ./scripts/install.sh $(PREFIX)
+else
 install: build
 	LIBDIR=$(LIBDIR) ./scripts/install.sh $(PREFIX)
+endif
 
 # A consumer of each kind (CMake, cargo, Bun, SwiftPM), built from the installed or packed
 # artifact in a fresh folder outside the repository, checked bit for bit against the C ABI

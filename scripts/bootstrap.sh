@@ -2,8 +2,25 @@
 # Creates (or checks) the project-local Python environment that provides MLX's headers and
 # libmlx for the build, and mlx-lm + numpy for the oracle tests. Idempotent: a second run with
 # everything in place does nothing.
+#
+#   scripts/bootstrap.sh --mlx VERSION   instead makes .venv-mlx-VERSION with MLX VERSION alone
+#                                        (mlx[cpu] on Linux), a second MLX for the host-MLX tests
+#                                        (scripts/test-host-mlx.sh); prints its MLX folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = --mlx ]; then
+  [ -n "${2:-}" ] || { echo "usage: $0 --mlx VERSION" >&2; exit 2; }
+  venv=.venv-mlx-$2
+  case "$(uname -s)" in Linux) spec="mlx[cpu]==$2" ;; *) spec="mlx==$2" ;; esac
+  if ! "$venv/bin/python3" -c "import sys; from importlib.metadata import version; sys.exit(version('mlx') != sys.argv[1])" "$2" 2>/dev/null; then
+    echo "bootstrap: creating $venv with $spec" >&2
+    [ -x "$venv/bin/python3" ] || "${PYTHON:-python3}" -m venv "$venv"
+    "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check "$spec" >&2
+  fi
+  "$venv/bin/python3" -m mlx --cmake-dir
+  exit 0
+fi
 
 MLX_VERSION=0.32.4
 MLX_LM_VERSION=0.32.2

@@ -169,7 +169,8 @@ echo "PASS: scripts/install.sh: headers, lib (SONAME $soname), private MLX copy 
 start=$(now)
 export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
 unset LD_LIBRARY_PATH
-flags=$(pkg-config --cflags --libs mlxkern-mlx) || fail "pkg-config does not find mlxkern-mlx"
+# The .pc files find PREFIX from their own folder; --define-prefix prints it without "/../..".
+flags=$(pkg-config --define-prefix --cflags --libs mlxkern-mlx) || fail "pkg-config does not find mlxkern-mlx"
 MLX_REAL=$(cd "$MLX" && pwd -P)
 case " $flags " in
   *"$ROOT"* | *"$MLX"* | *"$MLX_REAL"*) fail "pkg-config flags point into the build tree or the .venv: $flags" ;;

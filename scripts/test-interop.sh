@@ -14,8 +14,10 @@
 #      part says so and is skipped.
 #
 # Environment: CXX, CC, LIBDIR (folder of libmlxkern.so; default target/debug), BUILD (default
-# build), MLXK_INTEROP_SEED (replay the random inputs), MLXC_SRC (mlx-c sources; default
-# ../shared/vendor/mlx-c). Needs the library built, the .venv (make bootstrap), g++ >= 10.
+# build), MLX_DIR (the MLX pip package folder the library in LIBDIR was built against; default
+# the .venv's: scripts/test-host-mlx.sh runs this suite against a second MLX), MLXK_INTEROP_SEED
+# (replay the random inputs), MLXC_SRC (mlx-c sources; default ../shared/vendor/mlx-c). Needs
+# the library built, the .venv (make bootstrap), g++ >= 10.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +35,9 @@ fail() {
 [ "$(uname -s)" = Linux ] || fail "runs on Linux (it reads /proc/self/maps)"
 [ -x "$PY" ] || fail "$PY not found: run make bootstrap"
 [ -f "$LIBDIR/libmlxkern.so" ] || fail "$LIBDIR/libmlxkern.so not found: cargo build --lib"
-MLX=$("$PY" -m mlx --cmake-dir)
+MLX=${MLX_DIR:-$("$PY" -m mlx --cmake-dir)}
+[ -f "$MLX/lib/libmlx.so" ] || fail "$MLX/lib/libmlx.so not found (MLX_DIR: an MLX pip package folder)"
+echo "== interop: MLX $(sed -n 's/^#define MLX_VERSION_[A-Z]* \([0-9]*\)$/\1/p' "$MLX/include/mlx/version.h" | paste -sd.) ($MLX), $LIBDIR"
 mkdir -p "$OUT"
 SAN=(-g -O1 -fsanitize=address -fno-omit-frame-pointer)
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib")

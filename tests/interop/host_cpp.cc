@@ -266,6 +266,10 @@ static void lock_serializes_host_threads(mx::array &key) {
     OK(mlxk_mlx_unlock());
     same = same && got == expect;
   }
+  // On a loaded machine the host thread may not have run yet: give it up to 30 s for a round.
+  for (int waited = 0; host_rounds.load() == 0 && waited < 3000; ++waited) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   stop.store(true);
   host.join();
   CHECK(same);
