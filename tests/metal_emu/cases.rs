@@ -1,0 +1,251 @@
+//! The emulated cases (see `cases`).
+
+use super::*;
+
+fn dims(b: i64, t: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> Dims {
+    Dims {
+        b,
+        t,
+        hk,
+        hv,
+        dk,
+        dv,
+    }
+}
+
+fn heads(b: i64, s: i64, hk: i64, hv: i64, dk: i64, dv: i64) -> HeadSplitDims {
+    HeadSplitDims {
+        b,
+        s,
+        hk,
+        hv,
+        dk,
+        dv,
+    }
+}
+
+fn rec(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool) -> Case {
+    rec_rows(dtype, b_dtype, d, masked, with_state, 1)
+}
+
+/// A recurrence case whose launch gives `rows` value rows to each SIMD group, as the CUDA
+/// launch does for large batches (src/cuda.rs `rows_per_simd_group`): the same text, so the
+/// same bits as the CPU kernel.
+fn rec_rows(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, rows: usize) -> Case {
+    Case {
+        kind: Kind::Recurrence {
+            d,
+            masked,
+            with_state,
+            rows,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    }
+}
+
+fn replay(dtype: Dtype, b_dtype: Dtype, d: Dims, with_state: bool, lengths: &[i32]) -> Case {
+    replay_rows(dtype, b_dtype, d, with_state, lengths, 1)
+}
+
+fn replay_rows(
+    dtype: Dtype,
+    b_dtype: Dtype,
+    d: Dims,
+    with_state: bool,
+    lengths: &[i32],
+    rows: usize,
+) -> Case {
+    Case {
+        kind: Kind::Replay {
+            d,
+            with_state,
+            lengths: lengths.to_vec(),
+            rows,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    }
+}
+
+fn from_conv(dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, rows: usize) -> Case {
+    Case {
+        kind: Kind::FromConv {
+            d,
+            masked,
+            with_state,
+            rows,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 1e-6 / d.dk as f32,
+    }
+}
+
+fn split(dtype: Dtype, d: HeadSplitDims, eps: f32) -> Case {
+    Case {
+        kind: Kind::HeadSplit { d, grouped: false },
+        dtype,
+        aux: dtype,
+        eps,
+    }
+}
+
+fn norm(dtype: Dtype, gate: Dtype, shape: &[i64], eps: f32) -> Case {
+    Case {
+        kind: Kind::GatedNorm {
+            shape: shape.to_vec(),
+            grouped: false,
+        },
+        dtype,
+        aux: gate,
+        eps,
+    }
+}
+
+/// `c` with the CUDA launch's threadgroup (head split, gated norm).
+fn grouped(mut c: Case) -> Case {
+    match &mut c.kind {
+        Kind::HeadSplit { grouped, .. } | Kind::GatedNorm { grouped, .. } => *grouped = true,
+        _ => panic!("only the head split and the gated norm are grouped"),
+    }
+    c
+}
+
+/// A backward case with the library's checkpoint interval, then one more case for each interval
+/// in `also` (same draws, its `twin`): their outputs must be the same bits.
+#[allow(clippy::too_many_arguments)]
+fn backward(
+    list: &mut Vec<Case>,
+    dtype: Dtype,
+    b_dtype: Dtype,
+    dy_dtype: Dtype,
+    d: Dims,
+    masked: bool,
+    with_state: bool,
+    also: &[usize],
+) {
+    let first = list.len();
+    let case = |checkpoint, twin| Case {
+        kind: Kind::Backward {
+            d,
+            masked,
+            with_state,
+            dy_dtype,
+            checkpoint,
+            twin,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    };
+    list.push(case(None, None));
+    for &c in also {
+        list.push(case(Some(c), Some(first)));
+    }
+}
+
+/// The backward cases: bf16 / f16 / f32 (dy in f32 or the forward's dtype), GQA 1, 2, 4,
+/// Dk 32 to 256, odd Dv and Dv != Dk, T from 1 to 100 (checkpoint intervals 1 to 10, and 1 and
+/// T for the twins), masks with a fully masked row (B >= 2), with and without a state, B 1-3,
+/// and one Qwen3-Next-like head layout (Hk 2, Hv 4, Dk = Dv = 128).
+#[rustfmt::skip]
+fn backward_cases(list: &mut Vec<Case>) {
+    backward(list, BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true, &[1, 5]);
+    backward(list, BF16, F32, BF16, dims(1, 17, 1, 2, 64, 48), false, false, &[]);
+    backward(list, F16, F16, F16, dims(3, 5, 1, 4, 128, 9), true, true, &[]);
+    backward(list, F32, F32, F32, dims(2, 64, 1, 2, 32, 5), true, true, &[1, 64]);
+    backward(list, BF16, BF16, F32, dims(1, 100, 1, 2, 32, 3), false, true, &[1, 100]);
+    backward(list, F16, F32, F32, dims(3, 1, 2, 2, 64, 7), true, false, &[]);
+    backward(list, F32, BF16, F32, dims(1, 3, 1, 2, 256, 130), false, true, &[]);
+    backward(list, BF16, BF16, BF16, dims(2, 4, 1, 4, 256, 33), true, false, &[]);
+    backward(list, F16, F16, F32, dims(2, 17, 2, 4, 32, 12), true, true, &[1, 17]);
+    backward(list, F32, F32, F32, dims(2, 17, 1, 4, 128, 16), false, true, &[]);
+    backward(list, BF16, BF16, BF16, dims(1, 20, 2, 4, 128, 128), false, true, &[]);
+}
+
+/// The cases: every kernel over Dk 32/64/128/256, GQA ratios 1-4, B > 1, partial threadgroups
+/// (Dv not a multiple of 4, Dv < 4), masks in device and constant memory, gated-norm widths
+/// above 128 (one to 1024 threads, several passes), all three float dtypes.
+pub(super) fn cases() -> Vec<Case> {
+    let mut list = vec![
+        // Recurrence, unmasked.
+        rec(BF16, BF16, dims(2, 5, 2, 2, 32, 8), false, true),
+        rec(BF16, F32, dims(3, 4, 1, 2, 64, 6), false, false),
+        rec(BF16, BF16, dims(2, 3, 2, 6, 128, 12), false, true),
+        rec(BF16, BF16, dims(4, 1, 2, 8, 128, 32), false, true),
+        rec(F16, F16, dims(2, 4, 1, 4, 128, 16), false, true),
+        rec(F16, BF16, dims(2, 3, 3, 9, 64, 7), false, true),
+        rec(F32, F32, dims(2, 3, 2, 8, 64, 10), false, true),
+        rec(F32, BF16, dims(2, 2, 1, 1, 256, 4), false, true),
+        rec(BF16, BF16, dims(2, 2, 1, 2, 256, 5), false, false),
+        // Recurrence, masked (mask [B, T]: B*T < 8 passes it in constant memory).
+        rec(BF16, BF16, dims(2, 6, 2, 4, 128, 8), true, true),
+        rec(BF16, F32, dims(3, 4, 2, 6, 32, 6), true, false),
+        rec(F16, F16, dims(3, 2, 1, 3, 32, 3), true, true),
+        rec(F32, F32, dims(2, 5, 2, 2, 64, 5), true, false),
+        rec(F32, BF16, dims(2, 3, 1, 4, 128, 9), true, true),
+        // Several value rows per SIMD group (the CUDA launch for 256+ (batch, head) pairs).
+        rec_rows(BF16, BF16, dims(2, 4, 2, 4, 128, 16), false, true, 4),
+        rec_rows(F16, F32, dims(3, 3, 1, 3, 64, 6), true, true, 2),
+        rec_rows(F32, F32, dims(2, 2, 2, 4, 32, 12), true, false, 4),
+        rec_rows(BF16, BF16, dims(2, 3, 2, 4, 128, 16), true, true, 8),
+        rec_rows(F32, BF16, dims(2, 2, 1, 2, 64, 32), false, true, 16),
+        // Past 32 tokens: the gates of tokens 32.. come from the SIMD group's next refill.
+        rec(BF16, BF16, dims(2, 70, 1, 2, 32, 3), true, true),
+        rec_rows(F16, F32, dims(1, 41, 2, 2, 64, 8), false, false, 4),
+        // Prefix replay (lengths [B]: B < 8 passes them in constant memory).
+        replay(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3]),
+        replay(BF16, F32, dims(2, 6, 1, 3, 128, 6), false, &[6, 2]),
+        replay(F16, F16, dims(2, 4, 2, 8, 32, 4), true, &[4, 1]),
+        replay(
+            F32,
+            F32,
+            dims(9, 3, 1, 1, 32, 4),
+            true,
+            &[0, 1, 2, 3, 3, 2, 1, 0, 3],
+        ),
+        replay(F32, BF16, dims(2, 3, 1, 2, 256, 3), true, &[3, 2]),
+        replay_rows(BF16, BF16, dims(3, 5, 2, 4, 64, 8), true, &[0, 5, 3], 4),
+        replay_rows(F16, F16, dims(2, 4, 1, 2, 32, 6), true, &[4, 2], 2),
+        replay_rows(BF16, F32, dims(2, 4, 1, 2, 64, 8), true, &[4, 3], 8),
+        replay_rows(BF16, BF16, dims(3, 66, 1, 2, 32, 16), true, &[66, 33, 31], 16),
+        // The recurrence from the convolution's output: Dk 128 (the split's lanes own the
+        // recurrence's columns) and 32 / 64 / 96 (they do not), GQA, odd Dv, masks, rows.
+        from_conv(BF16, BF16, dims(2, 3, 2, 4, 128, 16), false, true, 1),
+        from_conv(BF16, F32, dims(3, 2, 1, 3, 64, 6), true, false, 1),
+        from_conv(F16, F16, dims(2, 4, 2, 4, 32, 7), true, true, 1),
+        from_conv(F32, BF16, dims(2, 3, 1, 2, 96, 5), false, true, 1),
+        from_conv(F32, F32, dims(1, 2, 2, 2, 128, 8), true, true, 4),
+        from_conv(BF16, BF16, dims(2, 3, 2, 4, 64, 16), false, false, 8),
+        from_conv(F16, BF16, dims(1, 37, 1, 2, 32, 4), true, true, 2),
+        // Head split (Dk, Dv <= 128; qscale/kscale [Dk]: Dk < 8 passes them in constant memory).
+        split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
+        split(BF16, heads(2, 2, 1, 2, 64, 96), 1e-6),
+        split(BF16, heads(3, 1, 1, 2, 5, 3), 0.0),
+        split(F16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
+        split(F16, heads(1, 2, 2, 3, 100, 72), 1e-5),
+        split(F32, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0),
+        split(F32, heads(2, 2, 2, 3, 100, 72), 1e-5),
+        split(F32, heads(2, 1, 1, 1, 3, 1), 1e-6),
+        // Gated norm: THREADS = min(1024, ceil(D/128)*32).
+        norm(BF16, BF16, &[2, 3, 64], 1e-6),
+        norm(BF16, F32, &[2, 128], 1e-6),
+        norm(BF16, BF16, &[4, 129], 1e-6),
+        norm(F16, F16, &[2, 2, 1000], 1e-5),
+        norm(F16, F32, &[3, 300], 1e-6),
+        norm(F32, BF16, &[3, 4096], 1e-6),
+        norm(BF16, BF16, &[2, 5000], 1e-6),
+        norm(F32, F32, &[5, 7], 1e-6),
+        norm(F32, F16, &[2, 2, 640], 0.0),
+        // The CUDA launch's grouping: several heads / rows in one threadgroup.
+        grouped(split(BF16, heads(2, 3, 2, 4, 128, 128), 1e-6 / 128.0)),
+        grouped(split(F32, heads(1, 2, 1, 4, 64, 48), 1e-6)),
+        grouped(norm(BF16, BF16, &[24, 128], 1e-6)),
+        grouped(norm(F32, F16, &[7, 3, 100], 1e-6)),
+    ];
+    backward_cases(&mut list);
+    list
+}

@@ -1,0 +1,373 @@
+//! Each case's launch, from src/metal.rs, and its inputs as src/ops/*.rs builds them.
+
+use super::*;
+
+type Inputs = Vec<(&'static str, Dtype, Vec<i64>)>;
+
+/// The gated-delta node the library builds for a case (b's dtype is the case's aux dtype).
+fn gated_delta_node(d: &Dims, c: &Case, form: Form, masked: bool, with_state: bool) -> gd::Node {
+    let u = |x: i64| x as usize;
+    gd::Node {
+        dims: gd::Dims {
+            b: u(d.b),
+            t: u(d.t),
+            hk: u(d.hk),
+            hv: u(d.hv),
+            dk: u(d.dk),
+            dv: u(d.dv),
+        },
+        dtype: c.dtype,
+        gates: gd::GateDtypes {
+            a: F32,
+            b: c.aux,
+            a_log: F32,
+            dt_bias: F32,
+        },
+        has_state: with_state,
+        has_mask: masked,
+        form,
+    }
+}
+
+/// The launch for a case (from src/metal.rs), its kind and label, the case dimensions, the
+/// inputs as the library's ops build them, and extra case lines. Also asserts the geometry of
+/// docs/DESIGN.md §3, so a change of launch geometry is noticed here as well as emulated.
+pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, String) {
+    let name = |d: Dtype| d.name();
+    match &c.kind {
+        Kind::Recurrence {
+            d,
+            masked,
+            with_state,
+            rows,
+        } => {
+            let node = gated_delta_node(d, c, Form::Exact, *masked, *with_state);
+            let l = metal::gated_delta_launch_rows(&node, *rows);
+            assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
+            assert_eq!(l.threadgroup, [32, 4, 1]);
+            // src/ops/gated_delta.rs `update`, Backend::Metal: q, k, v, g (f32, compute_g),
+            // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), mask (bool [B, T]);
+            // T from k's shape (k_shape).
+            let mut inputs: Inputs = vec![
+                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+            ];
+            if *masked {
+                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+            }
+            let label = format!(
+                "{} {} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{}",
+                if *masked { "masked" } else { "unmasked" },
+                name(c.dtype),
+                name(c.aux),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                if *with_state { "" } else { " zero-state" }
+            ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
+            let extra = format!(
+                "masked {}\nwith_state {}\n",
+                *masked as i32, *with_state as i32
+            );
+            let kind = if *masked {
+                "recurrence_masked"
+            } else {
+                "recurrence"
+            };
+            (
+                l,
+                kind,
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
+        Kind::Backward {
+            d,
+            masked,
+            with_state,
+            dy_dtype,
+            checkpoint,
+            twin,
+        } => {
+            let node = gated_delta_node(d, c, Form::Exact, *masked, *with_state);
+            let u = |x: i64| x as usize;
+            let ckpt = checkpoint.unwrap_or_else(|| metal::backward_checkpoint(u(d.t)));
+            let l = metal::gated_delta_backward_launch(&node, ckpt);
+            // P threadgroups per (batch row, value head), each of NSG ≤ 4 SIMD groups (128
+            // threads) holding RP ≤ 4 value rows each, P·NSG·RP covering Dv; the row sums'
+            // NSG·Dk + 2·NSG floats fit Metal's 32 KiB of threadgroup memory.
+            let (nsg, parts, rp) = metal::backward_geometry(u(d.dv));
+            assert!(nsg >= 1 && nsg <= 4 && nsg as i64 <= d.dv);
+            assert!(rp >= 1 && rp <= 4);
+            assert!(parts * nsg * rp >= u(d.dv) && parts * nsg * (rp - 1) < u(d.dv));
+            assert!((nsg * u(d.dk) + 2 * nsg) * 4 <= 32 * 1024);
+            assert_eq!(l.grid, [32, nsg as i32, (d.b * d.hv) as i32 * parts as i32]);
+            assert_eq!(l.threadgroup, [32, nsg as i32, 1]);
+            assert_eq!(
+                l.template_int_values[4..],
+                [nsg as i32, parts as i32, rp as i32]
+            );
+            // The scratch: the kept states and one chunk's token states.
+            let chunks = (d.t as usize).div_ceil(ckpt).max(1) as i64;
+            let scratch = [
+                vec![d.b * d.hv, chunks, d.dv, d.dk],
+                vec![d.b * d.hv, ckpt as i64, d.dv, d.dk],
+            ];
+            let mut at = 0usize;
+            for (i, ndim) in l.output_ndims.iter().enumerate() {
+                let shape: Vec<i64> = l.output_dims[at..at + *ndim as usize]
+                    .iter()
+                    .map(|&x| x as i64)
+                    .collect();
+                at += *ndim as usize;
+                if i >= 6 {
+                    assert_eq!(shape, scratch[i - 6], "scratch output {i}");
+                }
+            }
+            // The inputs of the launch's description (src/metal.rs): q, k, v in the forward's
+            // dtype, g (f32, compute_g), beta (sigmoid(b): b's dtype, as the forward gets it),
+            // state_in (f32; zeros when absent), dy, dstate_out (f32), Tin = {T, C} (int32),
+            // mask (bool [B, T]).
+            let mut inputs: Inputs = vec![
+                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("dy", *dy_dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("dstate_out", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("Tin", Dtype::Int32, vec![2]),
+            ];
+            if *masked {
+                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+            }
+            let label = format!(
+                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} NSG={} P={} RP={} C={}",
+                if *masked { "masked" } else { "unmasked" },
+                name(c.dtype),
+                name(c.aux),
+                name(*dy_dtype),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                if *with_state { "" } else { " zero-state" },
+                nsg,
+                parts,
+                rp,
+                ckpt
+            );
+            let extra = format!(
+                "masked {}\nwith_state {}\ncheckpoint {ckpt}\ntwin {}\n",
+                *masked as i32,
+                *with_state as i32,
+                twin.map_or(-1, |t| t as i64)
+            );
+            let kind = if *masked {
+                "backward_masked"
+            } else {
+                "backward"
+            };
+            (
+                l,
+                kind,
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
+        Kind::Replay {
+            d,
+            with_state,
+            lengths,
+            rows,
+        } => {
+            assert_eq!(lengths.len() as i64, d.b);
+            let node = gated_delta_node(d, c, Form::State, false, *with_state);
+            let l = metal::gated_delta_launch_rows(&node, *rows);
+            assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
+            assert_eq!(l.threadgroup, [32, 4, 1]);
+            // src/ops/gated_delta.rs `state`, Backend::Metal.
+            let inputs: Inputs = vec![
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                ("lengths", Dtype::Int32, vec![d.b]),
+            ];
+            let label = format!(
+                "{} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} lengths {:?}{}",
+                name(c.dtype),
+                name(c.aux),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                lengths,
+                if *with_state { "" } else { " zero-state" }
+            ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
+            let extra = format!(
+                "masked 0\nwith_state {}\nlengths {}\n",
+                *with_state as i32,
+                lengths
+                    .iter()
+                    .map(|l| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            );
+            (
+                l,
+                "replay",
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
+        Kind::FromConv {
+            d,
+            masked,
+            with_state,
+            rows,
+        } => {
+            // The recurrence's launch and inputs, then x and the scales for q, k and v
+            // (src/ops/gated_delta.rs `update_from_conv`, Backend::Metal).
+            let recurrence = Case {
+                kind: Kind::Recurrence {
+                    d: *d,
+                    masked: *masked,
+                    with_state: *with_state,
+                    rows: *rows,
+                },
+                dtype: c.dtype,
+                aux: c.aux,
+                eps: c.eps,
+            };
+            let (l, kind, label, case_dims, mut inputs, extra) = describe(&recurrence);
+            let l = metal::gated_delta_from_conv_launch(l, c.eps);
+            assert_eq!(&l.input_names[..3], ["x", "qscale", "kscale"]);
+            assert!(l.header.starts_with("#define MLXK_FROM_CONV 1\n"));
+            let channels = 2 * d.hk * d.dk + d.hv * d.dv;
+            inputs[0] = ("x", c.dtype, vec![d.b, d.t, channels]);
+            inputs[1] = ("qscale", c.dtype, vec![d.dk]);
+            inputs[2] = ("kscale", c.dtype, vec![d.dk]);
+            let kind = if kind == "recurrence" {
+                "from_conv"
+            } else {
+                "from_conv_masked"
+            };
+            (l, kind, format!("from conv {label}"), case_dims, inputs, extra)
+        }
+        Kind::HeadSplit { d, grouped } => {
+            let u = |x: i64| x as usize;
+            let l = metal::silu_rms_heads_launch(&node::silu_rms_heads::Node {
+                dims: node::silu_rms_heads::Dims {
+                    b: u(d.b),
+                    s: u(d.s),
+                    hk: u(d.hk),
+                    hv: u(d.hv),
+                    dk: u(d.dk),
+                    dv: u(d.dv),
+                },
+                dtype: c.dtype,
+                eps: c.eps,
+            });
+            assert_eq!(
+                l.grid,
+                [(32 * (2 * d.hk + d.hv)) as i32, (d.b * d.s) as i32, 1]
+            );
+            assert_eq!(l.threadgroup, [32, 1, 1]);
+            let mut l = l;
+            if *grouped {
+                l.threadgroup[0] = 32 * cuda_group(2 * d.hk + d.hv);
+            }
+            let channels = 2 * d.hk * d.dk + d.hv * d.dv;
+            // src/ops/silu_rms_heads.rs `split`: x, q_scale, k_scale as given.
+            let inputs: Inputs = vec![
+                ("x", c.dtype, vec![d.b, d.s, channels]),
+                ("qscale", c.dtype, vec![d.dk]),
+                ("kscale", c.dtype, vec![d.dk]),
+            ];
+            let label = format!(
+                "{} B={} S={} Hk={} Hv={} Dk={} Dv={} eps={:e}{}",
+                name(c.dtype),
+                d.b,
+                d.s,
+                d.hk,
+                d.hv,
+                d.dk,
+                d.dv,
+                c.eps,
+                if *grouped { " (CUDA grouping)" } else { "" }
+            );
+            (
+                l,
+                "head_split",
+                label,
+                vec![d.b, d.s, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
+        }
+        Kind::GatedNorm { shape, grouped } => {
+            let l = metal::gated_rms_norm_launch(&node::gated_rms_norm::Node {
+                shape: shape.iter().map(|&d| d as usize).collect(),
+                dtype: c.dtype,
+                gate_dtype: c.aux,
+                eps: c.eps,
+            });
+            let width = *shape.last().unwrap();
+            let rows: i64 = shape[..shape.len() - 1].iter().product();
+            let threads = ((width + 127) / 128 * 32).min(1024);
+            assert_eq!(l.grid, [(rows * threads) as i32, 1, 1]);
+            assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
+            let mut l = l;
+            if *grouped {
+                assert_eq!(threads, 32, "only one-SIMD-group rows are grouped");
+                l.threadgroup[0] = 32 * cuda_group(rows);
+            }
+            // src/ops/gated_rms_norm.rs `norm`: x, gate (its own float dtype), weight [D].
+            let inputs: Inputs = vec![
+                ("x", c.dtype, shape.clone()),
+                ("gate", c.aux, shape.clone()),
+                ("weight", c.dtype, vec![width]),
+            ];
+            let label = format!(
+                "{} gate:{} shape {:?} THREADS={} eps={:e}{}",
+                name(c.dtype),
+                name(c.aux),
+                shape,
+                threads,
+                c.eps,
+                if *grouped { " (CUDA grouping)" } else { "" }
+            );
+            (
+                l,
+                "gated_norm",
+                label,
+                shape.clone(),
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
+        }
+    }
+}
