@@ -1,5 +1,5 @@
-//! libFuzzer target `gated_delta`: decodes the input into a sequence of C ABI calls (harness/gated_delta.rs)
-//! and checks every status, message, result shape and handle.
+//! libFuzzer target `gated_delta`: decodes the input into a sequence of C ABI calls
+//! (harness/gated_delta/forward.rs) and checks every status, message, result shape and handle.
 #![no_main]
 
 #[path = "../harness/mod.rs"]

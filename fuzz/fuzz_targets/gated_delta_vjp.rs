@@ -1,5 +1,5 @@
 //! libFuzzer target `gated_delta_vjp`: decodes the input into a sequence of calls of the
-//! update's backward pass (harness/gated_delta.rs) and checks every status, message, result
+//! update's backward pass (harness/gated_delta/vjp.rs) and checks every status, message, result
 //! shape and handle.
 #![no_main]
 

@@ -1,5 +1,5 @@
-//! libFuzzer target `norms`: decodes the input into a sequence of C ABI calls (harness/norms.rs)
-//! and checks every status, message, result shape and handle.
+//! libFuzzer target `norms`: decodes the input into a sequence of C ABI calls
+//! (harness/norms/forward.rs) and checks every status, message, result shape and handle.
 #![no_main]
 
 #[path = "../harness/mod.rs"]

@@ -1,5 +1,5 @@
 //! libFuzzer target `norms_vjp`: decodes the input into a sequence of calls of the head split's
-//! and the gated norm's backward passes (harness/norms.rs) and checks every status, message,
+//! and the gated norm's backward passes (harness/norms/vjp.rs) and checks every status, message,
 //! result shape and handle.
 #![no_main]
 
