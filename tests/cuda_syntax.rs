@@ -135,7 +135,7 @@ fn gated_delta_node(dtype: Dtype, gate: Dtype, form: Form, has_mask: bool) -> No
     }
 }
 
-/// Each input's dtype, by name, as the library passes them for `n` (src/ops/gated_delta.rs).
+/// Each input's dtype, by name, as the library passes them for `n` (src/ops/gated_delta/graph.rs).
 fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
     l.input_names
         .iter()

@@ -45,7 +45,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let l = metal::gated_delta_launch_rows(&node, *rows);
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
-            // src/ops/gated_delta.rs `update`, Backend::Metal: q, k, v, g (f32, compute_g),
+            // src/ops/gated_delta/ `update` (graph.rs), Backend::Metal: q, k, v, g (f32, compute_g),
             // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), mask (bool [B, T]);
             // T from k's shape (k_shape).
             let mut inputs: Inputs = vec![
@@ -202,7 +202,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let l = metal::gated_delta_launch_rows(&node, *rows);
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
-            // src/ops/gated_delta.rs `state`, Backend::Metal.
+            // src/ops/gated_delta/replay.rs `state`, Backend::Metal.
             let inputs: Inputs = vec![
                 ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
                 ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
@@ -250,7 +250,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             rows,
         } => {
             // The recurrence's launch and inputs, then x and the scales for q, k and v
-            // (src/ops/gated_delta.rs `update_from_conv`, Backend::Metal).
+            // (src/ops/gated_delta/from_conv.rs `update_from_conv`, Backend::Metal).
             let recurrence = Case {
                 kind: Kind::Recurrence {
                     d: *d,
