@@ -1,7 +1,8 @@
 """fla's fused recurrent Gated DeltaNet kernel (fla-core, Triton over PyTorch) on the same
-shapes as benches/bench_cuda.cc's decode rows: B = 1, 8, 32, 256, T = 1, Qwen3.5-35B-A3B dims,
-30 layers with their own states per timed step; plus PyTorch's own elementwise op over the same
-states (the floor outside MLX). Writes JSON lines to argv[1] and prints a table.
+shapes as the decode rows of `make bench-cuda` (benches/bench_cuda_layers.cc): B = 1, 8, 32,
+256, T = 1, Qwen3.5-35B-A3B dims, 30 layers with their own states per timed step; plus
+PyTorch's own elementwise op over the same states (the floor outside MLX). Writes JSON lines to
+argv[1] and prints a table.
 
 fla keeps its state as [B, H, K, V] and takes log-space gates; the work per token is the same.
 """

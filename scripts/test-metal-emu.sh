@@ -100,9 +100,13 @@ fi
 if stale "$OUT/executor.o" "$SRC/executor.cc" "${HEADERS[@]}"; then
   "$CXX" "${KFLAGS[@]}" -c "$SRC/executor.cc" -o "$OUT/executor.o" || fail "executor.cc"
 fi
-if stale "$OUT/harness.o" "$SRC/harness.cc" "${HEADERS[@]}" "$ROOT/include/mlxkern.h"; then
-  "$CXX" "${KFLAGS[@]}" -c "$SRC/harness.cc" -o "$OUT/harness.o" || fail "harness.cc"
-fi
+HARNESS_O=()  # the harness's files (harness.h), compiled
+for part in harness harness_cases harness_backward; do
+  HARNESS_O+=("$OUT/$part.o")
+  if stale "$OUT/$part.o" "$SRC/$part.cc" "${HEADERS[@]}" "$ROOT/include/mlxkern.h"; then
+    "$CXX" "${KFLAGS[@]}" -c "$SRC/$part.cc" -o "$OUT/$part.o" || fail "$part.cc"
+  fi
+done
 for pid in "${pids[@]}"; do wait "$pid" || fail "building the MLX-side programs"; done
 
 # 2. The kernels MLX generates for those launches (rewritten only when they change).
@@ -128,7 +132,7 @@ fi
 for pid in "${pids[@]}"; do wait "$pid" || fail "compiling the kernel files on the Metal shim"; done
 
 for variant in "" _variant; do
-  "$CXX" "$OUT/harness.o" "$OUT/emu_kernels$variant.o" "$OUT/executor.o" "$OUT/mlx_cpu_ops.o" \
+  "$CXX" "${HARNESS_O[@]}" "$OUT/emu_kernels$variant.o" "$OUT/executor.o" "$OUT/mlx_cpu_ops.o" \
     "${LIB_LINK[@]}" "${MLX_LINK[@]}" -o "$OUT/harness$variant" || fail "linking the harness"
 done
 

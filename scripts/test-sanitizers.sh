@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The C clients under sanitizers, valgrind and a resident-memory check (`make test-sanitizers`):
-#   1. tests/c/client.c and tests/c/stress.c (10 000 mixed calls) under AddressSanitizer with
+#   1. tests/c/client*.c and tests/c/stress.c (10 000 mixed calls) under AddressSanitizer with
 #      LeakSanitizer: no report, exit 0;
 #   2. stress.c without instrumentation: resident memory flat after warm-up (--rss-check);
 #   3. client.c and stress.c under valgrind memcheck, full leak check: 0 errors, definitely and
@@ -40,11 +40,18 @@ elapsed() { local ms=$(($(now_ms) - $1)); printf '%d.%d s' $((ms / 1000)) $((ms 
 INCLUDE=(-I"$ROOT/include" -I"$ROOT/tests/common")
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -pthread)
 WARN=(-std=c11 -Wall -Wextra -Werror -pedantic)
+# The client test's files (tests/c/client.c runs the checks of the others).
+CLIENT=("$SRC/client.c" "$SRC/client_util.c" "$SRC/client_arrays.c" "$SRC/client_gated_delta.c"
+  "$SRC/client_norms.c" "$SRC/client_host.c")
 
 # 1. AddressSanitizer + LeakSanitizer.
 for prog in client stress; do
+  case $prog in
+    client) sources=("${CLIENT[@]}") ;;
+    *) sources=("$SRC/$prog.c") ;;
+  esac
   "$CC" "${WARN[@]}" -g -O1 -fsanitize=address -fno-omit-frame-pointer "${INCLUDE[@]}" \
-    "$SRC/$prog.c" "${LINK[@]}" -o "$OUT/$prog-asan" || fail "$prog build (ASan)"
+    "${sources[@]}" "${LINK[@]}" -o "$OUT/$prog-asan" || fail "$prog build (ASan)"
 done
 asan_options=detect_leaks=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
 if [ "$(uname -s)" = Darwin ]; then
@@ -70,7 +77,7 @@ done
 # 2. Resident memory, uninstrumented.
 "$CC" "${WARN[@]}" -g -O2 "${INCLUDE[@]}" "$SRC/stress.c" "${LINK[@]}" -o "$OUT/stress" ||
   fail "stress build"
-"$CC" "${WARN[@]}" -g -O1 "${INCLUDE[@]}" "$SRC/client.c" "${LINK[@]}" -o "$OUT/client" ||
+"$CC" "${WARN[@]}" -g -O1 "${INCLUDE[@]}" "${CLIENT[@]}" "${LINK[@]}" -o "$OUT/client" ||
   fail "client build"
 "$OUT/stress" "$STRESS_CALLS" --rss-check >"$OUT/stress-rss.log" 2>&1 ||
   { cat "$OUT/stress-rss.log" >&2; fail "stress: resident memory"; }

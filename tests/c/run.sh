@@ -2,7 +2,8 @@
 # C and C++ clients of the C ABI, run by `make test-c`:
 #   1. the header compiles as C11 and as C++17 (-Werror), included twice, and matches the
 #      contract's signatures (tests/c/header_c.c, tests/c/header_cpp.cc);
-#   2. the C client test (tests/c/client.c) runs under AddressSanitizer with LeakSanitizer;
+#   2. the C client test (tests/c/client.c and the client_*.c files it runs) runs under
+#      AddressSanitizer with LeakSanitizer;
 #   3. every function include/mlxkern.h declares is called by the client test.
 # Environment: CC, CXX (compilers), LIBDIR (folder holding libmlxkern.so / .dylib), BUILD
 # (output folder). Needs only gcc/g++ (or clang), sed and grep.
@@ -29,6 +30,8 @@ fi
 INCLUDE=(-I"$ROOT/include" -I"$ROOT/tests/common")
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
 WARN=(-Wall -Wextra -Werror -pedantic -Wredundant-decls)
+CLIENT=("$SRC/client.c" "$SRC/client_util.c" "$SRC/client_arrays.c" "$SRC/client_gated_delta.c"
+  "$SRC/client_norms.c" "$SRC/client_host.c")
 
 fail() {
   echo "FAIL: $*" >&2
@@ -49,7 +52,7 @@ echo "PASS: include/mlxkern.h compiles as C++17 (-Wall -Wextra -Werror -pedantic
 
 # 2. The client under AddressSanitizer + LeakSanitizer.
 "$CC" -std=c11 "${WARN[@]}" -g -O1 -fsanitize=address -fno-omit-frame-pointer -pthread \
-  "${INCLUDE[@]}" "$SRC/client.c" "${LINK[@]}" -lm -o "$OUT/client" || fail "client build"
+  "${INCLUDE[@]}" "${CLIENT[@]}" "${LINK[@]}" -lm -o "$OUT/client" || fail "client build"
 
 asan_options=detect_leaks=1:halt_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1
 if [ "$(uname -s)" = Darwin ]; then
@@ -77,7 +80,7 @@ functions=$(sed -n 's/^[A-Za-z_][A-Za-z0-9_ *]*[ *]\(mlxk_[a-z0-9_]*\)(.*/\1/p' 
 [ -n "$functions" ] || fail "no mlxk_ functions found in include/mlxkern.h"
 missing=()
 for function in $functions; do
-  grep -q "\\b$function(" "$SRC/client.c" || missing+=("$function")
+  grep -q "\\b$function(" "${CLIENT[@]}" || missing+=("$function")
 done
-[ ${#missing[@]} -eq 0 ] || fail "declared in include/mlxkern.h but never called by tests/c/client.c: ${missing[*]}"
+[ ${#missing[@]} -eq 0 ] || fail "declared in include/mlxkern.h but never called by the client test (tests/c/client*.c): ${missing[*]}"
 echo "PASS: all $(echo "$functions" | wc -l | tr -d ' ') functions of include/mlxkern.h are called by the client"

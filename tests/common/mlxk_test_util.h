@@ -138,11 +138,17 @@ typedef struct {
     int verbose;     /* EXPECT_ERROR prints every message it sees */
 } mlxkt_tally;
 
-/* The program's check counts (one per program: these helpers are meant for one-file programs). */
+/* The program's check counts. A program of several files defines MLXKT_SHARED_TALLY before
+ * including this header, in each file, and defines mlxkt_checks() in one of them (the same
+ * body): then all its files count into one tally. */
+#ifdef MLXKT_SHARED_TALLY
+mlxkt_tally *mlxkt_checks(void);
+#else
 static inline mlxkt_tally *mlxkt_checks(void) {
     static mlxkt_tally tally;
     return &tally;
 }
+#endif
 
 /* Counts one check; a failed one is printed as "FAIL (file:line): what". Returns ok. */
 static inline int mlxkt_check_at(int ok, const char *what, const char *file, int line) {

@@ -1,0 +1,258 @@
+// `make bench-cuda`'s rows of the kernels at engine dims (bench_cuda.h): decode, replay, head
+// split, gated norm, the decode layer's split and update, prefill, and the backward pass.
+
+#include "bench_cuda.h"
+
+namespace bench_cuda {
+
+void decode(int batch, int warmup, int iters) {
+  auto ls = layers(batch, 1);
+  const std::string name = "decode B=" + std::to_string(batch) + " (30 layers)";
+  Build build_floor = state_floor(ls);
+  Build build = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                        h(x.dt_bias), &st);
+      outs.push_back(r.y.to_mlx());
+      outs.push_back(r.state.to_mlx());
+    }
+    return outs;
+  };
+  Build fast = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      auto [g, beta] = gates(x);
+      auto r = mx::fast::gated_delta_update(x.q, x.k, x.v, g, beta, x.state);
+      outs.insert(outs.end(), r.begin(), r.end());
+    }
+    return outs;
+  };
+  const double bytes = update_bytes(batch, 1);
+  const double f = graph_us(build_floor, warmup, iters);
+  row("decode", name, impl("mlx floor"), f, kLayers, double(batch) * kHv * kD * kD * 8, 0);
+  if (batch == 1 && !pipelined) {
+    // Where a step's time goes: building the 30 nodes on the host (no eval).
+    row("decode", name, "mlxkern build", time_us([&] { (void)build(); }, warmup, iters),
+        kLayers, 0, 0);
+    row("decode", name, "floor build", time_us([&] { (void)build_floor(); }, warmup, iters),
+        kLayers, 0, 0);
+  }
+  row("decode", name, impl("mlxkern"), graph_us(build, warmup, iters), kLayers, bytes, f);
+  if (!pipelined) row("decode", name, "mlx fast", graph_us(fast, warmup, iters), kLayers, bytes, f);
+}
+
+void replay(int batch, int warmup, int iters) {
+  auto ls = layers(batch, 8);
+  const std::string name = "replay T=8 B=" + std::to_string(batch) + " (30 layers)";
+  std::vector<std::int32_t> lengths(batch, 8);
+  Build floor = state_floor(ls);
+  Build ours = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : ls) {
+      auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_state(h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log), h(x.dt_bias),
+                                       &st, mlxk::Span<std::int32_t>(lengths));
+      outs.push_back(r.to_mlx());
+    }
+    return outs;
+  };
+  const double f = graph_us(floor, warmup, iters);
+  row("replay", name, impl("mlx floor"), f, kLayers, double(batch) * kHv * kD * kD * 8, 0);
+  row("replay", name, impl("mlxkern"), graph_us(ours, warmup, iters), kLayers,
+      update_bytes(batch, 8) - double(batch) * 8 * (kHk + kHv) * kD * 2, f);
+}
+
+void head_split(int s, int warmup, int iters) {
+  const int c = 2 * kHk * kD + kHv * kD;
+  std::vector<mx::array> xs;
+  for (int l = 0; l < kLayers; ++l) xs.push_back(normal({1, s, c}, mx::bfloat16, 2.0f));
+  auto qs = normal({kD}, mx::bfloat16, 1.0f), ks = normal({kD}, mx::bfloat16, 1.0f);
+  mx::eval(xs);
+  mx::eval({qs, ks});
+  const std::string name = "head split S=" + std::to_string(s) + " (30 layers)";
+  Build floor = [&] {
+    std::vector<mx::array> outs;
+    for (auto& x : xs) outs.push_back(mx::negative(x));
+    return outs;
+  };
+  Build ours = [&] {
+    std::vector<mx::array> outs;
+    auto hq = mlxk::Array::from_mlx(qs), hk = mlxk::Array::from_mlx(ks);
+    for (auto& x : xs) {
+      auto r = mlxk::silu_rms_heads(mlxk::Array::from_mlx(x), hq, hk, kHk, kHv, kD, 1e-6f);
+      outs.push_back(r.q.to_mlx());
+      outs.push_back(r.k.to_mlx());
+      outs.push_back(r.v.to_mlx());
+    }
+    return outs;
+  };
+  const double bytes = double(s) * c * 2 * 2;
+  const double f = graph_us(floor, warmup, iters);
+  row("split", name, impl("mlx floor"), f, kLayers, bytes, 0);
+  row("split", name, impl("mlxkern"), graph_us(ours, warmup, iters), kLayers, bytes, f);
+}
+
+// A decode step's head split and update per layer: the two calls (mlxk_silu_rms_heads, then
+// mlxk_gated_delta_update on its q, k, v) against mlxk_gated_delta_update_from_conv (one node,
+// the same bits), beside the floor op over the same states.
+void split_update(int batch, int warmup, int iters) {
+  auto ls = layers(batch, 1);
+  const int c = 2 * kHk * kD + kHv * kD;
+  std::vector<mx::array> xs;
+  for (int l = 0; l < kLayers; ++l) xs.push_back(normal({batch, 1, c}, mx::bfloat16, 2.0f));
+  mx::eval(xs);
+  const SplitConstants split_constants;
+  const auto &qs = split_constants.qs, &ks = split_constants.ks;
+  const float eps = split_constants.eps;
+  const std::string name = "split + update B=" + std::to_string(batch) + " (30 layers)";
+  auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+  Build floor = state_floor(ls);
+  Build two = [&] {
+    std::vector<mx::array> outs;
+    auto hq = h(qs), hk = h(ks);
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& x = ls[l];
+      auto st = h(x.state);
+      auto s = mlxk::silu_rms_heads(h(xs[l]), hq, hk, kHk, kHv, kD, eps);
+      auto r = mlxk::gated_delta_update(s.q, s.k, s.v, h(x.a), h(x.b), h(x.a_log),
+                                        h(x.dt_bias), &st);
+      outs.push_back(r.y.to_mlx());
+      outs.push_back(r.state.to_mlx());
+    }
+    return outs;
+  };
+  Build one = [&] {
+    std::vector<mx::array> outs;
+    auto hq = h(qs), hk = h(ks);
+    for (int l = 0; l < kLayers; ++l) {
+      const Layer& x = ls[l];
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_update_from_conv(h(xs[l]), hq, hk, kHk, kHv, kD, eps, h(x.a),
+                                                  h(x.b), h(x.a_log), h(x.dt_bias), &st);
+      outs.push_back(r.y.to_mlx());
+      outs.push_back(r.state.to_mlx());
+    }
+    return outs;
+  };
+  const double bytes = update_bytes(batch, 1);
+  const double f = graph_us(floor, warmup, iters);
+  row("layer", name, impl("mlx floor"), f, kLayers, double(batch) * kHv * kD * kD * 8, 0);
+  row("layer", name, impl("split + update"), graph_us(two, warmup, iters), kLayers, bytes, f);
+  row("layer", name, impl("from conv"), graph_us(one, warmup, iters), kLayers, bytes, f);
+}
+
+void gated_norm(int s, int warmup, int iters) {
+  std::vector<mx::array> xs, zs;
+  for (int l = 0; l < kLayers; ++l) {
+    xs.push_back(normal({s * kHv, kD}, mx::bfloat16, 1.0f));
+    zs.push_back(normal({s * kHv, kD}, mx::bfloat16, 2.0f));
+  }
+  auto w = normal({kD}, mx::bfloat16, 1.0f);
+  mx::eval(xs);
+  mx::eval(zs);
+  mx::eval(w);
+  const std::string name = "gated norm S=" + std::to_string(s) + " (30 layers)";
+  Build floor = [&] {
+    std::vector<mx::array> outs;
+    for (int l = 0; l < kLayers; ++l) outs.push_back(mx::add(xs[l], zs[l]));
+    return outs;
+  };
+  Build ours = [&] {
+    std::vector<mx::array> outs;
+    auto hw = mlxk::Array::from_mlx(w);
+    for (int l = 0; l < kLayers; ++l) {
+      outs.push_back(mlxk::gated_rms_norm(mlxk::Array::from_mlx(xs[l]),
+                                          mlxk::Array::from_mlx(zs[l]), hw, 1e-6f)
+                         .to_mlx());
+    }
+    return outs;
+  };
+  const double bytes = double(s) * kHv * kD * 2 * 3;
+  const double f = graph_us(floor, warmup, iters);
+  row("norm", name, impl("mlx floor"), f, kLayers, bytes, 0);
+  row("norm", name, impl("mlxkern"), graph_us(ours, warmup, iters), kLayers, bytes, f);
+}
+
+void prefill(int t, int warmup, int iters) {
+  Layer x = layers(1, t).front();
+  const std::string name = "prefill T=" + std::to_string(t) + " B=1 (1 layer)";
+  auto ours = [&] {
+    auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+    auto st = h(x.state);
+    auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                      h(x.dt_bias), &st);
+    mx::eval({r.y.to_mlx(), r.state.to_mlx()});
+  };
+  auto fast = [&] {
+    auto [g, beta] = gates(x);
+    auto r = mx::fast::gated_delta_update(x.q, x.k, x.v, g, beta, x.state);
+    mx::eval(r);
+  };
+  const double bytes = update_bytes(1, t);
+  const double o = time_us(ours, warmup, iters);
+  row("prefill", name, "mlxkern", o, 1, bytes, 0);
+  const double m = time_us(fast, 1, 3);
+  row("prefill", name, "mlx fast", m, 1, bytes, 0);
+  std::printf("prefill  mlx fast / mlxkern = %.1fx\n", m / o);
+}
+
+// Forward + backward of one layer over T tokens (B = 1), as a training step evaluates them:
+// mlxkern's explicit backward (the GPU backward kernel) after its forward, against mx::vjp of
+// mx::fast::gated_delta_update with the same gates (MLX CUDA: the ops fallback's VJP), with
+// random cotangents. Peak memory is MLX's (mx::get_peak_memory, reset before each path).
+void grad(int t, int warmup, int iters) {
+  Layer x = layers(1, t).front();
+  auto dy = normal({1, t, kHv, kD}, mx::bfloat16, 1.0f);
+  auto ds = normal({1, kHv, kD, kD}, mx::float32, 0.5f);
+  mx::eval({dy, ds});
+  const std::string name = "fwd+bwd T=" + std::to_string(t) + " B=1 (1 layer)";
+  auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+  auto ours = [&] {
+    auto st = h(x.state);
+    auto dyh = h(dy), dsh = h(ds);
+    auto r = mlxk::gated_delta_update(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                      h(x.dt_bias), &st);
+    auto g = mlxk::gated_delta_update_vjp(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b), h(x.a_log),
+                                          h(x.dt_bias), &st, nullptr, &dyh, &dsh);
+    mx::eval({r.y.to_mlx(), r.state.to_mlx(), g.dq.to_mlx(), g.dk.to_mlx(), g.dv.to_mlx(),
+              g.da.to_mlx(), g.db.to_mlx(), g.da_log.to_mlx(), g.dt_bias.to_mlx(),
+              g.state.to_mlx()});
+  };
+  auto fast = [&] {
+    auto fun = [&](const std::vector<mx::array>& p) {
+      Layer y = x;
+      y.a = p[3];
+      y.b = p[4];
+      y.a_log = p[5];
+      y.dt_bias = p[6];
+      auto [g, beta] = gates(y);
+      return mx::fast::gated_delta_update(p[0], p[1], p[2], g, beta, p[7]);
+    };
+    auto [outs, grads] =
+        mx::vjp(fun, {x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, x.state}, {dy, ds});
+    outs.insert(outs.end(), grads.begin(), grads.end());
+    mx::eval(outs);
+  };
+  mx::reset_peak_memory();
+  const double o = time_us(ours, warmup, iters);
+  const double o_peak = double(mx::get_peak_memory()) / (1 << 20);
+  row("grad", name, "mlxkern", o, 1, 0, 0);
+  mx::reset_peak_memory();
+  const double m = time_us(fast, 1, 3);
+  const double m_peak = double(mx::get_peak_memory()) / (1 << 20);
+  row("grad", name, "mlx fast vjp", m, 1, 0, 0);
+  std::printf("grad     T=%d mlx fast vjp / mlxkern = %.1fx; MLX peak memory %.0f MiB (mlxkern) "
+              "vs %.0f MiB (mlx fast vjp)\n", t, m / o, o_peak, m_peak);
+  if (json) {
+    std::fprintf(json,
+                 "{\"group\":\"grad_memory\",\"t\":%d,\"mlxkern_peak_mib\":%.1f,"
+                 "\"mlx_fast_vjp_peak_mib\":%.1f}\n",
+                 t, o_peak, m_peak);
+  }
+}
+
+}  // namespace bench_cuda
