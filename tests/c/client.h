@@ -26,7 +26,7 @@ mlxk_array *new_f32(const float *data, const int32_t *shape, size_t ndim);
 mlxk_array *new_bf16(const float *data, size_t n, const int32_t *shape, size_t ndim);
 void free_ok(mlxk_array *a);
 void check_shape(const mlxk_array *a, const int32_t *want, size_t ndim, mlxk_dtype dtype,
-                 int line);
+                 const char *file, int line);
 /* max |got - ref| / max(max |ref|, tiny) */
 double rel_error(const float *got, const double *ref, size_t n);
 

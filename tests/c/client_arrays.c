@@ -100,7 +100,7 @@ void test_arrays(void) {
         mlxk_array *a = NULL;
         CHECK_OK(mlxk_array_new(data, shape, 3, dtypes[i].dtype, &a));
         CHECK(a != NULL);
-        check_shape(a, shape, 3, dtypes[i].dtype, __LINE__);
+        check_shape(a, shape, 3, dtypes[i].dtype, __FILE__, __LINE__);
         size_t got = 0;
         CHECK_OK(mlxk_array_nbytes(a, &got));
         CHECK(got == nbytes);
@@ -121,7 +121,7 @@ void test_arrays(void) {
     /* zeros */
     mlxk_array *z = NULL;
     CHECK_OK(mlxk_array_zeros(shape, 3, MLXK_DTYPE_FLOAT32, &z));
-    check_shape(z, shape, 3, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(z, shape, 3, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     float zf[24];
     memset(zf, 0xFF, sizeof zf);
     CHECK_OK(mlxk_array_read(z, zf, sizeof zf));
@@ -154,7 +154,7 @@ void test_arrays(void) {
     CHECK(nb == 0);
     CHECK_OK(mlxk_array_eval(e));
     CHECK_OK(mlxk_array_read(e, NULL, 0));
-    check_shape(e, empty_shape, 2, MLXK_DTYPE_INT32, __LINE__);
+    check_shape(e, empty_shape, 2, MLXK_DTYPE_INT32, __FILE__, __LINE__);
     free_ok(e);
 
     /* MLXK_MAX_NDIM dims are fine, one more is a shape error. */
@@ -175,7 +175,7 @@ void test_arrays(void) {
     mlxk_array *f = new_f32(src, eight, 1);
     mlxk_array *h = NULL, *hf = NULL, *iv = NULL;
     CHECK_OK(mlxk_array_astype(f, MLXK_DTYPE_BFLOAT16, &h));
-    check_shape(h, eight, 1, MLXK_DTYPE_BFLOAT16, __LINE__);
+    check_shape(h, eight, 1, MLXK_DTYPE_BFLOAT16, __FILE__, __LINE__);
     uint16_t hb[8];
     CHECK_OK(mlxk_array_read(h, hb, sizeof hb));
     int rne = 1;

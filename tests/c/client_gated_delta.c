@@ -41,7 +41,7 @@ void test_compute_g(void) {
         mlxk_array *dd = bf16 ? new_bf16(dt, HV, hs, 1) : new_f32(dt, hs, 1);
         mlxk_array *g = NULL;
         CHECK_OK(mlxk_compute_g(la, aa, dd, &g));
-        check_shape(g, gs, 3, MLXK_DTYPE_FLOAT32, __LINE__);
+        check_shape(g, gs, 3, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
         float *got = mlxkt_read_floats(g, B * T * HV);
         double ref[B * T * HV];
         for (int i = 0; i < B * T * HV; i++) {
@@ -138,8 +138,8 @@ static mlxk_array *run_update_with(const Host *h, const Args *x, const mlxk_arra
     }
     free_ok(mask_array);
     int32_t ys[4] = {d.b, d.t, d.hv, d.dv}, ss[4] = {d.b, d.hv, d.dv, d.dk};
-    check_shape(y, ys, 4, h->bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, line);
-    check_shape(s, ss, 4, MLXK_DTYPE_FLOAT32, line);
+    check_shape(y, ys, 4, h->bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, __FILE__, line);
+    check_shape(s, ss, 4, MLXK_DTYPE_FLOAT32, __FILE__, line);
 
     double *y_ref = mlxkt_xmalloc(n_v(d) * sizeof *y_ref);
     if (y_ref == NULL) {
@@ -475,7 +475,7 @@ void test_gated_delta_state(void) {
     CHECK_OK(mlxk_gated_delta_state(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, s0, lengths, 3,
                                     &s_replay));
     int32_t ss[4] = {d.b, d.hv, d.dv, d.dk};
-    check_shape(s_replay, ss, 4, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(s_replay, ss, 4, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     float *su = mlxkt_read_floats(s_update, n_state(d));
     float *sr = mlxkt_read_floats(s_replay, n_state(d));
     float *start = mlxkt_read_floats(s0, n_state(d));
@@ -586,8 +586,8 @@ void test_gated_delta_update_from_conv(void) {
     mlxk_array *y = NULL, *s = NULL;
     CHECK_OK(mlxk_gated_delta_update_from_conv(xa, qa, ka, HK, HV, DV, eps, aa, ba, la, da, sa, ma,
                                                &y, &s));
-    check_shape(y, y_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(s, sts, 4, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(y, y_shape, 4, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(s, sts, 4, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     mlxk_array *q = NULL, *k = NULL, *v = NULL, *y2 = NULL, *s2 = NULL;
     CHECK_OK(mlxk_silu_rms_heads(xa, qa, ka, HK, HV, DV, eps, &q, &k, &v));
     CHECK_OK(mlxk_gated_delta_update(q, k, v, aa, ba, la, da, sa, ma, &y2, &s2));

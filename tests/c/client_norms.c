@@ -45,7 +45,7 @@ void test_gated_rms_norm(void) {
         mlxk_array *wa = bf16 ? new_bf16(w, D, ws, 1) : new_f32(w, ws, 1);
         mlxk_array *out = NULL;
         CHECK_OK(mlxk_gated_rms_norm(xa, ga, wa, eps, &out));
-        check_shape(out, xs, 3, bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, __LINE__);
+        check_shape(out, xs, 3, bf16 ? MLXK_DTYPE_BFLOAT16 : MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
         double ref[ROWS * D];
         for (int r = 0; r < ROWS; r++) {
             double ss = 0.0;
@@ -143,9 +143,9 @@ void test_gated_rms_norm_vjp(void) {
     mlxk_array *ga = new_f32(g, xs, 2);
     mlxk_array *grads[3] = {NULL, NULL, NULL};
     CHECK_OK(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, ga, &grads[0], &grads[1], &grads[2]));
-    check_shape(grads[0], xs, 2, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(grads[1], xs, 2, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(grads[2], ws, 1, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(grads[0], xs, 2, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(grads[1], xs, 2, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(grads[2], ws, 1, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     const int counts[3] = {N, N, D};
     for (int which = 0; which < 3; which++) {
         const float *src = which == 0 ? x : which == 1 ? z : w;
@@ -225,9 +225,9 @@ void test_silu_rms_heads(void) {
     mlxk_array *xa = new_f32(x, xs, 3), *qa = new_f32(qs, ss, 1), *ka = new_f32(ks, ss, 1);
     mlxk_array *q = NULL, *k = NULL, *v = NULL;
     CHECK_OK(mlxk_silu_rms_heads(xa, qa, ka, HK, HV, DV, eps, &q, &k, &v));
-    check_shape(q, qk_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(k, qk_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(v, v_shape, 4, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(q, qk_shape, 4, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(k, qk_shape, 4, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(v, v_shape, 4, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     double qr[B * S * HK * DK], kr[B * S * HK * DK], vr[B * S * HV * DV];
     for (int bs = 0; bs < B * S; bs++) {
         const float *row = x + bs * C;
@@ -355,9 +355,9 @@ void test_silu_rms_heads_vjp(void) {
     mlxk_array *grads[3] = {NULL, NULL, NULL};
     CHECK_OK(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, gqa, gka, gva,
                                      &grads[0], &grads[1], &grads[2]));
-    check_shape(grads[0], xs, 3, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(grads[1], ss, 1, MLXK_DTYPE_FLOAT32, __LINE__);
-    check_shape(grads[2], ss, 1, MLXK_DTYPE_FLOAT32, __LINE__);
+    check_shape(grads[0], xs, 3, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(grads[1], ss, 1, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
+    check_shape(grads[2], ss, 1, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     const int counts[3] = {NX, SDK, SDK};
     for (int which = 0; which < 3; which++) {
         const float *src = which == 0 ? x : which == 1 ? qs : ks;

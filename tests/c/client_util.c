@@ -44,20 +44,20 @@ mlxk_array *new_bf16(const float *data, size_t n, const int32_t *shape, size_t n
 void free_ok(mlxk_array *a) { CHECK_OK(mlxk_array_free(a)); }
 
 void check_shape(const mlxk_array *a, const int32_t *want, size_t ndim, mlxk_dtype dtype,
-                 int line) {
+                 const char *file, int line) {
     size_t got_ndim = 99;
     int32_t dims[MLXK_MAX_NDIM];
     mlxk_dtype got_dtype = -1;
     CHECK_OK(mlxk_array_ndim(a, &got_ndim));
-    mlxkt_check_at(got_ndim == ndim, "result rank", __FILE__, line);
+    mlxkt_check_at(got_ndim == ndim, "result rank", file, line);
     CHECK_OK(mlxk_array_shape(a, dims, MLXK_MAX_NDIM));
     int same = got_ndim == ndim;
     for (size_t i = 0; same && i < ndim; i++) {
         same = dims[i] == want[i];
     }
-    mlxkt_check_at(same, "result shape", __FILE__, line);
+    mlxkt_check_at(same, "result shape", file, line);
     CHECK_OK(mlxk_array_dtype(a, &got_dtype));
-    mlxkt_check_at(got_dtype == dtype, "result dtype", __FILE__, line);
+    mlxkt_check_at(got_dtype == dtype, "result dtype", file, line);
 }
 
 /* max |got - ref| / max(max |ref|, tiny) */
