@@ -197,7 +197,21 @@ fn loss(dims: [usize; 5], inputs: &[Vec<f32>; 8], dy: &[f32], ds: &[f32]) -> f64
         .zip(shapes)
         .map(|(x, s)| Array::from_slice(x, s).unwrap())
         .collect();
-    let out = GatedDelta {
+    let out = recurrence(&arrays).update().unwrap();
+    let dot = |a: &Array, c: &[f32]| -> f64 {
+        a.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .zip(c)
+            .map(|(x, y)| *x as f64 * *y as f64)
+            .sum()
+    };
+    dot(&out.y, dy) + dot(&out.state, ds)
+}
+
+/// The update over q, k, v, a, b, a_log, dt_bias and the state, in that order.
+fn recurrence(arrays: &[Array]) -> GatedDelta<'_> {
+    GatedDelta {
         q: &arrays[0],
         k: &arrays[1],
         v: &arrays[2],
@@ -208,17 +222,6 @@ fn loss(dims: [usize; 5], inputs: &[Vec<f32>; 8], dy: &[f32], ds: &[f32]) -> f64
         state: Some(&arrays[7]),
         mask: None,
     }
-    .update()
-    .unwrap();
-    let dot = |a: &Array, c: &[f32]| -> f64 {
-        a.to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .zip(c)
-            .map(|(x, y)| *x as f64 * *y as f64)
-            .sum()
-    };
-    dot(&out.y, dy) + dot(&out.state, ds)
 }
 
 #[test]
@@ -250,22 +253,12 @@ fn gated_delta_vjp_agrees_with_central_differences() {
     let arrays: Vec<Array> = (0..8)
         .map(|i| Array::from_slice(&inputs[i], &shape(i)).unwrap())
         .collect();
-    let g = GatedDelta {
-        q: &arrays[0],
-        k: &arrays[1],
-        v: &arrays[2],
-        a: &arrays[3],
-        b: &arrays[4],
-        a_log: &arrays[5],
-        dt_bias: &arrays[6],
-        state: Some(&arrays[7]),
-        mask: None,
-    }
-    .vjp(
-        Some(&Array::from_slice(&dy, &[b, t, h, dv]).unwrap()),
-        Some(&Array::from_slice(&ds, &[b, h, dv, dk]).unwrap()),
-    )
-    .unwrap();
+    let g = recurrence(&arrays)
+        .vjp(
+            Some(&Array::from_slice(&dy, &[b, t, h, dv]).unwrap()),
+            Some(&Array::from_slice(&ds, &[b, h, dv, dk]).unwrap()),
+        )
+        .unwrap();
     let grads = [
         &g.dq,
         &g.dk,
