@@ -34,6 +34,18 @@ pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -
     })
 }
 
+/// The address of an array's data after evaluating it (a pool updated in place keeps it).
+pub fn data_address(a: *const mlxk_array) -> usize {
+    let mlx = crate::registry::lock();
+    let Ok(array) = mlx.get(a, "a") else {
+        return 0;
+    };
+    if crate::bridge::array_eval(array).is_err() {
+        return 0;
+    }
+    crate::bridge::array_address(array)
+}
+
 /// How many CPU kernel outputs so far took over an input's buffer (state updated in place).
 pub fn in_place_updates() -> usize {
     crate::cpu::IN_PLACE_UPDATES.load(std::sync::atomic::Ordering::Relaxed)

@@ -132,6 +132,7 @@ fn gated_delta_node(dtype: Dtype, gate: Dtype, form: Form, has_mask: bool) -> No
         has_state: true,
         has_mask,
         form,
+        pool: None,
     }
 }
 

@@ -20,6 +20,7 @@ fn node(dims: Dims, form: Form, has_mask: bool) -> Node {
         has_state: true,
         has_mask,
         form,
+        pool: None,
     }
 }
 

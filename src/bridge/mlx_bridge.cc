@@ -358,6 +358,11 @@ int32_t array_dtype(const Array& a) { return from_mlx(a.dtype()); }
 size_t array_size(const Array& a) { return a.size(); }
 size_t array_nbytes(const Array& a) { return a.nbytes(); }
 
+size_t array_address(const Array& a) {
+  if (a.size() == 0 || !a.is_available()) return 0;
+  return reinterpret_cast<size_t>(a.data<uint8_t>());
+}
+
 void array_eval(const Array& a) {
   mx::array copy = a;
   mx::eval(copy);
@@ -400,6 +405,16 @@ std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array
 
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu) {
   return std::make_unique<Array>(mx::sigmoid(x, stream_for(gpu)));
+}
+
+std::unique_ptr<Array> pool_scatter(const Array& pool, const Array& slots, const Array& states,
+                                    bool gpu) {
+  // MLX's scatter takes updates shaped as the indices followed by the slice (1 along axis 0).
+  auto shape = states.shape();
+  shape.insert(shape.begin() + 1, 1);
+  auto s = stream_for(gpu);
+  return std::make_unique<Array>(
+      mx::scatter(pool, {slots}, mx::reshape(states, shape, s), std::vector<int>{0}, s));
 }
 
 // The backward passes as MLX ops (the GPU default device's path, docs/DESIGN.md §4

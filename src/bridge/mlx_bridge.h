@@ -27,6 +27,7 @@ int32_t array_dim(const Array& a, size_t axis);
 int32_t array_dtype(const Array& a);
 size_t array_size(const Array& a);
 size_t array_nbytes(const Array& a);
+size_t array_address(const Array& a);
 void array_eval(const Array& a);
 void array_read(const Array& a, rust::Slice<uint8_t> dst);
 std::unique_ptr<Array> array_astype(const Array& a, int32_t dtype, bool gpu);
@@ -39,6 +40,8 @@ std::unique_ptr<Array> list_get(const ArrayList& list, size_t i);
 std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array& dt_bias,
                                  bool gpu);
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu);
+std::unique_ptr<Array> pool_scatter(const Array& pool, const Array& slots, const Array& states,
+                                    bool gpu);
 std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
                                                   int32_t value_heads, int32_t value_width,
                                                   float eps, bool has_dq, bool has_dk,

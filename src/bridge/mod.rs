@@ -67,6 +67,8 @@ pub mod ffi {
         fn array_dtype(a: &Array) -> i32;
         fn array_size(a: &Array) -> usize;
         fn array_nbytes(a: &Array) -> usize;
+        /// The address of an evaluated array's data (0 when empty or unevaluated).
+        fn array_address(a: &Array) -> usize;
         fn array_eval(a: &Array) -> Result<()>;
         /// Evaluates `a` and copies its elements row-major into `dst` (exactly nbytes long).
         fn array_read(a: &Array, dst: &mut [u8]) -> Result<()>;
@@ -86,6 +88,15 @@ pub mod ffi {
         ) -> Result<UniquePtr<Array>>;
         /// `mx.sigmoid(x)` on the chosen device.
         fn sigmoid(x: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
+        /// A pool's rows replaced: `pool[slots[i]] = states[i]` (MLX's scatter along axis 0;
+        /// in place when MLX may donate the pool's buffer). slots int32 `[W]`, states
+        /// `[W, ...]` shaped as the pool's rows.
+        fn pool_scatter(
+            pool: &Array,
+            slots: &Array,
+            states: &Array,
+            gpu: bool,
+        ) -> Result<UniquePtr<Array>>;
 
         /// The head split's backward pass as MLX ops: `mx::vjp` of mlx-lm's SiLU, head split
         /// and `mx::fast::rms_norm(q, q_scale, eps)` (k likewise). `inputs`: x, q_scale,

@@ -60,6 +60,37 @@ pub struct Node {
     /// A `[B, T]` bool mask is given (update forms only).
     pub has_mask: bool,
     pub form: Form,
+    /// The states live in a pool addressed by slot (`rows` input): None for the dense
+    /// `[B, Hv, Dv, Dk]` state.
+    pub pool: Option<Pool>,
+}
+
+/// A call on a pool of states `[N, Hv, Dv, Dk]` (docs/DESIGN.md §4 "Pools and packing"): the
+/// node's `rows` input, int32 `[B, 5]`, gives each row `(tok0, span, len, src, dst)`: its first
+/// token in the flattened token dimension, the tokens of y it owns, the tokens it runs (y is 0
+/// for the rest), the pool row its state starts from (-1: zeros) and the row of the state
+/// output it ends in (-1: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pool {
+    /// N, the pool's rows (the state input's first dimension).
+    pub slots: usize,
+    /// Where the final states go.
+    pub write: PoolWrite,
+    /// q, k, v are `[1, total_T, H, D]` (packed sequences; `dims.t` is total_T): row b's
+    /// tokens are `[tok0, tok0 + len)`.
+    pub packed: bool,
+}
+
+/// The state output of a pool node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolWrite {
+    /// None: the pool is only read (speculative verify).
+    None,
+    /// The pool itself, `[N, Hv, Dv, Dk]`: rows not named keep their values (the CPU node, which
+    /// takes over the pool's buffer when MLX allows and updates it in place).
+    Pool,
+    /// This many rows `[W, Hv, Dv, Dk]`, which MLX's scatter then writes into the pool (GPU).
+    Rows(usize),
 }
 
 impl Default for Node {
@@ -71,6 +102,7 @@ impl Default for Node {
             has_state: false,
             has_mask: false,
             form: Form::Exact,
+            pool: None,
         }
     }
 }
@@ -91,6 +123,8 @@ pub enum Input {
     Mask,
     /// The accepted length of each row (`Form::State`), int32 `[B]`.
     Lengths,
+    /// A pool node's row table, int32 `[B, 5]` (`Pool`).
+    Rows,
     /// Metal only: g and beta computed by MLX ops, and T as a 1-element int32 array.
     G,
     Beta,
@@ -115,6 +149,7 @@ impl Input {
             Input::State => "state_in",
             Input::Mask => "mask",
             Input::Lengths => "lengths",
+            Input::Rows => "rows",
             Input::G => "g",
             Input::Beta => "beta",
             Input::X => "x",
@@ -203,7 +238,13 @@ impl Node {
             .collect()
     }
     fn push_last(&self, inputs: &mut Vec<Input>) {
-        if !self.updates() {
+        if self.pool.is_some() {
+            // The row table carries the replay's lengths.
+            if self.has_mask {
+                inputs.push(Input::Mask);
+            }
+            inputs.push(Input::Rows);
+        } else if !self.updates() {
             inputs.push(Input::Lengths);
         } else if self.has_mask {
             inputs.push(Input::Mask);
@@ -215,34 +256,69 @@ impl Node {
         self.cpu_inputs().iter().position(|&i| i == input)
     }
 
-    /// The outputs: y `[B, T, Hv, Dv]` in the input dtype (update forms), then the state
-    /// `[B, Hv, Dv, Dk]` float32.
+    /// Tokens in the flattened token dimension: `B·T`, or total_T for packed sequences.
+    pub fn tokens(&self) -> usize {
+        match self.pool {
+            Some(Pool { packed: true, .. }) => self.dims.t,
+            _ => self.dims.b * self.dims.t,
+        }
+    }
+
+    /// The outputs: y `[B, T, Hv, Dv]` (packed: `[1, total_T, Hv, Dv]`) in the input dtype
+    /// (update forms), then the state float32: `[B, Hv, Dv, Dk]`, or a pool node's (`PoolWrite`).
     pub fn outputs(&self) -> Vec<Output> {
         let d = self.dims;
         let mut outputs = Vec::with_capacity(2);
         if self.updates() {
+            let (b, t) = match self.pool {
+                Some(Pool { packed: true, .. }) => (1, d.t),
+                _ => (d.b, d.t),
+            };
             outputs.push(Output {
-                shape: vec![d.b, d.t, d.hv, d.dv],
+                shape: vec![b, t, d.hv, d.dv],
                 dtype: self.dtype,
             });
         }
-        outputs.push(Output {
-            shape: vec![d.b, d.hv, d.dv, d.dk],
-            dtype: Dtype::Float32,
-        });
+        let states = match self.pool.map(|p| (p.write, p.slots)) {
+            None => Some(d.b),
+            Some((PoolWrite::None, _)) => None,
+            Some((PoolWrite::Pool, n)) => Some(n),
+            Some((PoolWrite::Rows(w), _)) => Some(w),
+        };
+        if let Some(n) = states {
+            outputs.push(Output {
+                shape: vec![n, d.hv, d.dv, d.dk],
+                dtype: Dtype::Float32,
+            });
+        }
         outputs
     }
 
-    /// The index of the state among the outputs.
+    /// The index of the state among the outputs (where `has_state_output`).
     pub fn state_output(&self) -> usize {
         self.updates() as usize
+    }
+
+    /// Whether the node has a state output (all but a pool that is only read).
+    pub fn has_state_output(&self) -> bool {
+        !matches!(
+            self.pool,
+            Some(Pool {
+                write: PoolWrite::None,
+                ..
+            })
+        )
     }
 
     /// Per output, the CPU input whose buffer it may take over (the state, updated in place
     /// when MLX says the caller's state is donatable), or -1.
     pub fn donations(&self) -> Vec<i32> {
         let mut donate = vec![-1; self.outputs().len()];
-        if let Some(slot) = self.cpu_slot(Input::State) {
+        let in_place = match self.pool {
+            None => true,
+            Some(p) => p.write == PoolWrite::Pool,
+        };
+        if let (Some(slot), true) = (self.cpu_slot(Input::State), in_place) {
             donate[self.state_output()] = slot as i32;
         }
         donate
@@ -282,6 +358,36 @@ impl Words for Node {
                 Form::Exact
             }
         };
+        // The pool: has one, N, write code (0 none, 1 pool, 2 rows), W, packed.
+        let (mut has, mut n, mut write, mut w, mut packed) = match self.pool {
+            None => (false, 0, 0, 0, false),
+            Some(p) => {
+                let (code, w) = match p.write {
+                    PoolWrite::None => (0, 0),
+                    PoolWrite::Pool => (1, 0),
+                    PoolWrite::Rows(w) => (2, w),
+                };
+                (true, p.slots, code, w, p.packed)
+            }
+        };
+        c.bool(&mut has);
+        c.usize(&mut n);
+        c.usize(&mut write);
+        c.usize(&mut w);
+        c.bool(&mut packed);
+        self.pool = has.then(|| Pool {
+            slots: n,
+            write: match write {
+                0 => PoolWrite::None,
+                1 => PoolWrite::Pool,
+                2 => PoolWrite::Rows(w),
+                other => {
+                    c.fail(format!("unknown pool write {other}"));
+                    PoolWrite::None
+                }
+            },
+            packed,
+        });
     }
 }
 
@@ -390,17 +496,84 @@ mod tests {
             has_state,
             has_mask,
             form,
+            pool: None,
         }
     }
 
     #[test]
     fn encode_then_decode_is_identity() {
+        let pools = [
+            None,
+            Some(Pool {
+                slots: 9,
+                write: PoolWrite::None,
+                packed: false,
+            }),
+            Some(Pool {
+                slots: 1,
+                write: PoolWrite::Pool,
+                packed: true,
+            }),
+            Some(Pool {
+                slots: 64,
+                write: PoolWrite::Rows(5),
+                packed: false,
+            }),
+        ];
         for form in [Form::Exact, Form::Chunked { chunk: 48 }, Form::State] {
             for (s, m) in [(false, false), (true, false), (false, true), (true, true)] {
-                let n = node(form, s, m);
-                assert_eq!(Node::decode(&n.encode()), Ok(n));
+                for pool in pools {
+                    let n = Node {
+                        pool,
+                        ..node(form, s, m)
+                    };
+                    assert_eq!(Node::decode(&n.encode()), Ok(n));
+                }
             }
         }
+    }
+
+    #[test]
+    fn pool_nodes_inputs_and_outputs() {
+        use Input::*;
+        let pool = |write, packed| {
+            Some(Pool {
+                slots: 6,
+                write,
+                packed,
+            })
+        };
+        let n = Node {
+            pool: pool(PoolWrite::Pool, false),
+            ..node(Form::Exact, true, true)
+        };
+        assert_eq!(
+            n.cpu_inputs(),
+            [Q, K, V, A, B, ALog, DtBias, State, Mask, Rows]
+        );
+        assert_eq!(n.outputs()[1].shape, [6, 4, 3, 64]);
+        assert_eq!(n.donations(), [-1, 7]);
+        let verify = Node {
+            pool: pool(PoolWrite::None, false),
+            ..n
+        };
+        assert_eq!(verify.outputs().len(), 1);
+        assert_eq!(verify.donations(), [-1]);
+        let packed = Node {
+            pool: pool(PoolWrite::Rows(2), true),
+            ..node(Form::Exact, true, false)
+        };
+        assert_eq!(packed.outputs()[0].shape, [1, 7, 4, 3]);
+        assert_eq!(packed.outputs()[1].shape, [2, 4, 3, 64]);
+        assert_eq!(packed.donations(), [-1, -1]);
+        assert_eq!(packed.tokens(), 7);
+        let replay = Node {
+            pool: pool(PoolWrite::Pool, false),
+            ..node(Form::State, true, false)
+        };
+        assert_eq!(replay.cpu_inputs(), [K, V, A, B, ALog, DtBias, State, Rows]);
+        assert_eq!(replay.metal_inputs(), [K, V, G, Beta, State, Rows]);
+        assert_eq!(replay.donations(), [6]);
     }
 
     #[test]

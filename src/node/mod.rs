@@ -382,6 +382,7 @@ mod tests {
             has_state: true,
             has_mask: true,
             form: gated_delta::Form::Chunked { chunk: 32 },
+            pool: None,
             ..Default::default()
         };
         let f32_code = Dtype::Float32 as i32;

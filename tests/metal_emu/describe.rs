@@ -26,6 +26,7 @@ fn gated_delta_node(d: &Dims, c: &Case, form: Form, masked: bool, with_state: bo
         has_state: with_state,
         has_mask: masked,
         form,
+        pool: None,
     }
 }
 

@@ -5,7 +5,7 @@
 
 use super::gemm::{Epi, Kernel, Product, NR};
 use crate::cpu::elem::Elem;
-use crate::cpu::gated_delta::{Dims, StateIn};
+use crate::cpu::gated_delta::{Dims, Rows, StateIn};
 
 /// Rows of the triangular inversion's blocks.
 const TB: usize = 16;
@@ -24,6 +24,8 @@ pub(super) struct Problem<'a, T> {
     pub(super) beta: &'a [f32],
     pub(super) init: StateIn<'a>,
     pub(super) mask: Option<&'a [u8]>,
+    /// Each row's tokens and state rows.
+    pub(super) rows: Rows<'a>,
     pub(super) chunk: usize,
     /// Value heads per key head.
     pub(super) group: usize,
@@ -105,11 +107,12 @@ pub(super) struct Scratch {
     pub(super) tok: Vec<usize>,
 }
 
-/// What one job covers, with its scratch strides: batch row `b`, key heads `kh0..kh0 + nkh`
+/// What one job covers, with its scratch strides: the batch row from token `tok0`, key heads `kh0..kh0 + nkh`
 /// (`group` value heads each), value panels `[p0, p1)`: `np` panels from column `col0`, real
 /// columns `[col0, col1)`.
 pub(super) struct Job<T> {
-    pub(super) b: usize,
+    /// The row's first token in the flattened token dimension (`Rows::tok0`).
+    pub(super) tok0: usize,
     pub(super) kh0: usize,
     pub(super) nkh: usize,
     pub(super) group: usize,
@@ -128,13 +131,13 @@ impl<T> Job<T> {
     /// Offset of y (and v) of token t, value head h, column 0.
     #[inline(always)]
     pub(super) fn vy_at(&self, d: Dims, t: usize, h: usize) -> usize {
-        ((self.b * d.t + t) * d.hv + h) * d.dv
+        ((self.tok0 + t) * d.hv + h) * d.dv
     }
 
     /// Offset of q and k of token t, key head kh.
     #[inline(always)]
     pub(super) fn qk_at(&self, d: Dims, t: usize, kh: usize) -> usize {
-        ((self.b * d.t + t) * d.hk + kh) * d.dk
+        ((self.tok0 + t) * d.hk + kh) * d.dk
     }
 
     /// Floats in one half of the `vy` scratch (chunk `c`).
@@ -299,7 +302,7 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
 ) {
     let d = p.d;
     let (dk, group, c) = (d.dk, p.group, p.chunk);
-    let (b, np, vys, kts) = (job.b, job.np, job.vys, job.kts);
+    let (np, vys, kts) = (job.np, job.vys, job.kts);
     let (col0, col1) = (job.col0, job.col1);
     let width = col1 - col0;
     let (kh, len, lp) = (unit.kh, unit.len, unit.lp);
@@ -330,7 +333,7 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
                     *x = e.to_f32();
                 }
                 for gi in 0..group {
-                    let gate = (b * d.t + t) * d.hv + kh * group + gi;
+                    let gate = (job.tok0 + t) * d.hv + kh * group + gi;
                     s.g[gi * c + i] = p.g[gate];
                     s.beta[gi * c + i] = p.beta[gate];
                     let at = job.vy_at(d, t, kh * group + gi) + col0;

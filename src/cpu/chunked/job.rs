@@ -137,8 +137,9 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
     let (dk, dv, c, group) = (d.dk, d.dv, p.chunk, p.group);
     let b = span.b;
     let np = span.p1 - span.p0;
+    let (tok0, tokens, span_len) = (p.rows.tok0(b), p.rows.len(b), p.rows.span(b));
     let job = Job {
-        b,
+        tok0,
         kh0: span.kh0,
         nkh: span.kh1 - span.kh0,
         group,
@@ -175,12 +176,12 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
 
     // The initial states, transposed into panels (columns past Dv are zero and stay zero).
     let h0 = job.kh0 * group;
-    let state_at = |i: usize| (b * d.hv + h0 + i) * dv * dk;
+    let state_at = |row: usize, i: usize| (row * d.hv + h0 + i) * dv * dk;
     for i in 0..heads {
-        let src: Option<*const f32> = match p.init {
-            StateIn::Zeros => None,
-            StateIn::Buffer(x) => Some(x.as_ptr().add(state_at(i))),
-            StateIn::InPlace => Some(out.state.0.add(state_at(i)) as *const f32),
+        let src: Option<*const f32> = match (p.init, p.rows.src(b)) {
+            (StateIn::Zeros, _) | (_, None) => None,
+            (StateIn::Buffer(x), Some(row)) => Some(x.as_ptr().add(state_at(row, i))),
+            (StateIn::InPlace, Some(row)) => Some(out.state.0.add(state_at(row, i)) as *const f32),
         };
         let hbuf = &mut s.h[i * h_len..(i + 1) * h_len];
         hbuf.fill(0.0);
@@ -202,8 +203,8 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
     loop {
         // Gather up to C active tokens; masked tokens on the way get y = 0.
         let mut len = 0;
-        while next < d.t && len < c {
-            if p.mask.map_or(true, |m| m[b * d.t + next] != 0) {
+        while next < tokens && len < c {
+            if p.mask.map_or(true, |m| m[tok0 + next] != 0) {
                 s.tok[tok_half * c + len] = next;
                 len += 1;
             } else {
@@ -234,7 +235,7 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
                     kh: job.kh0,
                     tok: std::ptr::null(),
                     first: next,
-                    count: (next + c).min(d.t) - next,
+                    count: (next + c).min(tokens) - next,
                 }
             };
             let unit = Pending {
@@ -255,12 +256,24 @@ unsafe fn run_job<K: Kernel, T: Elem>(p: &Problem<T>, out: Out<T>, s: &mut Scrat
             write_y::<K, T>(p, &job, s.vy.as_ptr(), s.tok.as_ptr(), done, i);
         }
     }
+    // y past the tokens the row runs (a pool's padding row) is zero.
+    for t in tokens..span_len {
+        for i in 0..heads {
+            let y = out.y.0.add(job.vy_at(d, t, h0 + i));
+            for col in col0..col1 {
+                *y.add(col) = T::from_f32(0.0);
+            }
+        }
+    }
     K::store_fence();
 
-    // The final states back in [Dv, Dk] rows.
+    // The final states back in [Dv, Dk] rows (where the row's state is written).
+    let Some(dst_row) = p.rows.dst(b) else {
+        return;
+    };
     for i in 0..heads {
         let hbuf = &s.h[i * h_len..(i + 1) * h_len];
-        let dst = out.state.0.add(state_at(i));
+        let dst = out.state.0.add(state_at(dst_row, i));
         for col in col0..col1 {
             let (pj, j) = ((col - col0) / NR, col % NR);
             let row = std::slice::from_raw_parts_mut(dst.add(col * dk), dk);

@@ -53,7 +53,7 @@ use gemm::NR;
 
 use super::elem::Elem;
 use super::features;
-use super::gated_delta::{Dims, Out, StateIn};
+use super::gated_delta::{Dims, Out, Rows, StateIn};
 
 /// Tokens per chunk unless the caller asks otherwise (32 measured faster than 64 on an AVX2
 /// machine: fewer intra-chunk multiply-adds, a working set well inside L2).
@@ -148,6 +148,28 @@ pub fn chunked_recurrence_with<T: Elem>(
     state: &mut [f32],
     opts: ChunkedOptions,
 ) {
+    let rows = Rows::dense(d.t, None);
+    chunked_recurrence_rows(d, q, k, v, g, beta, state_in, mask, rows, y, state, opts)
+}
+
+/// As `chunked_recurrence_with`, for the rows `rows` gives (a pool node's table: each row's
+/// tokens in the flattened token dimension, the state row it starts from and the one it ends
+/// in; `state` is then the node's state output, in which rows not named are left alone).
+#[allow(clippy::too_many_arguments)]
+pub fn chunked_recurrence_rows<T: Elem>(
+    d: Dims,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    g: &[f32],
+    beta: &[f32],
+    state_in: StateIn,
+    mask: Option<&[u8]>,
+    rows: Rows,
+    y: &mut [T],
+    state: &mut [f32],
+    opts: ChunkedOptions,
+) {
     assert!(
         opts.chunk >= NR && opts.chunk <= MAX_CHUNK && opts.chunk % NR == 0,
         "chunk size {} is not a multiple of {NR} in {NR}..={MAX_CHUNK}",
@@ -159,22 +181,43 @@ pub fn chunked_recurrence_with<T: Elem>(
         d.hv,
         d.hk
     );
-    let qk_len = d.b * d.t * d.hk * d.dk;
-    let v_len = d.b * d.t * d.hv * d.dv;
-    let gate_len = d.b * d.t * d.hv;
-    let state_len = d.b * d.hv * d.dv * d.dk;
+    // The flattened tokens: B·T, or for a row table the furthest any row reaches.
+    let tokens = match rows.is_table() {
+        false => d.b * d.t,
+        true => q.len() / (d.hk * d.dk).max(1),
+    };
+    for b in 0..d.b {
+        assert!(
+            rows.tok0(b) + rows.span(b) <= tokens,
+            "row {b}'s tokens pass the input's end"
+        );
+        let _ = rows.len(b); // checked against the span
+    }
+    let qk_len = tokens * d.hk * d.dk;
+    let v_len = tokens * d.hv * d.dv;
+    let gate_len = tokens * d.hv;
     assert_eq!(q.len(), qk_len, "q has the wrong length");
     assert_eq!(k.len(), qk_len, "k has the wrong length");
     assert_eq!(v.len(), v_len, "v has the wrong length");
     assert_eq!(y.len(), v_len, "y has the wrong length");
     assert_eq!(g.len(), gate_len, "g has the wrong length");
     assert_eq!(beta.len(), gate_len, "beta has the wrong length");
-    assert_eq!(state.len(), state_len, "state has the wrong length");
-    if let StateIn::Buffer(s) = state_in {
-        assert_eq!(s.len(), state_len, "state_in has the wrong length");
+    let state_row = d.hv * d.dv * d.dk;
+    let fits = |len: usize, row: Option<usize>| row.is_none_or(|r| (r + 1) * state_row <= len);
+    for b in 0..d.b {
+        assert!(fits(state.len(), rows.dst(b)), "state has the wrong length");
+        if let StateIn::Buffer(s) = state_in {
+            assert!(fits(s.len(), rows.src(b)), "state_in has the wrong length");
+        }
+        if let StateIn::InPlace = state_in {
+            assert!(fits(state.len(), rows.src(b)), "state has the wrong length");
+        }
+    }
+    if !rows.is_table() {
+        assert_eq!(state.len(), d.b * state_row, "state has the wrong length");
     }
     if let Some(m) = mask {
-        assert_eq!(m.len(), d.b * d.t, "mask has the wrong length");
+        assert_eq!(m.len(), tokens, "mask has the wrong length");
     }
     if d.b == 0 || d.hv == 0 || d.dv == 0 {
         // y and the state are empty.
@@ -190,6 +233,7 @@ pub fn chunked_recurrence_with<T: Elem>(
         beta,
         init: state_in,
         mask,
+        rows,
         chunk: opts.chunk,
         group: d.hv / d.hk,
     };

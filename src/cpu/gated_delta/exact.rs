@@ -18,7 +18,7 @@ use super::exact_avx2 as avx2;
 #[cfg(target_arch = "x86_64")]
 use super::exact_avx512 as avx512;
 use super::exact_row::{row_portable, RowIo, Tile};
-use super::{Dims, Out, StateIn};
+use super::{Dims, Out, Rows, StateIn};
 use crate::cpu::elem::Elem;
 use crate::cpu::{features, fp, pool};
 
@@ -51,10 +51,10 @@ pub(super) struct Problem<'a, T> {
     pub(super) g: &'a [f32],
     pub(super) beta: &'a [f32],
     pub(super) state_in: StateIn<'a>,
-    /// `[B, T]`: 0 = padding (the update's mask).
+    /// One flag a token (`[B, T]` flattened): 0 = padding (the update's mask).
     pub(super) mask: Option<&'a [u8]>,
-    /// Tokens each batch row runs (the replay's accepted lengths; else T).
-    pub(super) lengths: Option<&'a [i32]>,
+    /// Each row's tokens and state rows (the replay's accepted lengths; a pool's table).
+    pub(super) rows: Rows<'a>,
 }
 
 /// Per-thread scratch: a tile's keys, queries (f32), gates and token flags.
@@ -65,6 +65,8 @@ struct Scratch {
     g: Vec<f32>,
     beta: Vec<f32>,
     active: Vec<bool>,
+    /// A head's state when the row's final state is not written (a pool only read).
+    state: Vec<f32>,
 }
 
 thread_local! {
@@ -76,21 +78,28 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
     let vectorized = path != Path::Portable;
     let d = p.d;
     let hk = hv / (d.hv / d.hk);
-    let tokens = p.lengths.map_or(d.t, |l| l[b] as usize);
-    assert!(
-        tokens <= d.t,
-        "accepted length {tokens} exceeds T = {}",
-        d.t
-    );
-    let head_state = ((b * d.hv + hv) * d.dv) * d.dk;
+    let (tok0, tokens, span) = (p.rows.tok0(b), p.rows.len(b), p.rows.span(b));
+    let head_at = |row: usize| ((row * d.hv + hv) * d.dv) * d.dk;
+    // The state's start: the row's source (None: zeros).
+    let src_state = match p.state_in {
+        StateIn::Zeros => None,
+        _ => p.rows.src(b).map(head_at),
+    };
     // A decode step (one real token from a given state) takes the single-token kernel, which
     // works on the state in its natural layout: no transposed copy of the state to keep.
-    let single = vectorized
-        && tokens == 1
-        && !matches!(p.state_in, StateIn::Zeros)
-        && p.mask.is_none_or(|m| m[b * d.t] != 0);
+    let single =
+        vectorized && tokens == 1 && src_state.is_some() && p.mask.is_none_or(|m| m[tok0] != 0);
     SCRATCH.with(|scratch| {
         let s = &mut *scratch.borrow_mut();
+        // Where the head's state lives while it runs: its output rows, or scratch.
+        let dst_state: *mut f32 = match p.rows.dst(b) {
+            // SAFETY: this job owns the head's rows of the state output (see `row_io`).
+            Some(row) => unsafe { out.state.0.add(head_at(row)) },
+            None => {
+                s.state.resize(d.dv * d.dk, 0.0);
+                s.state.as_mut_ptr()
+            }
+        };
         let mut t0 = 0;
         loop {
             let len = (tokens - t0).min(TILE);
@@ -100,17 +109,17 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
             s.beta.clear();
             s.active.clear();
             for t in t0..t0 + len {
-                let qk = ((b * d.t + t) * d.hk + hk) * d.dk;
+                let qk = ((tok0 + t) * d.hk + hk) * d.dk;
                 let dst = (t - t0) * d.dk;
                 let lanes = if single { Path::Portable } else { path };
                 widen(&p.k[qk..qk + d.dk], &mut s.k[dst..dst + d.dk], lanes);
                 if let Some(q) = p.q {
                     widen(&q[qk..qk + d.dk], &mut s.q[dst..dst + d.dk], lanes);
                 }
-                let gate = (b * d.t + t) * d.hv + hv;
+                let gate = (tok0 + t) * d.hv + hv;
                 s.g.push(p.g[gate]);
                 s.beta.push(p.beta[gate]);
-                s.active.push(p.mask.is_none_or(|m| m[b * d.t + t] != 0));
+                s.active.push(p.mask.is_none_or(|m| m[tok0 + t] != 0));
             }
             let tile = Tile {
                 len,
@@ -121,16 +130,18 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
                 active: &s.active,
             };
             let row_io = |dv: usize| -> RowIo<T> {
-                let row = head_state + dv * d.dk;
-                // SAFETY: this job owns rows [head_state, head_state + Dv·Dk) of the state
-                // output and y[b, :, hv, :]; the pool joins before the buffers are released.
-                let dst = unsafe { out.state.0.add(row) };
-                let src = match (t0, p.state_in) {
-                    (0, StateIn::Zeros) => std::ptr::null(),
-                    (0, StateIn::Buffer(s)) => s[row..row + d.dk].as_ptr(),
+                // SAFETY: this job owns the Dv·Dk values at `dst_state` (its head's rows of the
+                // state output, or its scratch) and y's rows of (b, hv); the pool joins before
+                // the buffers are released.
+                let dst = unsafe { dst_state.add(dv * d.dk) };
+                let src = match (t0, p.state_in, src_state) {
+                    (0, _, None) => std::ptr::null(),
+                    (0, StateIn::Buffer(s), Some(at)) => s[at + dv * d.dk..][..d.dk].as_ptr(),
+                    // SAFETY: in place, the source row is this job's own output row.
+                    (0, StateIn::InPlace, Some(at)) => unsafe { out.state.0.add(at + dv * d.dk) },
                     _ => dst as *const f32,
                 };
-                let v_at = ((b * d.t + t0) * d.hv + hv) * d.dv + dv;
+                let v_at = ((tok0 + t0) * d.hv + hv) * d.dv + dv;
                 let y = match p.q {
                     // SAFETY: y has v's layout; see above.
                     Some(_) => unsafe { out.y.0.add(v_at) },
@@ -215,6 +226,15 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
             }
         }
     });
+    // y past the tokens the row runs (a pool's padding row) is zero.
+    if p.q.is_some() {
+        for t in tokens..span {
+            for dv in 0..d.dv {
+                // SAFETY: y's rows of (b, hv) are this job's (see `row_io`).
+                unsafe { *out.y.0.add(((tok0 + t) * d.hv + hv) * d.dv + dv) = T::from_f32(0.0) };
+            }
+        }
+    }
 }
 
 /// Converts one token's keys or queries to f32, in the layout the row kernel of `path` wants

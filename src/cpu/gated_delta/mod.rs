@@ -49,3 +49,80 @@ pub enum StateIn<'a> {
     /// The output buffer already holds the initial state (MLX donated it).
     InPlace,
 }
+
+/// Each row's tokens and states: the dense layout (row b runs tokens `[b·T, b·T + T)`, or its
+/// accepted length, from state row b into state row b), or a pool node's row table
+/// (`node::gated_delta::Pool`: int32 `[B, 5]` of `(tok0, span, len, src, dst)`).
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    t: usize,
+    table: Option<&'a [i32]>,
+    lengths: Option<&'a [i32]>,
+}
+
+impl<'a> Rows<'a> {
+    /// The dense layout with T tokens a row, each row running `lengths[b]` of them (the
+    /// replay) or all T.
+    pub fn dense(t: usize, lengths: Option<&'a [i32]>) -> Rows<'a> {
+        Rows {
+            t,
+            table: None,
+            lengths,
+        }
+    }
+
+    /// A pool node's row table (validated by the caller: tokens in range, `len <= span`).
+    pub fn table(t: usize, table: &'a [i32]) -> Rows<'a> {
+        Rows {
+            t,
+            table: Some(table),
+            lengths: None,
+        }
+    }
+
+    /// Whether the rows come from a row table.
+    pub fn is_table(&self) -> bool {
+        self.table.is_some()
+    }
+
+    fn field(&self, b: usize, i: usize) -> Option<i32> {
+        self.table.map(|t| t[5 * b + i])
+    }
+
+    /// Row b's first token in the flattened token dimension.
+    pub fn tok0(&self, b: usize) -> usize {
+        self.field(b, 0).map_or(b * self.t, |x| x as usize)
+    }
+
+    /// The tokens of y row b owns (y is 0 past `len`).
+    pub fn span(&self, b: usize) -> usize {
+        self.field(b, 1).map_or(self.t, |x| x as usize)
+    }
+
+    /// The tokens row b runs.
+    pub fn len(&self, b: usize) -> usize {
+        let len = match (self.field(b, 2), self.lengths) {
+            (Some(x), _) => x as usize,
+            (None, Some(l)) => l[b] as usize,
+            (None, None) => self.t,
+        };
+        assert!(
+            len <= self.span(b),
+            "row {b} runs {len} tokens of its {}",
+            self.span(b)
+        );
+        len
+    }
+
+    /// The state row row b starts from (None: zeros). Dense: row b, where a state is given.
+    pub fn src(&self, b: usize) -> Option<usize> {
+        self.field(b, 3)
+            .map_or(Some(b), |x| usize::try_from(x).ok())
+    }
+
+    /// The state-output row row b ends in (None: not written).
+    pub fn dst(&self, b: usize) -> Option<usize> {
+        self.field(b, 4)
+            .map_or(Some(b), |x| usize::try_from(x).ok())
+    }
+}

@@ -6,11 +6,11 @@ use half::{bf16, f16};
 
 use super::exact::{solve, Problem};
 use super::gates::{gates, GateInputs};
-use super::StateIn;
+use super::{Rows, StateIn};
 use crate::cpu::elem::{narrow, widen};
 use crate::cpu::{chunked, typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
-use crate::node::gated_delta::{Form, Input, Node};
+use crate::node::gated_delta::{Form, Input, Node, PoolWrite};
 use crate::node::Words;
 
 /// Entry for every node of the family (`node::gated_delta::Node`): the update in exact or
@@ -32,22 +32,35 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
         dt_bias: gate(Input::DtBias),
         dt_bias_dtype: node.gates.dt_bias,
     };
-    let (g, beta) = gates(&gate_inputs, d.b * d.t * d.hv, d.hv);
-    let state_in = match (input(Input::State), buffers.aliased[node.state_output()]) {
-        (None, _) => StateIn::Zeros,
-        (Some(_), Some(_)) => StateIn::InPlace,
-        (Some(state), None) => StateIn::Buffer(typed(state)),
-    };
-    let mask = input(Input::Mask);
-    let lengths: Option<&[i32]> = input(Input::Lengths).map(typed);
-    let q_bytes = input(Input::Q);
-    let (k_bytes, v_bytes) = (gate(Input::K), gate(Input::V));
+    let (g, beta) = gates(&gate_inputs, node.tokens() * d.hv, d.hv);
+    let aliased = node.has_state_output() && buffers.aliased[node.state_output()].is_some();
     let mut outputs = std::mem::take(&mut buffers.outputs).into_iter();
     let y_bytes = match node.form {
         Form::State => &mut [][..],
         _ => outputs.next().expect("y"),
     };
-    let state: &mut [f32] = typed_mut(outputs.next().expect("state_out"));
+    let state: &mut [f32] = match node.has_state_output() {
+        true => typed_mut(outputs.next().expect("state_out")),
+        false => &mut [],
+    };
+    let state_in = match (input(Input::State), aliased) {
+        (None, _) => StateIn::Zeros,
+        (Some(_), true) => StateIn::InPlace,
+        // A pool the caller still holds: the output starts as its copy (every row not named
+        // keeps its values), then is updated in place.
+        (Some(pool), false) if node.pool.is_some_and(|p| p.write == PoolWrite::Pool) => {
+            copy_rows(typed(pool), state, d.hv * d.dv * d.dk);
+            StateIn::InPlace
+        }
+        (Some(state), false) => StateIn::Buffer(typed(state)),
+    };
+    let mask = input(Input::Mask);
+    let rows = match input(Input::Rows) {
+        Some(table) => Rows::table(d.t, typed(table)),
+        None => Rows::dense(d.t, input(Input::Lengths).map(typed)),
+    };
+    let q_bytes = input(Input::Q);
+    let (k_bytes, v_bytes) = (gate(Input::K), gate(Input::V));
     macro_rules! go {
         ($t:ty) => {{
             let problem = Problem::<$t> {
@@ -59,10 +72,10 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
                 beta: &beta,
                 state_in,
                 mask,
-                lengths,
+                rows,
             };
             match node.form {
-                Form::Chunked { chunk } => chunked::chunked_recurrence_with(
+                Form::Chunked { chunk } => chunked::chunked_recurrence_rows(
                     d,
                     problem.q.expect("the update has queries"),
                     problem.k,
@@ -71,6 +84,7 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
                     &beta,
                     state_in,
                     mask,
+                    rows,
                     typed_mut::<$t>(y_bytes),
                     state,
                     chunked::ChunkedOptions {
@@ -88,6 +102,25 @@ pub(crate) fn run(params: &[i64], mut buffers: Buffers) {
         Dtype::Float32 => go!(f32),
         other => panic!("gated delta: unsupported input dtype {}", other.name()),
     }
+}
+
+/// Copies a pool `src` into `dst` (same length), `row` values a state row, over the worker
+/// pool.
+fn copy_rows(src: &[f32], dst: &mut [f32], row: usize) {
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "the pool and its output differ in size"
+    );
+    let rows = src.len().checked_div(row).unwrap_or(0);
+    let out = crate::cpu::pool::SharedMut(dst.as_mut_ptr());
+    let out = &out;
+    crate::cpu::pool::run(rows, &|r| {
+        let at = r * row;
+        // SAFETY: job r alone writes row r of `dst`, which outlives the pool's jobs.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(at), row) };
+        dst.copy_from_slice(&src[at..at + row]);
+    });
 }
 
 /// Entry for the backward node (`node::gated_delta::Backward`): the forward's gates as the

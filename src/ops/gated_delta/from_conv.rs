@@ -70,6 +70,7 @@ pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitNode)> {
         has_state: x.state.is_some(),
         has_mask: x.mask.is_some(),
         form: Form::Exact,
+        pool: None,
     };
     Ok((node, split))
 }

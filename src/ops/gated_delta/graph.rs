@@ -35,6 +35,8 @@ pub(super) struct Arrays<'a> {
     pub(super) state: Option<&'a Array>,
     pub(super) mask: Option<&'a Array>,
     pub(super) lengths: Option<&'a Array>,
+    /// A pool node's row table (`node::gated_delta::Pool`).
+    pub(super) rows: Option<&'a Array>,
     /// The recurrence from the convolution's output: x and the head split's scales.
     pub(super) x: Option<&'a Array>,
     pub(super) q_scale: Option<&'a Array>,
@@ -149,6 +151,7 @@ pub(super) fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
         Input::State => x.state,
         Input::Mask => x.mask,
         Input::Lengths => x.lengths,
+        Input::Rows => x.rows,
         Input::X => x.x,
         Input::QScale => x.q_scale,
         Input::KScale => x.k_scale,

@@ -5,12 +5,14 @@
 
 mod from_conv;
 mod graph;
+mod pool;
 mod replay;
 mod vjp;
 
 pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};
 pub(crate) use graph::GPU_GATES_ON_CPU;
+pub use pool::{state_pool, update_pool, Layout, PoolForm, Slots};
 pub use replay::state;
 pub use vjp::update_vjp;
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
@@ -120,6 +122,7 @@ pub fn check_update(x: &Inputs) -> Result<Node> {
         has_state: x.state.is_some(),
         has_mask: x.mask.is_some(),
         form: Form::Exact,
+        pool: None,
     })
 }
 
@@ -284,6 +287,7 @@ pub fn check_state(x: &StateInputs) -> Result<Node> {
         has_state: x.state.is_some(),
         has_mask: false,
         form: Form::State,
+        pool: None,
     })
 }
 

@@ -32,6 +32,20 @@ pub fn state(x: &StateInputs, backend: Backend) -> Result<UniquePtr<Array>> {
 /// immutable, so one array can serve every call with the same values. The last
 /// `LENGTHS_KEPT` distinct lengths are kept; the caller holds the MLX lock (every op does).
 fn lengths_array(lengths: &[i32]) -> Result<UniquePtr<Array>> {
+    ints_array(lengths, &[lengths.len() as i32])
+}
+
+/// An int32 array of `shape` holding `values`, kept as `lengths_array` keeps the lengths (a
+/// pool node's row table: the layers of one step share it).
+pub(super) fn ints_array(values: &[i32], shape: &[i32]) -> Result<UniquePtr<Array>> {
+    // The shape goes in the key (in front of the values) so tables of other shapes never match.
+    let key: Vec<i32> = [shape.len() as i32]
+        .iter()
+        .chain(shape)
+        .chain(values)
+        .copied()
+        .collect();
+    let lengths = key.as_slice();
     let mut kept = LENGTHS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -41,8 +55,8 @@ fn lengths_array(lengths: &[i32]) -> Result<UniquePtr<Array>> {
         kept.push(entry); // the most recently used last
         return Ok(shared);
     }
-    let bytes: Vec<u8> = lengths.iter().flat_map(|l| l.to_ne_bytes()).collect();
-    let array = bridge::array_from_bytes(&bytes, &[lengths.len() as i32], Dtype::Int32 as i32)?;
+    let bytes: Vec<u8> = values.iter().flat_map(|l| l.to_ne_bytes()).collect();
+    let array = bridge::array_from_bytes(&bytes, shape, Dtype::Int32 as i32)?;
     if kept.len() >= LENGTHS_KEPT {
         kept.remove(0); // the least recently used
     }
@@ -50,7 +64,7 @@ fn lengths_array(lengths: &[i32]) -> Result<UniquePtr<Array>> {
     Ok(array)
 }
 
-const LENGTHS_KEPT: usize = 8;
+const LENGTHS_KEPT: usize = 16;
 
 /// The kept lengths arrays (`lengths_array`), least recently used first.
 static LENGTHS: Mutex<Vec<(Vec<i32>, UniquePtr<Array>)>> = Mutex::new(Vec::new());

@@ -1,0 +1,439 @@
+//! The engine-shaped calls: the update, its chunked form, the speculative verify, the replay and
+//! the update from the convolution's output on a pool of states addressed by slot, and packed
+//! variable-length prefill (docs/DESIGN.md §4 "Pools and packing").
+
+use super::status::mlxk_status;
+use super::{boundary, distinct_outs, in_slice, mlxk_array, Out};
+use crate::error::{Error, Result};
+use crate::ops::gated_delta::{self as ops, Inputs, Layout, PoolForm, Slots, StateInputs};
+use crate::ops::Backend;
+use crate::registry::{self, Mlx};
+
+/// The caller's host integers of a pool call: slots, fresh flags (NULL: none) and, when
+/// packed, the sequence offsets.
+#[derive(Clone, Copy)]
+pub(crate) struct HostRows {
+    pub(crate) slots: *const i32,
+    pub(crate) fresh: *const u8,
+    pub(crate) n_slots: usize,
+}
+
+/// The largest count of slots or offsets a call takes.
+const MAX_ROWS: usize = i32::MAX as usize;
+
+/// Borrows a host array of `n` values, refusing counts past `MAX_ROWS` before any read.
+///
+/// # Safety
+/// `ptr` is NULL or holds `n` readable values.
+unsafe fn host<'a, T>(ptr: *const T, n: usize, arg: &str, count: &str) -> Result<&'a [T]> {
+    if n > MAX_ROWS {
+        return Err(Error::InvalidArgument(format!(
+            "{count} is {n}; expected at most {MAX_ROWS}"
+        )));
+    }
+    // SAFETY: the caller's contract.
+    unsafe { in_slice(ptr, n, arg) }
+}
+
+impl HostRows {
+    /// The slots and fresh flags, borrowed for the call.
+    ///
+    /// # Safety
+    /// `slots` holds `n_slots` int32 values; `fresh` is NULL or holds `n_slots` bytes.
+    unsafe fn slots<'a>(&self, mlx: &'a Mlx, pool: *const mlxk_array) -> Result<Slots<'a>> {
+        // SAFETY: the contract above.
+        let slots = unsafe { host(self.slots, self.n_slots, "slots", "n_slots") }?;
+        let fresh = match self.fresh.is_null() {
+            true => None,
+            // SAFETY: the contract above.
+            false => Some(unsafe { host(self.fresh, self.n_slots, "fresh", "n_slots") }?),
+        };
+        Ok(Slots {
+            pool: mlx.get(pool, "pool")?,
+            slots,
+            fresh,
+        })
+    }
+}
+
+/// The update's arrays without a state (the pool holds the states).
+fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 8]) -> Result<Inputs<'_>> {
+    let [q, k, v, a, b, a_log, dt_bias, mask] = args;
+    Ok(Inputs {
+        q: mlx.get(q, "q")?,
+        k: mlx.get(k, "k")?,
+        v: mlx.get(v, "v")?,
+        a: mlx.get(a, "a")?,
+        b: mlx.get(b, "b")?,
+        a_log: mlx.get(a_log, "a_log")?,
+        dt_bias: mlx.get(dt_bias, "dt_bias")?,
+        state: None,
+        mask: mlx.get_opt(mask, "mask")?,
+    })
+}
+
+/// Every pool update (dense or packed, exact, chunked or verify).
+///
+/// # Safety
+/// The host arrays hold what they announce (`HostRows`, `cu_seqlens` with `n_cu` values); `y`
+/// and `pool_out` are NULL or valid for writing one handle each (`pool_out` unused for a
+/// verify).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn update(
+    function: &str,
+    form: PoolForm,
+    backend: Option<Backend>,
+    args: [*const mlxk_array; 9],
+    rows: HostRows,
+    cu_seqlens: Option<(*const i32, usize)>,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        let (y, pool_out) = if form == PoolForm::Verify {
+            // SAFETY: the documented contract on `y`.
+            (unsafe { Out::new(y, "y") }?, None)
+        } else {
+            // SAFETY: the documented contract on `y` and `pool_out`.
+            let [y, p] = unsafe { distinct_outs([y, pool_out], ["y", "pool_out"]) }?;
+            (y, Some(p))
+        };
+        let layout = match cu_seqlens {
+            None => Layout::Dense,
+            // SAFETY: the documented contract on `cu_seqlens`.
+            Some((ptr, n)) => Layout::Packed {
+                cu_seqlens: unsafe { host(ptr, n, "cu_seqlens", "n_cu_seqlens") }?,
+            },
+        };
+        let mut mlx = registry::lock();
+        let [q, k, v, a, b, a_log, dt_bias, pool, mask] = args;
+        let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, mask])?;
+        // SAFETY: the documented contract on the host arrays.
+        let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let backend = backend.unwrap_or_else(Backend::current);
+        let (y_array, pool_array) = ops::update_pool(&inputs, &slots, layout, form, backend)?;
+        y.write(mlx.insert(y_array));
+        if let (Some(out), Some(array)) = (pool_out, pool_array) {
+            out.write(mlx.insert(array));
+        }
+        Ok(())
+    })
+}
+
+/// mlxk_gated_delta_update on a pool of states addressed by slot, as engines keep them: row b
+/// starts from `pool[slots[b]]` and its final state goes back there. Bit for bit what gathering
+/// those rows, mlxk_gated_delta_update on them and scattering the states back gives.
+///
+/// Shapes and dtypes as mlxk_gated_delta_update, with the state replaced by `pool`
+/// [N, Hv, Dv, Dk] float32 and `n_slots` int32 `slots` (n_slots = B). A negative slot is a
+/// padding row: nothing read or written, y zeros. Two rows may not name one slot
+/// (MLXK_ERR_INVALID_ARGUMENT naming both). `fresh` (NULL: none) holds n_slots flags: a nonzero
+/// flag starts that row from zeros, without reading its slot (a new sequence; the slot is
+/// then written). Results: `*y` [B, T, Hv, Dv]; `*pool_out` [N, Hv, Dv, Dk], the pool with the
+/// named slots replaced (every other slot keeps its bits).
+///
+/// In place: `slots` and `fresh` are read during the call. On the CPU, when the caller frees
+/// its `pool` handle (and holds no other reference to it) before evaluating `*pool_out`, the
+/// kernel takes over the pool's buffer and writes the B named states into it, touching nothing
+/// else: B states read and written per call, never N. A caller that keeps the old pool gets a
+/// new one: N states copied at evaluation, then the B updated. On a GPU the kernel reads the
+/// slots where they are and writes the B new states to a temporary, which MLX's scatter writes
+/// into the pool under the same rule (in place when the old handle is gone, else a copy of N).
+///
+/// Ownership: inputs borrowed (host arrays only for the call); `*y` and `*pool_out` are new
+/// handles. NULL: `fresh` and `mask` may be NULL; `slots` only when n_slots is 0. Errors:
+/// MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
+/// MLXK_ERR_INVALID_ARGUMENT (slots, `y == pool_out`, sizes), MLXK_ERR_OUT_OF_MEMORY. Thread:
+/// any. Lazy: computation errors surface at eval/read.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    slots: *const i32,
+    fresh: *const u8,
+    n_slots: usize,
+    mask: *const mlxk_array,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update_pool",
+            PoolForm::Update,
+            None,
+            [q, k, v, a, b, a_log, dt_bias, pool, mask],
+            HostRows {
+                slots,
+                fresh,
+                n_slots,
+            },
+            None,
+            y,
+            pool_out,
+        )
+    }
+}
+
+/// mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
+/// (`chunk_size` as there; CPU only): each row's results equal that call's on the gathered
+/// rows bit for bit.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    slots: *const i32,
+    fresh: *const u8,
+    n_slots: usize,
+    mask: *const mlxk_array,
+    chunk_size: i32,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update_pool_chunked",
+            PoolForm::Chunked(chunk_size),
+            None,
+            [q, k, v, a, b, a_log, dt_bias, pool, mask],
+            HostRows {
+                slots,
+                fresh,
+                n_slots,
+            },
+            None,
+            y,
+            pool_out,
+        )
+    }
+}
+
+/// Speculative verify on a pool: mlxk_gated_delta_update_pool over each row's draft window
+/// (T tokens) that only reads the pool: `*y` [B, T, Hv, Dv] for every draft token, no state
+/// written (y bit for bit as mlxk_gated_delta_update_pool's). Commit the accepted prefix of
+/// each row with mlxk_gated_delta_state_pool on the same k, v and gates. Arguments as
+/// mlxk_gated_delta_update_pool, without `pool_out`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    slots: *const i32,
+    fresh: *const u8,
+    n_slots: usize,
+    mask: *const mlxk_array,
+    y: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        update(
+            "mlxk_gated_delta_verify_pool",
+            PoolForm::Verify,
+            None,
+            [q, k, v, a, b, a_log, dt_bias, pool, mask],
+            HostRows {
+                slots,
+                fresh,
+                n_slots,
+            },
+            None,
+            y,
+            std::ptr::null_mut(),
+        )
+    }
+}
+
+/// Packed variable-length prefill on a pool: N sequences of any lengths in one call, no padding
+/// computed. q, k [1, total_T, Hk, Dk], v [1, total_T, Hv, Dv], a, b [1, total_T, Hv] (the
+/// sequences one after another); `cu_seqlens` holds `n_cu_seqlens` = N + 1 int32 offsets
+/// (FlashAttention's convention: 0, then each sequence's end; never decreasing; the last is
+/// total_T), sequence i owning tokens [cu_seqlens[i], cu_seqlens[i + 1]) (zero-length
+/// sequences allowed). `slots` and `fresh` hold N values each, one per sequence, with the rules
+/// of mlxk_gated_delta_update_pool (a negative slot: the sequence's y is zeros). Results:
+/// `*y` [1, total_T, Hv, Dv]; `*pool_out` as in mlxk_gated_delta_update_pool. Each sequence's
+/// y and state equal one mlxk_gated_delta_update call on it alone, bit for bit. No mask.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    cu_seqlens: *const i32,
+    n_cu_seqlens: usize,
+    slots: *const i32,
+    fresh: *const u8,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update_packed",
+            PoolForm::Update,
+            None,
+            [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
+            HostRows {
+                slots,
+                fresh,
+                n_slots: n_cu_seqlens.saturating_sub(1),
+            },
+            Some((cu_seqlens, n_cu_seqlens)),
+            y,
+            pool_out,
+        )
+    }
+}
+
+/// mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
+/// mlxk_gated_delta_update_chunked; CPU only): each sequence's results equal
+/// mlxk_gated_delta_update_chunked on it alone, bit for bit.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
+    q: *const mlxk_array,
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    cu_seqlens: *const i32,
+    n_cu_seqlens: usize,
+    slots: *const i32,
+    fresh: *const u8,
+    chunk_size: i32,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        update(
+            "mlxk_gated_delta_update_packed_chunked",
+            PoolForm::Chunked(chunk_size),
+            None,
+            [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
+            HostRows {
+                slots,
+                fresh,
+                n_slots: n_cu_seqlens.saturating_sub(1),
+            },
+            Some((cu_seqlens, n_cu_seqlens)),
+            y,
+            pool_out,
+        )
+    }
+}
+
+/// The replay on a pool.
+///
+/// # Safety
+/// As `update`; `accepted_lengths` holds `rows.n_slots` values.
+pub(crate) unsafe fn state(
+    function: &str,
+    backend: Option<Backend>,
+    args: [*const mlxk_array; 7],
+    rows: HostRows,
+    accepted_lengths: *const i32,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        // SAFETY: the documented contract on `pool_out`.
+        let pool_out = unsafe { Out::new(pool_out, "pool_out") }?;
+        // SAFETY: the documented contract on `accepted_lengths`.
+        let lengths = unsafe {
+            host(
+                accepted_lengths,
+                rows.n_slots,
+                "accepted_lengths",
+                "n_slots",
+            )
+        }?;
+        let mut mlx = registry::lock();
+        let [k, v, a, b, a_log, dt_bias, pool] = args;
+        let inputs = StateInputs {
+            k: mlx.get(k, "k")?,
+            v: mlx.get(v, "v")?,
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: None,
+            accepted_lengths: lengths,
+        };
+        // SAFETY: the documented contract on the host arrays.
+        let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let result = ops::state_pool(&inputs, &slots, backend.unwrap_or_else(Backend::current))?;
+        pool_out.write(mlx.insert(result));
+        Ok(())
+    })
+}
+
+/// Commit after a speculative verify on a pool (mlxk_gated_delta_state on a pool, in place):
+/// row b replays its first `accepted_lengths[b]` tokens of the window from `pool[slots[b]]`
+/// (zeros where `fresh` says so) and writes the state back into that slot. Bit for bit
+/// mlxk_gated_delta_state on the gathered rows, scattered back. A row with length 0 leaves its
+/// slot unchanged (a fresh one becomes zeros); a negative slot is a padding row.
+///
+/// Shapes as mlxk_gated_delta_state with `pool` [N, Hv, Dv, Dk] float32 for the state;
+/// `slots`, `fresh` (NULL: none) and `accepted_lengths` hold n_slots = B values each, lengths
+/// in [0, T]. Result: `*pool_out` [N, Hv, Dv, Dk] (the in-place rule of
+/// mlxk_gated_delta_update_pool). Errors as mlxk_gated_delta_update_pool.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
+    k: *const mlxk_array,
+    v: *const mlxk_array,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    slots: *const i32,
+    fresh: *const u8,
+    accepted_lengths: *const i32,
+    n_slots: usize,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    // SAFETY: forwarded contract.
+    unsafe {
+        state(
+            "mlxk_gated_delta_state_pool",
+            None,
+            [k, v, a, b, a_log, dt_bias, pool],
+            HostRows {
+                slots,
+                fresh,
+                n_slots,
+            },
+            accepted_lengths,
+            pool_out,
+        )
+    }
+}

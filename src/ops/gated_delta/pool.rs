@@ -1,0 +1,335 @@
+//! The engine-shaped calls (docs/DESIGN.md §4 "Pools and packing"): the update, its chunked
+//! form, the speculative verify and the replay on a pool of states `[N, Hv, Dv, Dk]`
+//! addressed by slot, and packed variable-length prefill (`cu_seqlens`).
+//!
+//! The caller's slots, fresh flags, lengths and sequence offsets are host integers, checked
+//! here and turned into one int32 row table `[B, 5]` (`node::gated_delta::Pool`). On the CPU the
+//! node's state output is the pool itself, which takes over the caller's buffer when MLX allows
+//! and is updated in place; on a GPU the kernel writes the rows' new states and MLX's scatter
+//! puts them into the pool (in place under the same rule).
+
+use cxx::UniquePtr;
+
+use crate::bridge::{self, Array};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::memory;
+use crate::node::gated_delta::{Form, Node, Pool, PoolWrite};
+use crate::ops::shape::ArgInfo;
+use crate::ops::Backend;
+
+use super::graph::{build, Arrays};
+use super::replay::ints_array;
+use super::{check_chunk, check_state, check_update, Inputs, StateInputs};
+
+/// How the caller names each row's state: pool rows by slot (negative: a padding row), and
+/// optionally rows that start from zeros instead of their slot's state.
+#[derive(Clone, Copy)]
+pub struct Slots<'a> {
+    /// The pool `[N, Hv, Dv, Dk]` float32.
+    pub pool: &'a Array,
+    /// One pool row a row (a sequence, when packed); negative: a padding row.
+    pub slots: &'a [i32],
+    /// Nonzero: the row starts from zeros (its slot is written, not read). None: no row does.
+    pub fresh: Option<&'a [u8]>,
+}
+
+/// Where each row's tokens are: `[B, T]` rows (the update's layout, with its optional mask)
+/// or sequences packed along T of a `B = 1` call, sequence i owning tokens
+/// `[cu_seqlens[i], cu_seqlens[i + 1])`.
+#[derive(Clone, Copy)]
+pub enum Layout<'a> {
+    Dense,
+    Packed { cu_seqlens: &'a [i32] },
+}
+
+/// Which update a pool call runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PoolForm {
+    /// The exact recurrence; the final states go into the pool.
+    Update,
+    /// The chunked form with this chunk size (0: the default).
+    Chunked(i32),
+    /// The exact recurrence reading the pool and writing no state (speculative verify).
+    Verify,
+}
+
+/// Checks the pool against the call's head dimensions: `[N, Hv, Dv, Dk]` float32; returns N.
+fn check_pool(pool: &Array, [hv, dv, dk]: [i64; 3], (keys, values): (&str, &str)) -> Result<i64> {
+    let p = ArgInfo::of("pool", pool)?;
+    p.rank(4, "[N, Hv, Dv, Dk]")?
+        .dim(1, "Hv", hv, values)?
+        .dim(2, "Dv", dv, values)?
+        .dim(3, "Dk", dk, keys)?;
+    if p.dtype != Dtype::Float32 {
+        return Err(Error::Dtype(format!(
+            "pool: dtype {} is not accepted (the recurrent states are float32 only)",
+            p.dtype.name()
+        )));
+    }
+    Ok(p.shape[0])
+}
+
+/// Checks the slots (one per row, each below N or negative, no pool row named twice) and the
+/// fresh flags (one per row, when given).
+fn check_slots(s: &Slots, rows: i64, n: i64, what: &str) -> Result<()> {
+    if s.slots.len() as i64 != rows {
+        return Err(Error::InvalidArgument(format!(
+            "slots: n_slots is {}, expected one slot per {what} ({rows})",
+            s.slots.len()
+        )));
+    }
+    let mut first_row = std::collections::HashMap::with_capacity(s.slots.len());
+    for (row, &slot) in s.slots.iter().enumerate() {
+        if slot as i64 >= n {
+            return Err(Error::InvalidArgument(format!(
+                "slots[{row}] is {slot}; expected a pool row below N = {n} (the pool's \
+                 dimension 0), or a negative slot for a padding {what}"
+            )));
+        }
+        if slot >= 0 {
+            if let Some(other) = first_row.insert(slot, row) {
+                return Err(Error::InvalidArgument(format!(
+                    "slots[{row}] is {slot}, which slots[{other}] names too; each pool row \
+                     may be named by one {what} of a call"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks the packed layout: `cu_seqlens` `[N + 1]`, starting at 0, never decreasing, ending
+/// at total_T; q's B is 1.
+fn check_packed(cu: &[i32], b: i64, total: i64, mask: bool) -> Result<()> {
+    if b != 1 {
+        return Err(Error::Shape(format!(
+            "q: B (dimension 0) is {b}; packed sequences take q, k, v [1, total_T, H, D]"
+        )));
+    }
+    if mask {
+        return Err(Error::InvalidArgument(
+            "mask: packed sequences take no mask (no token is padding)".into(),
+        ));
+    }
+    if cu.is_empty() {
+        return Err(Error::InvalidArgument(
+            "cu_seqlens: n_cu_seqlens is 0; expected N + 1 offsets (at least [0])".into(),
+        ));
+    }
+    if cu[0] != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "cu_seqlens[0] is {}; expected 0 (the first sequence starts at token 0)",
+            cu[0]
+        )));
+    }
+    for i in 1..cu.len() {
+        if cu[i] < cu[i - 1] {
+            return Err(Error::InvalidArgument(format!(
+                "cu_seqlens[{i}] is {} < cu_seqlens[{}] = {}; expected offsets that never \
+                 decrease",
+                cu[i],
+                i - 1,
+                cu[i - 1]
+            )));
+        }
+    }
+    let last = *cu.last().expect("not empty") as i64;
+    if last != total {
+        return Err(Error::InvalidArgument(format!(
+            "cu_seqlens[{}] is {last}; expected total_T = {total} (q's dimension 1)",
+            cu.len() - 1
+        )));
+    }
+    Ok(())
+}
+
+/// The row table of a pool node (`node::gated_delta::Pool`): per row
+/// `(tok0, span, len, src, dst)`. `lengths`: the tokens each row runs (the replay), else all.
+/// `compact`: number the written rows 0, 1, … (the GPU's state output) instead of by slot.
+/// Returns the table and the written rows' slots, in the order of the compact numbering.
+fn row_table(
+    s: &Slots,
+    layout: Layout,
+    t: usize,
+    lengths: Option<&[i32]>,
+    writes: bool,
+    compact: bool,
+) -> (Vec<i32>, Vec<i32>) {
+    let mut table = Vec::with_capacity(5 * s.slots.len());
+    let mut written = Vec::new();
+    for (row, &slot) in s.slots.iter().enumerate() {
+        let (tok0, span) = match layout {
+            Layout::Dense => (row * t, t as i32),
+            Layout::Packed { cu_seqlens } => (
+                cu_seqlens[row] as usize,
+                cu_seqlens[row + 1] - cu_seqlens[row],
+            ),
+        };
+        let fresh = s.fresh.is_some_and(|f| f[row] != 0);
+        let len = match (slot < 0, lengths) {
+            (true, _) => 0,
+            (false, Some(l)) => l[row],
+            (false, None) => span,
+        };
+        let src = if slot < 0 || fresh { -1 } else { slot };
+        let dst = match (slot < 0 || !writes, compact) {
+            (true, _) => -1,
+            (false, false) => slot,
+            (false, true) => {
+                written.push(slot);
+                written.len() as i32 - 1
+            }
+        };
+        table.extend([tok0 as i32, span, len, src, dst]);
+    }
+    (table, written)
+}
+
+/// The node's state output on `backend`: the pool itself on the CPU, the written rows on a GPU.
+fn pool_write(backend: Backend, writes: bool, written: usize) -> PoolWrite {
+    match (writes, backend) {
+        (false, Backend::Cpu) => PoolWrite::None,
+        (true, Backend::Cpu) => PoolWrite::Pool,
+        // A GPU launch always has its state output; a verify's has no rows.
+        (false, _) => PoolWrite::Rows(0),
+        (true, _) => PoolWrite::Rows(written),
+    }
+}
+
+/// Builds `node` over the pool and returns its outputs; where `writes`, the last is the new
+/// pool (on a GPU: the written rows' states scattered into the pool).
+fn build_pool(
+    node: &Node,
+    arrays: Arrays,
+    s: &Slots,
+    (table, written): (&[i32], &[i32]),
+    writes: bool,
+    backend: Backend,
+) -> Result<Vec<UniquePtr<Array>>> {
+    let rows = ints_array(table, &[s.slots.len() as i32, 5])?;
+    let arrays = Arrays {
+        state: Some(s.pool),
+        rows: Some(&rows),
+        ..arrays
+    };
+    let mut outputs = build(node, &arrays, backend)?;
+    if let Some(PoolWrite::Rows(_)) = node.pool.map(|p| p.write) {
+        let states = outputs.pop().expect("the rows' states");
+        if writes {
+            outputs.push(if written.is_empty() {
+                bridge::array_share(s.pool)
+            } else {
+                let slots = ints_array(written, &[written.len() as i32])?;
+                bridge::pool_scatter(s.pool, &slots, &states, backend.gpu_stream())?
+            });
+        }
+    }
+    Ok(outputs)
+}
+
+/// The update on a pool (`mlxk_gated_delta_update_pool`, `_pool_chunked`, `_verify_pool`,
+/// `_update_packed`, `_packed_chunked`): returns y and, unless `form` is `Verify`, the new
+/// pool, lazy. `x.state` must be None (the pool holds the states).
+pub fn update_pool(
+    x: &Inputs,
+    s: &Slots,
+    layout: Layout,
+    form: PoolForm,
+    backend: Backend,
+) -> Result<(UniquePtr<Array>, Option<UniquePtr<Array>>)> {
+    let chunk = match form {
+        PoolForm::Chunked(c) => Some(check_chunk(c)?),
+        _ => None,
+    };
+    let mut node = check_update(x)?;
+    let d = node.dims;
+    let n = check_pool(s.pool, [d.hv, d.dv, d.dk].map(|v| v as i64), ("q", "v"))?;
+    let (rows, what) = match layout {
+        Layout::Dense => (d.b as i64, "batch row"),
+        Layout::Packed { cu_seqlens } => {
+            check_packed(cu_seqlens, d.b as i64, d.t as i64, x.mask.is_some())?;
+            (cu_seqlens.len() as i64 - 1, "sequence")
+        }
+    };
+    check_slots(s, rows, n, what)?;
+    check_fresh(s)?;
+    if chunk.is_some() && backend != Backend::Cpu {
+        return Err(Error::Unsupported(
+            "the chunked form runs on the CPU only and the default device is the GPU; use \
+             mlxk_gated_delta_update_pool / mlxk_gated_delta_update_packed there, or select \
+             MLXK_DEVICE_CPU"
+                .into(),
+        ));
+    }
+    let writes = form != PoolForm::Verify;
+    let compact = backend != Backend::Cpu;
+    let (table, written) = row_table(s, layout, d.t, None, writes, compact);
+    node.dims.b = rows as usize;
+    node.has_state = true; // the pool
+    node.form = chunk.map_or(Form::Exact, |chunk| Form::Chunked { chunk });
+    node.pool = Some(Pool {
+        slots: n as usize,
+        write: pool_write(backend, writes, written.len()),
+        packed: matches!(layout, Layout::Packed { .. }),
+    });
+    check_pool_memory(&node, n, writes)?;
+    let built = build_pool(&node, x.arrays(), s, (&table, &written), writes, backend)?;
+    let mut outputs = built.into_iter();
+    let y = outputs.next().expect("y");
+    Ok((y, if writes { outputs.next() } else { None }))
+}
+
+/// The replay on a pool (`mlxk_gated_delta_state_pool`): each row's accepted prefix, from its
+/// slot's state (or zeros), committed into its slot; returns the new pool, lazy.
+pub fn state_pool(x: &StateInputs, s: &Slots, backend: Backend) -> Result<UniquePtr<Array>> {
+    let mut node = check_state(x)?;
+    let d = node.dims;
+    let n = check_pool(s.pool, [d.hv, d.dv, d.dk].map(|v| v as i64), ("k", "v"))?;
+    check_slots(s, d.b as i64, n, "batch row")?;
+    check_fresh(s)?;
+    let compact = backend != Backend::Cpu;
+    let (table, written) = row_table(
+        s,
+        Layout::Dense,
+        d.t,
+        Some(x.accepted_lengths),
+        true,
+        compact,
+    );
+    node.has_state = true; // the pool
+    node.pool = Some(Pool {
+        slots: n as usize,
+        write: pool_write(backend, true, written.len()),
+        packed: false,
+    });
+    check_pool_memory(&node, n, true)?;
+    let mut outputs = build_pool(&node, x.arrays(), s, (&table, &written), true, backend)?;
+    Ok(outputs.pop().expect("the new pool"))
+}
+
+/// The fresh flags: one per slot when given.
+fn check_fresh(s: &Slots) -> Result<()> {
+    match s.fresh {
+        Some(f) if f.len() != s.slots.len() => Err(Error::InvalidArgument(format!(
+            "fresh: {} flags for {} slots; expected one flag per slot (or NULL: none fresh)",
+            f.len(),
+            s.slots.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A pool call's own results on top of the checks `check_update` / `check_state` made: the new
+/// pool when the caller may keep the old one (a copy of N states).
+fn check_pool_memory(node: &Node, n: i64, writes: bool) -> Result<()> {
+    let d = node.dims;
+    if !writes {
+        return Ok(());
+    }
+    memory::check_outputs(&[(
+        "pool_out",
+        &[n, d.hv as i64, d.dv as i64, d.dk as i64],
+        Dtype::Float32,
+    )])
+}

@@ -1,0 +1,310 @@
+//! The engine-shaped calls through the C ABI: a pool call equals gathering the slots, the
+//! dense call and scattering back, bit for bit; packed prefill equals one call per sequence;
+//! verify + commit equals the replay of the accepted tokens; the pool is updated in place;
+//! argument errors name the argument.
+
+mod common;
+use common::*;
+use std::ptr::{null, null_mut};
+
+/// Host values of one call's inputs (any float dtype for q, k, v), rows of T tokens.
+struct Host {
+    dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    dtype: mlxk_dtype,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+}
+
+impl Host {
+    fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) -> Host {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let mut norm = |scale: f32| -> Vec<f32> {
+            let mut x = rng.vec(b * t * hk * dk, 1.0);
+            for head in x.chunks_mut(dk) {
+                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+                head.iter_mut().for_each(|v| *v = *v / n * scale);
+            }
+            x
+        };
+        let q = norm((dk as f32).powf(-0.5));
+        let k = norm(1.0);
+        Host {
+            dims,
+            dtype,
+            q,
+            k,
+            v: rng.vec(b * t * hv * dv, 1.0),
+            a: rng.vec(b * t * hv, 2.0),
+            b: rng.vec(b * t * hv, 2.0),
+            a_log: rng.vec(hv, 1.0),
+            dt_bias: rng.vec(hv, 1.0),
+        }
+    }
+
+    /// Handles for rows `rows` (all tokens), or with `packed` the same rows' tokens
+    /// concatenated as one row (`[1, rows·T, ...]`). Tokens `[0, t)` of each row.
+    fn arrays(&self, rows: &[usize], t: usize, packed: bool) -> [H; 7] {
+        let [_, tt, hk, hv, dk, dv] = self.dims;
+        let cut = |x: &[f32], per: usize| -> Vec<f32> {
+            rows.iter()
+                .flat_map(|&r| x[r * tt * per..(r * tt + t) * per].to_vec())
+                .collect()
+        };
+        let (b, tt_out) = match packed {
+            true => (1, (rows.len() * t) as i32),
+            false => (rows.len() as i32, t as i32),
+        };
+        let (hk, hv, dk, dv) = (hk as i32, hv as i32, dk as i32, dv as i32);
+        [
+            typed(
+                &cut(&self.q, hk as usize * dk as usize),
+                &[b, tt_out, hk, dk],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.k, hk as usize * dk as usize),
+                &[b, tt_out, hk, dk],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.v, hv as usize * dv as usize),
+                &[b, tt_out, hv, dv],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.a, hv as usize),
+                &[b, tt_out, hv],
+                MLXK_DTYPE_BFLOAT16,
+            ),
+            typed(
+                &cut(&self.b, hv as usize),
+                &[b, tt_out, hv],
+                MLXK_DTYPE_FLOAT32,
+            ),
+            new_f32(&self.a_log, &[hv]),
+            typed(&self.dt_bias, &[hv], MLXK_DTYPE_BFLOAT16),
+        ]
+    }
+
+    fn state_len(&self) -> usize {
+        let [_, _, _, hv, dk, dv] = self.dims;
+        hv * dv * dk
+    }
+}
+
+fn free_all(hs: &[H]) {
+    for &h in hs {
+        free(h);
+    }
+}
+
+fn pool_shape(host: &Host, n: usize) -> [i32; 4] {
+    let [_, _, _, hv, dk, dv] = host.dims;
+    [n as i32, hv as i32, dv as i32, dk as i32]
+}
+
+/// The dense reference: the rows' states gathered from `pool` (zeros for fresh and padding
+/// rows), the dense update (or chunked), and (y, states).
+fn dense(
+    host: &Host,
+    pool: &[f32],
+    slots: &[i32],
+    fresh: &[u8],
+    mask: Option<&[bool]>,
+    chunk: Option<i32>,
+) -> (Vec<u8>, Vec<f32>) {
+    let [b, t, ..] = host.dims;
+    let per = host.state_len();
+    let mut start = vec![0.0f32; b * per];
+    for (row, &slot) in slots.iter().enumerate() {
+        if slot >= 0 && fresh[row] == 0 {
+            let s = slot as usize;
+            start[row * per..(row + 1) * per].copy_from_slice(&pool[s * per..(s + 1) * per]);
+        }
+    }
+    let rows: Vec<usize> = (0..b).collect();
+    let x = host.arrays(&rows, t, false);
+    let state = new_f32(&start, &pool_shape(host, b));
+    let mask_h = mask.map(|m| new_bool(m, &[b as i32, t as i32]));
+    let m = mask_h.unwrap_or(null_mut());
+    let (mut y, mut s) = (null_mut(), null_mut());
+    let [q, k, v, a, bb, al, dt] = x;
+    ok(unsafe {
+        match chunk {
+            None => mlxk_gated_delta_update(q, k, v, a, bb, al, dt, state, m, &mut y, &mut s),
+            Some(c) => {
+                mlxk_gated_delta_update_chunked(q, k, v, a, bb, al, dt, state, m, c, &mut y, &mut s)
+            }
+        }
+    });
+    let out = (read_bytes(y), read_f32(s));
+    free_all(&x);
+    free_all(&[state, y, s]);
+    if let Some(m) = mask_h {
+        free(m);
+    }
+    out
+}
+
+/// The pool call on the same inputs: (y, new pool).
+#[allow(clippy::too_many_arguments)]
+fn pooled(
+    host: &Host,
+    pool: &[f32],
+    n: usize,
+    slots: &[i32],
+    fresh: Option<&[u8]>,
+    mask: Option<&[bool]>,
+    chunk: Option<i32>,
+) -> (Vec<u8>, Vec<f32>) {
+    let [b, t, ..] = host.dims;
+    let rows: Vec<usize> = (0..b).collect();
+    let x = host.arrays(&rows, t, false);
+    let pool_h = new_f32(pool, &pool_shape(host, n));
+    let mask_h = mask.map(|m| new_bool(m, &[b as i32, t as i32]));
+    let m = mask_h.unwrap_or(null_mut());
+    let fresh_p = fresh.map_or(null(), |f| f.as_ptr());
+    let (mut y, mut p) = (null_mut(), null_mut());
+    let [q, k, v, a, bb, al, dt] = x;
+    let (sp, ns) = (slots.as_ptr(), slots.len());
+    ok(unsafe {
+        match chunk {
+            None => mlxk_gated_delta_update_pool(
+                q, k, v, a, bb, al, dt, pool_h, sp, fresh_p, ns, m, &mut y, &mut p,
+            ),
+            Some(c) => mlxk_gated_delta_update_pool_chunked(
+                q, k, v, a, bb, al, dt, pool_h, sp, fresh_p, ns, m, c, &mut y, &mut p,
+            ),
+        }
+    });
+    free(pool_h);
+    assert_eq!(shape_of(p), pool_shape(host, n));
+    let out = (read_bytes(y), read_f32(p));
+    free_all(&x);
+    free_all(&[y, p]);
+    if let Some(m) = mask_h {
+        free(m);
+    }
+    out
+}
+
+/// `b` distinct slots below `n`, about a quarter of them negative (padding rows).
+fn random_slots(rng: &mut Rng, b: usize, n: usize) -> Vec<i32> {
+    let mut free_rows: Vec<i32> = (0..n as i32).collect();
+    (0..b)
+        .map(|_| {
+            if free_rows.is_empty() || rng.below(4) == 0 {
+                -1 - rng.below(3) as i32
+            } else {
+                free_rows.swap_remove(rng.below(free_rows.len() as u64) as usize)
+            }
+        })
+        .collect()
+}
+
+fn elem_size(dtype: mlxk_dtype) -> usize {
+    if dtype == MLXK_DTYPE_FLOAT32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Checks a pool call against the dense reference: rows with a slot give the dense y and put
+/// the dense state in their slot; padding rows give y = 0; other slots keep their bits.
+#[allow(clippy::too_many_arguments)]
+fn check_case(
+    rng: &mut Rng,
+    dims: [usize; 6],
+    dtype: mlxk_dtype,
+    n: usize,
+    masked: bool,
+    with_fresh: bool,
+    chunk: Option<i32>,
+) {
+    let [b, t, _, hv, _, dv] = dims;
+    let host = Host::random(rng, dims, dtype);
+    let per = host.state_len();
+    let pool = rng.vec(n * per, 0.5);
+    let slots = random_slots(rng, b, n);
+    let fresh: Vec<u8> = (0..b)
+        .map(|_| (with_fresh && rng.below(3) == 0) as u8)
+        .collect();
+    let mask: Option<Vec<bool>> = masked.then(|| (0..b * t).map(|_| rng.below(4) != 0).collect());
+    let (y_ref, s_ref) = dense(&host, &pool, &slots, &fresh, mask.as_deref(), chunk);
+    let fresh_arg = with_fresh.then_some(&fresh[..]);
+    let (y, new_pool) = pooled(&host, &pool, n, &slots, fresh_arg, mask.as_deref(), chunk);
+    let what = format!("dims {dims:?} dtype {dtype} N {n} slots {slots:?} fresh {fresh:?} mask {masked} chunk {chunk:?}");
+    let y_row = t * hv * dv * elem_size(dtype);
+    for (row, &slot) in slots.iter().enumerate() {
+        let got = &y[row * y_row..(row + 1) * y_row];
+        if slot < 0 {
+            assert!(got.iter().all(|&x| x == 0), "padding row {row}'s y: {what}");
+        } else {
+            assert_eq!(
+                got,
+                &y_ref[row * y_row..(row + 1) * y_row],
+                "row {row}s y: {what}"
+            );
+            let s = slot as usize;
+            assert!(
+                new_pool[s * per..(s + 1) * per]
+                    .iter()
+                    .zip(&s_ref[row * per..(row + 1) * per])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "slot {s} (row {row}): {what}"
+            );
+        }
+    }
+    for s in 0..n {
+        if !slots.contains(&(s as i32)) {
+            assert!(
+                new_pool[s * per..(s + 1) * per]
+                    .iter()
+                    .zip(&pool[s * per..(s + 1) * per])
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "slot {s} not named changed: {what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_pool_call_is_gather_dense_call_scatter_bit_for_bit() {
+    let mut rng = Rng::fresh();
+    let dtypes = [MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32];
+    let cases: [([usize; 6], usize); 6] = [
+        ([1, 1, 1, 1, 32, 4], 1),
+        ([4, 1, 2, 4, 128, 16], 9),
+        ([3, 5, 1, 3, 64, 7], 3),
+        ([5, 3, 2, 2, 32, 33], 12),
+        ([2, 9, 1, 2, 256, 5], 2),
+        ([6, 2, 2, 8, 96, 3], 6),
+    ];
+    for (i, (dims, n)) in cases.into_iter().enumerate() {
+        let dtype = dtypes[i % 3];
+        for (masked, with_fresh) in [(false, false), (true, true), (false, true)] {
+            check_case(&mut rng, dims, dtype, n, masked, with_fresh, None);
+        }
+    }
+}
+
+#[test]
+fn a_chunked_pool_call_is_gather_chunked_call_scatter_bit_for_bit() {
+    let mut rng = Rng::fresh();
+    for (dims, n, chunk) in [
+        ([3, 40, 1, 2, 32, 8], 5, 16),
+        ([2, 70, 2, 4, 128, 16], 2, 0),
+        ([4, 17, 1, 1, 64, 20], 8, 32),
+    ] {
+        for (masked, with_fresh) in [(false, true), (true, false)] {
+            let dtype = MLXK_DTYPE_BFLOAT16;
+            check_case(&mut rng, dims, dtype, n, masked, with_fresh, Some(chunk));
+        }
+    }
+}
