@@ -488,6 +488,93 @@ mlxk_status mlxk_gated_delta_update_vjp(const struct mlxk_array *q, const struct
 mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const int32_t *accepted_lengths, size_t n_lengths, struct mlxk_array **state_out);
 
 /**
+ * mlxk_gated_delta_update on a pool of states addressed by slot, as engines keep them: row b
+ * starts from `pool[slots[b]]` and its final state goes back there. Bit for bit what gathering
+ * those rows, mlxk_gated_delta_update on them and scattering the states back gives.
+ *
+ * Shapes and dtypes as mlxk_gated_delta_update, with the state replaced by `pool`
+ * [N, Hv, Dv, Dk] float32 and `n_slots` int32 `slots` (n_slots = B). A negative slot is a
+ * padding row: nothing read or written, y zeros. Two rows may not name one slot
+ * (MLXK_ERR_INVALID_ARGUMENT naming both). `fresh` (NULL: none) holds n_slots flags: a nonzero
+ * flag starts that row from zeros, without reading its slot (a new sequence; the slot is
+ * then written). Results: `*y` [B, T, Hv, Dv]; `*pool_out` [N, Hv, Dv, Dk], the pool with the
+ * named slots replaced (every other slot keeps its bits).
+ *
+ * In place: `slots` and `fresh` are read during the call. On the CPU, when the caller frees
+ * its `pool` handle (and holds no other reference to it) before evaluating `*pool_out`, the
+ * kernel takes over the pool's buffer and writes the B named states into it, touching nothing
+ * else: B states read and written per call, never N. A caller that keeps the old pool gets a
+ * new one: N states copied at evaluation, then the B updated. On a GPU the kernel reads the
+ * slots where they are and writes the B new states to a temporary, which MLX's scatter writes
+ * into the pool under the same rule (in place when the old handle is gone, else a copy of N).
+ *
+ * Ownership: inputs borrowed (host arrays only for the call); `*y` and `*pool_out` are new
+ * handles. NULL: `fresh` and `mask` may be NULL; `slots` only when n_slots is 0. Errors:
+ * MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
+ * MLXK_ERR_INVALID_ARGUMENT (slots, `y == pool_out`, sizes), MLXK_ERR_OUT_OF_MEMORY. Thread:
+ * any. Lazy: computation errors surface at eval/read.
+ */
+mlxk_status mlxk_gated_delta_update_pool(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **pool_out);
+
+/**
+ * mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
+ * (`chunk_size` as there; CPU only): each row's results equal that call's on the gathered
+ * rows bit for bit.
+ */
+mlxk_status mlxk_gated_delta_update_pool_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **pool_out);
+
+/**
+ * Speculative verify on a pool: mlxk_gated_delta_update_pool over each row's draft window
+ * (T tokens) that only reads the pool: `*y` [B, T, Hv, Dv] for every draft token, no state
+ * written (y bit for bit as mlxk_gated_delta_update_pool's). Commit the accepted prefix of
+ * each row with mlxk_gated_delta_state_pool on the same k, v and gates. Arguments as
+ * mlxk_gated_delta_update_pool, without `pool_out`.
+ */
+mlxk_status mlxk_gated_delta_verify_pool(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y);
+
+/**
+ * Packed variable-length prefill on a pool: N sequences of any lengths in one call, no padding
+ * computed. q, k [1, total_T, Hk, Dk], v [1, total_T, Hv, Dv], a, b [1, total_T, Hv] (the
+ * sequences one after another); `cu_seqlens` holds `n_cu_seqlens` = N + 1 int32 offsets
+ * (FlashAttention's convention: 0, then each sequence's end; never decreasing; the last is
+ * total_T), sequence i owning tokens [cu_seqlens[i], cu_seqlens[i + 1]) (zero-length
+ * sequences allowed). `slots` and `fresh` hold N values each, one per sequence, with the rules
+ * of mlxk_gated_delta_update_pool (a negative slot: the sequence's y is zeros). Results:
+ * `*y` [1, total_T, Hv, Dv]; `*pool_out` as in mlxk_gated_delta_update_pool. Each sequence's
+ * y and state equal one mlxk_gated_delta_update call on it alone, bit for bit. No mask.
+ */
+mlxk_status mlxk_gated_delta_update_packed(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_seqlens, size_t n_cu_seqlens, const int32_t *slots, const uint8_t *fresh, struct mlxk_array **y, struct mlxk_array **pool_out);
+
+/**
+ * mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
+ * mlxk_gated_delta_update_chunked; CPU only): each sequence's results equal
+ * mlxk_gated_delta_update_chunked on it alone, bit for bit.
+ */
+mlxk_status mlxk_gated_delta_update_packed_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_seqlens, size_t n_cu_seqlens, const int32_t *slots, const uint8_t *fresh, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **pool_out);
+
+/**
+ * Commit after a speculative verify on a pool (mlxk_gated_delta_state on a pool, in place):
+ * row b replays its first `accepted_lengths[b]` tokens of the window from `pool[slots[b]]`
+ * (zeros where `fresh` says so) and writes the state back into that slot. Bit for bit
+ * mlxk_gated_delta_state on the gathered rows, scattered back. A row with length 0 leaves its
+ * slot unchanged (a fresh one becomes zeros); a negative slot is a padding row.
+ *
+ * Shapes as mlxk_gated_delta_state with `pool` [N, Hv, Dv, Dk] float32 for the state;
+ * `slots`, `fresh` (NULL: none) and `accepted_lengths` hold n_slots = B values each, lengths
+ * in [0, T]. Result: `*pool_out` [N, Hv, Dv, Dk] (the in-place rule of
+ * mlxk_gated_delta_update_pool). Errors as mlxk_gated_delta_update_pool.
+ */
+mlxk_status mlxk_gated_delta_state_pool(const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, const int32_t *accepted_lengths, size_t n_slots, struct mlxk_array **pool_out);
+
+/**
+ * mlxk_gated_delta_update_from_conv on a pool: the head split of the convolution's output, then
+ * mlxk_gated_delta_update_pool on its q, k and v (bit for bit those two calls). Arguments as
+ * mlxk_gated_delta_update_from_conv with `pool`, `slots`, `fresh` and `n_slots` (= B) for the
+ * state, as in mlxk_gated_delta_update_pool. Results: `*y` [B, T, Hv, Dv]; `*pool_out`.
+ */
+mlxk_status mlxk_gated_delta_update_from_conv_pool(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **pool_out);
+
+/**
  * Gated RMSNorm over the last axis (mlx-lm's `Qwen3NextRMSNormGated`):
  * `out = T(silu_f32(gate) · f32(T(weight · T(x · rsqrt(mean(x²) + eps)))))`.
  *

@@ -5,7 +5,9 @@
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, in_slice, mlxk_array, Out};
 use crate::error::{Error, Result};
-use crate::ops::gated_delta::{self as ops, Inputs, Layout, PoolForm, Slots, StateInputs};
+use crate::ops::gated_delta::{
+    self as ops, FromConvInputs, Inputs, Layout, PoolForm, Slots, StateInputs,
+};
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 
@@ -436,4 +438,59 @@ pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
             pool_out,
         )
     }
+}
+
+/// mlxk_gated_delta_update_from_conv on a pool: the head split of the convolution's output, then
+/// mlxk_gated_delta_update_pool on its q, k and v (bit for bit those two calls). Arguments as
+/// mlxk_gated_delta_update_from_conv with `pool`, `slots`, `fresh` and `n_slots` (= B) for the
+/// state, as in mlxk_gated_delta_update_pool. Results: `*y` [B, T, Hv, Dv]; `*pool_out`.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
+    x: *const mlxk_array,
+    q_scale: *const mlxk_array,
+    k_scale: *const mlxk_array,
+    key_heads: i32,
+    value_heads: i32,
+    value_width: i32,
+    eps: f32,
+    a: *const mlxk_array,
+    b: *const mlxk_array,
+    a_log: *const mlxk_array,
+    dt_bias: *const mlxk_array,
+    pool: *const mlxk_array,
+    slots: *const i32,
+    fresh: *const u8,
+    n_slots: usize,
+    mask: *const mlxk_array,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    let rows = HostRows {
+        slots,
+        fresh,
+        n_slots,
+    };
+    boundary("mlxk_gated_delta_update_from_conv_pool", || {
+        // SAFETY: the documented contract on `y` and `pool_out`.
+        let [y, pool_out] = unsafe { distinct_outs([y, pool_out], ["y", "pool_out"]) }?;
+        let mut mlx = registry::lock();
+        let heads = [key_heads, value_heads, value_width];
+        let inputs = FromConvInputs {
+            split: super::silu_rms_heads::inputs(&mlx, [x, q_scale, k_scale], heads, eps)?,
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: None,
+            mask: mlx.get_opt(mask, "mask")?,
+        };
+        // SAFETY: the documented contract on the host arrays.
+        let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let (y_array, pool_array) =
+            ops::update_from_conv_pool(&inputs, &slots, Backend::current())?;
+        y.write(mlx.insert(y_array));
+        pool_out.write(mlx.insert(pool_array));
+        Ok(())
+    })
 }

@@ -32,7 +32,7 @@ pub struct FromConvInputs<'a> {
 /// beyond them, named by the caller's arguments, and the size of the update's results: the
 /// checks of the two calls it stands for, in their order. Returns the update's node and the
 /// head split's.
-pub fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitNode)> {
+pub(super) fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitNode)> {
     let split = silu_rms_heads::check(&x.split)?;
     let d = split.dims;
     let [bsz, t, hk, hv, dk, dv] = [d.b, d.s, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);

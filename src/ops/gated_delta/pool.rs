@@ -18,6 +18,7 @@ use crate::node::gated_delta::{Form, Node, Pool, PoolWrite};
 use crate::ops::shape::ArgInfo;
 use crate::ops::Backend;
 
+use super::from_conv::{check_update_from_conv, FromConvInputs};
 use super::graph::{build, Arrays};
 use super::replay::ints_array;
 use super::{check_chunk, check_state, check_update, Inputs, StateInputs};
@@ -278,6 +279,39 @@ pub fn update_pool(
     let mut outputs = built.into_iter();
     let y = outputs.next().expect("y");
     Ok((y, if writes { outputs.next() } else { None }))
+}
+
+/// The update from the convolution's output on a pool (`mlxk_gated_delta_update_from_conv_pool`):
+/// the head split, then `update_pool` on its q, k and v (two nodes on every backend). `x.state`
+/// must be None.
+pub fn update_from_conv_pool(
+    x: &FromConvInputs,
+    s: &Slots,
+    backend: Backend,
+) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
+    let (node, split) = check_update_from_conv(x)?;
+    let d = node.dims;
+    let n = check_pool(
+        s.pool,
+        [d.hv, d.dv, d.dk].map(|v| v as i64),
+        ("x", "value_heads"),
+    )?;
+    check_slots(s, d.b as i64, n, "batch row")?;
+    check_fresh(s)?;
+    let (q, k, v) = crate::ops::silu_rms_heads::build(&split, &x.split, backend)?;
+    let inputs = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        a: x.a,
+        b: x.b,
+        a_log: x.a_log,
+        dt_bias: x.dt_bias,
+        state: None,
+        mask: x.mask,
+    };
+    let (y, pool) = update_pool(&inputs, s, Layout::Dense, PoolForm::Update, backend)?;
+    Ok((y, pool.expect("an update writes the pool")))
 }
 
 /// The replay on a pool (`mlxk_gated_delta_state_pool`): each row's accepted prefix, from its
