@@ -325,9 +325,21 @@ impl Host {
         [
             typed(&cut(&self.q, qk), &[1, total, hk, dk], self.dtype),
             typed(&cut(&self.k, qk), &[1, total, hk, dk], self.dtype),
-            typed(&cut(&self.v, (hv * dv) as usize), &[1, total, hv, dv], self.dtype),
-            typed(&cut(&self.a, hv as usize), &[1, total, hv], MLXK_DTYPE_BFLOAT16),
-            typed(&cut(&self.b, hv as usize), &[1, total, hv], MLXK_DTYPE_FLOAT32),
+            typed(
+                &cut(&self.v, (hv * dv) as usize),
+                &[1, total, hv, dv],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.a, hv as usize),
+                &[1, total, hv],
+                MLXK_DTYPE_BFLOAT16,
+            ),
+            typed(
+                &cut(&self.b, hv as usize),
+                &[1, total, hv],
+                MLXK_DTYPE_FLOAT32,
+            ),
             new_f32(&self.a_log, &[hv]),
             typed(&self.dt_bias, &[hv], MLXK_DTYPE_BFLOAT16),
         ]
@@ -351,7 +363,18 @@ fn one_sequence(
         match chunk {
             None => mlxk_gated_delta_update(q, k, v, a, bb, al, dt, st, null(), &mut y, &mut s),
             Some(c) => mlxk_gated_delta_update_chunked(
-                q, k, v, a, bb, al, dt, st, null(), c, &mut y, &mut s,
+                q,
+                k,
+                v,
+                a,
+                bb,
+                al,
+                dt,
+                st,
+                null(),
+                c,
+                &mut y,
+                &mut s,
             ),
         }
     });
@@ -416,7 +439,8 @@ fn packed_prefill_equals_one_call_per_sequence_bit_for_bit() {
         free_all(&x);
         free_all(&[y, p]);
         let tok = hv * dv * elem_size(dtype);
-        let what = format!("dims {dims:?} lens {lens:?} slots {slots:?} fresh {fresh:?} chunk {chunk:?}");
+        let what =
+            format!("dims {dims:?} lens {lens:?} slots {slots:?} fresh {fresh:?} chunk {chunk:?}");
         for (i, &slot) in slots.iter().enumerate() {
             let got = &y_all[cu[i] as usize * tok..cu[i + 1] as usize * tok];
             if slot < 0 {
@@ -448,7 +472,11 @@ fn packed_prefill_equals_one_call_per_sequence_bit_for_bit() {
 #[test]
 fn verify_then_commit_equals_the_update_over_the_accepted_tokens() {
     let mut rng = Rng::fresh();
-    for dims in [[4, 6, 2, 4, 128, 16], [3, 9, 1, 3, 64, 5], [2, 40, 1, 1, 32, 33]] {
+    for dims in [
+        [4, 6, 2, 4, 128, 16],
+        [3, 9, 1, 3, 64, 5],
+        [2, 40, 1, 1, 32, 33],
+    ] {
         let [b, t, ..] = dims;
         let host = Host::random(&mut rng, dims, MLXK_DTYPE_BFLOAT16);
         let per = host.state_len();
@@ -471,7 +499,10 @@ fn verify_then_commit_equals_the_update_over_the_accepted_tokens() {
         let (y_ref, _) = pooled(&host, &pool, n, &slots, Some(&fresh), None, None);
         assert!(read_bytes(y) == y_ref, "verify's y: {what}");
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert!(bits(&read_f32(pool_h)) == bits(&pool), "verify changed the pool: {what}");
+        assert!(
+            bits(&read_f32(pool_h)) == bits(&pool),
+            "verify changed the pool: {what}"
+        );
         // Commit: the accepted prefix of every row into its slot, in place.
         let mut committed = null_mut();
         ok(unsafe {
@@ -563,7 +594,10 @@ fn a_pool_given_up_before_eval_is_updated_in_its_own_buffer() {
         );
         if step == 0 {
             let got = read_f32(pool);
-            assert!(got.iter().zip(&expect).all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(got
+                .iter()
+                .zip(&expect)
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
     // Slots not named keep their bits after every step.

@@ -141,7 +141,11 @@ fn slots_are_checked_and_named() {
     // Several negative slots (padding rows) are fine, as are fresh flags.
     ok(c.update(p, [-1, -1, 3].as_ptr(), [1, 0, 1].as_ptr(), 3));
     ok(c.update(p, [-5, -1, -2].as_ptr(), null(), 3));
-    assert_eq!(mlxkern::capi::live_handles(), handles, "a refused call made a handle");
+    assert_eq!(
+        mlxkern::capi::live_handles(),
+        handles,
+        "a refused call made a handle"
+    );
     c.free();
 }
 
@@ -232,9 +236,21 @@ fn packed_offsets_are_checked_and_named() {
     ok(c.packed(&[0, 3, 3, 7], &[2, -1, 0]));
     for (cu, slots, needles) in [
         (vec![1, 3, 7], vec![0, 1], vec!["cu_seqlens[0] is 1"]),
-        (vec![0, 4, 3, 7], vec![0, 1, 2], vec!["cu_seqlens[2] is 3", "never decrease"]),
-        (vec![0, 3, 6], vec![0, 1], vec!["cu_seqlens[2] is 6", "total_T = 7"]),
-        (vec![0, 3, 7], vec![1, 1], vec!["slots[1] is 1", "slots[0]", "sequence"]),
+        (
+            vec![0, 4, 3, 7],
+            vec![0, 1, 2],
+            vec!["cu_seqlens[2] is 3", "never decrease"],
+        ),
+        (
+            vec![0, 3, 6],
+            vec![0, 1],
+            vec!["cu_seqlens[2] is 6", "total_T = 7"],
+        ),
+        (
+            vec![0, 3, 7],
+            vec![1, 1],
+            vec!["slots[1] is 1", "slots[0]", "sequence"],
+        ),
     ] {
         expect_err(c.packed(&cu, &slots), MLXK_ERR_INVALID_ARGUMENT, &needles);
     }

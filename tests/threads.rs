@@ -218,7 +218,7 @@ impl Worker {
 
     fn step(&mut self, step: usize) {
         let marker_n = 1000 + self.thread as i32; // thread-specific values in invalid arguments
-        match self.rng.below(13) {
+        match self.rng.below(15) {
             0 => {
                 let n = 1 + self.rng.below(40) as usize;
                 let h = self.f32_array(step, n, &[n as i32]);
@@ -487,6 +487,120 @@ impl Worker {
                     Some(&format!("{dead:p}")),
                 );
                 assert_eq!(st, MLXK_ERR_INVALID_HANDLE);
+            }
+            13 => {
+                // A pool update in place (the pool freed before the eval), then a call naming
+                // one slot twice, which fails with its own message.
+                let (h, d) = self.recurrence(step);
+                let slots: Vec<i32> = match (d[0], self.rng.below(2)) {
+                    (1, 0) => vec![0],
+                    (1, _) => vec![-1],
+                    (_, 0) => vec![1, 0],
+                    _ => vec![-1, 1],
+                };
+                let fresh: Vec<u8> = slots.iter().map(|_| self.rng.below(2) as u8).collect();
+                let (mut y, mut p) = (null_mut(), null_mut());
+                let st = unsafe {
+                    mlxk_gated_delta_update_pool(
+                        h[0],
+                        h[1],
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        slots.as_ptr(),
+                        fresh.as_ptr(),
+                        slots.len(),
+                        null_mut(),
+                        &mut y,
+                        &mut p,
+                    )
+                };
+                self.record(step, "mlxk_gated_delta_update_pool", st, vec![], None);
+                self.free(step, h[7]);
+                self.read(step, p);
+                self.read(step, y);
+                self.free(step, y);
+                // Two rows naming slot 0 (B = 2), or y and pool_out in one place (B = 1).
+                let twice = vec![0; d[0] as usize];
+                let (mut y2, mut p2): (H, H) = (null_mut(), null_mut());
+                let y2_out: *mut H = &mut y2;
+                let p2_out: *mut H = if d[0] > 1 { &mut p2 } else { y2_out };
+                let st = unsafe {
+                    mlxk_gated_delta_update_pool(
+                        h[0],
+                        h[1],
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        p,
+                        twice.as_ptr(),
+                        std::ptr::null(),
+                        twice.len(),
+                        null_mut(),
+                        y2_out,
+                        p2_out,
+                    )
+                };
+                self.record(step, "mlxk_gated_delta_update_pool", st, vec![], None);
+                assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
+                self.free(step, p);
+                h[..7].iter().for_each(|&x| self.free(step, x));
+            }
+            14 => {
+                // A verify on the pool, then the commit of random accepted lengths.
+                let (h, d) = self.recurrence(step);
+                let slots: Vec<i32> = (0..d[0]).rev().collect();
+                let lengths: Vec<i32> = (0..d[0])
+                    .map(|_| self.rng.below(d[1] as u64 + 1) as i32)
+                    .collect();
+                let mut y = null_mut();
+                let st = unsafe {
+                    mlxk_gated_delta_verify_pool(
+                        h[0],
+                        h[1],
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        slots.as_ptr(),
+                        std::ptr::null(),
+                        slots.len(),
+                        null_mut(),
+                        &mut y,
+                    )
+                };
+                self.record(step, "mlxk_gated_delta_verify_pool", st, vec![], None);
+                self.read(step, y);
+                self.free(step, y);
+                let mut p = null_mut();
+                let st = unsafe {
+                    mlxk_gated_delta_state_pool(
+                        h[1],
+                        h[2],
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        slots.as_ptr(),
+                        std::ptr::null(),
+                        lengths.as_ptr(),
+                        slots.len(),
+                        &mut p,
+                    )
+                };
+                self.record(step, "mlxk_gated_delta_state_pool", st, vec![], None);
+                self.free(step, h[7]);
+                self.read(step, p);
+                self.free(step, p);
+                h[..7].iter().for_each(|&x| self.free(step, x));
             }
             _ => {
                 let layout = mlxk_glm52_layout {

@@ -43,6 +43,7 @@ pub mod array;
 pub mod gated_delta;
 pub mod glm52;
 pub mod norms;
+pub mod pool;
 
 /// The memory limit the harness runs under (process-wide).
 pub const MEMORY_LIMIT: usize = 64 << 20;
@@ -59,16 +60,18 @@ pub enum Target {
     NormsVjp,
     GatedDeltaVjp,
     Glm52,
+    Pool,
 }
 
 impl Target {
-    pub const ALL: [Target; 6] = [
+    pub const ALL: [Target; 7] = [
         Target::Array,
         Target::GatedDelta,
         Target::Norms,
         Target::NormsVjp,
         Target::GatedDeltaVjp,
         Target::Glm52,
+        Target::Pool,
     ];
 
     /// The target's name: its fuzz_targets/<name>.rs and corpus/<name>/.
@@ -80,6 +83,7 @@ impl Target {
             Target::NormsVjp => "norms_vjp",
             Target::GatedDeltaVjp => "gated_delta_vjp",
             Target::Glm52 => "glm52",
+            Target::Pool => "pool",
         }
     }
 }
@@ -108,6 +112,7 @@ pub fn run(target: Target, data: &[u8]) {
         Target::NormsVjp => norms::run_vjp(&mut input),
         Target::GatedDeltaVjp => gated_delta::run_vjp(&mut input),
         Target::Glm52 => glm52::run(&mut input),
+        Target::Pool => pool::run(&mut input),
     }
     let after = mlxkern::capi::live_handles();
     assert_eq!(

@@ -24,6 +24,7 @@ mod empty;
 mod handles;
 mod nan_inf;
 mod null_out;
+mod pool;
 mod sizes;
 
 use std::ptr::{null, null_mut};
@@ -83,6 +84,8 @@ fn refused(
 struct Fixture {
     arr: H,
     rec: Recurrence,
+    /// B = 1, T = 5: packed sequences.
+    packed: Recurrence,
     x: H,
     gate: H,
     weight: H,
@@ -103,6 +106,7 @@ impl Fixture {
         Fixture {
             arr: new_f32(&rng.vec(6, 1.0), &[2, 3]),
             rec: Recurrence::random(&mut rng, [2, 3, 1, 2, 32, 4], true, true),
+            packed: Recurrence::random(&mut rng, [1, 5, 1, 2, 32, 4], false, false),
             x: new_bf16(&rng.vec(48, 1.0), &[2, 3, 8]),
             gate: new_bf16(&rng.vec(48, 1.0), &[2, 3, 8]),
             weight: new_bf16(&rng.vec(8, 1.0), &[8]),
@@ -129,11 +133,18 @@ impl Fixture {
             free(h);
         }
         self.rec.free();
+        self.packed.free();
     }
 
     /// Every entry point that takes handles, with its valid handle arguments and a call that
     /// returns (status, out-parameters as returned).
     fn entries(&self) -> Vec<Entry> {
+        let mut entries = self.base_entries();
+        entries.extend(pool::entries(&self.rec, &self.packed));
+        entries
+    }
+
+    fn base_entries(&self) -> Vec<Entry> {
         let r = &self.rec;
         vec![
             Entry::new("mlxk_array_ndim", &[("array", self.arr)], |h| {

@@ -191,6 +191,12 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
         "mlxk_gated_delta_update_vjp",
         "mlxk_silu_rms_heads_vjp",
         "mlxk_gated_rms_norm_vjp",
+        "mlxk_gated_delta_update_pool",
+        "mlxk_gated_delta_update_pool_chunked",
+        "mlxk_gated_delta_verify_pool",
+        "mlxk_gated_delta_update_packed",
+        "mlxk_gated_delta_update_packed_chunked",
+        "mlxk_gated_delta_state_pool",
     ];
     ok(mlxk_set_memory_limit(8));
     let mut refused_count = 0;
