@@ -126,8 +126,15 @@ pub fn vjp_plan(kernel: u32, params: &[i64], cotangents: &[i32]) -> Result<VjpPl
     };
     match Kernel::from_code(kernel) {
         Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked) => {
-            outputs_of(2)?;
             let mut forward = gated_delta::Node::decode(params)?;
+            if forward.pool.is_some() {
+                return Err(format!(
+                    "mlxkern: vjp is not implemented for the pool and packed calls ({}); \
+                     differentiate mlxk_gated_delta_update on the gathered states",
+                    function_name(kernel)
+                ));
+            }
+            outputs_of(2)?;
             // Both forms compute the same function: the backward is the exact update's.
             forward.form = gated_delta::Form::Exact;
             let backward = gated_delta::Backward {
@@ -366,6 +373,35 @@ impl Codec for Decoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_nodes_have_no_vjp() {
+        let node = gated_delta::Node {
+            dims: gated_delta::Dims {
+                b: 2,
+                t: 3,
+                hk: 1,
+                hv: 2,
+                dk: 32,
+                dv: 4,
+            },
+            has_state: true,
+            pool: Some(gated_delta::Pool {
+                slots: 5,
+                write: gated_delta::PoolWrite::Pool,
+                packed: false,
+            }),
+            ..Default::default()
+        };
+        let f32_code = Dtype::Float32 as i32;
+        let err = vjp_plan(
+            Kernel::GatedDelta as u32,
+            &node.encode(),
+            &[f32_code, f32_code],
+        )
+        .unwrap_err();
+        assert!(err.contains("pool"), "{err}");
+    }
 
     #[test]
     fn vjp_plans_map_gradients_to_the_forward_inputs() {
