@@ -42,7 +42,7 @@ LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -pthread)
 WARN=(-std=c11 -Wall -Wextra -Werror -pedantic)
 # The client test's files (tests/c/client.c runs the checks of the others).
 CLIENT=("$SRC/client.c" "$SRC/client_util.c" "$SRC/client_arrays.c" "$SRC/client_gated_delta.c"
-  "$SRC/client_norms.c" "$SRC/client_host.c")
+  "$SRC/client_pool.c" "$SRC/client_norms.c" "$SRC/client_host.c")
 
 # 1. AddressSanitizer + LeakSanitizer.
 for prog in client stress; do

@@ -377,3 +377,93 @@ fn the_gpu_launch_is_one_node_refused_on_a_cpu_stream() {
     }
     from_conv_one_kernel_any_tokens(false);
 }
+
+/// `mlxk_gated_delta_update_from_conv_pool`: the head split, then `mlxk_gated_delta_update_pool`
+/// on its q, k and v, bit for bit (the pool freed before the read: in place).
+#[test]
+fn on_a_pool_equals_the_head_split_then_the_pool_update() {
+    use mlxkern::capi::gated_delta_pool::{
+        mlxk_gated_delta_update_from_conv_pool, mlxk_gated_delta_update_pool,
+    };
+    let mut rng = Rng::fresh();
+    for (dims, dtype, mask) in [
+        ([3, 1, 2, 4, 128, 64], MLXK_DTYPE_BFLOAT16, false),
+        ([2, 5, 1, 2, 64, 7], MLXK_DTYPE_FLOAT32, true),
+    ] {
+        let [b, _, _, hv, dk, dv] = dims;
+        let layer = Layer::random(&mut rng, dims, dtype, false, mask);
+        let n = b + 2;
+        let pool0 = rng.vec(n * hv * dv * dk, 0.5);
+        let shape = [n as i32, hv as i32, dv as i32, dk as i32];
+        let slots: Vec<i32> = match b {
+            3 => vec![4, -1, 0],
+            _ => vec![1, 3],
+        };
+        let fresh: Vec<u8> = (0..b).map(|i| (i == 1) as u8).collect();
+        let [x, qs, ks, a, bb, al, dt, _, m] = layer.args();
+        let [hk, hvi, dvi] = layer.heads;
+        let (sp, fp) = (slots.as_ptr(), fresh.as_ptr());
+        // The one call.
+        let pool = new_f32(&pool0, &shape);
+        let (mut y, mut p) = (null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_gated_delta_update_from_conv_pool(
+                x, qs, ks, hk, hvi, dvi, layer.eps, a, bb, al, dt, pool, sp, fp, b, m, &mut y,
+                &mut p,
+            )
+        });
+        free(pool);
+        let (y1, p1) = (read_bytes(y), read_bytes(p));
+        free(y);
+        free(p);
+        // The two calls.
+        let pool = new_f32(&pool0, &shape);
+        let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_silu_rms_heads(x, qs, ks, hk, hvi, dvi, layer.eps, &mut q, &mut k, &mut v)
+        });
+        let (mut y, mut p) = (null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_gated_delta_update_pool(
+                q, k, v, a, bb, al, dt, pool, sp, fp, b, m, &mut y, &mut p,
+            )
+        });
+        free(pool);
+        assert!(read_bytes(y) == y1, "y of {dims:?}");
+        assert!(read_bytes(p) == p1, "pool of {dims:?}");
+        for h in [q, k, v, y, p] {
+            free(h);
+        }
+        // Its arguments are checked with the pool's rules: a slot named twice.
+        let pool = new_f32(&pool0, &shape);
+        let twice = vec![0i32; b];
+        expect_err(
+            unsafe {
+                mlxk_gated_delta_update_from_conv_pool(
+                    x,
+                    qs,
+                    ks,
+                    hk,
+                    hvi,
+                    dvi,
+                    layer.eps,
+                    a,
+                    bb,
+                    al,
+                    dt,
+                    pool,
+                    twice.as_ptr(),
+                    std::ptr::null(),
+                    b,
+                    m,
+                    &mut y,
+                    &mut p,
+                )
+            },
+            MLXK_ERR_INVALID_ARGUMENT,
+            &["mlxk_gated_delta_update_from_conv_pool", "slots[1] is 0"],
+        );
+        free(pool);
+        layer.free();
+    }
+}

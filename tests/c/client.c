@@ -41,6 +41,7 @@ int main(void) {
     test_gated_delta_update_vjp();
     test_gated_delta_errors();
     test_gated_delta_state();
+    test_gated_delta_pool();
     test_gated_rms_norm();
     test_gated_rms_norm_vjp();
     test_silu_rms_heads();

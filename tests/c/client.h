@@ -1,7 +1,7 @@
 /*
  * What the files of the C client test share (client.c runs the checks; client_util.c holds the
- * helpers; client_arrays.c, client_gated_delta.c, client_norms.c and client_host.c the checks,
- * by the surface they cover). The check macros (CHECK, CHECK_OK, EXPECT_ERROR), bfloat16 and
+ * helpers; client_arrays.c, client_gated_delta.c, client_pool.c, client_norms.c and
+ * client_host.c the checks, by the surface they cover). The check macros (CHECK, CHECK_OK, EXPECT_ERROR), bfloat16 and
  * random numbers come from tests/common/mlxk_test_util.h.
  */
 
@@ -83,6 +83,9 @@ void test_gated_delta_update_vjp(void);
 void test_gated_delta_errors(void);
 void test_gated_delta_state(void);
 void test_gated_delta_update_from_conv(void);
+
+/* client_pool.c */
+void test_gated_delta_pool(void);
 
 /* client_norms.c */
 void test_gated_rms_norm(void);

@@ -31,7 +31,7 @@ INCLUDE=(-I"$ROOT/include" -I"$ROOT/tests/common")
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
 WARN=(-Wall -Wextra -Werror -pedantic -Wredundant-decls)
 CLIENT=("$SRC/client.c" "$SRC/client_util.c" "$SRC/client_arrays.c" "$SRC/client_gated_delta.c"
-  "$SRC/client_norms.c" "$SRC/client_host.c")
+  "$SRC/client_pool.c" "$SRC/client_norms.c" "$SRC/client_host.c")
 
 fail() {
   echo "FAIL: $*" >&2
