@@ -1,7 +1,6 @@
 //! The gated-delta calls on a pool of recurrent states addressed by slot, as engines keep them
 //! (`include/mlxkern.h`, `mlxk_gated_delta_update_pool` and after): [`PoolSlots`] names the
-//! states, and
-//! [`GatedDelta::update_pool`], [`GatedDelta::update_pool_chunked`],
+//! states, and [`GatedDelta::update_pool`], [`GatedDelta::update_pool_chunked`],
 //! [`GatedDelta::verify_pool`], [`GatedDelta::update_packed`],
 //! [`GatedDelta::update_packed_chunked`], [`StateReplay::commit_pool`] and
 //! [`GatedDeltaFromConv::update_pool`] run on them.
