@@ -742,4 +742,8 @@ static_assert(sizeof(GLM52Layout) == sizeof(mlxk_glm52_layout),
 
 }  // namespace mlxk
 
+// The calls on a pool of states by slot (mlxk_gated_delta_update_pool, ...): PoolUpdate,
+// gated_delta_update_pool, gated_delta_update_packed, gated_delta_verify_pool, ...
+#include "mlxkern_pool.hpp"
+
 #endif  // MLXKERN_HPP

@@ -6,7 +6,8 @@
 #   MLXKERN_MLX=host MLX_DIR=... LIBDIR=... scripts/install.sh PREFIX    host MLX
 #
 # Both modes install:
-#   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header, the C++ RAII layer and the
+#   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header, the C++ RAII layer (with its
+#   PREFIX/include/mlxkern_pool.hpp             pool calls) and the
 #   PREFIX/include/mlxkern_mlxc.h               helpers for hosts on mlx-c
 #   PREFIX/lib/pkgconfig/mlxkern.pc             Cflags/Libs, with an rpath to PREFIX/lib
 #   PREFIX/lib/pkgconfig/mlxkern-mlx.pc         mlxkern plus the MLX it runs on (headers, libmlx),
@@ -97,8 +98,8 @@ DEST_MLX=$DEST_LIB/mlxkern  # bundled: mirrors the wheel's site-packages layout
 mkdir -p "$PREFIX/include" "$DEST_LIB/pkgconfig" "$DEST_LIB/cmake/mlxkern" "$PREFIX/share/doc/mlxkern"
 
 # 1. Headers, license.
-install -m 0644 "$ROOT/include/mlxkern.h" "$ROOT/include/mlxkern.hpp" "$ROOT/include/mlxkern_mlxc.h" \
-  "$PREFIX/include/"
+install -m 0644 "$ROOT/include/mlxkern.h" "$ROOT/include/mlxkern.hpp" "$ROOT/include/mlxkern_pool.hpp" \
+  "$ROOT/include/mlxkern_mlxc.h" "$PREFIX/include/"
 for doc in LICENSE THIRD_PARTY_NOTICES.md; do
   if [ -f "$ROOT/$doc" ]; then install -m 0644 "$ROOT/$doc" "$PREFIX/share/doc/mlxkern/"; fi
 done

@@ -148,7 +148,7 @@ else
   trap 'rm -rf "$PREFIX"' EXIT
 fi
 LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$PREFIX" >/dev/null || fail "scripts/install.sh $PREFIX"
-for file in include/mlxkern.h include/mlxkern.hpp include/mlxkern_mlxc.h lib/libmlxkern.so \
+for file in include/mlxkern.h include/mlxkern.hpp include/mlxkern_pool.hpp include/mlxkern_mlxc.h lib/libmlxkern.so \
   lib/pkgconfig/mlxkern.pc lib/pkgconfig/mlxkern-mlx.pc lib/mlxkern/mlx/lib/libmlx.so \
   lib/mlxkern/mlx/include/mlx/mlx.h; do
   [ -f "$PREFIX/$file" ] || fail "install: $file missing"

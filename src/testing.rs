@@ -46,6 +46,19 @@ pub fn data_address(a: *const mlxk_array) -> usize {
     crate::bridge::array_address(array)
 }
 
+/// The address of a safe [`Array`](crate::Array)'s data after evaluating it (0 when that
+/// fails): `data_address` for the safe API.
+pub fn array_data_address(a: &crate::Array) -> usize {
+    let _mlx = crate::registry::lock();
+    let Ok(array) = a.get("a") else {
+        return 0;
+    };
+    if crate::bridge::array_eval(array).is_err() {
+        return 0;
+    }
+    crate::bridge::array_address(array)
+}
+
 /// How many CPU kernel outputs so far took over an input's buffer (state updated in place).
 pub fn in_place_updates() -> usize {
     crate::cpu::IN_PLACE_UPDATES.load(std::sync::atomic::Ordering::Relaxed)

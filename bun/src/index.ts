@@ -68,6 +68,16 @@ export type {
   HeadSplit,
   HeadSplitGradients,
 } from "./kernels";
+export {
+  gatedDeltaStatePool,
+  gatedDeltaUpdateFromConvPool,
+  gatedDeltaUpdatePacked,
+  gatedDeltaUpdatePackedChunked,
+  gatedDeltaUpdatePool,
+  gatedDeltaUpdatePoolChunked,
+  gatedDeltaVerifyPool,
+} from "./pool";
+export type { FreshInit, GatedDeltaPoolResult, Int32Init } from "./pool";
 export { GLM52_LAYOUT_KEYS, glm52Canonical, glm52Validate } from "./glm52";
 export type { Glm52Layout, U64 } from "./glm52";
 export { mlxArrayFree, mlxVersion, withMlxLock } from "./mlx";

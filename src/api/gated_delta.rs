@@ -110,7 +110,7 @@ pub struct GatedDeltaGrads {
 }
 
 impl<'a> GatedDelta<'a> {
-    fn with_inputs<T>(&self, f: impl FnOnce(&Inputs) -> Result<T>) -> Result<T> {
+    pub(super) fn with_inputs<T>(&self, f: impl FnOnce(&Inputs) -> Result<T>) -> Result<T> {
         locked(|| {
             let inputs = Inputs {
                 q: self.q.get("q")?,
@@ -149,17 +149,7 @@ impl<'a> GatedDelta<'a> {
     /// [`Error::Unsupported`] with the GPU as the default device (CPU only).
     pub fn update_chunked(&self, chunk_size: Option<usize>) -> Result<Update> {
         call(|| {
-            let chunk = match chunk_size {
-                None => 0,
-                Some(0) => {
-                    return Err(Error::InvalidArgument(
-                        "chunk_size is 0; expected None (the default) or a multiple of 16 in \
-                         [16, 128]"
-                            .into(),
-                    ))
-                }
-                Some(c) => int_arg(c, "chunk_size")?,
-            };
+            let chunk = chunk_arg(chunk_size)?;
             self.with_inputs(|x| ops::update_chunked(x, chunk, Backend::current()))
                 .map(two)
         })
@@ -195,6 +185,17 @@ impl<'a> GatedDelta<'a> {
                 dstate,
             })
         })
+    }
+}
+
+/// The C ABI's `chunk_size` for the safe API's: None is the default (0 there); 0 is refused.
+pub(super) fn chunk_arg(chunk_size: Option<usize>) -> Result<i32> {
+    match chunk_size {
+        None => Ok(0),
+        Some(0) => Err(Error::InvalidArgument(
+            "chunk_size is 0; expected None (the default) or a multiple of 16 in [16, 128]".into(),
+        )),
+        Some(c) => int_arg(c, "chunk_size"),
     }
 }
 
@@ -239,19 +240,23 @@ impl GatedDeltaFromConv<'_> {
     /// call's arguments.
     pub fn update(&self) -> Result<Update> {
         call(|| {
-            locked(|| {
-                let inputs = FromConvInputs {
-                    split: self.split.inputs()?,
-                    a: self.a.get("a")?,
-                    b: self.b.get("b")?,
-                    a_log: self.a_log.get("a_log")?,
-                    dt_bias: self.dt_bias.get("dt_bias")?,
-                    state: self.state.map(|s| s.get("state")).transpose()?,
-                    mask: self.mask.map(|m| m.get("mask")).transpose()?,
-                };
-                ops::update_from_conv(&inputs, Backend::current())
-            })
-            .map(two)
+            self.with_inputs(|x| ops::update_from_conv(x, Backend::current()))
+                .map(two)
+        })
+    }
+
+    pub(super) fn with_inputs<T>(&self, f: impl FnOnce(&FromConvInputs) -> Result<T>) -> Result<T> {
+        locked(|| {
+            let inputs = FromConvInputs {
+                split: self.split.inputs()?,
+                a: self.a.get("a")?,
+                b: self.b.get("b")?,
+                a_log: self.a_log.get("a_log")?,
+                dt_bias: self.dt_bias.get("dt_bias")?,
+                state: self.state.map(|s| s.get("state")).transpose()?,
+                mask: self.mask.map(|m| m.get("mask")).transpose()?,
+            };
+            f(&inputs)
         })
     }
 }
@@ -290,26 +295,30 @@ impl StateReplay<'_> {
     /// other than B or a length outside [0, T], naming the row.
     pub fn replay(&self) -> Result<Array> {
         call(|| {
-            let lengths = self
-                .accepted_lengths
-                .iter()
-                .enumerate()
-                .map(|(row, &n)| int_arg(n, &format!("accepted_lengths[{row}]")))
-                .collect::<Result<Vec<i32>>>()?;
-            locked(|| {
-                let inputs = StateInputs {
-                    k: self.k.get("k")?,
-                    v: self.v.get("v")?,
-                    a: self.a.get("a")?,
-                    b: self.b.get("b")?,
-                    a_log: self.a_log.get("a_log")?,
-                    dt_bias: self.dt_bias.get("dt_bias")?,
-                    state: self.state.map(|s| s.get("state")).transpose()?,
-                    accepted_lengths: &lengths,
-                };
-                ops::state(&inputs, Backend::current())
-            })
-            .map(Array::wrap)
+            self.with_inputs(|x| ops::state(x, Backend::current()))
+                .map(Array::wrap)
+        })
+    }
+
+    pub(super) fn with_inputs<T>(&self, f: impl FnOnce(&StateInputs) -> Result<T>) -> Result<T> {
+        let lengths = self
+            .accepted_lengths
+            .iter()
+            .enumerate()
+            .map(|(row, &n)| int_arg(n, &format!("accepted_lengths[{row}]")))
+            .collect::<Result<Vec<i32>>>()?;
+        locked(|| {
+            let inputs = StateInputs {
+                k: self.k.get("k")?,
+                v: self.v.get("v")?,
+                a: self.a.get("a")?,
+                b: self.b.get("b")?,
+                a_log: self.a_log.get("a_log")?,
+                dt_bias: self.dt_bias.get("dt_bias")?,
+                state: self.state.map(|s| s.get("state")).transpose()?,
+                accepted_lengths: &lengths,
+            };
+            f(&inputs)
         })
     }
 }

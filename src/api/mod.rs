@@ -6,6 +6,7 @@ mod array;
 mod device;
 mod gated_delta;
 mod norm;
+mod pool;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -21,6 +22,7 @@ pub use gated_delta::{
 pub use norm::{
     gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads, SiluRmsHeads, SiluRmsHeadsGrads, Split,
 };
+pub use pool::{PoolSlots, PoolUpdate};
 
 use crate::error::{Error, Result};
 
