@@ -424,9 +424,7 @@ fn on_a_pool_equals_the_head_split_then_the_pool_update() {
         });
         let (mut y, mut p) = (null_mut(), null_mut());
         ok(unsafe {
-            mlxk_gated_delta_update_pool(
-                q, k, v, a, bb, al, dt, pool, sp, fp, b, m, &mut y, &mut p,
-            )
+            mlxk_gated_delta_update_pool(q, k, v, a, bb, al, dt, pool, sp, fp, b, m, &mut y, &mut p)
         });
         free(pool);
         assert!(read_bytes(y) == y1, "y of {dims:?}");
