@@ -50,6 +50,7 @@
     threadgroup float qk_tg[2][2 * Dk];
 #elif defined(MLXK_POOL)
     // rows: [R, 5]; q, k: [.., Hk, Dk] and v: [.., Hv, Dv] from token tok0 on.
+    (void)k_shape;  // MLX passes it (the text names it), unused here
     auto row_ = rows + 5 * b_idx;
     const uint tok0 = uint(row_[0]);
     const int span = row_[1];

@@ -30,6 +30,7 @@
   // ROWS value rows per SIMD group (template; 1 on Metal), as in gated_delta.metal.
   auto dv_0 = ROWS * thread_position_in_grid.y;
 #ifdef MLXK_POOL
+  (void)k_shape;  // MLX passes it (the text names it), unused here
   auto row_ = rows + 5 * b_idx;
   const uint tok0 = uint(row_[0]);
   const int src = row_[3], dst = row_[4];
