@@ -16,6 +16,7 @@
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
 //! - argument errors, the memory limit and the chunked form's refusal are unchanged with the
 //!   GPU as default device.
+//!
 //! Run it alone (`--test-threads=1`): the default device is process-wide.
 
 mod common;
