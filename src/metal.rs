@@ -6,6 +6,7 @@ pub use crate::bridge::MetalLaunch;
 use std::sync::OnceLock;
 
 use crate::dtype::Dtype;
+use crate::node::gated_delta::{Pool, PoolWrite};
 use crate::node::{self, gated_delta, gated_rms_norm, silu_rms_heads, Output};
 
 /// The recurrence kernel body, embedded from its file.
@@ -26,6 +27,15 @@ pub const GATED_RMS_NORM_SOURCE: &str = include_str!("../kernels/metal/gated_rms
 
 /// The marker the recurrence source uses for "this token is processed".
 pub const TOKEN_ACTIVE_MARKER: &str = "MLXK_TOKEN_ACTIVE";
+
+/// The header of a pool node's launch (`node::gated_delta::Pool`): the recurrence and replay
+/// texts read the row table `rows` (each row's first token, span, length, source and
+/// destination state rows) instead of the dense layout.
+pub const POOL_HEADER: &str = "#define MLXK_POOL 1\n";
+
+/// The masked recurrence's token test on a pool node: the mask flattened over the token
+/// dimension, from the row's first token (`tok0` in the text).
+pub const POOL_MASK_TEST: &str = "mask[tok0 + t]";
 
 /// A recurrence text with its token-active marker made `true` (unmasked) and
 /// `mask[b_idx * T + t]` (masked), in that order.
@@ -70,6 +80,15 @@ fn launch(
 /// kernel. The update (exact form) runs `gated_delta.metal`, whose masked variant takes the
 /// `[B, T]` bool mask; `Form::State` runs `gated_delta_state.metal`. There is no Metal form of
 /// the chunked update.
+///
+/// A pool node (`node.pool`) runs the same texts with `POOL_HEADER` (name suffix `_pool`), one
+/// grid row per row of its table (B = R): inputs as the node lists them (the pool as
+/// `state_in`, the table as `rows`), its state output the written rows `[W, Hv, Dv, Dk]`
+/// (`PoolWrite::Rows`). Where W is 0 (a verify, or every row padding) the launch still has a
+/// state output, of one row that no thread writes (every row's dst is -1) and the caller drops:
+/// MLX allocates no memory for an output of no elements, which would leave the Metal kernel a
+/// buffer argument bound to no buffer and the CUDA kernel a null pointer, neither documented as
+/// allowed for a custom kernel.
 pub fn gated_delta_launch(n: &gated_delta::Node) -> MetalLaunch {
     gated_delta_launch_rows(n, 1)
 }
@@ -90,32 +109,67 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
         .iter()
         .map(|i| i.name().to_string())
         .collect();
+    assert!(
+        matches!(
+            n.pool,
+            None | Some(Pool {
+                write: PoolWrite::Rows(_),
+                ..
+            })
+        ),
+        "a GPU pool node writes its rows' states (PoolWrite::Rows)"
+    );
+    let mut outputs = n.outputs();
+    if let Some(Pool {
+        write: PoolWrite::Rows(0),
+        ..
+    }) = n.pool
+    {
+        let state = outputs
+            .last_mut()
+            .expect("a GPU pool node has a state output");
+        state.shape[0] = 1; // the row no thread writes (see above)
+    }
     let mut l = match n.form {
         gated_delta::Form::State => launch(
             "mlxk_gated_delta_state",
             GATED_DELTA_STATE_SOURCE.to_string(),
             inputs,
-            (&["state_out"], &n.outputs()),
+            (&["state_out"], &outputs),
         ),
         _ => {
-            static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
-            let sources = SOURCES.get_or_init(|| token_variants(GATED_DELTA_SOURCE));
+            // Unmasked, masked, masked on a pool.
+            static SOURCES: OnceLock<[String; 3]> = OnceLock::new();
+            let sources = SOURCES.get_or_init(|| {
+                let [plain, masked] = token_variants(GATED_DELTA_SOURCE);
+                let pool = GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, POOL_MASK_TEST);
+                [plain, masked, pool]
+            });
             let name = if n.has_mask {
                 "mlxk_gated_delta_step_mask"
             } else {
                 "mlxk_gated_delta_step"
             };
+            let variant = match (n.has_mask, n.pool.is_some()) {
+                (false, _) => 0,
+                (true, false) => 1,
+                (true, true) => 2,
+            };
             let mut l = launch(
                 name,
-                sources[n.has_mask as usize].clone(),
+                sources[variant].clone(),
                 inputs,
-                (&["y", "state_out"], &n.outputs()),
+                (&["y", "state_out"], &outputs),
             );
             l.template_dtype_names = names(&["InT", "StT"]);
             l.template_dtype_values = vec![n.dtype as i32, Dtype::Float32 as i32];
             l
         }
     };
+    if n.pool.is_some() {
+        l.name.push_str("_pool");
+        l.header = POOL_HEADER.to_string();
+    }
     l.grid = [32, (d.dv / rows) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [32, 4, 1];
     l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv", "ROWS"]);
@@ -138,8 +192,10 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
 pub fn gated_delta_from_conv_launch(mut recurrence: MetalLaunch, eps: f32) -> MetalLaunch {
     let l = &mut recurrence;
     assert!(
-        l.name.starts_with("mlxk_gated_delta_step") && l.input_names[..3] == ["q", "k", "v"],
-        "the recurrence's launch"
+        l.name.starts_with("mlxk_gated_delta_step")
+            && l.input_names[..3] == ["q", "k", "v"]
+            && l.header.is_empty(),
+        "the recurrence's launch (a dense one: the text has no pool form from the convolution)"
     );
     l.name = l
         .name

@@ -5,10 +5,12 @@
 
 use crate::bridge;
 use crate::capi::gated_delta::{self, Form};
+use crate::capi::gated_delta_pool::HostRows;
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, mlxk_array, Out};
 use crate::dtype::Dtype;
 use crate::node::{Kernel, Output};
+use crate::ops::gated_delta::PoolForm;
 use crate::ops::Backend;
 use crate::registry;
 
@@ -406,6 +408,137 @@ pub unsafe fn gated_rms_norm_vjp_via_gpu(
             outs,
         )
     }
+}
+
+/// Pool calls through a GPU launch (see [`gated_delta_update_via_gpu`]): the update
+/// (`mlxk_gated_delta_update_pool`), the verify (`verify`: `mlxk_gated_delta_verify_pool`, no
+/// `pool_out`) or, with `cu_seqlens`, the packed update (`mlxk_gated_delta_update_packed`).
+/// `args`: q, k, v, a, b, a_log, dt_bias, pool, mask (NULL: none). `fresh`: one flag per slot.
+///
+/// # Safety
+/// `y` and `pool_out` are NULL or valid for writing one handle each.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gated_delta_update_pool_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    verify: bool,
+    args: [*const mlxk_array; 9],
+    slots: &[i32],
+    fresh: Option<&[u8]>,
+    cu_seqlens: Option<&[i32]>,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    if let Some(f) = fresh {
+        assert_eq!(f.len(), slots.len(), "one fresh flag per slot");
+    }
+    let (entry, form) = match (verify, cu_seqlens) {
+        (true, _) => ("mlxk_gated_delta_verify_pool", PoolForm::Verify),
+        (false, None) => ("mlxk_gated_delta_update_pool", PoolForm::Update),
+        (false, Some(_)) => ("mlxk_gated_delta_update_packed", PoolForm::Update),
+    };
+    // SAFETY: the host arrays come from slices of the lengths given; forwarded contract on `y`
+    // and `pool_out`.
+    unsafe {
+        crate::capi::gated_delta_pool::update(
+            &kernels.label(entry),
+            form,
+            Some(kernels.backend(gpu)),
+            args,
+            HostRows {
+                slots: slots.as_ptr(),
+                fresh: fresh.map_or(std::ptr::null(), <[u8]>::as_ptr),
+                n_slots: slots.len(),
+            },
+            cu_seqlens.map(|c| (c.as_ptr(), c.len())),
+            y,
+            pool_out,
+        )
+    }
+}
+
+/// `mlxk_gated_delta_state_pool` through a GPU launch (see [`gated_delta_update_via_gpu`]).
+/// `args`: k, v, a, b, a_log, dt_bias, pool; `fresh` and `accepted_lengths`: one per slot.
+///
+/// # Safety
+/// `pool_out` is NULL or valid for writing one handle.
+pub unsafe fn gated_delta_state_pool_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    args: [*const mlxk_array; 7],
+    slots: &[i32],
+    fresh: Option<&[u8]>,
+    accepted_lengths: &[i32],
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    assert_eq!(accepted_lengths.len(), slots.len(), "one length per slot");
+    if let Some(f) = fresh {
+        assert_eq!(f.len(), slots.len(), "one fresh flag per slot");
+    }
+    // SAFETY: as in `gated_delta_update_pool_via_gpu`.
+    unsafe {
+        crate::capi::gated_delta_pool::state(
+            &kernels.label("mlxk_gated_delta_state_pool"),
+            Some(kernels.backend(gpu)),
+            args,
+            HostRows {
+                slots: slots.as_ptr(),
+                fresh: fresh.map_or(std::ptr::null(), <[u8]>::as_ptr),
+                n_slots: slots.len(),
+            },
+            accepted_lengths.as_ptr(),
+            pool_out,
+        )
+    }
+}
+
+/// Makes every GPU launch the library hands to MLX be kept, with its inputs, for
+/// [`last_gpu_launch`] (`true`), or not (`false`, the library's behaviour). Process-wide.
+pub fn record_gpu_launches(on: bool) {
+    crate::ops::RECORD_GPU_LAUNCHES.store(on, std::sync::atomic::Ordering::Relaxed);
+    if !on {
+        let _mlx = registry::lock();
+        *crate::ops::LAST_GPU_LAUNCH
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// One input of a recorded GPU launch: its shape, dtype and (evaluated on the CPU) bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchInput {
+    pub shape: Vec<i32>,
+    pub dtype: Dtype,
+    pub bytes: Vec<u8>,
+}
+
+/// The last GPU launch handed to MLX while [`record_gpu_launches`] was on (its description as
+/// `mx::fast::metal_kernel` / `cuda_kernel` received it, name with the input dtypes), and its
+/// inputs in order. Inputs are evaluated to read them: record launches made on a CPU stream.
+pub fn last_gpu_launch() -> Option<(crate::bridge::MetalLaunch, Vec<LaunchInput>)> {
+    let _mlx = registry::lock();
+    let kept = crate::ops::LAST_GPU_LAUNCH
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let (launch, inputs) = kept.as_ref()?;
+    let inputs = inputs
+        .iter()
+        .map(|a| {
+            let shape = (0..bridge::array_ndim(a))
+                .map(|axis| bridge::array_dim(a, axis))
+                .collect();
+            let mut bytes = vec![0u8; bridge::array_nbytes(a)];
+            bridge::array_eval(a).expect("a recorded input evaluates");
+            bridge::array_read(a, &mut bytes).expect("a recorded input reads");
+            let dtype = Dtype::from_code(bridge::array_dtype(a)).expect("a known dtype");
+            LaunchInput {
+                shape,
+                dtype,
+                bytes,
+            }
+        })
+        .collect();
+    Some(((**launch).clone(), inputs))
 }
 
 /// The forward of a GPU node whose autograd entry [`gpu_node_vjp`] calls.

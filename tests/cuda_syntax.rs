@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use mlxkern::bridge::MetalLaunch;
 use mlxkern::cuda;
 use mlxkern::metal::*;
-use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node};
+use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node, Pool, PoolWrite};
 use mlxkern::node::{gated_rms_norm, silu_rms_heads};
 use mlxkern::Dtype;
 
@@ -148,7 +148,7 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
             "state_in" | "dstate_out" => Dtype::Float32,
             "dy" => n.dtype,
             "mask" => Dtype::Bool,
-            "lengths" | "Tin" => Dtype::Int32,
+            "lengths" | "Tin" | "rows" => Dtype::Int32,
             "a_log" => n.gates.a_log,
             "dt_bias" => n.gates.dt_bias,
             other => panic!("{}: unexpected input {other}", l.name),
@@ -237,6 +237,49 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
         let l = cuda::with_fused_gates(gated_delta_launch_rows(&n, 8));
         let inputs = gated_delta_inputs(&l, &n, true);
         check(format!("replay {dtype:?}"), l, inputs);
+
+        // Pool nodes (the row table, the pool as state_in, compact state rows): the update
+        // (dense with or without a mask, packed), the verify (no rows written) and the replay,
+        // with the gates fused and from MLX ops, one and several value rows a SIMD group.
+        let pool = |write, packed| {
+            Some(Pool {
+                slots: 40,
+                write,
+                packed,
+            })
+        };
+        for (form, masked, write, packed) in [
+            (Form::Exact, false, PoolWrite::Rows(5), false),
+            (Form::Exact, true, PoolWrite::Rows(32), false),
+            (Form::Exact, false, PoolWrite::Rows(2), true),
+            (Form::Exact, true, PoolWrite::Rows(0), false),
+            (Form::State, false, PoolWrite::Rows(7), false),
+        ] {
+            let n = Node {
+                pool: pool(write, packed),
+                ..gated_delta_node(dtype, gate, form, masked)
+            };
+            for rows in [1, 8] {
+                let l = gated_delta_launch_rows(&n, rows);
+                assert!(l.name.ends_with("_pool") && l.header == POOL_HEADER);
+                for fused_gates in [true, false] {
+                    let l = if fused_gates {
+                        cuda::with_fused_gates(l.clone())
+                    } else {
+                        l.clone()
+                    };
+                    let inputs = gated_delta_inputs(&l, &n, fused_gates);
+                    check(
+                        format!(
+                            "pool {form:?} {dtype:?} masked={masked} {write:?} packed={packed} \
+                             ROWS={rows} fused gates={fused_gates}"
+                        ),
+                        l,
+                        inputs,
+                    );
+                }
+            }
+        }
 
         let split = silu_rms_heads::Node {
             dims: silu_rms_heads::Dims {

@@ -4,109 +4,10 @@
 //! argument errors name the argument.
 
 mod common;
+mod pool_common;
 use common::*;
+use pool_common::*;
 use std::ptr::{null, null_mut};
-
-/// Host values of one call's inputs (any float dtype for q, k, v), rows of T tokens.
-struct Host {
-    dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
-    dtype: mlxk_dtype,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-}
-
-impl Host {
-    fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) -> Host {
-        let [b, t, hk, hv, dk, dv] = dims;
-        let mut norm = |scale: f32| -> Vec<f32> {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v = *v / n * scale);
-            }
-            x
-        };
-        let q = norm((dk as f32).powf(-0.5));
-        let k = norm(1.0);
-        Host {
-            dims,
-            dtype,
-            q,
-            k,
-            v: rng.vec(b * t * hv * dv, 1.0),
-            a: rng.vec(b * t * hv, 2.0),
-            b: rng.vec(b * t * hv, 2.0),
-            a_log: rng.vec(hv, 1.0),
-            dt_bias: rng.vec(hv, 1.0),
-        }
-    }
-
-    /// Handles for rows `rows` (all tokens), or with `packed` the same rows' tokens
-    /// concatenated as one row (`[1, rows·T, ...]`). Tokens `[0, t)` of each row.
-    fn arrays(&self, rows: &[usize], t: usize, packed: bool) -> [H; 7] {
-        let [_, tt, hk, hv, dk, dv] = self.dims;
-        let cut = |x: &[f32], per: usize| -> Vec<f32> {
-            rows.iter()
-                .flat_map(|&r| x[r * tt * per..(r * tt + t) * per].to_vec())
-                .collect()
-        };
-        let (b, tt_out) = match packed {
-            true => (1, (rows.len() * t) as i32),
-            false => (rows.len() as i32, t as i32),
-        };
-        let (hk, hv, dk, dv) = (hk as i32, hv as i32, dk as i32, dv as i32);
-        [
-            typed(
-                &cut(&self.q, hk as usize * dk as usize),
-                &[b, tt_out, hk, dk],
-                self.dtype,
-            ),
-            typed(
-                &cut(&self.k, hk as usize * dk as usize),
-                &[b, tt_out, hk, dk],
-                self.dtype,
-            ),
-            typed(
-                &cut(&self.v, hv as usize * dv as usize),
-                &[b, tt_out, hv, dv],
-                self.dtype,
-            ),
-            typed(
-                &cut(&self.a, hv as usize),
-                &[b, tt_out, hv],
-                MLXK_DTYPE_BFLOAT16,
-            ),
-            typed(
-                &cut(&self.b, hv as usize),
-                &[b, tt_out, hv],
-                MLXK_DTYPE_FLOAT32,
-            ),
-            new_f32(&self.a_log, &[hv]),
-            typed(&self.dt_bias, &[hv], MLXK_DTYPE_BFLOAT16),
-        ]
-    }
-
-    fn state_len(&self) -> usize {
-        let [_, _, _, hv, dk, dv] = self.dims;
-        hv * dv * dk
-    }
-}
-
-fn free_all(hs: &[H]) {
-    for &h in hs {
-        free(h);
-    }
-}
-
-fn pool_shape(host: &Host, n: usize) -> [i32; 4] {
-    let [_, _, _, hv, dk, dv] = host.dims;
-    [n as i32, hv as i32, dv as i32, dk as i32]
-}
 
 /// The dense reference: the rows' states gathered from `pool` (zeros for fresh and padding
 /// rows), the dense update (or chunked), and (y, states).
@@ -191,28 +92,6 @@ fn pooled(
         free(m);
     }
     out
-}
-
-/// `b` distinct slots below `n`, about a quarter of them negative (padding rows).
-fn random_slots(rng: &mut Rng, b: usize, n: usize) -> Vec<i32> {
-    let mut free_rows: Vec<i32> = (0..n as i32).collect();
-    (0..b)
-        .map(|_| {
-            if free_rows.is_empty() || rng.below(4) == 0 {
-                -1 - rng.below(3) as i32
-            } else {
-                free_rows.swap_remove(rng.below(free_rows.len() as u64) as usize)
-            }
-        })
-        .collect()
-}
-
-fn elem_size(dtype: mlxk_dtype) -> usize {
-    if dtype == MLXK_DTYPE_FLOAT32 {
-        4
-    } else {
-        2
-    }
 }
 
 /// Checks a pool call against the dense reference: rows with a slot give the dense y and put

@@ -1,7 +1,7 @@
 //! The Metal launch descriptions: geometry, names and template arguments as mlx-lm's kernel.
 
 use mlxkern::metal::*;
-use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node};
+use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node, Pool, PoolWrite};
 use mlxkern::node::{gated_rms_norm, silu_rms_heads};
 use mlxkern::Dtype;
 
@@ -144,4 +144,78 @@ fn replay_head_split_and_gated_norm_launches() {
             [width as i32, threads as i32, 1e-6f32.to_bits() as i32]
         );
     }
+}
+
+/// Pool nodes: the same texts with the pool header, one grid row per row of the table, the
+/// pool as `state_in`, the table as `rows`, the compact state rows as the state output (one
+/// row never written where no row is written), the flattened mask.
+#[test]
+fn pool_launches_read_the_row_table() {
+    let d = Dims {
+        b: 5,
+        t: 9,
+        hk: 2,
+        hv: 6,
+        dk: 64,
+        dv: 24,
+    };
+    let pool = |write, packed| {
+        Some(Pool {
+            slots: 11,
+            write,
+            packed,
+        })
+    };
+    for (masked, write, packed) in [
+        (false, PoolWrite::Rows(3), false),
+        (true, PoolWrite::Rows(5), false),
+        (false, PoolWrite::Rows(2), true),
+        (true, PoolWrite::Rows(0), false),
+        (false, PoolWrite::Rows(0), true),
+    ] {
+        let n = Node {
+            pool: pool(write, packed),
+            ..node(d, Form::Exact, masked)
+        };
+        let dense = gated_delta_launch(&node(d, Form::Exact, masked));
+        let l = gated_delta_launch(&n);
+        assert_eq!(l.name, format!("{}_pool", dense.name));
+        assert_eq!(l.header, POOL_HEADER);
+        assert_eq!((l.grid, l.threadgroup), ([32, 24, 30], [32, 4, 1]));
+        let mut inputs = vec!["q", "k", "v", "g", "beta", "state_in"];
+        if masked {
+            inputs.push("mask");
+            assert!(l.source.contains("if (mask[tok0 + t])"));
+            assert_eq!(
+                l.source,
+                GATED_DELTA_SOURCE.replace(TOKEN_ACTIVE_MARKER, POOL_MASK_TEST)
+            );
+        } else {
+            assert_eq!(l.source, dense.source);
+        }
+        inputs.push("rows");
+        assert_eq!(l.input_names, inputs);
+        let (b, t) = if packed { (1, 9) } else { (5, 9) };
+        let w = match write {
+            PoolWrite::Rows(0) => 1,
+            PoolWrite::Rows(w) => w as i32,
+            _ => unreachable!(),
+        };
+        assert_eq!(l.output_dims, [b, t, 6, 24, w, 6, 24, 64]);
+        assert_eq!(l.template_int_values, [64, 24, 2, 6, 1]);
+        let four = gated_delta_launch_rows(&n, 4);
+        assert_eq!((four.grid, four.source), ([32, 6, 30], l.source.clone()));
+    }
+    let replay = Node {
+        pool: pool(PoolWrite::Rows(4), false),
+        ..node(d, Form::State, false)
+    };
+    let l = gated_delta_launch(&replay);
+    assert_eq!(l.name, "mlxk_gated_delta_state_pool");
+    assert_eq!(l.input_names, ["k", "v", "g", "beta", "state_in", "rows"]);
+    assert_eq!(
+        (l.source.as_str(), l.header.as_str()),
+        (GATED_DELTA_STATE_SOURCE, POOL_HEADER)
+    );
+    assert_eq!(l.output_dims, [4, 6, 24, 64]);
 }

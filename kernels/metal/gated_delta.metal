@@ -8,6 +8,16 @@
 // With MLXK_FROM_CONV defined (by the launch's header, with kernels/metal/silu.h), inputs x,
 // qscale, kscale replace q, k, v: the head split of mlxk_silu_rms_heads and this recurrence in
 // one kernel (mlxk_gated_delta_update_from_conv), template EPS besides.
+// With MLXK_POOL defined (by the launch's header), the states live in a pool and the input rows,
+// int32 [R, 5], gives each grid row b_idx its (tok0, span, len, src, dst) (node::gated_delta::
+// Pool): its tokens start at tok0 of the flattened token dimension of q, k, v, y, g, beta and
+// the mask ([B, T] rows or packed sequences; the masked variant's marker becomes
+// `mask[tok0 + t]`), it runs len of them (T below) and owns span of y (zeros past len), starts
+// from state_in row src (the pool [N, Hv, Dv, Dk]; zeros when src < 0) and ends in state_out
+// row dst (not written when dst < 0).
+#if defined(MLXK_FROM_CONV) && defined(MLXK_POOL)
+#error the recurrence from the convolution output has no pool form
+#endif
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
@@ -38,6 +48,16 @@
     // computed by the first and passed on in threadgroup memory, two tokens' worth, so that
     // one barrier a token keeps every read before the slot's next write.
     threadgroup float qk_tg[2][2 * Dk];
+#elif defined(MLXK_POOL)
+    // rows: [R, 5]; q, k: [.., Hk, Dk] and v: [.., Hv, Dv] from token tok0 on.
+    (void)k_shape;  // MLX passes it (the text names it), unused here
+    auto row_ = rows + 5 * b_idx;
+    const uint tok0 = uint(row_[0]);
+    const int span = row_[1];
+    const int T = row_[2];
+    auto q_ = q + tok0 * Hk * Dk + hk_idx * Dk;
+    auto k_ = k + tok0 * Hk * Dk + hk_idx * Dk;
+    auto v_ = v + tok0 * Hv * Dv + hv_idx * Dv;
 #else
     const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     // q, k: [B, T, Hk, Dk]
@@ -48,7 +68,11 @@
     auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
 #endif
     // y: [B, T, Hv, Dv]
+#ifdef MLXK_POOL
+    y += tok0 * Hv * Dv + hv_idx * Dv;
+#else
     y += b_idx * T * Hv * Dv + hv_idx * Dv;
+#endif
 
     auto dk_idx = thread_position_in_threadgroup.x;
     // A SIMD group owns ROWS value rows (template; 1 on Metal, as in mlx-lm's kernel): rows
@@ -56,17 +80,37 @@
     auto dv_0 = ROWS * thread_position_in_grid.y;
 
     // state_in, state_out: [B, Hv, Dv, Dk]
+#ifdef MLXK_POOL
+    // The pool [N, Hv, Dv, Dk] and the written rows [W, Hv, Dv, Dk], rows src and dst (64-bit
+    // offsets: a pool may hold more than 2^32 values).
+    const int src = row_[3], dst = row_[4];
+    auto i_state = state_in + ((size_t(src < 0 ? 0 : src) * Hv + hv_idx) * Dv + dv_0) * Dk;
+    auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#else
     auto i_state = state_in + (n * Dv + dv_0) * Dk;
     auto o_state = state_out + (n * Dv + dv_0) * Dk;
+#endif
 
     float state[ROWS][n_per_t];
+#ifdef MLXK_POOL
+    if (src < 0) {  // no source row (a fresh or padding row): zeros
+      for (int r = 0; r < ROWS; ++r) {
+        for (int i = 0; i < n_per_t; ++i) state[r][i] = 0.0f;
+      }
+    } else  // the loads below
+#endif
     for (int r = 0; r < ROWS; ++r) {
       MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
     }
 
     // g: [B, T, Hv]
+#ifdef MLXK_POOL
+    auto g_ = g + tok0 * Hv;
+    auto beta_ = beta + tok0 * Hv;
+#else
     auto g_ = g + b_idx * T * Hv;
     auto beta_ = beta + b_idx * T * Hv;
+#endif
 
     // The gates: every 32 tokens, lane l computes token (t + l)'s decay and beta once for all
     // of the SIMD group's rows; token t then takes them from lane t % 32 (a shuffle moves the
@@ -188,6 +232,16 @@
 #endif
       y += Hv * Dv;
     }
+#ifdef MLXK_POOL
+    // y of the tokens the row owns and does not run (all of a padding row's) is zero.
+    for (int t = T; t < span; ++t) {
+      for (int r = 0; r < ROWS; ++r) {
+        y[dv_0 + r] = static_cast<InT>(0);
+      }
+      y += Hv * Dv;
+    }
+    if (dst >= 0)  // the stores below
+#endif
     for (int r = 0; r < ROWS; ++r) {
       MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);
     }

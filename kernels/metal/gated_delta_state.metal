@@ -3,6 +3,9 @@
 // Copyright © 2025 Apple Inc., MIT license (THIRD_PARTY_NOTICES.md). The host validates every
 // length (0 <= lengths[b] <= T): this text does not clamp.
 // Launch: grid (32, Dv / ROWS, B * Hv), threadgroup (32, 4, 1); template Dk, Dv, Hk, Hv, ROWS.
+// With MLXK_POOL defined (by the launch's header): the row table `rows` [R, 5] in place of the
+// lengths, as in gated_delta.metal; row b_idx replays its len tokens from token tok0 on, from
+// state_in (the pool) row src (zeros when src < 0) into state_out row dst (none when dst < 0).
 #ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
 #define MLXK_MUL(a, b) ((a) * (b))
 #endif
@@ -15,7 +18,9 @@
   for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = static_cast<float>((src)[i_])
 #define MLXK_STORE_STATE(dst, src) for (int i_ = 0; i_ < n_per_t; ++i_) (dst)[i_] = (src)[i_]
 #endif
+#ifndef MLXK_POOL
   const int T = k_shape[1];  // k: [B, T, Hk, Dk], as in gated_delta.metal
+#endif
   auto n = thread_position_in_grid.z;
   auto b_idx = n / Hv;
   auto hv_idx = n % Hv;
@@ -24,6 +29,27 @@
   auto dk_idx = thread_position_in_threadgroup.x;
   // ROWS value rows per SIMD group (template; 1 on Metal), as in gated_delta.metal.
   auto dv_0 = ROWS * thread_position_in_grid.y;
+#ifdef MLXK_POOL
+  (void)k_shape;  // MLX passes it (the text names it), unused here
+  auto row_ = rows + 5 * b_idx;
+  const uint tok0 = uint(row_[0]);
+  const int src = row_[3], dst = row_[4];
+  auto k_ = k + tok0 * Hk * Dk + hk_idx * Dk;
+  auto v_ = v + tok0 * Hv * Dv + hv_idx * Dv;
+  auto g_ = g + tok0 * Hv;
+  auto beta_ = beta + tok0 * Hv;
+  auto i_state = state_in + ((size_t(src < 0 ? 0 : src) * Hv + hv_idx) * Dv + dv_0) * Dk;
+  auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+  float state[ROWS][n_per_t];
+  if (src < 0) {  // no source row (a fresh or padding row): zeros
+    for (int r = 0; r < ROWS; ++r) {
+      for (int i = 0; i < n_per_t; ++i) state[r][i] = 0.0f;
+    }
+  } else {
+    for (int r = 0; r < ROWS; ++r) MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
+  }
+  const int keep = row_[2];
+#else
   auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
   auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
   auto g_ = g + b_idx * T * Hv;
@@ -33,6 +59,7 @@
   float state[ROWS][n_per_t];
   for (int r = 0; r < ROWS; ++r) MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
   const int keep = lengths[b_idx];
+#endif
   // The gates as in gated_delta.metal: lane l computes token (t + l)'s every 32 tokens.
   const uint lane = thread_index_in_simdgroup;
   float lane_decay = 0.0f, lane_beta = 0.0f;
@@ -61,4 +88,7 @@
     k_ += Hk * Dk;
     v_ += Hv * Dv;
   }
+#ifdef MLXK_POOL
+  if (dst >= 0)  // the stores below
+#endif
   for (int r = 0; r < ROWS; ++r) MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);

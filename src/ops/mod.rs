@@ -11,7 +11,8 @@ pub mod host;
 pub mod shape;
 pub mod silu_rms_heads;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cxx::UniquePtr;
 
@@ -149,6 +150,12 @@ pub(crate) fn gpu_node(
         }
         None => (0, Arc::new(finish(make())?)),
     };
+    if RECORD_GPU_LAUNCHES.load(Ordering::Relaxed) {
+        let shared = inputs.iter().map(|a| bridge::array_share(a)).collect();
+        *LAST_GPU_LAUNCH
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((Arc::clone(&launch), shared));
+    }
     let list = bridge::list(inputs);
     let outputs = match backend {
         Backend::Metal { gpu } => {
@@ -161,6 +168,14 @@ pub(crate) fn gpu_node(
     };
     Ok(bridge::take(&*outputs))
 }
+
+/// Tests only (`crate::testing::record_gpu_launches`): `gpu_node` keeps the last launch it hands
+/// to MLX, with its inputs, in `LAST_GPU_LAUNCH`.
+pub(crate) static RECORD_GPU_LAUNCHES: AtomicBool = AtomicBool::new(false);
+
+/// The last recorded GPU launch and its inputs (in the launch's order).
+pub(crate) type RecordedLaunch = (Arc<MetalLaunch>, Vec<UniquePtr<Array>>);
+pub(crate) static LAST_GPU_LAUNCH: Mutex<Option<RecordedLaunch>> = Mutex::new(None);
 
 /// The finished GPU launches by key (`gpu_node`).
 mod launches {

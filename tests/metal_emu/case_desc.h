@@ -17,7 +17,8 @@ struct EmuTensor {
 
 struct EmuCase {
   int id;
-  const char* kind;  // recurrence(_masked), replay, head_split, gated_norm, backward(_masked)
+  const char* kind;  // recurrence(_masked), replay, head_split, gated_norm, backward(_masked),
+                     // pool_update(_masked), pool_verify(_masked), pool_packed, pool_replay
   const char* label;
   const char* kernel_name;  // the name MLX gives the instantiated kernel
   const char* file;         // the kernel file compiled as the body
@@ -28,9 +29,15 @@ struct EmuCase {
   int masked;
   int with_state;
   int n_lengths;
-  int32_t lengths[16];
+  int32_t lengths[16];  // replay (pool replay: the accepted lengths)
   int checkpoint;  // backward: tokens between kept states (Tin[1])
   int twin;        // backward: the case with the same draws and another checkpoint, or -1
+  int pool_n;      // pool cases: the pool's rows N
+  int n_slots;     // pool cases: one slot and one fresh flag per row
+  int32_t slots[16];
+  int32_t fresh[16];
+  int n_cu;  // packed pool cases: cu_seqlens (n_slots + 1 offsets)
+  int32_t cu_seqlens[17];
   uint32_t eps_bits;
   uint64_t seed;
   uint32_t grid[3];

@@ -114,6 +114,69 @@ fn grouped(mut c: Case) -> Case {
     c
 }
 
+/// A pool case (`Kind::Pool`): `d` = B, T of the tensors (packed: 1, total_T), then Hk, Hv, Dk,
+/// Dv; `fresh` empty for none.
+#[allow(clippy::too_many_arguments)]
+fn pool(
+    dtype: Dtype,
+    b_dtype: Dtype,
+    d: Dims,
+    call: PoolCall,
+    masked: bool,
+    n: usize,
+    slots: &[i32],
+    fresh: &[u8],
+    rows: usize,
+) -> Case {
+    let fresh = if fresh.is_empty() {
+        vec![0; slots.len()]
+    } else {
+        fresh.to_vec()
+    };
+    Case {
+        kind: Kind::Pool {
+            d,
+            call,
+            masked,
+            n,
+            slots: slots.to_vec(),
+            fresh,
+            rows,
+        },
+        dtype,
+        aux: b_dtype,
+        eps: 0.0,
+    }
+}
+
+/// The pool cases: the update (masked or not; fresh rows, padding rows, a row with every token
+/// masked, all rows padding), the verify (nothing written: the launch's one state row stays
+/// unwritten), packed sequences (lengths 0, 1, past 32, a padding sequence), the replay (length
+/// 0 of a fresh row, all T, past 32 tokens); GQA 1-4, Dk 32 to 256, odd Dv, 1 to 16 value rows
+/// per SIMD group, a one-row table (constant memory).
+#[rustfmt::skip]
+fn pool_cases(list: &mut Vec<Case>) {
+    use PoolCall::*;
+    list.extend([
+        pool(BF16, BF16, dims(3, 5, 2, 4, 64, 8), Update, false, 5, &[3, -1, 0], &[0, 0, 1], 1),
+        pool(F16, F16, dims(4, 6, 1, 3, 128, 7), Update, true, 6, &[5, 2, -2, 0], &[1, 0, 0, 0], 1),
+        pool(F32, BF16, dims(2, 3, 1, 2, 256, 5), Update, false, 3, &[2, 0], &[], 1),
+        pool(BF16, F32, dims(3, 4, 2, 4, 32, 16), Update, true, 4, &[1, 3, -1], &[0, 1, 0], 4),
+        pool(BF16, BF16, dims(2, 2, 1, 2, 128, 16), Update, false, 2, &[1, 0], &[], 8),
+        pool(BF16, BF16, dims(2, 40, 1, 2, 32, 4), Update, true, 3, &[0, 2], &[0, 1], 2),
+        pool(BF16, BF16, dims(4, 1, 2, 8, 128, 32), Update, false, 9, &[8, 1, -1, 4], &[], 16),
+        pool(F32, F32, dims(1, 1, 1, 1, 32, 4), Update, false, 1, &[0], &[], 1),
+        pool(F16, BF16, dims(2, 2, 1, 2, 64, 6), Update, false, 3, &[-1, -1], &[], 2),
+        pool(BF16, BF16, dims(3, 4, 2, 4, 64, 8), Verify, true, 4, &[2, -1, 0], &[0, 0, 1], 1),
+        pool(F32, F32, dims(2, 3, 1, 2, 32, 6), Verify, false, 3, &[1, 2], &[], 2),
+        pool(BF16, BF16, dims(1, 45, 1, 2, 32, 8), Packed(vec![0, 0, 1, 40, 45]), false, 5, &[2, 0, 4, -1], &[0, 1, 0, 0], 1),
+        pool(F16, F32, dims(1, 10, 2, 4, 128, 12), Packed(vec![0, 3, 3, 10]), false, 3, &[1, 0, 2], &[0, 0, 1], 4),
+        pool(BF16, BF16, dims(3, 5, 2, 4, 64, 8), Replay(vec![2, 3, 5]), false, 4, &[3, -1, 0], &[0, 0, 1], 1),
+        pool(F32, F32, dims(3, 3, 1, 2, 32, 8), Replay(vec![0, 3, 1]), false, 3, &[0, 1, 2], &[1, 0, 0], 4),
+        pool(F16, F16, dims(2, 34, 1, 1, 256, 3), Replay(vec![34, 20]), false, 2, &[1, 0], &[], 1),
+    ]);
+}
+
 /// A backward case with the library's checkpoint interval, then one more case for each interval
 /// in `also` (same draws, its `twin`): their outputs must be the same bits.
 #[allow(clippy::too_many_arguments)]
@@ -247,5 +310,7 @@ pub(super) fn cases() -> Vec<Case> {
         grouped(norm(F32, F16, &[7, 3, 100], 1e-6)),
     ];
     backward_cases(&mut list);
+    // After the others, so that their ids (and so their draws) stay as they were.
+    pool_cases(&mut list);
     list
 }

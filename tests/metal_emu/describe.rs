@@ -278,6 +278,130 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             };
             (l, kind, format!("from conv {label}"), case_dims, inputs, extra)
         }
+        Kind::Pool {
+            d,
+            call,
+            masked,
+            n,
+            slots,
+            fresh,
+            rows,
+        } => {
+            let r = slots.len() as i64;
+            assert_eq!(fresh.len(), slots.len());
+            let (replay, writes) = match call {
+                PoolCall::Replay(lengths) => {
+                    assert_eq!(lengths.len(), slots.len());
+                    (true, true)
+                }
+                PoolCall::Verify => (false, false),
+                _ => (false, true),
+            };
+            let packed = match call {
+                PoolCall::Packed(cu) => {
+                    assert!(d.b == 1 && !*masked && cu.len() == slots.len() + 1);
+                    assert_eq!((cu[0], *cu.last().unwrap() as i64), (0, d.t));
+                    true
+                }
+                _ => {
+                    assert_eq!(d.b, r);
+                    false
+                }
+            };
+            // src/ops/gated_delta/pool.rs on a GPU: one table row a row (B = R), the state
+            // output the written rows [W, Hv, Dv, Dk], W the rows with a slot (none for a
+            // verify).
+            let written = if writes {
+                slots.iter().filter(|&&s| s >= 0).count()
+            } else {
+                0
+            };
+            let form = if replay { Form::State } else { Form::Exact };
+            let mut node = gated_delta_node(d, c, form, *masked, true);
+            node.dims.b = r as usize;
+            node.pool = Some(gd::Pool {
+                slots: *n,
+                write: gd::PoolWrite::Rows(written),
+                packed,
+            });
+            let l = metal::gated_delta_launch_rows(&node, *rows);
+            assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (r * d.hv) as i32]);
+            assert_eq!(l.threadgroup, [32, 4, 1]);
+            assert_eq!(l.header, metal::POOL_HEADER);
+            let state_rows = l.output_dims[l.output_dims.len() - 4] as usize;
+            assert_eq!(state_rows, written.max(1), "one unwritten row where none is written");
+            // graph.rs `build_gpu`, Backend::Metal: the node's inputs, the pool as state_in and
+            // the row table as rows; q, k, v, g, beta, mask over the tensors' [B, T].
+            let mut inputs: Inputs = vec![];
+            if !replay {
+                inputs.push(("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]));
+            }
+            inputs.extend([
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                ("state_in", F32, vec![*n as i64, d.hv, d.dv, d.dk]),
+            ]);
+            if *masked {
+                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+            }
+            inputs.push(("rows", Dtype::Int32, vec![r, 5]));
+            let list = |v: &[i32]| {
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            let fresh32: Vec<i32> = fresh.iter().map(|&f| f as i32).collect();
+            let mut extra = format!(
+                "masked {}\nwith_state 1\npool_n {n}\nslots {}\nfresh {}\n",
+                *masked as i32,
+                list(slots),
+                list(&fresh32)
+            );
+            let (kind, what) = match call {
+                PoolCall::Update => (
+                    if *masked { "pool_update_masked" } else { "pool_update" },
+                    "update".to_string(),
+                ),
+                PoolCall::Verify => (
+                    if *masked { "pool_verify_masked" } else { "pool_verify" },
+                    "verify".to_string(),
+                ),
+                PoolCall::Packed(cu) => {
+                    extra += &format!("cu_seqlens {}\n", list(cu));
+                    ("pool_packed", format!("packed cu_seqlens {cu:?}"))
+                }
+                PoolCall::Replay(lengths) => {
+                    extra += &format!("lengths {}\n", list(lengths));
+                    ("pool_replay", format!("replay lengths {lengths:?}"))
+                }
+            };
+            let label = format!(
+                "{what}{} {} b:{} R={r} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} N={n} slots \
+                 {slots:?} fresh {fresh:?} W={written}{}",
+                if *masked { " masked" } else { "" },
+                name(c.dtype),
+                name(c.aux),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                if *rows > 1 { format!(" ROWS={rows}") } else { String::new() },
+            );
+            (
+                l,
+                kind,
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
         Kind::HeadSplit { d, grouped } => {
             let u = |x: i64| x as usize;
             let l = metal::silu_rms_heads_launch(&node::silu_rms_heads::Node {

@@ -1,5 +1,6 @@
 // What the files of the Metal-text emulation test share (harness.cc runs the cases;
 // harness_cases.cc builds their inputs and CPU results, launches the kernels and compares;
+// harness_pool.cc builds the pool cases';
 // harness_backward.cc checks the recurrence's backward pass): host tensors, the library's
 // handles, the case types. C++17; no MLX header.
 
@@ -175,6 +176,10 @@ extern uint64_t g_seed_offset;  // METAL_EMU_SEED: other random draws than the d
 // dtypes and shapes) and returns its outputs in the launch's order.
 std::vector<Tensor> launch_kernel(const EmuCase& c, Named& inputs, emu::Stats* stats);
 Result run_case(const EmuCase& c);
+
+// harness_pool.cc: a pool case's inputs (the row table restated from
+// src/ops/gated_delta/pool.rs) and the CPU pool call's results as the launch's outputs.
+Built build_pool(const EmuCase& c, Rng& rng);
 
 // harness_backward.cc
 Result run_backward(const EmuCase& c);

@@ -322,6 +322,8 @@ Result run_case(const EmuCase& c) {
     built = build_recurrence(c, rng);
   } else if (kind == "from_conv" || kind == "from_conv_masked") {
     built = build_from_conv(c, rng);
+  } else if (kind.compare(0, 5, "pool_") == 0) {
+    built = build_pool(c, rng);
   } else if (kind == "head_split") {
     built = build_head_split(c, rng);
   } else if (kind == "gated_norm") {

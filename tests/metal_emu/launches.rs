@@ -123,6 +123,19 @@ enum Kind {
         with_state: bool,
         rows: usize,
     },
+    /// A pool call (`node::gated_delta::Pool`, src/ops/gated_delta/pool.rs) on a pool of `n`
+    /// states: row r takes slot `slots[r]` (negative: a padding row) and starts from zeros where
+    /// `fresh[r]` is nonzero. `d` holds the tensors' B and T: the rows and T, or 1 and total_T
+    /// for packed sequences (`PoolCall::Packed`).
+    Pool {
+        d: Dims,
+        call: PoolCall,
+        masked: bool,
+        n: usize,
+        slots: Vec<i32>,
+        fresh: Vec<u8>,
+        rows: usize,
+    },
     /// The SiLU + RMS head split.
     /// `grouped`: with the CUDA launch's threadgroup (up to eight heads a block, src/cuda.rs).
     HeadSplit { d: HeadSplitDims, grouped: bool },
@@ -141,6 +154,19 @@ enum Kind {
         checkpoint: Option<usize>,
         twin: Option<usize>,
     },
+}
+
+/// Which pool call a `Kind::Pool` case makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PoolCall {
+    /// `mlxk_gated_delta_update_pool`.
+    Update,
+    /// `mlxk_gated_delta_verify_pool`: no state written.
+    Verify,
+    /// `mlxk_gated_delta_update_packed` with these `cu_seqlens`.
+    Packed(Vec<i32>),
+    /// `mlxk_gated_delta_state_pool` with these accepted lengths.
+    Replay(Vec<i32>),
 }
 
 struct Case {

@@ -42,7 +42,8 @@ struct Launch {
   std::string kind, label, name, file, header, source;
   int dtype = 0, aux = 0, masked = 0, with_state = 0, checkpoint = 0, twin = -1;
   std::vector<int64_t> dims;
-  std::vector<int32_t> lengths;
+  std::vector<int32_t> lengths, slots, fresh, cu_seqlens;
+  int pool_n = 0;
   uint32_t eps_bits = 0;
   uint64_t seed = 0;
   std::vector<std::pair<std::string, std::string>> defines;
@@ -98,6 +99,14 @@ std::vector<Launch> read_launches(const std::string& path) {
       s >> l.twin;
     } else if (key == "lengths") {
       for (int32_t d; s >> d;) l.lengths.push_back(d);
+    } else if (key == "pool_n") {
+      s >> l.pool_n;
+    } else if (key == "slots") {
+      for (int32_t d; s >> d;) l.slots.push_back(d);
+    } else if (key == "fresh") {
+      for (int32_t d; s >> d;) l.fresh.push_back(d);
+    } else if (key == "cu_seqlens") {
+      for (int32_t d; s >> d;) l.cu_seqlens.push_back(d);
     } else if (key == "eps_bits") {
       s >> l.eps_bits;
     } else if (key == "seed") {
@@ -431,7 +440,21 @@ int main(int argc, char** argv) {
     for (size_t j = 0; j < l.dims.size(); ++j) o << (j ? ", " : "") << l.dims[j];
     o << "}, " << l.masked << ", " << l.with_state << ", " << l.lengths.size() << ", {";
     for (size_t j = 0; j < l.lengths.size(); ++j) o << (j ? ", " : "") << l.lengths[j];
-    o << "}, " << l.checkpoint << ", " << l.twin << ", " << l.eps_bits << "u, " << l.seed << "ull, {" << l.grid[0] << ", " << l.grid[1]
+    auto ints = [&o](const std::vector<int32_t>& v) {
+      o << v.size() << ", {";
+      for (size_t j = 0; j < v.size(); ++j) o << (j ? ", " : "") << v[j];
+      o << "}";
+    };
+    o << "}, " << l.checkpoint << ", " << l.twin << ", " << l.pool_n << ", ";
+    if (l.slots.size() > 16 || l.fresh.size() != l.slots.size() || l.cu_seqlens.size() > 17) {
+      die("launch " + std::to_string(l.id) + ": at most 16 slots, one fresh flag each");
+    }
+    ints(l.slots);
+    o << ", {";
+    for (size_t j = 0; j < l.fresh.size(); ++j) o << (j ? ", " : "") << l.fresh[j];
+    o << "}, ";
+    ints(l.cu_seqlens);
+    o << ", " << l.eps_bits << "u, " << l.seed << "ull, {" << l.grid[0] << ", " << l.grid[1]
       << ", " << l.grid[2] << "}, {" << l.threadgroup[0] << ", " << l.threadgroup[1] << ", "
       << l.threadgroup[2] << "}, " << l.inputs.size() << ", {";
     for (size_t j = 0; j < l.inputs.size(); ++j) o << (j ? ", " : "") << tensor_init(l.inputs[j]);

@@ -68,12 +68,21 @@ pub(super) fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<Uni
 /// The GPU node of `node` on `backend` (not the CPU). `from_conv`: the head split's eps when
 /// the launch computes q, k and v from the convolution's output (`update_from_conv`; the
 /// arrays then hold x and the scales instead of q, k and v).
+///
+/// A pool node (`node.pool`, built by `pool.rs`) takes the pool as its state and the row table
+/// as `rows`, in the node's input order; its launch (`metal::gated_delta_launch_rows`) gives one
+/// grid row per table row and writes the compact state rows `pool.rs` then scatters into the
+/// pool. It has no GPU gradient.
 pub(super) fn build_gpu(
     node: &Node,
     x: &Arrays,
     gpu: Backend,
     from_conv: Option<f32>,
 ) -> Result<Vec<UniquePtr<Array>>> {
+    assert!(
+        node.pool.is_none() || (x.state.is_some() && x.rows.is_some() && from_conv.is_none()),
+        "a pool node reads the pool and its row table (and has no form from the convolution)"
+    );
     // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
     let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
     let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
@@ -113,13 +122,14 @@ pub(super) fn build_gpu(
     if from_conv.is_some() {
         key.push(-1); // never the key of a recurrence of its own (one word shorter)
     }
-    // Exact updates carry a gradient for MLX's autograd (the replay has none).
+    // Exact updates carry a gradient for MLX's autograd (the replay and pool nodes have none).
     let kernel = if from_conv.is_some() {
         Kernel::GatedDeltaFromConv
     } else {
         Kernel::GatedDelta
     };
-    let vjp = (node.form == Form::Exact).then(|| (kernel, crate::ops::gpu_vjp_params(gpu, words)));
+    let vjp = (node.form == Form::Exact && node.pool.is_none())
+        .then(|| (kernel, crate::ops::gpu_vjp_params(gpu, words)));
     gpu_node(Some(key), make, &inputs, gpu, vjp)
 }
 
