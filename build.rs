@@ -15,6 +15,7 @@ fn main() {
 
     cxx_build::bridge("src/bridge/mod.rs")
         .file("src/bridge/mlx_bridge.cc")
+        .file("src/bridge/host.cc")
         .include(&include)
         .include(&manifest_dir)
         .std("c++20")
@@ -75,6 +76,7 @@ fn main() {
 
     for path in [
         "src/bridge/mlx_bridge.cc",
+        "src/bridge/host.cc",
         "src/bridge/mlx_bridge.h",
         "src/bridge/mlx_compat.h",
         "cbindgen.toml",
