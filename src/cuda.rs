@@ -21,6 +21,35 @@ pub const GATES_HEADER: &str = include_str!("../kernels/cuda/gates.cuh");
 /// CUDA's limit on the blocks of a grid's y and z axes (x allows 2^31 - 1).
 pub const MAX_BLOCKS_YZ: i32 = 65_535;
 
+/// The copy of a pool the in-place pool launch makes when the caller keeps its pool
+/// (`bridge::cuda_pool_kernel_op`): `out = pool`, float32, a grid-stride loop over
+/// `pool_shape`'s elements (the grid: 1024 blocks of 256 threads).
+pub fn pool_copy_launch() -> MetalLaunch {
+    MetalLaunch {
+        name: "mlxk_pool_copy".into(),
+        source: "  const size_t n = size_t(pool_shape[0]) * size_t(pool_shape[1]) *\n\
+                 \x20   size_t(pool_shape[2]) * size_t(pool_shape[3]);\n\
+                 \x20 const size_t stride = size_t(gridDim.x) * blockDim.x;\n\
+                 \x20 for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; \
+                 i += stride) {\n\
+                 \x20   out[i] = pool[i];\n\
+                 \x20 }\n"
+            .into(),
+        header: String::new(),
+        input_names: vec!["pool".into()],
+        output_names: vec!["out".into()],
+        output_dims: Vec::new(),
+        output_ndims: Vec::new(),
+        output_dtypes: vec![crate::dtype::Dtype::Float32 as i32],
+        grid: [256 * 1024, 1, 1],
+        threadgroup: [256, 1, 1],
+        template_int_names: Vec::new(),
+        template_int_values: Vec::new(),
+        template_dtype_names: Vec::new(),
+        template_dtype_values: Vec::new(),
+    }
+}
+
 /// The CUDA form of a Metal launch.
 ///
 /// Metal dispatches exactly `grid` threads (partial threadgroups at the edge); MLX CUDA launches

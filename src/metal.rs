@@ -33,6 +33,10 @@ pub const TOKEN_ACTIVE_MARKER: &str = "MLXK_TOKEN_ACTIVE";
 /// destination state rows) instead of the dense layout.
 pub const POOL_HEADER: &str = "#define MLXK_POOL 1\n";
 
+/// What a pool launch that writes the pool's own rows adds to `POOL_HEADER`
+/// (`PoolWrite::InPlace`, MLX CUDA): the final states go through the pool input's pointer.
+pub const POOL_IN_PLACE_HEADER: &str = "#define MLXK_POOL_IN_PLACE(p) const_cast<float*>(p)\n";
+
 /// The masked recurrence's token test on a pool node: the mask flattened over the token
 /// dimension, from the row's first token (`tok0` in the text).
 pub const POOL_MASK_TEST: &str = "mask[tok0 + t]";
@@ -113,11 +117,11 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
         matches!(
             n.pool,
             None | Some(Pool {
-                write: PoolWrite::Rows(_),
+                write: PoolWrite::Rows(_) | PoolWrite::InPlace,
                 ..
             })
         ),
-        "a GPU pool node writes its rows' states (PoolWrite::Rows)"
+        "a GPU pool node writes its rows' states (PoolWrite::Rows) or the pool's (InPlace)"
     );
     let mut outputs = n.outputs();
     if let Some(Pool {
@@ -166,9 +170,13 @@ pub fn gated_delta_launch_rows(n: &gated_delta::Node, rows: usize) -> MetalLaunc
             l
         }
     };
-    if n.pool.is_some() {
+    if let Some(pool) = n.pool {
         l.name.push_str("_pool");
         l.header = POOL_HEADER.to_string();
+        if pool.write == PoolWrite::InPlace {
+            l.name.push_str("_in_place");
+            l.header.push_str(POOL_IN_PLACE_HEADER);
+        }
     }
     l.grid = [32, (d.dv / rows) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [32, 4, 1];

@@ -36,6 +36,19 @@ pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -
     })
 }
 
+/// Which pool launch the GPU pool calls that write states take on MLX CUDA: `Some(true)` the one
+/// that writes the pool's own rows (`PoolWrite::InPlace`) whatever MLX exports, `Some(false)`
+/// the written rows then MLX's scatter, `None` the default (in place where MLX exports its CUDA
+/// command encoder). Process-wide; tests that set it run in their own binary.
+pub fn pool_in_place(mode: Option<bool>) {
+    let code = match mode {
+        None => 0,
+        Some(true) => 1,
+        Some(false) => 2,
+    };
+    crate::ops::gated_delta::POOL_IN_PLACE.store(code, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The address of an array's data after evaluating it (a pool updated in place keeps it).
 pub fn data_address(a: *const mlxk_array) -> usize {
     let mlx = crate::registry::lock();

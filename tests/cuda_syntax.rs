@@ -254,6 +254,9 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
             (Form::Exact, false, PoolWrite::Rows(2), true),
             (Form::Exact, true, PoolWrite::Rows(0), false),
             (Form::State, false, PoolWrite::Rows(7), false),
+            (Form::Exact, true, PoolWrite::InPlace, false),
+            (Form::Exact, false, PoolWrite::InPlace, true),
+            (Form::State, false, PoolWrite::InPlace, false),
         ] {
             let n = Node {
                 pool: pool(write, packed),
@@ -261,7 +264,13 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
             };
             for rows in [1, 8] {
                 let l = gated_delta_launch_rows(&n, rows);
-                assert!(l.name.ends_with("_pool") && l.header == POOL_HEADER);
+                match write {
+                    PoolWrite::InPlace => assert!(
+                        l.name.ends_with("_pool_in_place")
+                            && l.header == format!("{POOL_HEADER}{POOL_IN_PLACE_HEADER}")
+                    ),
+                    _ => assert!(l.name.ends_with("_pool") && l.header == POOL_HEADER),
+                }
                 for fused_gates in [true, false] {
                     let l = if fused_gates {
                         cuda::with_fused_gates(l.clone())

@@ -85,7 +85,12 @@
     // offsets: a pool may hold more than 2^32 values).
     const int src = row_[3], dst = row_[4];
     auto i_state = state_in + ((size_t(src < 0 ? 0 : src) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#ifdef MLXK_POOL_IN_PLACE  // CUDA: row dst of the pool itself (a buffer of the pool's own)
+    auto o_state = MLXK_POOL_IN_PLACE(state_in) +
+                   ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#else
     auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#endif
 #else
     auto i_state = state_in + (n * Dv + dv_0) * Dk;
     auto o_state = state_out + (n * Dv + dv_0) * Dk;

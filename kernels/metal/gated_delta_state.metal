@@ -39,7 +39,12 @@
   auto g_ = g + tok0 * Hv;
   auto beta_ = beta + tok0 * Hv;
   auto i_state = state_in + ((size_t(src < 0 ? 0 : src) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#ifdef MLXK_POOL_IN_PLACE  // CUDA: row dst of the pool itself (a buffer of the pool's own)
+  auto o_state = MLXK_POOL_IN_PLACE(state_in) +
+                 ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#else
   auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#endif
   float state[ROWS][n_per_t];
   if (src < 0) {  // no source row (a fresh or padding row): zeros
     for (int r = 0; r < ROWS; ++r) {

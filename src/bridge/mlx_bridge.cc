@@ -698,6 +698,153 @@ std::unique_ptr<ArrayList> cuda_kernel_op(const MetalLaunch& launch, uint64_t id
   return out;
 }
 
+namespace {
+// MLX CUDA's command encoder, found at run time (a CPU-only or Metal MLX has none): the pool
+// launch that writes the pool's own rows registers that buffer as its node's output, so that
+// later nodes of the same CUDA graph that read the pool wait for it.
+struct CudaEncoder {
+  void* (*get)(mx::Stream) = nullptr;               // cu::get_command_encoder
+  void (*set_output)(void*, const mx::array&) = nullptr;  // cu::CommandEncoder::set_output_array
+};
+
+const CudaEncoder& cuda_encoder() {
+  static const CudaEncoder found = [] {
+    CudaEncoder e;
+    // Looked up in the object that defines MLX (a host may have loaded both it and this
+    // library without making their symbols global), else in the global scope.
+    void* mlx = nullptr;
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&mx::version), &info) && info.dli_fname) {
+      mlx = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    }
+    auto find = [mlx](const char* name) {
+      void* found = mlx ? dlsym(mlx, name) : nullptr;
+      return found ? found : dlsym(RTLD_DEFAULT, name);
+    };
+    e.get = reinterpret_cast<void* (*)(mx::Stream)>(
+        find("_ZN3mlx4core2cu19get_command_encoderENS0_6StreamE"));
+    e.set_output = reinterpret_cast<void (*)(void*, const mx::array&)>(
+        find("_ZN3mlx4core2cu14CommandEncoder16set_output_arrayERKNS0_5arrayE"));
+    return e;
+  }();
+  return found;
+}
+
+// The pool launch of PoolWrite::InPlace: evaluates the wrapped CustomKernel with a pool buffer
+// of its own in the place of input `pool_`, which becomes the node's pool output (the last).
+class PoolInPlace : public MlxkernPrimitive {
+ public:
+  PoolInPlace(mx::Stream stream, std::shared_ptr<mx::Primitive> kernel,
+              std::shared_ptr<mx::Primitive> copy, size_t pool)
+      : MlxkernPrimitive(stream, 0), kernel_(std::move(kernel)), copy_(std::move(copy)),
+        pool_(pool) {}
+
+  void eval_cpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("mlxkern: the in-place pool launch runs on MLX CUDA only");
+  }
+
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& enc = cuda_encoder();
+    if (enc.get == nullptr || enc.set_output == nullptr) {
+      throw std::runtime_error("mlxkern: this MLX has no CUDA command encoder");
+    }
+    // As in RustCpuKernel: the siblings' copies of the input list would keep the pool from
+    // being donatable; MLX drops them after this eval anyway.
+    for (auto& out : outputs) {
+      if (&out.inputs() != &inputs) out.inputs().clear();
+    }
+    const mx::array& pool_in = inputs[pool_];
+    // Outputs: the kernel's (y for an update), the new pool, then the kernel's state row that
+    // no thread writes.
+    mx::array& pool_out = outputs[outputs.size() - 2];
+    if (pool_in.is_donatable() && pool_in.nbytes() == pool_out.nbytes() &&
+        pool_in.flags().row_contiguous) {
+      pool_out.copy_shared_buffer(pool_in);
+    } else {
+      // The caller keeps its pool: a copy of all N states, then the kernel writes the B rows.
+      std::vector<mx::array> copied{pool_out};
+      copy_->eval_gpu({pool_in}, copied);
+    }
+    std::vector<mx::array> in = inputs;
+    in[pool_] = pool_out;
+    // The pool buffer is written by the kernel's node: registered as its output before the
+    // kernel adds that node (the inputs are row-contiguous, so the kernel adds no copy first).
+    enc.set_output(enc.get(stream()), pool_out);
+    std::vector<mx::array> kernel_out;
+    for (size_t i = 0; i + 2 < outputs.size(); ++i) kernel_out.push_back(outputs[i]);
+    kernel_out.push_back(outputs.back());
+    kernel_->eval_gpu(in, kernel_out);
+  }
+
+  const char* name() const override { return "MlxkernPoolInPlace"; }
+
+ private:
+  std::shared_ptr<mx::Primitive> kernel_;  // MLX's CustomKernel: the recurrence or replay
+  std::shared_ptr<mx::Primitive> copy_;    // MLX's CustomKernel: pool -> a pool of its own
+  size_t pool_;
+};
+}  // namespace
+
+bool cuda_pool_in_place_available() {
+  const auto& e = cuda_encoder();
+  return e.get != nullptr && e.set_output != nullptr && mx::cu::is_available();
+}
+
+std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
+                                               const MetalLaunch& copy_launch,
+                                               const ArrayList& inputs, size_t pool_input,
+                                               bool gpu) {
+  auto stream = stream_for(gpu);
+  if (pool_input >= inputs.items.size()) {
+    throw std::invalid_argument("mlxkern: the pool launch's pool input is out of range");
+  }
+  // Every input row-contiguous before the launch, so that MLX's CustomKernel adds no copy node
+  // between the pool's registration and its own (mx::contiguous is free for contiguous data).
+  std::vector<mx::array> in;
+  for (const auto& a : inputs.items) in.push_back(mx::contiguous(a, false, stream));
+  const auto& kernel = cached_kernel(launch, [&] {
+    return mx::fast::cuda_kernel(std::string(launch.name), strings(launch.input_names),
+                                 strings(launch.output_names), std::string(launch.source),
+                                 std::string(launch.header), true, 0);
+  });
+  auto shapes = output_shapes(launch.output_dims, launch.output_ndims);
+  auto dtypes = output_dtypes(launch);
+  auto outs = kernel(in, shapes, dtypes, {launch.grid[0], launch.grid[1], launch.grid[2]},
+                     {launch.threadgroup[0], launch.threadgroup[1], launch.threadgroup[2]},
+                     template_args(launch), std::nullopt, false, stream);
+  const auto& copy = cached_kernel(copy_launch, [&] {
+    return mx::fast::cuda_kernel(std::string(copy_launch.name), strings(copy_launch.input_names),
+                                 strings(copy_launch.output_names),
+                                 std::string(copy_launch.source), std::string(copy_launch.header),
+                                 true, 0);
+  });
+  const auto& pool = in[pool_input];
+  auto copied = copy({pool}, {pool.shape()}, {pool.dtype()},
+                     {copy_launch.grid[0], copy_launch.grid[1], copy_launch.grid[2]},
+                     {copy_launch.threadgroup[0], copy_launch.threadgroup[1],
+                      copy_launch.threadgroup[2]},
+                     template_args(copy_launch), std::nullopt, false, stream);
+  // The node: the kernel's outputs but its last, the new pool, then that last (unwritten).
+  std::vector<mx::Shape> node_shapes;
+  std::vector<mx::Dtype> node_dtypes;
+  for (size_t i = 0; i + 1 < outs.size(); ++i) {
+    node_shapes.push_back(outs[i].shape());
+    node_dtypes.push_back(outs[i].dtype());
+  }
+  node_shapes.push_back(pool.shape());
+  node_dtypes.push_back(pool.dtype());
+  node_shapes.push_back(outs.back().shape());
+  node_dtypes.push_back(outs.back().dtype());
+  auto node = mx::array::make_arrays(
+      std::move(node_shapes), node_dtypes,
+      std::make_shared<PoolInPlace>(stream, outs[0].primitive_ptr(), copied[0].primitive_ptr(),
+                                    pool_input),
+      in);
+  auto out = std::make_unique<ArrayList>();
+  for (size_t i = 0; i + 1 < node.size(); ++i) out->items.push_back(node[i]);
+  return out;
+}
+
 bool metal_available() { return mx::metal::is_available(); }
 bool cuda_available() { return mx::cu::is_available(); }
 

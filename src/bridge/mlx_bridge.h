@@ -40,6 +40,11 @@ std::unique_ptr<Array> list_get(const ArrayList& list, size_t i);
 std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array& dt_bias,
                                  bool gpu);
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu);
+std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
+                                               const MetalLaunch& copy_launch,
+                                               const ArrayList& inputs, size_t pool_input,
+                                               bool gpu);
+bool cuda_pool_in_place_available();
 std::unique_ptr<Array> pool_scatter(const Array& pool, const Array& slots, const Array& states,
                                     bool gpu);
 std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,

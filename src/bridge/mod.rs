@@ -158,6 +158,24 @@ pub mod ffi {
             vjp_params: &[i64],
         ) -> Result<UniquePtr<ArrayList>>;
 
+        /// The pool launch that writes the pool's own rows (`PoolWrite::InPlace`, MLX CUDA): the
+        /// kernel's outputs (`launch`'s, its last the state row no thread writes) are rebuilt on
+        /// a primitive that, at eval, gives the kernel a pool buffer of its own in the place of
+        /// input `pool_input`: the caller's pool buffer when MLX may donate it, else a copy of
+        /// the pool (made by `copy_launch`, one thread an element), registered with MLX CUDA's
+        /// command encoder as that node's output. Returns the launch's outputs but the last,
+        /// then the new pool.
+        fn cuda_pool_kernel_op(
+            launch: &MetalLaunch,
+            copy_launch: &MetalLaunch,
+            inputs: &ArrayList,
+            pool_input: usize,
+            gpu: bool,
+        ) -> Result<UniquePtr<ArrayList>>;
+        /// Whether this MLX exports what `cuda_pool_kernel_op` needs (MLX CUDA's command
+        /// encoder).
+        fn cuda_pool_in_place_available() -> bool;
+
         /// The GPU backward's last ops: `inputs` q, v, dq_h, dk_h, dv, dg_p, dbeta_p (the
         /// kernel's f32 partial gradients per value head and row partition); returns dq and dk
         /// summed over the partitions and the value heads of each of the `key_heads` key heads,

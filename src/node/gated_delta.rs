@@ -91,6 +91,10 @@ pub enum PoolWrite {
     Pool,
     /// This many rows `[W, Hv, Dv, Dk]`, which MLX's scatter then writes into the pool (GPU).
     Rows(usize),
+    /// The pool's own rows, written through the pool input (MLX CUDA: the bridge hands the
+    /// launch a pool buffer of its own, `bridge::cuda_pool_kernel_op`); the launch's state
+    /// output is one row no thread writes.
+    InPlace,
 }
 
 impl Default for Node {
@@ -284,6 +288,7 @@ impl Node {
             Some((PoolWrite::None, _)) => None,
             Some((PoolWrite::Pool, n)) => Some(n),
             Some((PoolWrite::Rows(w), _)) => Some(w),
+            Some((PoolWrite::InPlace, _)) => Some(1),
         };
         if let Some(n) = states {
             outputs.push(Output {
@@ -366,6 +371,7 @@ impl Words for Node {
                     PoolWrite::None => (0, 0),
                     PoolWrite::Pool => (1, 0),
                     PoolWrite::Rows(w) => (2, w),
+                    PoolWrite::InPlace => (3, 0),
                 };
                 (true, p.slots, code, w, p.packed)
             }
@@ -381,6 +387,7 @@ impl Words for Node {
                 0 => PoolWrite::None,
                 1 => PoolWrite::Pool,
                 2 => PoolWrite::Rows(w),
+                3 => PoolWrite::InPlace,
                 other => {
                     c.fail(format!("unknown pool write {other}"));
                     PoolWrite::None
@@ -518,6 +525,11 @@ mod tests {
                 slots: 64,
                 write: PoolWrite::Rows(5),
                 packed: false,
+            }),
+            Some(Pool {
+                slots: 3,
+                write: PoolWrite::InPlace,
+                packed: true,
             }),
         ];
         for form in [Form::Exact, Form::Chunked { chunk: 48 }, Form::State] {

@@ -123,6 +123,29 @@ pub(crate) fn gpu_node(
     backend: Backend,
     vjp: Option<(Kernel, Vec<i64>)>,
 ) -> Result<Vec<UniquePtr<Array>>> {
+    gpu_node_as(key, make, inputs, backend, vjp, GpuLaunch::Plain)
+}
+
+/// How `gpu_node_as` hands its launch to MLX.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum GpuLaunch {
+    /// MLX's custom kernel as it is (`gpu_node`).
+    Plain,
+    /// MLX CUDA: the pool launch that writes the pool's own rows through input `pool`
+    /// (`node::gated_delta::PoolWrite::InPlace`, `bridge::cuda_pool_kernel_op`); the outputs are
+    /// the launch's but its last, then the new pool.
+    PoolInPlace { pool: usize },
+}
+
+/// `gpu_node` with the way the launch reaches MLX.
+pub(crate) fn gpu_node_as(
+    key: Option<Vec<i64>>,
+    make: impl FnOnce() -> MetalLaunch,
+    inputs: &[&Array],
+    backend: Backend,
+    vjp: Option<(Kernel, Vec<i64>)>,
+    how: GpuLaunch,
+) -> Result<Vec<UniquePtr<Array>>> {
     let (vjp_kernel, vjp_params) = match vjp {
         Some((kernel, params)) => {
             bridge::install_gpu_vjp(gpu_vjp);
@@ -157,14 +180,20 @@ pub(crate) fn gpu_node(
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some((Arc::clone(&launch), shared));
     }
     let list = bridge::list(inputs);
-    let outputs = match backend {
-        Backend::Metal { gpu } => {
+    let outputs = match (backend, how) {
+        (Backend::Cuda { gpu }, GpuLaunch::PoolInPlace { pool }) => {
+            bridge::cuda_pool_kernel_op(&launch, &cuda::pool_copy_launch(), &list, pool, gpu)?
+        }
+        (_, GpuLaunch::PoolInPlace { .. }) => {
+            unreachable!("the in-place pool launch is MLX CUDA's")
+        }
+        (Backend::Metal { gpu }, _) => {
             bridge::metal_kernel_op(&launch, id, &list, gpu, vjp_kernel, &vjp_params)?
         }
-        Backend::Cuda { gpu } => {
+        (Backend::Cuda { gpu }, _) => {
             bridge::cuda_kernel_op(&launch, id, &list, gpu, vjp_kernel, &vjp_params)?
         }
-        Backend::Cpu => unreachable!("gpu_node takes a GPU backend"),
+        (Backend::Cpu, _) => unreachable!("gpu_node takes a GPU backend"),
     };
     Ok(bridge::take(&*outputs))
 }

@@ -303,8 +303,98 @@ fn replay(rng: &mut Rng, dims: [usize; 6], n: usize, dtype: mlxk_dtype) {
     c.free();
 }
 
-/// Every pool case (tests/cuda.rs calls it on a CUDA machine).
+/// Decode steps on a pool whose old handle is freed before each eval: on MLX CUDA the in-place
+/// launch writes the new states into the pool's own buffer (the same data address every step),
+/// and the pool after the steps equals the CPU's bit for bit (CPU-op gates).
+fn in_place_decode(rng: &mut Rng) {
+    use mlxkern::testing::data_address;
+    let dims = [8, 1, 16, 32, 128, 128];
+    let n = 20;
+    let c = PoolCall::random(rng, dims, n, dims[0], MLXK_DTYPE_BFLOAT16, false);
+    let pool0 = read_bytes(c.pool);
+    let run = |gpu: bool| -> (Vec<u8>, Vec<usize>) {
+        on_gpu(gpu);
+        gpu_gates_on_cpu(gpu);
+        let shape = shape_of(c.pool);
+        let mut pool = new_bytes(&pool0, &shape, MLXK_DTYPE_FLOAT32);
+        ok(mlxk_array_eval(pool));
+        let mut addresses = vec![data_address(pool)];
+        for _ in 0..4 {
+            let [q, k, v, a, b, al, dt, _, m] = c.args();
+            let (mut y, mut next) = (null_mut(), null_mut());
+            ok(unsafe {
+                mlxk_gated_delta_update_pool(
+                    q,
+                    k,
+                    v,
+                    a,
+                    b,
+                    al,
+                    dt,
+                    pool,
+                    c.slots.as_ptr(),
+                    null(),
+                    c.slots.len(),
+                    m,
+                    &mut y,
+                    &mut next,
+                )
+            });
+            free(pool);
+            free(y);
+            pool = next;
+            addresses.push(data_address(pool));
+        }
+        let bytes = read_bytes(pool);
+        free(pool);
+        gpu_gates_on_cpu(false);
+        on_gpu(false);
+        (bytes, addresses)
+    };
+    let (cpu, cpu_at) = run(false);
+    let (gpu, gpu_at) = run(true);
+    assert!(
+        cpu == gpu,
+        "in-place decode: the GPU pool differs from the CPU's"
+    );
+    assert!(
+        cpu_at.iter().all(|&a| a == cpu_at[0]),
+        "CPU pool moved: {cpu_at:x?}"
+    );
+    assert!(
+        gpu_at.iter().all(|&a| a == gpu_at[0]),
+        "GPU pool moved: {gpu_at:x?}"
+    );
+    println!(
+        "PASS: in-place decode on a pool of {n} ({}, slots {:?}): 4 steps in the pool's own \
+         buffer on the CPU and the GPU, bit-identical",
+        dims_label(dims),
+        c.slots
+    );
+    c.free();
+}
+
+/// Every pool case (tests/cuda.rs calls it on a CUDA machine): with the in-place launch (the
+/// default on MLX CUDA), then with the written rows and MLX's scatter, then the in-place decode.
 pub fn pool_calls_match_the_cpu(rng: &mut Rng) {
+    use mlxkern::testing::pool_in_place;
+    for mode in [None, Some(false)] {
+        pool_in_place(mode);
+        println!(
+            "pool launches: {}",
+            if mode.is_none() {
+                "in place"
+            } else {
+                "rows + scatter"
+            }
+        );
+        pool_cases(rng);
+    }
+    pool_in_place(None);
+    in_place_decode(rng);
+}
+
+fn pool_cases(rng: &mut Rng) {
     let (bf16, f16, f32) = (MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32);
     // Decode at Qwen3.5 dims (B = 64: 2048 (row, head) pairs, 16 value rows a warp), prefill
     // past 32 tokens, masks, GQA, Dk 32 to 256, odd Dv, 256 pairs (4 rows a warp).

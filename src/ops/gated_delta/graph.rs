@@ -10,9 +10,9 @@ use crate::cuda;
 use crate::dtype::Dtype;
 use crate::error::Result;
 use crate::metal;
-use crate::node::gated_delta::{Form, Input, Node};
+use crate::node::gated_delta::{Form, Input, Node, PoolWrite};
 use crate::node::{Kernel, Words};
-use crate::ops::{cpu_node, gpu_node, Backend};
+use crate::ops::{cpu_node, gpu_node_as, Backend, GpuLaunch};
 
 pub(super) fn two_outputs(
     mut outputs: Vec<UniquePtr<Array>>,
@@ -87,6 +87,15 @@ pub(super) fn build_gpu(
     let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
     let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
     let order = gpu_inputs(node, fused, from_conv.is_some());
+    let how = match node.pool.map(|p| p.write) {
+        Some(PoolWrite::InPlace) => GpuLaunch::PoolInPlace {
+            pool: order
+                .iter()
+                .position(|&i| i == Input::State)
+                .expect("a pool launch reads the pool"),
+        },
+        _ => GpuLaunch::Plain,
+    };
     let inputs = order
         .into_iter()
         .map(|input| match input {
@@ -130,7 +139,7 @@ pub(super) fn build_gpu(
     };
     let vjp = (node.form == Form::Exact && node.pool.is_none())
         .then(|| (kernel, crate::ops::gpu_vjp_params(gpu, words)));
-    gpu_node(Some(key), make, &inputs, gpu, vjp)
+    gpu_node_as(Some(key), make, &inputs, gpu, vjp, how)
 }
 
 /// A GPU launch's inputs in order: the Metal launch's, or with the gates fused on CUDA, and

@@ -12,6 +12,7 @@ mod vjp;
 pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};
 pub(crate) use graph::GPU_GATES_ON_CPU;
+pub(crate) use pool::POOL_IN_PLACE;
 pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm, Slots};
 pub use replay::state;
 pub use vjp::update_vjp;

@@ -8,6 +8,8 @@
 //! and is updated in place; on a GPU the kernel writes the rows' new states and MLX's scatter
 //! puts them into the pool (in place under the same rule).
 
+use std::sync::atomic::{AtomicU8, Ordering};
+
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array};
@@ -147,7 +149,7 @@ fn check_packed(cu: &[i32], b: i64, total: i64, mask: bool) -> Result<()> {
 
 /// The row table of a pool node (`node::gated_delta::Pool`): per row
 /// `(tok0, span, len, src, dst)`. `lengths`: the tokens each row runs (the replay), else all.
-/// `compact`: number the written rows 0, 1, … (the GPU's state output) instead of by slot.
+/// `compact`: number the written rows 0, 1, … (the GPU's state rows) instead of by slot.
 /// Returns the table and the written rows' slots, in the order of the compact numbering.
 fn row_table(
     s: &Slots,
@@ -174,12 +176,13 @@ fn row_table(
             (false, None) => span,
         };
         let src = if slot < 0 || fresh { -1 } else { slot };
-        let dst = match (slot < 0 || !writes, compact) {
-            (true, _) => -1,
-            (false, false) => slot,
-            (false, true) => {
-                written.push(slot);
-                written.len() as i32 - 1
+        let dst = if slot < 0 || !writes {
+            -1
+        } else {
+            written.push(slot);
+            match compact {
+                true => written.len() as i32 - 1,
+                false => slot,
             }
         };
         table.extend([tok0 as i32, span, len, src, dst]);
@@ -187,8 +190,34 @@ fn row_table(
     (table, written)
 }
 
-/// The node's state output on `backend`: the pool itself on the CPU, the written rows on a GPU.
-fn pool_write(backend: Backend, writes: bool, written: usize) -> PoolWrite {
+/// Tests only (`crate::testing::pool_in_place`): 1 takes the in-place pool launch on MLX CUDA
+/// whatever MLX exports, 2 never; 0 where MLX exports its command encoder.
+pub(crate) static POOL_IN_PLACE: AtomicU8 = AtomicU8::new(0);
+
+/// Whether a GPU pool call that writes states on `backend` takes the in-place launch
+/// (`PoolWrite::InPlace`: MLX CUDA, its command encoder found).
+fn in_place_launch(backend: Backend) -> bool {
+    matches!(backend, Backend::Cuda { .. })
+        && match POOL_IN_PLACE.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => bridge::cuda_pool_in_place_available(),
+        }
+}
+
+/// The node's state output and the row numbering for a call on `backend` that `writes`
+/// states: (write, compact).
+fn pool_plan(backend: Backend, writes: bool) -> (bool, bool) {
+    let in_place = writes && in_place_launch(backend);
+    (in_place, backend != Backend::Cpu && !in_place)
+}
+
+/// The node's state output on `backend`: the pool itself on the CPU, the pool's own rows on MLX
+/// CUDA (`in_place`), else the written rows on a GPU.
+fn pool_write(backend: Backend, writes: bool, written: usize, in_place: bool) -> PoolWrite {
+    if in_place && written > 0 {
+        return PoolWrite::InPlace;
+    }
     match (writes, backend) {
         (false, Backend::Cpu) => PoolWrite::None,
         (true, Backend::Cpu) => PoolWrite::Pool,
@@ -264,14 +293,14 @@ pub fn update_pool(
         ));
     }
     let writes = form != PoolForm::Verify;
-    let compact = backend != Backend::Cpu;
+    let (in_place, compact) = pool_plan(backend, writes);
     let (table, written) = row_table(s, layout, d.t, None, writes, compact);
     node.dims.b = rows as usize;
     node.has_state = true; // the pool
     node.form = chunk.map_or(Form::Exact, |chunk| Form::Chunked { chunk });
     node.pool = Some(Pool {
         slots: n as usize,
-        write: pool_write(backend, writes, written.len()),
+        write: pool_write(backend, writes, written.len(), in_place),
         packed: matches!(layout, Layout::Packed { .. }),
     });
     check_pool_memory(&node, n, writes)?;
@@ -322,7 +351,7 @@ pub fn state_pool(x: &StateInputs, s: &Slots, backend: Backend) -> Result<Unique
     let n = check_pool(s.pool, [d.hv, d.dv, d.dk].map(|v| v as i64), ("k", "v"))?;
     check_slots(s, d.b as i64, n, "batch row")?;
     check_fresh(s)?;
-    let compact = backend != Backend::Cpu;
+    let (in_place, compact) = pool_plan(backend, true);
     let (table, written) = row_table(
         s,
         Layout::Dense,
@@ -334,7 +363,7 @@ pub fn state_pool(x: &StateInputs, s: &Slots, backend: Backend) -> Result<Unique
     node.has_state = true; // the pool
     node.pool = Some(Pool {
         slots: n as usize,
-        write: pool_write(backend, true, written.len()),
+        write: pool_write(backend, true, written.len(), in_place),
         packed: false,
     });
     check_pool_memory(&node, n, true)?;
