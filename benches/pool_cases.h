@@ -605,40 +605,47 @@ inline BatchingResult run_batching(const BatchingConfig& cfg) {
       std::printf("  %s: skipped: %s\n", p.name.c_str(), p.skipped.c_str());
     }
   };
-  // Step 0 (a join step) on every path; the pool paths' outputs compared.
+  // Step 0 (a join step) on every path; the pool paths' outputs compared with the first pool
+  // path that ran (pool, else packed, else gather).
   std::vector<StepOut> first(r.paths.size());
   for (std::size_t i = 0; i < r.paths.size(); ++i) run(*r.paths[i], plan[0], &first[i], false);
-  const Path* ref = r.find("pool");
+  std::size_t ref = r.paths.size();
+  for (std::size_t i = 0; i < r.paths.size() && ref == r.paths.size(); ++i)
+    if (r.paths[i]->skipped.empty() && r.paths[i]->pool_path() && first[i].decode_y) ref = i;
   auto check_against_ref = [&](const char* when) {
-    for (std::size_t i = 0; i < r.paths.size(); ++i) {
-      Path& p = *r.paths[i];
-      if (!ref || &p == ref || !p.skipped.empty() || !p.pool_path()) continue;
+    if (ref == r.paths.size() || !r.paths[ref]->skipped.empty()) return;
+    const Path& base = *r.paths[ref];
+    for (std::size_t i = ref + 1; i < r.paths.size(); ++i) {
+      const Path& p = *r.paths[i];
+      if (!p.skipped.empty() || !p.pool_path()) continue;
       for (int l = 0; l < cfg.layers; ++l)
-        r.checks.push_back(compare(p.name + " vs pool: every slot, layer " + std::to_string(l) + when,
-                                   p.pool(l), ref->pool(l), true));
+        r.checks.push_back(compare(p.name + " vs " + base.name + ": every slot, layer " +
+                                       std::to_string(l) + when,
+                                   p.pool(l), base.pool(l), true));
     }
   };
-  if (ref) {
-    const StepOut& a = first[0];
-    for (std::size_t i = 1; i < r.paths.size(); ++i) {
+  if (ref < r.paths.size()) {
+    const StepOut& a = first[ref];
+    const std::string vs = " vs " + r.paths[ref]->name;
+    for (std::size_t i = ref + 1; i < r.paths.size(); ++i) {
       const Path& p = *r.paths[i];
       if (!p.skipped.empty() || !p.pool_path() || !first[i].decode_y || !first[i].prefill_y) continue;
-      r.checks.push_back(compare(p.name + " vs pool: decode y, step 0", *first[i].decode_y,
+      r.checks.push_back(compare(p.name + vs + ": decode y, step 0", *first[i].decode_y,
                                  *a.decode_y, true));
-      r.checks.push_back(compare(p.name + " vs pool: prefill y, step 0", *first[i].prefill_y,
+      r.checks.push_back(compare(p.name + vs + ": prefill y, step 0", *first[i].prefill_y,
                                  *a.prefill_y, true));
     }
-    first.clear();  // the kept outputs hold the pools: drop them before the in-place steps
+    first.clear();
     check_against_ref(", after step 0");
   } else {
-    std::printf("  checks skipped: the pool path did not run\n");
+    std::printf("  checks skipped: no pool path ran\n");
   }
   first.clear();
   // The rest of cycle 0 warms up; then `rounds` cycles, the paths interleaved step by step
   // (load from other work on the machine falls on all of them alike).
   for (int s = 1; s < steps; ++s)
     for (auto& p : r.paths) run(*p, plan[static_cast<std::size_t>(s)], nullptr, s >= cfg.cycle);
-  if (ref) check_against_ref(", after every step");
+  check_against_ref(", after every step");
   for (const Check& c : r.checks) r.ok = r.ok && c.ok;
   for (auto& p : r.paths) p->release();  // the figures stay; the World goes
   return r;
