@@ -56,6 +56,10 @@ void print_batching(const BatchingResult& r) {
     if (dense) std::printf("  %7.3fx", mean / mean_step(*dense, r.cfg.layers));
     std::printf("\n");
   }
+  std::printf("  MiB/step: state bytes read + written per step (S = 2 MiB a state, B = %d, N = %d): pool, "
+              "packed and dense 2*B*S (+S on a join step), gather 6*B*S (+3*S: take, kernel, "
+              "scatter); + 2*N*S where the pool's buffer changed (\"in place\" no: a copy of N)\n",
+              r.cfg.active, r.cfg.slots);
   if (pool && dense)
     std::printf("  (a) pool / (c) dense: %.3fx per step (target <= 1.05: %s), decode steps %.3fx\n",
                 mean_step(*pool, 1) / mean_step(*dense, 1),
