@@ -194,7 +194,7 @@ BatchingResult batching_section(bool quick) {
 
 PrefillResult prefill_section(bool quick) {
   PrefillConfig c;
-  c.rounds = quick ? 1 : 3;
+  c.rounds = quick ? 1 : 5;
   std::printf("== packed prefill: %d prompts of %d-%d tokens (seed %u), from zeros; median of %d ==\n",
               c.prompts, c.min_len, c.max_len, c.seed, c.rounds);
   PrefillResult r = run_prefill(c);
