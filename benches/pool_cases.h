@@ -642,9 +642,13 @@ inline BatchingResult run_batching(const BatchingConfig& cfg) {
   }
   first.clear();
   // The rest of cycle 0 warms up; then `rounds` cycles, the paths interleaved step by step
-  // (load from other work on the machine falls on all of them alike).
+  // (load from other work on the machine falls on all of them alike), their order rotated
+  // every step (none always follows the same one).
+  const std::size_t n = r.paths.size();
   for (int s = 1; s < steps; ++s)
-    for (auto& p : r.paths) run(*p, plan[static_cast<std::size_t>(s)], nullptr, s >= cfg.cycle);
+    for (std::size_t k = 0; k < n; ++k)
+      run(*r.paths[(k + static_cast<std::size_t>(s)) % n], plan[static_cast<std::size_t>(s)], nullptr,
+          s >= cfg.cycle);
   check_against_ref(", after every step");
   for (const Check& c : r.checks) r.ok = r.ok && c.ok;
   for (auto& p : r.paths) p->release();  // the figures stay; the World goes
