@@ -2,9 +2,10 @@
 // on the GPU, the cases of benches/pool_cases.h (shared with the CPU's benches/pool.cpp):
 //   pool    continuous batching: a pool of 64 slots per layer, 32 sequences decoding, a join
 //           (a 16-64 token prefill from zeros, fresh flag) every 8 steps; 30 layers, one graph
-//           per step: mlxk_gated_delta_update_pool (old pool freed), one
-//           mlxk_gated_delta_update_packed per step, mx::take -> dense kernel -> mx::scatter
-//           (one eval, and two: take + kernel, then the scatters) and the dense kernel alone on
+//           per step: mlxk_gated_delta_update_pool (old pool freed; "mlxkern pool"), one
+//           mlxk_gated_delta_update_packed per step ("mlxkern packed"), mx::take -> dense
+//           kernel -> mx::scatter (one eval, "take+kernel+scatter", and two: take + kernel,
+//           then the scatters, "take+kernel, scatter") and the dense kernel alone on
 //           a dense [32, ...] state (the "floor" column: each path's time over the dense
 //           kernel's; the target for the pool call is 1.05)
 //   packed  packed prefill: 16 prompts of 64-2048 tokens (fixed seed), one layer: packed,
@@ -31,6 +32,15 @@ void detail(const std::string& group, const std::string& what, const std::string
   }
 }
 
+// The rows' names for pool_cases.h's paths.
+std::string impl_name(const std::string& path) {
+  if (path == "pool") return "mlxkern pool";
+  if (path == "packed") return "mlxkern packed";
+  if (path == "gather") return "take+kernel+scatter";
+  if (path == "gather2") return "take+kernel, scatter";  // two evals
+  return path;
+}
+
 }  // namespace
 
 bool pool_batching(bool quick) {
@@ -49,12 +59,13 @@ bool pool_batching(bool quick) {
   if (dense) row("pool", name, "dense kernel", floor_us, c.layers, mean_bytes(*dense, c), 0);
   for (const auto& p : r.paths) {
     if (!p->skipped.empty()) {
-      std::printf("pool     %-34s %-12s skipped: %s\n", name.c_str(), p->name.c_str(),
+      std::printf("pool     %-34s %-12s skipped: %s\n", name.c_str(), impl_name(p->name).c_str(),
                   p->skipped.c_str());
       continue;
     }
     if (p.get() == dense) continue;
-    row("pool", name, p->name, mean_step(*p, 1) * 1e6, c.layers, mean_bytes(*p, c), floor_us);
+    row("pool", name, impl_name(p->name), mean_step(*p, 1) * 1e6, c.layers, mean_bytes(*p, c),
+        floor_us);
   }
   for (const auto& p : r.paths) {
     if (!p->skipped.empty()) continue;
@@ -62,7 +73,7 @@ bool pool_batching(bool quick) {
     std::snprintf(text, sizeof text,
                   "%s: decode step %.2f us/layer, join step %.2f us/layer (medians), pool buffer "
                   "kept: %s%s",
-                  p->name.c_str(), median(p->decode_s) * 1e6 / c.layers,
+                  impl_name(p->name).c_str(), median(p->decode_s) * 1e6 / c.layers,
                   median(p->join_s) * 1e6 / c.layers, p->in_place() ? "yes" : "no",
                   p->pool_path() && !p->in_place() ? " (a copy of N per step counted)" : "");
     detail("pool", p->name, text);
