@@ -23,7 +23,8 @@
 // Before timing, the first step's outputs of pool, packed, gather and gather2 are compared bit
 // for bit (y and every pool slot); after timing, their pools again (they ran the same steps).
 // Whether a path's pool (dense: state) kept its buffer over the timed steps is observed: a pool
-// path that did not has copied the whole pool (N states) at least once a step.
+// path whose buffer changed has copied the whole pool (N states); its bytes then count one copy
+// a step (what gather's one graph does: its take holds the old pool when the scatter runs).
 //
 // Packed prefill (run_prefill): `prompts` prompts of lengths drawn in [min_len, max_len]
 // (fixed seed), prefilled from zeros three ways, each exact and chunked:
