@@ -177,7 +177,7 @@ bench-cuda:
 	@test -n "$$MLX_DIR" || { echo "bench-cuda: set MLX_DIR to an MLX CUDA install's mlx folder"; exit 2; }
 	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) build --lib
 	@mkdir -p $(BUILD)/bench
-	$(CXX) -O2 -std=c++20 -Iinclude -isystem "$$MLX_DIR/include" benches/bench_cuda{,_layers,_dispatch}.cc \
+	$(CXX) -O2 -std=c++20 -Iinclude -isystem "$$MLX_DIR/include" benches/bench_cuda{,_layers,_dispatch,_pool}.cc \
 	  -L$(CUDA_TARGET)/debug -lmlxkern -Wl,-rpath,$(abspath $(CUDA_TARGET)/debug) \
 	  -L"$$MLX_DIR/lib" -lmlx -Wl,-rpath,"$$MLX_DIR/lib" -o $(BUILD)/bench/bench_cuda
 	MLXK_BENCH_JSON=$(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/bench_cuda | tee $(BUILD)/bench/bench-cuda.log

@@ -26,11 +26,16 @@
 //            inputs, the recurrence text straight through mx::fast::cuda_kernel), eval and build
 //   grad     forward + mlxk_gated_delta_update_vjp over T = 512, 2048, 4096, B = 1, one layer;
 //            mx::vjp of mx::fast::gated_delta_update beside it, with MLX's peak memory
+//   pool     continuous batching on a pool of 64 slots, 32 decoding, 30 layers:
+//            mlxk_gated_delta_update_pool, _packed, gather -> dense kernel -> scatter as MLX ops,
+//            the dense kernel alone (bench_cuda_pool.cc)
+//   packed   packed prefill of 16 prompts (64-2048 tokens): packed, padded, per prompt
 // For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
 // must move (inputs read + outputs written) and the GB/s that gives, and the ratio to the floor.
 // Output: a table on stdout and JSON lines in $MLXK_BENCH_JSON (if set).
-// Files: this one (timing, output, inputs, main), bench_cuda_layers.cc, bench_cuda_dispatch.cc;
-// bench_cuda.h declares what they share. All are compiled together.
+// Files: this one (timing, output, inputs, main), bench_cuda_layers.cc, bench_cuda_dispatch.cc,
+// bench_cuda_pool.cc (with pool_cases.h); bench_cuda.h declares what they share. All are
+// compiled together.
 
 #include "bench_cuda.h"
 
@@ -197,7 +202,8 @@ int main() {
               mlxk_mlx_version(), iters, warmup);
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
-  // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad).
+  // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad, pool,
+  // packed).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -241,6 +247,13 @@ int main() {
   guarded("prefill", [&] { prefill(4096, 2, quick ? 3 : 10); });
   guarded("dispatch", [&] { dispatch(warmup, iters); });
   guarded("grad", [&] { for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5); });
+  auto checked = [&](const char* what, bool ok) {
+    if (ok) return;
+    std::printf("FAIL: %s: a bit-for-bit comparison failed (above)\n", what);
+    ++failed;
+  };
+  guarded("pool", [&] { checked("pool", pool_batching(quick)); });
+  guarded("packed", [&] { checked("packed", pool_prefill(quick)); });
   if (json) std::fclose(json);
   return failed ? 1 : 0;
 }

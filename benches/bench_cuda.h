@@ -1,6 +1,7 @@
 // What the files of `make bench-cuda` share (bench_cuda.cc: the timing, the rows' output, the
 // layers' inputs and main; bench_cuda_layers.cc: the kernels' rows at engine dims;
-// bench_cuda_dispatch.cc: the custom-kernel rows, where a decode step's time goes).
+// bench_cuda_dispatch.cc: the custom-kernel rows, where a decode step's time goes;
+// bench_cuda_pool.cc: the pool calls' rows, continuous batching and packed prefill).
 
 #ifndef MLXK_BENCH_CUDA_H
 #define MLXK_BENCH_CUDA_H
@@ -139,6 +140,10 @@ void copies(const CustomCopies& c, int warmup, int iters);
 void from_conv_rows(int warmup, int iters);
 void from_conv_tokens(int warmup, int iters);
 void dispatch(int warmup, int iters);
+
+// bench_cuda_pool.cc (cases in pool_cases.h); false where a bit-for-bit comparison failed.
+bool pool_batching(bool quick);
+bool pool_prefill(bool quick);
 
 }  // namespace bench_cuda
 

@@ -17,6 +17,13 @@
 # its estimated memory or time would not fit. Their tables, results.json's "gradients" and
 # build/bench/grad_chart.png.
 #
+# Then the pool section (benches/pool.cpp, C++ on the .venv's MLX; cases in benches/pool_cases.h):
+# mlxkern's calls on a pool of states by slot at Qwen3.5-35B-A3B dims, one layer: continuous
+# batching (64 slots, 32 decoding, a join with a 16-64 token prefill every 8 steps) through
+# mlxk_gated_delta_update_pool, mlxk_gated_delta_update_packed, gather -> dense kernel -> scatter
+# as MLX ops, and the dense kernel alone; packed prefill of 16 prompts (64-2048 tokens) packed,
+# padded and one call per prompt, exact and chunked. Its table and results.json's "pool".
+#
 # The llama.cpp peer needs ggml, fetched and built once into build/llama.cpp/ by
 # scripts/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
 # them it is skipped with one line and the rest runs. A disagreement of its outputs with
@@ -27,7 +34,8 @@
 # Environment: CC, CXX; LIBDIR (folder holding libmlxkern.so / .dylib, default target/debug);
 # MLXK_BENCH_QUICK=1 (short run; gradients at T = 512 only); MLXK_BENCH_PEER_FULL=1 (run MLX's
 # prefill at T=4096 too, about 10 s a call per path, instead of scaling its T=512 figure);
-# MLXK_BENCH_ONLY=grad (the gradient section alone); MLXK_BENCH_GRAD_PEER_MAX_S and
+# MLXK_BENCH_ONLY=grad (the gradient section alone), MLXK_BENCH_ONLY=pool (the pool section
+# alone; results.json then holds only it); MLXK_BENCH_GRAD_PEER_MAX_S and
 # MLXK_BENCH_GRAD_PEER_MEM_GIB (benches/grad_peer.py's limits).
 set -euo pipefail
 
@@ -40,8 +48,8 @@ OUT=$ROOT/build/bench
 PY=$ROOT/.venv/bin/python3
 ONLY=${MLXK_BENCH_ONLY:-}
 case $ONLY in
-  ""|grad) ;;
-  *) echo "bench: MLXK_BENCH_ONLY must be empty or grad, not $ONLY" >&2; exit 2 ;;
+  ""|grad|pool) ;;
+  *) echo "bench: MLXK_BENCH_ONLY must be empty, grad or pool, not $ONLY" >&2; exit 2 ;;
 esac
 quick=0
 case ${MLXK_BENCH_QUICK:-} in ""|0) ;; *) quick=1 ;; esac
@@ -68,6 +76,9 @@ MLX=$("$PY" -m mlx --cmake-dir)
 "$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/common" \
   -isystem "$MLX/include" "$ROOT/benches/grad.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
   -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/grad"
+"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/common" \
+  -isystem "$MLX/include" "$ROOT/benches/pool.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
+  -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/pool"
 
 llama=0
 if [ -z "$ONLY" ] && CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
@@ -132,15 +143,31 @@ if [ -z "$ONLY" ]; then
   echo
 fi
 
+# The pool section: its own table; merged into results.json at the end.
+pool_rc=0
+if [ -z "$ONLY" ] || [ "$ONLY" = pool ]; then
+  echo "== pool: continuous batching and packed prefill (C ABI on a pool of states) =="
+  "$OUT/pool" "$PARTS/pool.json" || pool_rc=$?
+  if [ "$pool_rc" = 3 ]; then
+    echo "bench: POOL: a documented bit-for-bit equality FAILED (above); its figures are kept" >&2
+  elif [ "$pool_rc" != 0 ]; then
+    echo "bench: POOL FAILED (exit status $pool_rc)" >&2
+  fi
+  echo
+fi
+
 # Gradients, T by T: mlxkern's forward and backward (a process each), then MLX's paths (which
 # estimate their memory and time from the smaller T already measured, in the earlier parts).
 grad_lengths=(512 2048 4096)
 if [ "$quick" = 1 ]; then
   grad_lengths=(512)
 fi
+if [ "$ONLY" = pool ]; then
+  grad_lengths=()
+fi
 grad_parts=()
 grad_peer_parts=()
-for t in "${grad_lengths[@]}"; do
+for t in ${grad_lengths[@]+"${grad_lengths[@]}"}; do
   for phase in fwd bwd; do
     echo "== gradients T=$t: mlxkern $phase (C ABI, own process) =="
     "$OUT/grad" "$PARTS/grad-$phase-T$t.json" "$t" "$phase"
@@ -164,6 +191,25 @@ if [ -z "$ONLY" ]; then
   kernel_args=(--mlxkern "${kern_parts[@]}" --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"}
                --engine "$PARTS/engine.json" "$PARTS/engine-peer.json")
 fi
-"$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" ${kernel_args[@]+"${kernel_args[@]}"} \
-  --grad "${grad_parts[@]}" --grad-peer "${grad_peer_parts[@]}"
+if [ "$ONLY" != pool ]; then
+  "$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" ${kernel_args[@]+"${kernel_args[@]}"} \
+    --grad "${grad_parts[@]}" --grad-peer "${grad_peer_parts[@]}"
+fi
+# results.json's "pool": the part as written (MLXK_BENCH_ONLY=pool: results.json holds it alone).
+if [ -f "$PARTS/pool.json" ]; then
+  "$PY" - "$OUT/results.json" "$PARTS/pool.json" "$ONLY" <<'EOF'
+import json, sys
+path, part, only = sys.argv[1:]
+results = {}
+if only != "pool":
+    with open(path) as f:
+        results = json.load(f)
+with open(part) as f:
+    results["pool"] = json.load(f)
+with open(path, "w") as f:
+    json.dump(results, f, indent=1)
+print(f"bench: results.json's \"pool\" from {part}")
+EOF
+fi
 echo "bench: total $(( $(date +%s) - start )) s"
+exit "$pool_rc"

@@ -6,7 +6,7 @@
 #   test_cuda        tests/cuda.rs (every kernel against the CPU kernels)
 #   test_vjp         tests/gated_delta_update_vjp.rs (the GPU backward against the CPU's)
 #   gpu_autograd     tests/cpp/gpu_autograd.cc (MLX autograd through the GPU kernels)
-#   bench_cuda       benches/bench_cuda.cc (with bench_cuda_layers.cc, bench_cuda_dispatch.cc)
+#   bench_cuda       benches/bench_cuda.cc (with bench_cuda_layers.cc, _dispatch.cc, _pool.cc)
 #   wheels/          fla-core 0.6.0, the peer of benches/peer_fla.py
 # Then, on the device: `bash scripts/cuda-device.sh` (from the repository root, with
 # build/cuda/carry beside it) runs the tests, the benchmark and the chart.
@@ -39,7 +39,7 @@ objcopy --strip-debug "$test_bin" "$carry/test_cuda"
 objcopy --strip-debug "$vjp_bin" "$carry/test_vjp"
 ${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" tests/cpp/gpu_autograd.cc \
   -L"$carry" -lmlxkern -L"$mlx/lib" -lmlx -Wl,--allow-shlib-undefined -o "$carry/gpu_autograd"
-${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" benches/bench_cuda{,_layers,_dispatch}.cc \
+${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" benches/bench_cuda{,_layers,_dispatch,_pool}.cc \
   -L"$carry" -lmlxkern -L"$mlx/lib" -lmlx -Wl,--allow-shlib-undefined -o "$carry/bench_cuda"
 ls "$carry"/wheels/fla_core-0.6.0-*.whl >/dev/null 2>&1 ||
   python3 -m pip download -q --no-deps --only-binary=:all: -d "$carry/wheels" fla-core==0.6.0

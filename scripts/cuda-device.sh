@@ -5,7 +5,8 @@
 #           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
 #   bench   build/cuda/carry/bench_cuda, the fla peer (benches/peer_fla.py) and the chart
 #   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone
-# Usage: scripts/cuda-device.sh [test] [bench] [grad] (test and bench by default). Logs, JSON and the chart go
+#   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
+# Usage: scripts/cuda-device.sh [test] [bench] [grad] [pool] (test and bench by default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,11 @@ if [[ " $what " == *" grad "* ]]; then
   "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-grad.log"
   status=$((status | PIPESTATUS[0]))
   MLXK_BENCH_ONLY=grad "$carry/bench_cuda" 2>&1 | tee "$out/bench-grad.log"
+  status=$((status | PIPESTATUS[0]))
+fi
+if [[ " $what " == *" pool "* ]]; then
+  MLXK_BENCH_ONLY=pool,packed MLXK_BENCH_JSON=$out/bench-pool.jsonl "$carry/bench_cuda" 2>&1 |
+    tee "$out/bench-pool.log"
   status=$((status | PIPESTATUS[0]))
 fi
 if [[ " $what " == *" test "* ]]; then

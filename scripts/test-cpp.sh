@@ -106,7 +106,7 @@ echo "PASS: examples/cpp/qwen35_layer and qwen35_train build against include/ an
 
 # The CUDA benchmark driver builds on every machine (it runs its rows only on MLX CUDA).
 start=$(now)
-"$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT"/benches/bench_cuda{,_layers,_dispatch}.cc "${IN_TREE[@]}" \
+"$CXX" "${STRICT_MLX[@]}" -O2 "$ROOT"/benches/bench_cuda{,_layers,_dispatch,_pool}.cc "${IN_TREE[@]}" \
   "${WITH_MLX[@]}" -o "$OUT/bench_cuda" || fail "benches/bench_cuda*.cc do not build"
 "$OUT/bench_cuda" | grep -q "skipped, the loaded MLX has no CUDA backend" ||
   fail "benches/bench_cuda without CUDA should skip"
