@@ -783,6 +783,16 @@ class PoolInPlace : public MlxkernPrimitive {
   std::shared_ptr<mx::Primitive> copy_;    // MLX's CustomKernel: pool -> a pool of its own
   size_t pool_;
 };
+
+// Whether a GPU array's layout is row-contiguous before it is evaluated: evaluated arrays by
+// their flags, this library's GPU nodes (their outputs are new contiguous arrays); otherwise
+// not known.
+bool gpu_known_contiguous(const mx::array& a) {
+  if (a.is_available()) return a.flags().row_contiguous && a.data_size() == a.size();
+  if (!a.has_primitive()) return false;
+  const auto& p = a.primitive();
+  return typeid(p) == typeid(PoolInPlace) || typeid(p) == typeid(GpuKernelWithVjp);
+}
 }  // namespace
 
 bool cuda_pool_in_place_available() {
@@ -791,7 +801,7 @@ bool cuda_pool_in_place_available() {
 }
 
 std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
-                                               const MetalLaunch& copy_launch,
+                                               const MetalLaunch& copy_launch, uint64_t id,
                                                const ArrayList& inputs, size_t pool_input,
                                                bool gpu) {
   auto stream = stream_for(gpu);
@@ -799,9 +809,19 @@ std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
     throw std::invalid_argument("mlxkern: the pool launch's pool input is out of range");
   }
   // Every input row-contiguous before the launch, so that MLX's CustomKernel adds no copy node
-  // between the pool's registration and its own (mx::contiguous is free for contiguous data).
-  std::vector<mx::array> in;
-  for (const auto& a : inputs.items) in.push_back(mx::contiguous(a, false, stream));
+  // between the pool's registration and its own: inputs not known to be pass through
+  // mx::contiguous (which shares the buffer of data that already is).
+  ArrayList in_list;
+  auto& in = in_list.items;
+  for (const auto& a : inputs.items) {
+    in.push_back(gpu_known_contiguous(a) ? a : mx::contiguous(a, false, stream));
+  }
+  // A kept launch: its PoolInPlace primitive (immutable, with the kernel and copy primitives
+  // inside) makes the node, as for the other kept launches.
+  if (auto out = from_kept(id, stream, in_list)) {
+    out->items.pop_back();  // the kernel's unwritten state row stays a sibling
+    return out;
+  }
   const auto& kernel = cached_kernel(launch, [&] {
     return mx::fast::cuda_kernel(std::string(launch.name), strings(launch.input_names),
                                  strings(launch.output_names), std::string(launch.source),
@@ -840,6 +860,7 @@ std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
       std::make_shared<PoolInPlace>(stream, outs[0].primitive_ptr(), copied[0].primitive_ptr(),
                                     pool_input),
       in);
+  keep(id, stream, node, in.size());
   auto out = std::make_unique<ArrayList>();
   for (size_t i = 0; i + 1 < node.size(); ++i) out->items.push_back(node[i]);
   return out;

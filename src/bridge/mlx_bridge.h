@@ -41,7 +41,7 @@ std::unique_ptr<Array> compute_g(const Array& a_log, const Array& a, const Array
                                  bool gpu);
 std::unique_ptr<Array> sigmoid(const Array& x, bool gpu);
 std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
-                                               const MetalLaunch& copy_launch,
+                                               const MetalLaunch& copy_launch, uint64_t id,
                                                const ArrayList& inputs, size_t pool_input,
                                                bool gpu);
 bool cuda_pool_in_place_available();

@@ -164,10 +164,12 @@ pub mod ffi {
         /// input `pool_input`: the caller's pool buffer when MLX may donate it, else a copy of
         /// the pool (made by `copy_launch`, one thread an element), registered with MLX CUDA's
         /// command encoder as that node's output. Returns the launch's outputs but the last,
-        /// then the new pool.
+        /// then the new pool. `id`: as in `cuda_kernel_op` (a kept launch's node primitive is
+        /// reused).
         fn cuda_pool_kernel_op(
             launch: &MetalLaunch,
             copy_launch: &MetalLaunch,
+            id: u64,
             inputs: &ArrayList,
             pool_input: usize,
             gpu: bool,

@@ -182,7 +182,7 @@ pub(crate) fn gpu_node_as(
     let list = bridge::list(inputs);
     let outputs = match (backend, how) {
         (Backend::Cuda { gpu }, GpuLaunch::PoolInPlace { pool }) => {
-            bridge::cuda_pool_kernel_op(&launch, &cuda::pool_copy_launch(), &list, pool, gpu)?
+            bridge::cuda_pool_kernel_op(&launch, &cuda::pool_copy_launch(), id, &list, pool, gpu)?
         }
         (_, GpuLaunch::PoolInPlace { .. }) => {
             unreachable!("the in-place pool launch is MLX CUDA's")
