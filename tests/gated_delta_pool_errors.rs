@@ -4,6 +4,14 @@
 mod common;
 use common::*;
 use std::ptr::{null, null_mut};
+use std::sync::{Mutex, MutexGuard};
+
+/// The live-handle count is process-wide: the tests of this file run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A small call's handles: q, k `[B, T, 1, 32]`, v `[B, T, 2, 4]`, gates, a pool of `n`.
 struct Call {
@@ -104,6 +112,7 @@ impl Call {
 
 #[test]
 fn slots_are_checked_and_named() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let c = Call::new(&mut rng, 3, 2, 4);
     let handles = mlxkern::capi::live_handles();
@@ -151,6 +160,7 @@ fn slots_are_checked_and_named() {
 
 #[test]
 fn the_pool_is_checked_and_named() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let c = Call::new(&mut rng, 2, 2, 3);
     let slots = [0, 1];
@@ -231,6 +241,7 @@ fn the_pool_is_checked_and_named() {
 
 #[test]
 fn packed_offsets_are_checked_and_named() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let c = Call::new(&mut rng, 1, 7, 4);
     ok(c.packed(&[0, 3, 3, 7], &[2, -1, 0]));
@@ -272,6 +283,7 @@ fn packed_offsets_are_checked_and_named() {
 
 #[test]
 fn commit_lengths_are_checked_and_named() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let c = Call::new(&mut rng, 2, 3, 3);
     let [_, k, v, a, b, al, dt] = c.x;
