@@ -8,6 +8,7 @@ mod api_common;
 mod common;
 
 use std::ptr::{null, null_mut};
+use std::sync::{Mutex, MutexGuard};
 
 use api_common::*;
 use common::*;
@@ -15,6 +16,13 @@ use mlxkern::testing::{array_data_address, in_place_updates};
 use mlxkern::{
     Array, Dtype, Error, GatedDelta, GatedDeltaFromConv, PoolSlots, SiluRmsHeads, StateReplay,
 };
+
+/// The in-place count is process-wide: the tests of this file run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// A safe call and the C call agree: both succeed with the same bits, or both fail with the
 /// same status and message. Returns the error message, if any.
@@ -190,6 +198,7 @@ fn dense_calls(x: &Inputs, slots: &[i32], fresh: &Option<Vec<u8>>, lengths: &[us
 
 #[test]
 fn dense_pool_calls_equal_the_c_abi_bit_for_bit() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let cases: [([usize; 6], usize, Dtype); 4] = [
         ([3, 4, 1, 2, 32, 8], 5, Dtype::Bfloat16),
@@ -213,6 +222,7 @@ fn dense_pool_calls_equal_the_c_abi_bit_for_bit() {
 
 #[test]
 fn packed_pool_calls_equal_the_c_abi_bit_for_bit() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     for lengths in [vec![5usize, 0, 3, 7], vec![1], vec![2, 40, 1, 0, 17]] {
         let (seqs, total) = (lengths.len(), lengths.iter().sum::<usize>());
@@ -322,6 +332,7 @@ impl Conv {
 
 #[test]
 fn the_update_from_conv_on_a_pool_equals_the_c_abi_bit_for_bit() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     for (b, t, dims, n) in [
         (3, 1, [1, 2, 32, 8], 4),
@@ -385,6 +396,7 @@ fn the_update_from_conv_on_a_pool_equals_the_c_abi_bit_for_bit() {
 
 #[test]
 fn bad_arguments_are_refused_naming_them() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let x = Inputs::random(&mut rng, [3, 2, 1, 2, 32, 4], 4, Dtype::Bfloat16, false);
     let [q, k, v, a, b, al, dt] = x.c();
@@ -573,6 +585,7 @@ fn bad_arguments_are_refused_naming_them() {
 
 #[test]
 fn the_pool_is_updated_in_place_when_the_old_one_is_dropped() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let (n, b, t, hv, dk, dv) = (6, 3, 4, 2, 32, 8);
     let x = Inputs::random(&mut rng, [b, t, 1, hv, dk, dv], 1, Dtype::Bfloat16, false);
