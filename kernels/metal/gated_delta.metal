@@ -53,7 +53,6 @@
     (void)k_shape;  // MLX passes it (the text names it), unused here
     auto row_ = rows + 5 * b_idx;
     const uint tok0 = uint(row_[0]);
-    const int span = row_[1];
     const int T = row_[2];
     auto q_ = q + tok0 * Hk * Dk + hk_idx * Dk;
     auto k_ = k + tok0 * Hk * Dk + hk_idx * Dk;
@@ -81,16 +80,11 @@
 
     // state_in, state_out: [B, Hv, Dv, Dk]
 #ifdef MLXK_POOL
-    // The pool [N, Hv, Dv, Dk] and the written rows [W, Hv, Dv, Dk], rows src and dst (64-bit
-    // offsets: a pool may hold more than 2^32 values).
-    const int src = row_[3], dst = row_[4];
+    // The pool [N, Hv, Dv, Dk]: row src (64-bit offsets: a pool may hold more than 2^32
+    // values). The row's span and dst are read after the token loop, where they are used (no
+    // register holds them across it).
+    const int src = row_[3];
     auto i_state = state_in + ((size_t(src < 0 ? 0 : src) * Hv + hv_idx) * Dv + dv_0) * Dk;
-#ifdef MLXK_POOL_IN_PLACE  // CUDA: row dst of the pool itself (a buffer of the pool's own)
-    auto o_state = MLXK_POOL_IN_PLACE(state_in) +
-                   ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
-#else
-    auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
-#endif
 #else
     auto i_state = state_in + (n * Dv + dv_0) * Dk;
     auto o_state = state_out + (n * Dv + dv_0) * Dk;
@@ -239,12 +233,21 @@
     }
 #ifdef MLXK_POOL
     // y of the tokens the row owns and does not run (all of a padding row's) is zero.
+    const int span = rows[5 * b_idx + 1], dst = rows[5 * b_idx + 4];
     for (int t = T; t < span; ++t) {
       for (int r = 0; r < ROWS; ++r) {
         y[dv_0 + r] = static_cast<InT>(0);
       }
       y += Hv * Dv;
     }
+    // The final state: row dst of the written rows [W, Hv, Dv, Dk] (on CUDA in place: of the
+    // pool itself).
+#ifdef MLXK_POOL_IN_PLACE
+    auto o_state = MLXK_POOL_IN_PLACE(state_in) +
+                   ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#else
+    auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#endif
     if (dst >= 0)  // the stores below
 #endif
     for (int r = 0; r < ROWS; ++r) {

@@ -33,18 +33,12 @@
   (void)k_shape;  // MLX passes it (the text names it), unused here
   auto row_ = rows + 5 * b_idx;
   const uint tok0 = uint(row_[0]);
-  const int src = row_[3], dst = row_[4];
+  const int src = row_[3];  // dst is read after the token loop, where it is used
   auto k_ = k + tok0 * Hk * Dk + hk_idx * Dk;
   auto v_ = v + tok0 * Hv * Dv + hv_idx * Dv;
   auto g_ = g + tok0 * Hv;
   auto beta_ = beta + tok0 * Hv;
   auto i_state = state_in + ((size_t(src < 0 ? 0 : src) * Hv + hv_idx) * Dv + dv_0) * Dk;
-#ifdef MLXK_POOL_IN_PLACE  // CUDA: row dst of the pool itself (a buffer of the pool's own)
-  auto o_state = MLXK_POOL_IN_PLACE(state_in) +
-                 ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
-#else
-  auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
-#endif
   float state[ROWS][n_per_t];
   if (src < 0) {  // no source row (a fresh or padding row): zeros
     for (int r = 0; r < ROWS; ++r) {
@@ -94,6 +88,13 @@
     v_ += Hv * Dv;
   }
 #ifdef MLXK_POOL
+  const int dst = rows[5 * b_idx + 4];
+#ifdef MLXK_POOL_IN_PLACE  // CUDA: row dst of the pool itself (a buffer of the pool's own)
+  auto o_state = MLXK_POOL_IN_PLACE(state_in) +
+                 ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#else
+  auto o_state = state_out + ((size_t(dst < 0 ? 0 : dst) * Hv + hv_idx) * Dv + dv_0) * Dk;
+#endif
   if (dst >= 0)  // the stores below
 #endif
   for (int r = 0; r < ROWS; ++r) MLXK_STORE_STATE(o_state + r * Dk + n_per_t * dk_idx, state[r]);
