@@ -262,7 +262,7 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                 pool: pool(write, packed),
                 ..gated_delta_node(dtype, gate, form, masked)
             };
-            for rows in [1, 8] {
+            for rows in [1, 8, 16] {
                 let l = gated_delta_launch_rows(&n, rows);
                 match write {
                     PoolWrite::InPlace => assert!(

@@ -59,6 +59,8 @@ __device__ inline float simd_sum(float x) {
 __device__ inline float simd_shuffle(float x, int from) {
   return __shfl_sync(0xffffffffu, x, from);
 }
+// The int form (a pool's row table value, the same in every lane).
+__device__ inline int simd_shuffle(int x, int from) { return __shfl_sync(0xffffffffu, x, from); }
 
 __device__ inline float abs(float x) { return __uint_as_float(__float_as_uint(x) & 0x7fffffffu); }
 __device__ inline __nv_bfloat16 abs(__nv_bfloat16 x) {

@@ -53,7 +53,11 @@
     (void)k_shape;  // MLX passes it (the text names it), unused here
     auto row_ = rows + 5 * b_idx;
     const uint tok0 = uint(row_[0]);
-    const int T = row_[2];
+    // The row's token count, as lane 0 has it: every lane of a SIMD group reads the same row
+    // (its grid z), and through the shuffle the loop's trip count is uniform to the compiler
+    // (NVRTC otherwise allows for lanes leaving the loop at different tokens: twice the code
+    // and 34 more registers a thread, measured with scripts/cuda/sass.py).
+    const int T = simd_shuffle(row_[2], 0);
     auto q_ = q + tok0 * Hk * Dk + hk_idx * Dk;
     auto k_ = k + tok0 * Hk * Dk + hk_idx * Dk;
     auto v_ = v + tok0 * Hv * Dv + hv_idx * Dv;

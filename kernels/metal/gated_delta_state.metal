@@ -47,7 +47,7 @@
   } else {
     for (int r = 0; r < ROWS; ++r) MLXK_LOAD_STATE(state[r], i_state + r * Dk + n_per_t * dk_idx);
   }
-  const int keep = row_[2];
+  const int keep = simd_shuffle(row_[2], 0);  // uniform to the compiler (gated_delta.metal)
 #else
   auto k_ = k + b_idx * T * Hk * Dk + hk_idx * Dk;
   auto v_ = v + b_idx * T * Hv * Dv + hv_idx * Dv;
