@@ -504,9 +504,10 @@ mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk
  * its `pool` handle (and holds no other reference to it) before evaluating `*pool_out`, the
  * kernel takes over the pool's buffer and writes the B named states into it, touching nothing
  * else: B states read and written per call, never N. A caller that keeps the old pool gets a
- * new one: N states copied at evaluation, then the B updated. On a GPU the kernel reads the
- * slots where they are and writes the B new states to a temporary, which MLX's scatter writes
- * into the pool under the same rule (in place when the old handle is gone, else a copy of N).
+ * new one: N states copied at evaluation, then the B updated. On MLX CUDA the same rule holds
+ * (the kernel writes the B rows into the given-up pool's buffer, or into a copy of N). On
+ * Metal the kernel writes the B new states to a temporary, which MLX's scatter writes into
+ * the pool under the same rule (in place when the old handle is gone, else a copy of N).
  *
  * Ownership: inputs borrowed (host arrays only for the call); `*y` and `*pool_out` are new
  * handles. NULL: `fresh` and `mask` may be NULL; `slots` only when n_slots is 0. Errors:
