@@ -86,6 +86,9 @@ struct Fixture {
     rec: Recurrence,
     /// B = 1, T = 5: packed sequences.
     packed: Recurrence,
+    /// The update from the convolution's output on rec's gates and pool: x [2, 3, 2·32 + 2·4],
+    /// q_scale, k_scale [32] (Hk 1, Hv 2, Dk 32, Dv 4).
+    conv: [H; 3],
     x: H,
     gate: H,
     weight: H,
@@ -107,6 +110,11 @@ impl Fixture {
             arr: new_f32(&rng.vec(6, 1.0), &[2, 3]),
             rec: Recurrence::random(&mut rng, [2, 3, 1, 2, 32, 4], true, true),
             packed: Recurrence::random(&mut rng, [1, 5, 1, 2, 32, 4], false, false),
+            conv: [
+                new_bf16(&rng.vec(2 * 3 * 72, 1.0), &[2, 3, 72]),
+                new_bf16(&[0.2; 32], &[32]),
+                new_bf16(&[0.3; 32], &[32]),
+            ],
             x: new_bf16(&rng.vec(48, 1.0), &[2, 3, 8]),
             gate: new_bf16(&rng.vec(48, 1.0), &[2, 3, 8]),
             weight: new_bf16(&rng.vec(8, 1.0), &[8]),
@@ -134,13 +142,16 @@ impl Fixture {
         }
         self.rec.free();
         self.packed.free();
+        for h in self.conv {
+            free(h);
+        }
     }
 
     /// Every entry point that takes handles, with its valid handle arguments and a call that
     /// returns (status, out-parameters as returned).
     fn entries(&self) -> Vec<Entry> {
         let mut entries = self.base_entries();
-        entries.extend(pool::entries(&self.rec, &self.packed));
+        entries.extend(pool::entries(&self.rec, &self.packed, self.conv));
         entries
     }
 

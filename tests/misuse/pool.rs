@@ -5,8 +5,9 @@ use super::*;
 use mlxkern::capi::gated_delta_pool::*;
 
 /// Every pool entry point on `r` (B = 2, T = 3; its state [2, Hv, Dv, Dk] serves as a pool of
-/// two slots) and the packed ones on `p` (B = 1, T = 5).
-pub(super) fn entries(r: &Recurrence, p: &Recurrence) -> Vec<Entry> {
+/// two slots), the packed ones on `p` (B = 1, T = 5), the update from the convolution's output
+/// on `conv` (x, q_scale, k_scale) with r's gates.
+pub(super) fn entries(r: &Recurrence, p: &Recurrence, conv: [H; 3]) -> Vec<Entry> {
     let pool = r.state.unwrap();
     let update_args = |r: &Recurrence, with_mask: bool| {
         let mut args = vec![
@@ -185,6 +186,47 @@ pub(super) fn entries(r: &Recurrence, p: &Recurrence) -> Vec<Entry> {
                 (st, vec![s], s == sentinel())
             },
         ),
+        Entry::new(
+            "mlxk_gated_delta_update_from_conv_pool",
+            &[
+                ("x", conv[0]),
+                ("q_scale", conv[1]),
+                ("k_scale", conv[2]),
+                ("a", r.a),
+                ("b", r.b),
+                ("a_log", r.a_log),
+                ("dt_bias", r.dt_bias),
+                ("pool", pool),
+                ("mask", r.mask.unwrap()),
+            ],
+            move |h| {
+                let (mut y, mut s) = (sentinel(), sentinel());
+                let st = unsafe {
+                    mlxk_gated_delta_update_from_conv_pool(
+                        h[0],
+                        h[1],
+                        h[2],
+                        1,
+                        2,
+                        4,
+                        1e-6,
+                        h[3],
+                        h[4],
+                        h[5],
+                        h[6],
+                        h[7],
+                        slots.as_ptr(),
+                        null(),
+                        2,
+                        h[8],
+                        &mut y,
+                        &mut s,
+                    )
+                };
+                (st, vec![y, s], y == sentinel() && s == sentinel())
+            },
+        )
+        .optional(&["mask"]),
     ]
 }
 
