@@ -218,7 +218,7 @@ impl Worker {
 
     fn step(&mut self, step: usize) {
         let marker_n = 1000 + self.thread as i32; // thread-specific values in invalid arguments
-        match self.rng.below(15) {
+        match self.rng.below(16) {
             0 => {
                 let n = 1 + self.rng.below(40) as usize;
                 let h = self.f32_array(step, n, &[n as i32]);
@@ -600,6 +600,73 @@ impl Worker {
                 self.free(step, h[7]);
                 self.read(step, p);
                 self.free(step, p);
+                h[..7].iter().for_each(|&x| self.free(step, x));
+            }
+            15 => {
+                // Packed sequences on the pool (B = 1: the T tokens as two sequences), else the
+                // chunked form on the pool.
+                let (h, d) = self.recurrence(step);
+                let (mut y, mut p) = (null_mut(), null_mut());
+                let st = if d[0] == 1 {
+                    let cut = self.rng.below(d[1] as u64 + 1) as i32;
+                    let cu = [0, cut, d[1]];
+                    let slots = [0i32, -1];
+                    let st = unsafe {
+                        mlxk_gated_delta_update_packed(
+                            h[0],
+                            h[1],
+                            h[2],
+                            h[3],
+                            h[4],
+                            h[5],
+                            h[6],
+                            h[7],
+                            cu.as_ptr(),
+                            3,
+                            slots.as_ptr(),
+                            std::ptr::null(),
+                            &mut y,
+                            &mut p,
+                        )
+                    };
+                    self.record(step, "mlxk_gated_delta_update_packed", st, vec![], None);
+                    st
+                } else {
+                    let slots: Vec<i32> = (0..d[0]).rev().collect();
+                    let st = unsafe {
+                        mlxk_gated_delta_update_pool_chunked(
+                            h[0],
+                            h[1],
+                            h[2],
+                            h[3],
+                            h[4],
+                            h[5],
+                            h[6],
+                            h[7],
+                            slots.as_ptr(),
+                            std::ptr::null(),
+                            slots.len(),
+                            null_mut(),
+                            16,
+                            &mut y,
+                            &mut p,
+                        )
+                    };
+                    self.record(
+                        step,
+                        "mlxk_gated_delta_update_pool_chunked",
+                        st,
+                        vec![],
+                        None,
+                    );
+                    st
+                };
+                assert_eq!(st, MLXK_OK);
+                self.free(step, h[7]);
+                self.read(step, p);
+                self.read(step, y);
+                self.free(step, p);
+                self.free(step, y);
                 h[..7].iter().for_each(|&x| self.free(step, x));
             }
             _ => {
