@@ -9,24 +9,6 @@ use common::*;
 use pool_common::*;
 use std::ptr::null_mut;
 
-/// A recorded launch's int32 input as values.
-fn ints(bytes: &[u8]) -> Vec<i32> {
-    bytes
-        .chunks_exact(4)
-        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-/// A launch header with the `#include` lines of the CUDA launch replaced by their files.
-fn resolved(text: &str) -> String {
-    text.lines()
-        .map(|line| match line.strip_prefix("#include \"") {
-            Some(rest) => std::fs::read_to_string(rest.trim_end_matches('"')).unwrap(),
-            None => format!("{line}\n"),
-        })
-        .collect()
-}
-
 /// What a pool call's launch must be: its kernel's name, row table, written rows (W; the launch
 /// has one unwritten row where W is 0) and value rows a SIMD group on CUDA.
 struct Expected<'a> {

@@ -1,5 +1,5 @@
 //! What the pool suites share: host values of one call's inputs and their handles, pool
-//! shapes and random slots.
+//! shapes and random slots, and the reading of a recorded GPU launch.
 #![allow(dead_code)]
 
 use super::common::*;
@@ -125,4 +125,22 @@ pub fn elem_size(dtype: mlxk_dtype) -> usize {
     } else {
         2
     }
+}
+
+/// A recorded launch's int32 input as values.
+pub fn ints(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A launch header with the `#include` lines of the CUDA launch replaced by their files.
+pub fn resolved(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.strip_prefix("#include \"") {
+            Some(rest) => std::fs::read_to_string(rest.trim_end_matches('"')).unwrap(),
+            None => format!("{line}\n"),
+        })
+        .collect()
 }
