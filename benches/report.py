@@ -27,7 +27,7 @@ import sys
 import time
 
 from report_common import fmt_time, host_text, yes_no
-from report_grad import grad_section
+from report_grad import grad_section, native_section
 
 # Issue targets (one layer, this machine).
 DECODE_HOT_US = 60.0  # decode, B = 1, hot, 30 steps chained per eval: <= 60 us per step
@@ -471,16 +471,19 @@ def engine_layer(parts):
 
 def parse_args(args):
     """OUT_DIR, then options each followed by its files: --run (one), --mlxkern, --peer, --llama,
-    --engine, --grad (benches/grad.cpp parts), --grad-peer (benches/grad_peer.py parts). The
+    --engine, --grad (benches/grad.cpp parts), --grad-peer (benches/grad_peer.py parts),
+    --grad-native (the chunked form's grad.cpp parts, benches/grad_bnb.py's, fma_peak's). The
     kernel table needs --mlxkern and --peer; a run of the gradient section alone gives --grad
     (and --grad-peer) only."""
     usage = ("usage: report.py OUT_DIR [--run RUN.json] [--mlxkern PART.json... --peer PART.json..."
-             " [--llama PART.json...] [--engine PART.json...]] [--grad PART.json... [--grad-peer PART.json...]]")
+             " [--llama PART.json...] [--engine PART.json...]] [--grad PART.json... [--grad-peer PART.json...]"
+             " [--grad-native PART.json...]]")
     if not args or args[0].startswith("--"):
         sys.exit(usage)
     opts, key = {}, None
     for arg in args[1:]:
-        if arg in ("--run", "--mlxkern", "--peer", "--llama", "--engine", "--grad", "--grad-peer"):
+        if arg in ("--run", "--mlxkern", "--peer", "--llama", "--engine", "--grad", "--grad-peer",
+                   "--grad-native"):
             key = arg[2:].replace("-", "_")
             opts.setdefault(key, [])
         elif key is None:
@@ -549,6 +552,11 @@ def main():
             targets += grad["targets"]
             merged["targets"] = targets
             written.append(os.path.join(out_dir, "grad_chart.png"))
+        native = native_section([load(p) for p in opts.get("grad_native", [])], grad_kern)
+        if native:
+            merged["gradients_chunked"] = native
+            targets += native["targets"]
+            merged["targets"] = targets
     results = os.path.join(out_dir, "results.json")
     with open(results, "w") as f:
         json.dump(merged, f, indent=1)

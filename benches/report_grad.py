@@ -312,3 +312,106 @@ def draw_grad_chart(rows, path, footer):
     fig.tight_layout(rect=(0, 0.2, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# The chunked form's forward + backward (benches/grad.cpp cfwd / cbwd) beside
+# bitsandbytes-cpu-fork's native CPU kernels (benches/grad_bnb.py), and the chunked forward's
+# share of the machine's multiply-add peak (benches/fma_peak.cpp).
+
+NATIVE_SPEEDUP = 2.0  # chunked forward + backward >= 2x bitsandbytes-cpu-fork's at every T
+FMA_SHARE = 0.8  # the chunked forward >= 80 % of the float32 multiply-add peak
+CHUNK, HV, DK, DV = 32, 32, 128, 128
+
+
+def chunked_forward_flops(tokens):
+    """Multiply-adds of the chunked forward's products at the bench's dims, times two: per token
+    and value head 3·Dk·Dv + C·(Dk + Dv) (src/cpu/chunked/mod.rs's count)."""
+    return 2.0 * tokens * HV * (3 * DK * DV + CHUNK * (DK + DV))
+
+
+def native_section(native_parts, kern_parts):
+    """Prints the table, returns results.json's "gradients_chunked" (None without parts)."""
+    recs = [r for part in native_parts + kern_parts for r in part.get("records", [])]
+    by = {(r["impl"], r["op"], r["T"]): r for r in recs}
+    peak = next((p for p in native_parts if p.get("tool", "").endswith("fma_peak.cpp")), None)
+    lengths = sorted({r["T"] for r in recs if r["impl"] == "mlxkern_chunked"})
+    if not lengths:
+        return None
+    rows = []
+    for t in lengths:
+        cf, cb = by.get(("mlxkern_chunked", "grad_fwd", t)), by.get(("mlxkern_chunked", "grad_bwd", t))
+        if cf is None or cb is None:
+            continue
+        row = {"T": t, "chunked": {"fwd_us": cf["median_us"], "bwd_us": cb["median_us"],
+                                   "fwd_bwd_us": cf["median_us"] + cb["median_us"],
+                                   "bwd_rss_extra_bytes": cb.get("rss_extra_bytes")}}
+        ef, eb = by.get(("mlxkern", "grad_fwd", t)), by.get(("mlxkern", "grad_bwd", t))
+        if ef is not None and eb is not None:
+            row["exact"] = {"fwd_us": ef["median_us"], "bwd_us": eb["median_us"],
+                            "fwd_bwd_us": ef["median_us"] + eb["median_us"]}
+        bf, bb = by.get(("bnb_cpu", "grad_fwd", t)), by.get(("bnb_cpu", "grad_fwd_bwd", t))
+        if bf is not None and bb is not None:
+            row["bnb_cpu"] = {"fwd_us": bf["median_us"], "fwd_bwd_us": bb["median_us"],
+                              "bwd_us": bb["median_us"] - bf["median_us"], "checkpoint": bb.get("checkpoint")}
+            row["speedup"] = bb["median_us"] / row["chunked"]["fwd_bwd_us"]
+            row["target_native"] = dict(text=f"fwd+bwd >= {NATIVE_SPEEDUP:.0f}x bitsandbytes-cpu-fork",
+                                        met=row["speedup"] >= NATIVE_SPEEDUP)
+            ours = cb.get("checks") or next((p.get("checks") for p in native_parts
+                                             if p.get("records") and p["records"][0]["impl"] == "mlxkern_chunked"
+                                             and p["records"][0]["op"] == "grad_bwd" and p["records"][0]["T"] == t),
+                                            None)
+            theirs = bb.get("checks", {})
+            if ours and theirs:
+                row["checks"] = {k: abs(v - ours[k]) / max(abs(ours[k]), 1e-30) for k, v in theirs.items() if k in ours}
+        gflops = chunked_forward_flops(t) / cf["median_us"] / 1e3
+        row["chunked"]["fwd_gflops"] = gflops
+        if peak:
+            row["fma_share"] = gflops / peak["gflops"]
+            row["target_fma"] = dict(text=f"chunked fwd >= {FMA_SHARE:.0%} of the FMA peak",
+                                     met=row["fma_share"] >= FMA_SHARE)
+        rows.append(row)
+    if not rows:
+        return None
+    host = kern_parts[0].get("host", {}) if kern_parts else {}
+    loads = [float(la[0]) for part in native_parts + kern_parts
+             for la in (part.get("loadavg_start"), part.get("loadavg_end")) if la]
+    load = f"{min(loads):.2f} to {max(loads):.2f}" if loads else "unknown"
+    print()
+    print("chunked form, forward + backward, beside bitsandbytes-cpu-fork 0.50.2.dev9's native CPU kernels"
+          " (same dims and inputs as above)")
+    print(f"machine: {host_text(host)}; 1-minute load average {load}"
+          + (f"; float32 multiply-add peak {peak['gflops']:.1f} GFLOP/s ({peak['isa']}, {peak['threads']} threads,"
+             f" benches/fma_peak.cpp)" if peak else ""))
+
+    def cell(row, impl, key):
+        return fmt_time(row.get(impl, {}).get(key))
+
+    head = ["T", "chunked fwd", "chunked bwd", "chunked fwd+bwd", "exact fwd+bwd", "bnb fwd", "bnb fwd+bwd",
+            "bnb / chunked", "target", "met?", "fwd GFLOP/s", "of peak", "met?"]
+    lines = []
+    for r in rows:
+        tn, tf = r.get("target_native"), r.get("target_fma")
+        lines.append([str(r["T"]), cell(r, "chunked", "fwd_us"), cell(r, "chunked", "bwd_us"),
+                      cell(r, "chunked", "fwd_bwd_us"), cell(r, "exact", "fwd_bwd_us"), cell(r, "bnb_cpu", "fwd_us"),
+                      cell(r, "bnb_cpu", "fwd_bwd_us"), f"{r['speedup']:.2f}x" if "speedup" in r else "-",
+                      tn["text"] if tn else "", ("yes" if tn["met"] else "NO") if tn else "",
+                      f"{r['chunked']['fwd_gflops']:.1f}", f"{r['fma_share']:.0%}" if "fma_share" in r else "-",
+                      ("yes" if tf["met"] else "NO") if tf else ""])
+    print_columns(head, lines, left={0, 8, 9, 12})
+    print("times: medians per call, one process per T and phase (bnb: one process per T); chunked = "
+          "mlxk_gated_delta_update_chunked, then mlxk_gated_delta_update_chunked_vjp (which recomputes the forward"
+          " itself), chunk 32; bnb = gdn_fwd_cpu (checkpoints kept) + gdn_bwd_cpu, q and k repeated to Hv, its gate"
+          " chain (to a, b, A_log, dt_bias) outside its time; GFLOP/s counts the chunked forward's products")
+    for r in rows:
+        if r.get("checks"):
+            each = ", ".join(f"{name[:-len('_abs_sum')]} {v:.1e}" for name, v in r["checks"].items())
+            print(f"same inputs, same gradients (bnb_cpu_T{r['T']}): sum|gradient| within"
+                  f" {max(r['checks'].values()):.1e} of mlxkern chunked's ({each})")
+    targets = []
+    for r in rows:
+        for key in ("target_native", "target_fma"):
+            if key in r:
+                targets.append({"id": f"chunked_T{r['T']}_{key[7:]}", "label": f"chunked T={r['T']}", **r[key]})
+    return {"host": host, "fma_peak": peak, "rows": rows, "targets": targets,
+            "records": [r for part in native_parts for r in part.get("records", [])]}
