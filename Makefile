@@ -183,6 +183,7 @@ bench-cuda:
 	MLXK_BENCH_JSON=$(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/bench_cuda | tee $(BUILD)/bench/bench-cuda.log
 	rm -f $(BUILD)/bench/fla.jsonl
 	-python3 benches/peer_fla.py $(BUILD)/bench/fla.jsonl
+	-python3 benches/peer_fla_chunk.py $(BUILD)/bench/fla.jsonl
 	python3 benches/chart_cuda.py $(BUILD)/bench/bench-cuda.png $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl
 
 cuda-carry:

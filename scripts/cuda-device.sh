@@ -3,7 +3,8 @@
 # made by scripts/cuda-build.sh: stages MLX CUDA, then runs
 #   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide),
 #           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
-#   bench   build/cuda/carry/bench_cuda, the fla peer (benches/peer_fla.py) and the chart
+#   bench   build/cuda/carry/bench_cuda, the fla peers (benches/peer_fla.py: decode;
+#           benches/peer_fla_chunk.py: chunked prefill, forward + backward) and the chart
 #   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone
 #   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
 # Usage: scripts/cuda-device.sh [test] [bench] [grad] [pool] (test and bench by default). Logs, JSON and the chart go
@@ -51,6 +52,8 @@ if [[ " $what " == *" bench "* ]]; then
   rm -f "$out/fla.jsonl"  # each batch size's process appends its rows
   PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla.py "$out/fla.jsonl" 2>&1 |
     tee "$out/fla.log"
+  PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla_chunk.py "$out/fla.jsonl" 2>&1 |
+    tee -a "$out/fla.log"
   python3 benches/chart_cuda.py "$out/bench-cuda.png" "$out/bench-cuda.jsonl" "$out/fla.jsonl"
 fi
 exit $status
