@@ -1,0 +1,245 @@
+//! The chunked form's backward pass: the gradients of y and the final state with respect to
+//! q, k, v, the gates (as `∂L/∂(log g)`), β and the initial state, computed chunk by chunk
+//! through the WY products of `super` (see its header for the forward's maths).
+//!
+//! Per (batch row, value head): a forward sweep over the chunks keeps only the state entering
+//! each chunk (`H_j`, `[Dk, Dv]`); a reverse sweep then carries `dH` (the cotangent of the
+//! state leaving the chunk) backwards, and for each chunk recomputes its WY quantities from
+//! `H_j` and back-propagates through them (`backward_chunk`). A job is one batch row and one
+//! key head with the value heads that read it (GQA), so the gradients of q and k of a key head
+//! are summed over its value heads inside the job, and the per-key-head products (the Gram
+//! matrices `K Kᵀ`, `Q Kᵀ`, and the products of the summed `dP`, `dA` with K and Q) run once.
+//!
+//! Memory per job: the kept states `group · ceil(T'/C) · Dk · Dv'` f32 (T' the row's active
+//! tokens, Dv' = Dv rounded up to 16), the `group` state cotangents, and O(C · (C + Dk + Dv'))
+//! of per-chunk scratch: O((T/C + C) · state), never O(T · state).
+//!
+//! Gates enter as running products (`Γ(t, s)`, `γ_t`, no division, no logarithm): a gate that
+//! underflows to 0 gives zero products and finite gradients. The gradient of a product of
+//! gates with respect to the logarithm of one of its factors is the product itself, so every
+//! term `f(Γ(t, s))` contributes `Γ(t, s) · ∂L/∂Γ(t, s)` to `∂L/∂ log g_i` for each `i` in
+//! `(s, t]`; these are gathered as per-token sums and a reverse cumulative sum
+//! (`backward_chunk::log_gates`). The result is `g · ∂L/∂g`, what the gate chain to a, A_log
+//! and dt_bias needs (`gated_delta::backward::gate_backward_log`).
+
+use super::backward_chunk::{self as bc, Chunk, Scratch};
+#[cfg(target_arch = "x86_64")]
+use super::gemm::{Avx2, Avx512};
+use super::gemm::{Kernel, Portable, NR};
+use super::{Products, DEFAULT_CHUNK, MAX_CHUNK};
+use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::pool::{self, SharedMut};
+use crate::cpu::{features, fp};
+
+/// The chunked backward's gradients, in the layouts of their inputs. `dlog_g` is
+/// `∂L/∂(log g) = g · ∂L/∂g` `[B, T, Hv]`; the others as `gated_delta::backward::Grads`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkedGrads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub dlog_g: Vec<f32>,
+    pub dbeta: Vec<f32>,
+    pub dstate: Vec<f32>,
+}
+
+/// The output buffers, shared by the jobs (each writes the entries of its batch row and key
+/// head, and of that key head's value heads).
+#[derive(Clone, Copy)]
+pub(super) struct Outs {
+    pub(super) dq: SharedMut<f32>,
+    pub(super) dk: SharedMut<f32>,
+    pub(super) dv: SharedMut<f32>,
+    pub(super) dlog_g: SharedMut<f32>,
+    pub(super) dbeta: SharedMut<f32>,
+    pub(super) dstate: SharedMut<f32>,
+}
+
+/// The backward pass of the chunked form with chunks of `chunk` tokens (0: `DEFAULT_CHUNK`;
+/// else a multiple of 16 in 16..=128) and the fastest product kernel.
+pub fn chunked_backward(x: &Inputs, chunk: usize) -> ChunkedGrads {
+    chunked_backward_with(x, chunk, Products::Fastest)
+}
+
+/// `chunked_backward` with the product kernel capped at `products`.
+pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> ChunkedGrads {
+    let d = x.d;
+    let c = if chunk == 0 { DEFAULT_CHUNK } else { chunk };
+    assert!(
+        c >= NR && c <= MAX_CHUNK && c % NR == 0,
+        "chunk size {c} is not a multiple of {NR} in {NR}..={MAX_CHUNK}"
+    );
+    assert!(
+        d.hv == 0 || (d.hk > 0 && d.hv % d.hk == 0),
+        "Hv = {} is not a multiple of Hk = {}",
+        d.hv,
+        d.hk
+    );
+    let (qk, vs, gates, states) = (
+        d.b * d.t * d.hk * d.dk,
+        d.b * d.t * d.hv * d.dv,
+        d.b * d.t * d.hv,
+        d.b * d.hv * d.dv * d.dk,
+    );
+    assert_eq!(x.q.len(), qk, "q has the wrong length");
+    assert_eq!(x.k.len(), qk, "k has the wrong length");
+    assert_eq!(x.v.len(), vs, "v has the wrong length");
+    assert_eq!(x.dy.len(), vs, "dy has the wrong length");
+    assert_eq!(x.g.len(), gates, "g has the wrong length");
+    assert_eq!(x.beta.len(), gates, "beta has the wrong length");
+    if let Some(s) = x.state {
+        assert_eq!(s.len(), states, "state has the wrong length");
+    }
+    if let Some(s) = x.dstate_out {
+        assert_eq!(s.len(), states, "dstate_out has the wrong length");
+    }
+    if let Some(m) = x.mask {
+        assert_eq!(m.len(), d.b * d.t, "mask has the wrong length");
+    }
+    assert!(
+        d.hv == 0 || d.dk % 8 == 0,
+        "Dk = {} is not a multiple of 8",
+        d.dk
+    );
+    let mut g = ChunkedGrads {
+        dq: vec![0.0; qk],
+        dk: vec![0.0; qk],
+        dv: vec![0.0; vs],
+        dlog_g: vec![0.0; gates],
+        dbeta: vec![0.0; gates],
+        dstate: vec![0.0; states],
+    };
+    if d.b == 0 || d.hv == 0 || d.dv == 0 {
+        return g;
+    }
+    let outs = Outs {
+        dq: SharedMut(g.dq.as_mut_ptr()),
+        dk: SharedMut(g.dk.as_mut_ptr()),
+        dv: SharedMut(g.dv.as_mut_ptr()),
+        dlog_g: SharedMut(g.dlog_g.as_mut_ptr()),
+        dbeta: SharedMut(g.dbeta.as_mut_ptr()),
+        dstate: SharedMut(g.dstate.as_mut_ptr()),
+    };
+    let f = features::kernels();
+    #[cfg(target_arch = "x86_64")]
+    let (avx512, avx2) = (
+        products == Products::Fastest && f.avx512(),
+        products != Products::Portable && f.avx2_fma(),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, products);
+    pool::run(d.b * d.hk, &|job| {
+        let (b, hk) = (job / d.hk, job % d.hk);
+        fp::flush_subnormals(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if avx512 {
+                    // SAFETY: AVX-512 was detected; job (b, hk) alone writes its entries.
+                    return unsafe { job_avx512(x, outs, c, b, hk) };
+                }
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected; as above.
+                    return unsafe { job_avx2(x, outs, c, b, hk) };
+                }
+            }
+            // SAFETY: job (b, hk) alone writes its entries.
+            unsafe { run_job::<Portable>(x, outs, c, b, hk) }
+        })
+    });
+    g
+}
+
+/// `run_job` with the AVX2 products, compiled with AVX2 + FMA.
+///
+/// # Safety
+/// AVX2 and FMA must be available; as `run_job`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn job_avx2(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
+    run_job::<Avx2>(x, o, c, b, hk)
+}
+
+/// `run_job` with the AVX-512 products, compiled with AVX-512.
+///
+/// # Safety
+/// AVX-512 (F), AVX2 and FMA must be available; as `run_job`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn job_avx512(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
+    run_job::<Avx512>(x, o, c, b, hk)
+}
+
+/// One job: batch row `b`, key head `hk` and its value heads, over all their tokens.
+///
+/// # Safety
+/// `o` points at output buffers of `x.d`'s sizes, of which no other thread writes the
+/// entries of (b, hk) and of hk's value heads while this runs.
+#[inline(always)]
+unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
+    let d = x.d;
+    let (dk, dv) = (d.dk, d.dv);
+    let dvp = dv.div_ceil(NR) * NR;
+    let group = d.hv / d.hk;
+    let hv0 = hk * group;
+    let size = dk * dvp;
+    let tokens: Vec<usize> = (0..d.t)
+        .filter(|&t| x.mask.is_none_or(|m| m[b * d.t + t] != 0))
+        .collect();
+    let chunks = tokens.len().div_ceil(c);
+    let mut s = Scratch::new(c, dk, dvp);
+
+    // The states entering each chunk, per value head, as H = Sᵀ ([Dk, Dv'], zero columns past
+    // Dv); the last one stays in `h` (the state entering the last chunk).
+    let mut kept = vec![0.0f32; group * chunks.saturating_sub(1) * size];
+    let mut h = vec![0.0f32; group * size];
+    let state_at = |i: usize| (b * d.hv + hv0 + i) * dv * dk;
+    if let Some(state) = x.state {
+        for i in 0..group {
+            bc::to_panel(&state[state_at(i)..], &mut h[i * size..], dk, dv, dvp);
+        }
+    }
+    for j in 0..chunks.saturating_sub(1) {
+        let chunk = Chunk::new(&tokens, j, c);
+        s.gather_kq(x, b, hk, &chunk, false);
+        K::transpose(s.kq.as_ptr(), dk, s.kt.as_mut_ptr(), c, chunk.lp, dk);
+        bc::gram::<K>(&mut s, &chunk, false);
+        for i in 0..group {
+            let hv = hv0 + i;
+            let hi = &mut h[i * size..(i + 1) * size];
+            kept[(i * (chunks - 1) + j) * size..][..size].copy_from_slice(hi);
+            s.gates(x, b, hv, &chunk);
+            bc::recompute_u::<K>(x, &mut s, &chunk, b, hv, hi);
+            bc::advance::<K>(&mut s, &chunk, hi);
+        }
+    }
+
+    // The reverse sweep: dH starts as the final state's cotangent.
+    let mut dh = vec![0.0f32; group * size];
+    if let Some(ds) = x.dstate_out {
+        for i in 0..group {
+            bc::to_panel(&ds[state_at(i)..], &mut dh[i * size..], dk, dv, dvp);
+        }
+    }
+    for j in (0..chunks).rev() {
+        let chunk = Chunk::new(&tokens, j, c);
+        s.gather_kq(x, b, hk, &chunk, true);
+        K::transpose(s.kq.as_ptr(), dk, s.kt.as_mut_ptr(), c, chunk.lp, dk);
+        bc::gram::<K>(&mut s, &chunk, true);
+        s.clear_sums(&chunk);
+        for i in 0..group {
+            let hv = hv0 + i;
+            let h0 = match j + 1 == chunks {
+                true => &h[i * size..(i + 1) * size],
+                false => &kept[(i * (chunks - 1) + j) * size..][..size],
+            };
+            s.gates(x, b, hv, &chunk);
+            bc::recompute_u::<K>(x, &mut s, &chunk, b, hv, h0);
+            bc::head_backward::<K>(x, o, &mut s, &chunk, b, hv, h0, &mut dh[i * size..][..size]);
+        }
+        bc::key_head_backward::<K>(x, o, &mut s, &chunk, b, hk);
+    }
+    for i in 0..group {
+        let dst = std::slice::from_raw_parts_mut(o.dstate.0.add(state_at(i)), dv * dk);
+        bc::from_panel(&dh[i * size..], dst, dk, dv, dvp);
+    }
+}
