@@ -30,6 +30,7 @@ use super::{Products, DEFAULT_CHUNK, MAX_CHUNK};
 use crate::cpu::gated_delta::backward::Inputs;
 use crate::cpu::pool::{self, SharedMut};
 use crate::cpu::{features, fp};
+use std::sync::Mutex;
 
 /// The chunked backward's gradients, in the layouts of their inputs. `dlog_g` is
 /// `∂L/∂(log g) = g · ∂L/∂g` `[B, T, Hv]`; the others as `gated_delta::backward::Grads`.
@@ -128,25 +129,55 @@ pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> Ch
     );
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (f, products);
+    // Buffers of finished jobs, taken by the next ones: as many sets as jobs run at once, each
+    // set's pages faulted in once per call.
+    let spare: Mutex<Vec<Bufs>> = Mutex::new(Vec::new());
+    let dvp = d.dv.div_ceil(NR) * NR;
     pool::run(d.b * d.hk, &|job| {
         let (b, hk) = (job / d.hk, job % d.hk);
+        let taken = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut bufs = taken.unwrap_or_else(|| Bufs {
+            s: Scratch::new(c, d.dk, dvp),
+            kept: Vec::new(),
+            h: Vec::new(),
+            dh: Vec::new(),
+        });
+        let w = &mut bufs;
         fp::flush_subnormals(|| {
             #[cfg(target_arch = "x86_64")]
             {
                 if avx512 {
                     // SAFETY: AVX-512 was detected; job (b, hk) alone writes its entries.
-                    return unsafe { job_avx512(x, outs, c, b, hk) };
+                    return unsafe { job_avx512(x, outs, w, c, b, hk) };
                 }
                 if avx2 {
                     // SAFETY: AVX2 and FMA were detected; as above.
-                    return unsafe { job_avx2(x, outs, c, b, hk) };
+                    return unsafe { job_avx2(x, outs, w, c, b, hk) };
                 }
             }
             // SAFETY: job (b, hk) alone writes its entries.
-            unsafe { run_job::<Portable>(x, outs, c, b, hk) }
-        })
+            unsafe { run_job::<Portable>(x, outs, w, c, b, hk) }
+        });
+        spare.lock().unwrap_or_else(|e| e.into_inner()).push(bufs);
     });
     g
+}
+
+/// One job's buffers: the chunk scratch, the kept states, the current states and their
+/// cotangents.
+struct Bufs {
+    s: Scratch,
+    kept: Vec<f32>,
+    h: Vec<f32>,
+    dh: Vec<f32>,
+}
+
+/// `v` holding at least `n` values (not cleared).
+fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
 }
 
 /// `run_job` with the AVX2 products, compiled with AVX2 + FMA.
@@ -155,8 +186,8 @@ pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> Ch
 /// AVX2 and FMA must be available; as `run_job`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn job_avx2(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
-    run_job::<Avx2>(x, o, c, b, hk)
+unsafe fn job_avx2(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+    run_job::<Avx2>(x, o, w, c, b, hk)
 }
 
 /// `run_job` with the AVX-512 products, compiled with AVX-512.
@@ -165,8 +196,8 @@ unsafe fn job_avx2(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
 /// AVX-512 (F), AVX2 and FMA must be available; as `run_job`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn job_avx512(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
-    run_job::<Avx512>(x, o, c, b, hk)
+unsafe fn job_avx512(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+    run_job::<Avx512>(x, o, w, c, b, hk)
 }
 
 /// One job: batch row `b`, key head `hk` and its value heads, over all their tokens.
@@ -175,7 +206,7 @@ unsafe fn job_avx512(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
 /// `o` points at output buffers of `x.d`'s sizes, of which no other thread writes the
 /// entries of (b, hk) and of hk's value heads while this runs.
 #[inline(always)]
-unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize) {
+unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
     let d = x.d;
     let (dk, dv) = (d.dk, d.dv);
     let dvp = dv.div_ceil(NR) * NR;
@@ -186,12 +217,13 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize)
         .filter(|&t| x.mask.is_none_or(|m| m[b * d.t + t] != 0))
         .collect();
     let chunks = tokens.len().div_ceil(c);
-    let mut s = Scratch::new(c, dk, dvp);
+    let s = &mut w.s;
 
     // The states entering each chunk, per value head, as H = Sᵀ ([Dk, Dv'], zero columns past
     // Dv); the last one stays in `h` (the state entering the last chunk).
-    let mut kept = vec![0.0f32; group * chunks.saturating_sub(1) * size];
-    let mut h = vec![0.0f32; group * size];
+    let kept = fit(&mut w.kept, group * chunks.saturating_sub(1) * size);
+    let h = fit(&mut w.h, group * size);
+    h.fill(0.0);
     let state_at = |i: usize| (b * d.hv + hv0 + i) * dv * dk;
     if let Some(state) = x.state {
         for i in 0..group {
@@ -202,19 +234,20 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize)
         let chunk = Chunk::new(&tokens, j, c);
         s.gather_kq(x, b, hk, &chunk, false);
         K::transpose(s.kq.as_ptr(), dk, s.kt.as_mut_ptr(), c, chunk.lp, dk);
-        bc::gram::<K>(&mut s, &chunk, false);
+        bc::gram::<K>(s, &chunk, false);
         for i in 0..group {
             let hv = hv0 + i;
             let hi = &mut h[i * size..(i + 1) * size];
             kept[(i * (chunks - 1) + j) * size..][..size].copy_from_slice(hi);
             s.gates(x, b, hv, &chunk);
-            bc::recompute_u::<K>(x, &mut s, &chunk, b, hv, hi);
-            bc::advance::<K>(&mut s, &chunk, hi);
+            bc::recompute_u::<K>(x, s, &chunk, b, hv, hi);
+            bc::advance::<K>(s, &chunk, hi);
         }
     }
 
     // The reverse sweep: dH starts as the final state's cotangent.
-    let mut dh = vec![0.0f32; group * size];
+    let dh = fit(&mut w.dh, group * size);
+    dh.fill(0.0);
     if let Some(ds) = x.dstate_out {
         for i in 0..group {
             bc::to_panel(&ds[state_at(i)..], &mut dh[i * size..], dk, dv, dvp);
@@ -224,7 +257,7 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize)
         let chunk = Chunk::new(&tokens, j, c);
         s.gather_kq(x, b, hk, &chunk, true);
         K::transpose(s.kq.as_ptr(), dk, s.kt.as_mut_ptr(), c, chunk.lp, dk);
-        bc::gram::<K>(&mut s, &chunk, true);
+        bc::gram::<K>(s, &chunk, true);
         s.clear_sums(&chunk);
         for i in 0..group {
             let hv = hv0 + i;
@@ -233,10 +266,10 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, c: usize, b: usize, hk: usize)
                 false => &kept[(i * (chunks - 1) + j) * size..][..size],
             };
             s.gates(x, b, hv, &chunk);
-            bc::recompute_u::<K>(x, &mut s, &chunk, b, hv, h0);
-            bc::head_backward::<K>(x, o, &mut s, &chunk, b, hv, h0, &mut dh[i * size..][..size]);
+            bc::recompute_u::<K>(x, s, &chunk, b, hv, h0);
+            bc::head_backward::<K>(x, o, s, &chunk, b, hv, h0, &mut dh[i * size..][..size]);
         }
-        bc::key_head_backward::<K>(x, o, &mut s, &chunk, b, hk);
+        bc::key_head_backward::<K>(x, o, s, &chunk, b, hk);
     }
     for i in 0..group {
         let dst = std::slice::from_raw_parts_mut(o.dstate.0.add(state_at(i)), dv * dk);

@@ -274,8 +274,22 @@ unsafe fn mm<K: Kernel>(
     }
 }
 
+/// `a · b` in 16 partial sums (lane l takes elements l, l + 16, ...): vectorized, unlike a
+/// single running sum.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    let mut lanes = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        lanes[l] += x * y;
+    }
+    lanes.iter().sum()
 }
 
 /// `dst` (`[Dk, Dv']`) = the transpose of a state row `src` (`[Dv, Dk]`), zero columns past Dv.

@@ -1,0 +1,142 @@
+//! Timing probe of the chunked form's gradient (not a benchmark: `make bench` is): forward +
+//! backward in ms at Qwen3.5-35B-A3B's dims (B = 1, Hk = 16, Hv = 32, Dk = Dv = 128, bf16
+//! inputs) for the chunked path (mlxk_gated_delta_update_chunked, then
+//! mlxk_gated_delta_update_chunked_vjp) and the exact path (mlxk_gated_delta_update, then
+//! mlxk_gated_delta_update_vjp). Run with
+//! `cargo test --release --test chunked_vjp_probe -- --ignored --nocapture`.
+
+mod common;
+use common::*;
+use std::ptr::{null, null_mut};
+use std::time::Instant;
+
+fn first_line(path: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .find(|l| l.starts_with(key))
+        .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Forward then backward of one path; (forward ms, backward ms).
+fn time_path(r: &Recurrence, dy: H, chunked: bool) -> (f64, f64) {
+    let [q, k, v, a, b, al, dt, s, m] = r.args();
+    let t0 = Instant::now();
+    let (mut y, mut st) = (null_mut(), null_mut());
+    ok(unsafe {
+        match chunked {
+            true => {
+                mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, &mut st)
+            }
+            false => mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st),
+        }
+    });
+    ok(mlxk_array_eval(y));
+    ok(mlxk_array_eval(st));
+    let fwd = t0.elapsed().as_secs_f64() * 1e3;
+    let t1 = Instant::now();
+    let mut g = [null_mut(); 8];
+    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut g;
+    ok(unsafe {
+        match chunked {
+            true => mlxk_gated_delta_update_chunked_vjp(
+                q,
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                s,
+                m,
+                0,
+                dy,
+                null(),
+                o0,
+                o1,
+                o2,
+                o3,
+                o4,
+                o5,
+                o6,
+                o7,
+            ),
+            false => mlxk_gated_delta_update_vjp(
+                q,
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                s,
+                m,
+                dy,
+                null(),
+                o0,
+                o1,
+                o2,
+                o3,
+                o4,
+                o5,
+                o6,
+                o7,
+            ),
+        }
+    });
+    for h in g {
+        ok(mlxk_array_eval(h));
+    }
+    let bwd = t1.elapsed().as_secs_f64() * 1e3;
+    for h in g.into_iter().chain([y, st]) {
+        free(h);
+    }
+    (fwd, bwd)
+}
+
+#[test]
+#[ignore]
+fn chunked_and_exact_forward_plus_backward() {
+    println!(
+        "cpu: {}; threads: {}; load before: {}",
+        first_line("/proc/cpuinfo", "model name"),
+        mlxkern::testing::cpu_threads(),
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    let mut rng = Rng::fresh();
+    let lengths: Vec<usize> = match std::env::var("PROBE_T") {
+        Ok(t) => t.split(',').filter_map(|x| x.parse().ok()).collect(),
+        Err(_) => vec![512, 2048, 4096],
+    };
+    let exact = std::env::var_os("PROBE_NO_EXACT").is_none();
+    for t in lengths {
+        let r = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
+        let dy = new_bf16(&rng.vec(t * 32 * 128, 1.0), &[1, t as i32, 32, 128]);
+        for (name, chunked) in [("chunked", true), ("exact", false)] {
+            if !chunked && !exact {
+                continue;
+            }
+            let mut best = (f64::MAX, f64::MAX, f64::MAX);
+            for _ in 0..3 {
+                let (f, b) = time_path(&r, dy, chunked);
+                if f + b < best.2 {
+                    best = (f, b, f + b);
+                }
+            }
+            println!(
+                "T={t:5} {name:8} fwd {:7.1} ms  bwd {:7.1} ms  fwd+bwd {:7.1} ms (best of 3)",
+                best.0, best.1, best.2
+            );
+        }
+        free(dy);
+        r.free();
+    }
+    println!(
+        "load after: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+}
