@@ -221,7 +221,10 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
 
     // The states entering each chunk, per value head, as H = Sᵀ ([Dk, Dv'], zero columns past
     // Dv); the last one stays in `h` (the state entering the last chunk).
-    let kept = fit(&mut w.kept, group * chunks.saturating_sub(1) * size);
+    // With each kept state, the chunk's R = V − diag(γ) K H (`[C, Dv']`): the reverse sweep
+    // then needs no K H product. (T/C)·C·Dv' ≤ 4·(T/C)·state, as C ≤ 4·Dk.
+    let stride = size + c * dvp;
+    let kept = fit(&mut w.kept, group * chunks.saturating_sub(1) * stride);
     let h = fit(&mut w.h, group * size);
     h.fill(0.0);
     let state_at = |i: usize| (b * d.hv + hv0 + i) * dv * dk;
@@ -238,9 +241,11 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
         for i in 0..group {
             let hv = hv0 + i;
             let hi = &mut h[i * size..(i + 1) * size];
-            kept[(i * (chunks - 1) + j) * size..][..size].copy_from_slice(hi);
+            let keep = &mut kept[(i * (chunks - 1) + j) * stride..][..stride];
+            keep[..size].copy_from_slice(hi);
             s.gates(x, b, hv, &chunk);
             bc::recompute_u::<K>(x, s, &chunk, b, hv, hi);
+            keep[size..size + chunk.l * dvp].copy_from_slice(s.r(&chunk));
             bc::advance::<K>(s, &chunk, hi);
         }
     }
@@ -261,12 +266,20 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
         s.clear_sums(&chunk);
         for i in 0..group {
             let hv = hv0 + i;
-            let h0 = match j + 1 == chunks {
-                true => &h[i * size..(i + 1) * size],
-                false => &kept[(i * (chunks - 1) + j) * size..][..size],
-            };
             s.gates(x, b, hv, &chunk);
-            bc::recompute_u::<K>(x, s, &chunk, b, hv, h0);
+            let h0 = match j + 1 == chunks {
+                true => {
+                    let h0 = &h[i * size..(i + 1) * size];
+                    bc::recompute_u::<K>(x, s, &chunk, b, hv, h0);
+                    h0
+                }
+                false => {
+                    let keep = &kept[(i * (chunks - 1) + j) * stride..][..stride];
+                    s.set_r(&keep[size..size + chunk.l * dvp]);
+                    bc::u_from_r::<K>(s, &chunk);
+                    &keep[..size]
+                }
+            };
             bc::head_backward::<K>(x, o, s, &chunk, b, hv, h0, &mut dh[i * size..][..size]);
         }
         bc::key_head_backward::<K>(x, o, s, &chunk, b, hk);

@@ -165,15 +165,20 @@ impl Scratch {
             self.g[i] = x.g[at];
             self.beta[i] = x.beta[at];
         }
+        // Row t of Γ is row t − 1 times g_t (a product of gates only shrinks: no ratio).
         let mut run = 1.0f32;
         for t in 0..l {
-            run *= self.g[t];
+            let g = self.g[t];
+            run *= g;
             self.gam[t] = run;
-            let row = &mut self.big[t * c..t * c + l];
-            row[t] = 1.0;
-            for s in (0..t).rev() {
-                row[s] = row[s + 1] * self.g[s + 1];
+            let (prev, rest) = self.big.split_at_mut(t * c);
+            let row = &mut rest[..c];
+            if t > 0 {
+                for (x, &p) in row[..t].iter_mut().zip(&prev[(t - 1) * c..]) {
+                    *x = p * g;
+                }
             }
+            row[t] = 1.0;
         }
         for s in 0..l {
             self.lam[s] = self.big[(l - 1) * c + s];
@@ -198,6 +203,16 @@ impl Scratch {
             }
             row[t] = 1.0;
         }
+    }
+
+    /// The chunk's R rows (`[L, Dv']`), as `recompute_u` left them.
+    pub(super) fn r(&self, ch: &Chunk) -> &[f32] {
+        &self.r[..ch.l * self.dvp]
+    }
+
+    /// Sets the chunk's R rows (kept from `r`).
+    pub(super) fn set_r(&mut self, r: &[f32]) {
+        self.r[..r.len()].copy_from_slice(r);
     }
 
     /// Zeros the key head's sums for a chunk.
@@ -359,7 +374,7 @@ pub(super) unsafe fn recompute_u<K: Kernel>(
     hv: usize,
     h0: &[f32],
 ) {
-    let (d, c, dk, dvp, l) = (x.d, s.c, s.dk, s.dvp, ch.l);
+    let (d, dk, dvp, l) = (x.d, s.dk, s.dvp, ch.l);
     let dv = d.dv;
     mm::<K>(
         l,
@@ -374,32 +389,32 @@ pub(super) unsafe fn recompute_u<K: Kernel>(
     );
     for (t, &tok) in ch.tok.iter().enumerate() {
         let v = &x.v[((b * d.t + tok) * d.hv + hv) * dv..][..dv];
-        let (gam, beta) = (s.gam[t], s.beta[t]);
+        let gam = s.gam[t];
         let r = &mut s.r[t * dvp..(t + 1) * dvp];
-        let xb = &mut s.xb[t * dvp..(t + 1) * dvp];
+        for j in 0..dv {
+            r[j] = v[j] - gam * r[j];
+        }
+        r[dv..].fill(0.0);
+    }
+    u_from_r::<K>(s, ch);
+}
+
+/// X = diag(β) R and U = Tm X from the chunk's R (`recompute_u`'s, or one kept by
+/// `set_r`); U's rows past L zero.
+///
+/// # Safety
+/// `s` holds the chunk's gates, Tm and R.
+#[inline(always)]
+pub(super) unsafe fn u_from_r<K: Kernel>(s: &mut Scratch, ch: &Chunk) {
+    let (c, dvp, l) = (s.c, s.dvp, ch.l);
+    for t in 0..l {
+        let beta = s.beta[t];
+        let (r, xb) = (&s.r[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
         for j in 0..dvp {
-            let value = if j < dv { v[j] - gam * r[j] } else { 0.0 };
-            r[j] = value;
-            xb[j] = beta * value;
+            xb[j] = beta * r[j];
         }
     }
-    K::gemm(Product {
-        m: l,
-        kc: l,
-        tri: true,
-        a: s.tm.as_ptr(),
-        a_rs: c,
-        a_cs: 1,
-        b: s.xb.as_ptr(),
-        b_rs: dvp,
-        c: s.u.as_mut_ptr(),
-        c_rs: dvp,
-        panels: 1,
-        b_ps: NR,
-        c_ps: NR,
-        epi: Epi::SET,
-    });
-    for q in 1..dvp / NR {
+    for q in 0..dvp / NR {
         K::gemm(Product {
             m: l,
             kc: l,
