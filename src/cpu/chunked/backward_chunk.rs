@@ -639,13 +639,16 @@ pub(super) unsafe fn head_backward<K: Kernel>(
         keep,
     );
 
-    // Through P and A: the key head's sums, dβ, and the gates' terms.
-    s.row_m[..l].fill(0.0);
+    // Through P and A: the key head's sums, dβ, and the gates' terms. M(t, s) = Γ(t, s) ·
+    // ∂L/∂Γ(t, s) (s < t) is the gradient of log Γ(t, s) = Σ_{s<i≤t} log g_i, so
+    // d(log g_i) gets Σ_{t≥i} Σ_{s<i} M(t, s): `col_m[i]` sums the row prefixes
+    // P(t, i) = Σ_{s<i} M(t, s) over t ≥ i. Summed this way (no difference of sums that
+    // cancel), a gate that is 0 gets exactly 0: every term it multiplies is 0.
     s.col_m[..l].fill(0.0);
     for t in 0..l {
         let beta = s.beta[t];
         let mut dbeta = 0.0f32;
-        let mut row_m = 0.0f32;
+        let mut prefix = 0.0f32;
         for sc in 0..t {
             let big = s.big[t * c + sc];
             let (kk, qk) = (s.gram[t * c + sc], s.gram[(c + t) * c + sc]);
@@ -655,30 +658,25 @@ pub(super) unsafe fn head_backward<K: Kernel>(
             s.sdkk[t * c + sc] += da1;
             let dp1 = s.pa[t * c + sc] * big;
             s.sdp[t * c + sc] += dp1;
-            let m = da1 * kk + dp1 * qk;
-            row_m += m;
-            s.col_m[sc] += m;
+            s.col_m[sc] += prefix;
+            prefix += da1 * kk + dp1 * qk;
         }
+        s.col_m[t] += prefix;
         s.sdp[t * c + t] += s.pa[t * c + t];
         s.dbeta[t] += dbeta;
-        s.row_m[t] = row_m;
     }
-    // d b_t (b_t = log γ_t), then d(log g_i) = Σ_{t ≥ i} d b_t.
-    let mut lam_total = 0.0f32;
-    for sc in 0..l {
-        let m = s.dlam[sc] * s.lam[sc];
-        lam_total += m;
-        s.col_m[sc] += m;
+    // γ_t = Π_{i≤t} g_i gives d(log g_i) Σ_{t≥i} γ_t dγ_t; λ_s = Π_{s<i≤L−1} g_i gives
+    // Σ_{s<i} λ_s dλ_s (`row_m[i]`, a prefix sum).
+    let mut lam_prefix = 0.0f32;
+    for i in 0..l {
+        s.row_m[i] = lam_prefix;
+        lam_prefix += s.dlam[i] * s.lam[i];
     }
-    let mut acc = 0.0f32;
+    let mut gam_suffix = 0.0f32;
     for t in (0..l).rev() {
-        let mut db = s.dgam[t] * s.gam[t] + s.row_m[t] - s.col_m[t];
-        if t == l - 1 {
-            db += lam_total;
-        }
-        acc += db;
+        gam_suffix += s.dgam[t] * s.gam[t];
         let at = (b * d.t + ch.tok[t]) * d.hv + hv;
-        *o.dlog_g.0.add(at) = acc;
+        *o.dlog_g.0.add(at) = s.col_m[t] + gam_suffix + s.row_m[t];
         *o.dbeta.0.add(at) = s.dbeta[t];
     }
 }
