@@ -153,3 +153,78 @@ fn chunked_and_exact_forward_plus_backward() {
             .trim()
     );
 }
+
+/// The chunked backward's gradients against the exact backward's at the same dims (float32
+/// inputs, an initial state, gates from random a, b), for T = 512 and 4096: the largest
+/// difference of each gradient relative to its largest magnitude.
+#[test]
+#[ignore]
+fn chunked_against_exact_at_qwen_dims() {
+    let mut rng = Rng::fresh();
+    let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+    for t in [512usize, 4096] {
+        // float32 inputs and gradients: the comparison sees the backwards, not a rounding to
+        // bf16.
+        let ti = t as i32;
+        let norm = |rng: &mut Rng, scale: f32| -> Vec<f32> {
+            let mut x = rng.vec(t * 16 * 128, 1.0);
+            for head in x.chunks_mut(128) {
+                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+                head.iter_mut().for_each(|v| *v *= scale / n);
+            }
+            x
+        };
+        let q = new_f32(&norm(&mut rng, 128f32.powf(-0.5)), &[1, ti, 16, 128]);
+        let k = new_f32(&norm(&mut rng, 1.0), &[1, ti, 16, 128]);
+        let v = new_f32(&rng.vec(t * 32 * 128, 1.0), &[1, ti, 32, 128]);
+        let a = new_f32(&rng.vec(t * 32, 2.0), &[1, ti, 32]);
+        let b = new_f32(&rng.vec(t * 32, 2.0), &[1, ti, 32]);
+        let al = new_f32(&rng.vec(32, 1.0), &[32]);
+        let dt = new_f32(&rng.vec(32, 1.0), &[32]);
+        let s = new_f32(&rng.vec(32 * 128 * 128, 0.5), &[1, 32, 128, 128]);
+        let m = null();
+        let dy = new_f32(&rng.vec(t * 32 * 128, 1.0), &[1, ti, 32, 128]);
+        let ds = new_f32(&rng.vec(32 * 128 * 128, 0.5), &[1, 32, 128, 128]);
+        let grads = |chunked: bool| -> Vec<Vec<f32>> {
+            let mut g = [null_mut(); 8];
+            let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut g;
+            ok(unsafe {
+                match chunked {
+                    true => mlxk_gated_delta_update_chunked_vjp(
+                        q, k, v, a, b, al, dt, s, m, 0, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
+                    ),
+                    false => mlxk_gated_delta_update_vjp(
+                        q, k, v, a, b, al, dt, s, m, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
+                    ),
+                }
+            });
+            g.into_iter()
+                .map(|h| {
+                    let mut f = null_mut();
+                    ok(unsafe { mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &mut f) });
+                    let values = read_f32(f);
+                    free(f);
+                    free(h);
+                    values
+                })
+                .collect()
+        };
+        let (exact, chunked) = (grads(false), grads(true));
+        let table: Vec<String> = names
+            .iter()
+            .zip(exact.iter().zip(&chunked))
+            .map(|(n, (e, c))| {
+                let scale = e.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+                let err = e.iter().zip(c).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                format!("{n} {:.1e}", err / scale)
+            })
+            .collect();
+        println!(
+            "T={t}: chunked vs exact, error / largest: {}",
+            table.join(", ")
+        );
+        for h in [q, k, v, a, b, al, dt, s, dy, ds] {
+            free(h);
+        }
+    }
+}

@@ -10,9 +10,11 @@
 //! are summed over its value heads inside the job, and the per-key-head products (the Gram
 //! matrices `K Kᵀ`, `Q Kᵀ`, and the products of the summed `dP`, `dA` with K and Q) run once.
 //!
-//! Memory per job: the kept states `group · ceil(T'/C) · Dk · Dv'` f32 (T' the row's active
-//! tokens, Dv' = Dv rounded up to 16), the `group` state cotangents, and O(C · (C + Dk + Dv'))
-//! of per-chunk scratch: O((T/C + C) · state), never O(T · state).
+//! Memory per job: the kept states and each chunk's residuals R = V − diag(γ) K H,
+//! `group · ceil(T'/C) · (Dk + C) · Dv'` f32 (T' the row's active tokens, Dv' = Dv rounded up
+//! to 16; C ≤ 4·Dk, so at most 5 states per chunk), the `group` states and their cotangents,
+//! and O(C · (C + Dk + Dv')) of per-chunk scratch: O((T/C + C) · state), never O(T · state).
+//! The jobs running at once share these buffers within a call (one set per running job).
 //!
 //! Gates enter as running products (`Γ(t, s)`, `γ_t`, no division, no logarithm): a gate that
 //! underflows to 0 gives zero products and finite gradients. The gradient of a product of
@@ -22,7 +24,7 @@
 //! (`backward_chunk::log_gates`). The result is `g · ∂L/∂g`, what the gate chain to a, A_log
 //! and dt_bias needs (`gated_delta::backward::gate_backward_log`).
 
-use super::backward_chunk::{self as bc, Chunk, Scratch};
+use super::backward_chunk::{self as bc, Chunk, Outs, Scratch};
 #[cfg(target_arch = "x86_64")]
 use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
@@ -44,18 +46,6 @@ pub struct ChunkedGrads {
     pub dstate: Vec<f32>,
 }
 
-/// The output buffers, shared by the jobs (each writes the entries of its batch row and key
-/// head, and of that key head's value heads).
-#[derive(Clone, Copy)]
-pub(super) struct Outs {
-    pub(super) dq: SharedMut<f32>,
-    pub(super) dk: SharedMut<f32>,
-    pub(super) dv: SharedMut<f32>,
-    pub(super) dlog_g: SharedMut<f32>,
-    pub(super) dbeta: SharedMut<f32>,
-    pub(super) dstate: SharedMut<f32>,
-}
-
 /// The backward pass of the chunked form with chunks of `chunk` tokens (0: `DEFAULT_CHUNK`;
 /// else a multiple of 16 in 16..=128) and the fastest product kernel.
 pub fn chunked_backward(x: &Inputs, chunk: usize) -> ChunkedGrads {
@@ -67,11 +57,11 @@ pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> Ch
     let d = x.d;
     let c = if chunk == 0 { DEFAULT_CHUNK } else { chunk };
     assert!(
-        c >= NR && c <= MAX_CHUNK && c % NR == 0,
+        (NR..=MAX_CHUNK).contains(&c) && c.is_multiple_of(NR),
         "chunk size {c} is not a multiple of {NR} in {NR}..={MAX_CHUNK}"
     );
     assert!(
-        d.hv == 0 || (d.hk > 0 && d.hv % d.hk == 0),
+        d.hv == 0 || (d.hk > 0 && d.hv.is_multiple_of(d.hk)),
         "Hv = {} is not a multiple of Hk = {}",
         d.hv,
         d.hk
@@ -98,7 +88,7 @@ pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> Ch
         assert_eq!(m.len(), d.b * d.t, "mask has the wrong length");
     }
     assert!(
-        d.hv == 0 || d.dk % 8 == 0,
+        d.hv == 0 || d.dk.is_multiple_of(8),
         "Dk = {} is not a multiple of 8",
         d.dk
     );

@@ -22,9 +22,21 @@
 //! All matrices are row-major with a padded width: L' = L rounded up to 16 (columns of the
 //! [L, L] matrices, stride C), Dv' = Dv rounded up to 16; the padding holds zeros.
 
-use super::backward::Outs;
 use super::gemm::{Epi, Kernel, Product, NR};
 use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::pool::SharedMut;
+
+/// The output buffers, shared by the jobs (each writes the entries of its batch row and key
+/// head, and of that key head's value heads).
+#[derive(Clone, Copy)]
+pub(super) struct Outs {
+    pub(super) dq: SharedMut<f32>,
+    pub(super) dk: SharedMut<f32>,
+    pub(super) dv: SharedMut<f32>,
+    pub(super) dlog_g: SharedMut<f32>,
+    pub(super) dbeta: SharedMut<f32>,
+    pub(super) dstate: SharedMut<f32>,
+}
 
 /// The tokens of one chunk (positions in the batch row) and their counts.
 pub(super) struct Chunk<'a> {
@@ -497,8 +509,8 @@ pub(super) unsafe fn head_backward<K: Kernel>(
         row[..dv].copy_from_slice(dy);
         row[dv..].fill(0.0);
         let p = &mut s.p[t * c..t * c + lp];
-        for sc in 0..lp {
-            p[sc] = if sc <= t {
+        for (sc, x) in p.iter_mut().enumerate() {
+            *x = if sc <= t {
                 s.big[t * c + sc] * s.gram[(c + t) * c + sc]
             } else {
                 0.0
