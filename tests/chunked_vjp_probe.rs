@@ -31,6 +31,11 @@ fn cpu_seconds() -> f64 {
 /// Forward then backward of one path; (forward ms, backward ms, CPU ms of both).
 fn time_path(r: &Recurrence, dy: H, chunked: bool) -> (f64, f64, f64) {
     let [q, k, v, a, b, al, dt, s, m] = r.args();
+    // PROBE_CHUNK: the chunk size of both chunked calls (default 0: the library's).
+    let chunk: i32 = std::env::var("PROBE_CHUNK")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let c0 = cpu_seconds();
     let t0 = Instant::now();
     let (mut y, mut st) = (null_mut(), null_mut());

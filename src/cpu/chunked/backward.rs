@@ -214,7 +214,9 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
     // With each kept state, the chunk's R = V − diag(γ) K H (`[C, Dv']`): the reverse sweep
     // then needs no K H product. (T/C)·C·Dv' ≤ 4·(T/C)·state, as C ≤ 4·Dk.
     let stride = size + c * dvp;
-    let kept = fit(&mut w.kept, group * chunks.saturating_sub(1) * stride);
+    // The states are kept transposed, Hᵀ (`[Dv', Dk]`), as the reverse sweep reads them; the
+    // last chunk's too (its R is recomputed from `h`).
+    let kept = fit(&mut w.kept, group * chunks * stride);
     let h = fit(&mut w.h, group * size);
     h.fill(0.0);
     let state_at = |i: usize| (b * d.hv + hv0 + i) * dv * dk;
@@ -231,12 +233,18 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
         for i in 0..group {
             let hv = hv0 + i;
             let hi = &mut h[i * size..(i + 1) * size];
-            let keep = &mut kept[(i * (chunks - 1) + j) * stride..][..stride];
-            keep[..size].copy_from_slice(hi);
+            let keep = &mut kept[(i * chunks + j) * stride..][..stride];
+            K::transpose(hi.as_ptr(), dvp, keep.as_mut_ptr(), dk, dk, dvp);
             s.gates(x, b, hv, &chunk);
             bc::recompute_u::<K>(x, s, &chunk, b, hv, hi);
             keep[size..size + chunk.l * dvp].copy_from_slice(s.r(&chunk));
             bc::advance::<K>(s, &chunk, hi);
+        }
+    }
+    if chunks > 0 {
+        for i in 0..group {
+            let keep = &mut kept[(i * chunks + chunks - 1) * stride..];
+            K::transpose(h[i * size..].as_ptr(), dvp, keep.as_mut_ptr(), dk, dk, dvp);
         }
     }
 
@@ -257,20 +265,15 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
         for i in 0..group {
             let hv = hv0 + i;
             s.gates(x, b, hv, &chunk);
-            let h0 = match j + 1 == chunks {
-                true => {
-                    let h0 = &h[i * size..(i + 1) * size];
-                    bc::recompute_u::<K>(x, s, &chunk, b, hv, h0);
-                    h0
-                }
-                false => {
-                    let keep = &kept[(i * (chunks - 1) + j) * stride..][..stride];
-                    s.set_r(&keep[size..size + chunk.l * dvp]);
-                    bc::u_from_r::<K>(s, &chunk);
-                    &keep[..size]
-                }
-            };
-            bc::head_backward::<K>(x, o, s, &chunk, b, hv, h0, &mut dh[i * size..][..size]);
+            let keep = &kept[(i * chunks + j) * stride..][..stride];
+            if j + 1 == chunks {
+                bc::recompute_u::<K>(x, s, &chunk, b, hv, &h[i * size..(i + 1) * size]);
+            } else {
+                s.set_r(&keep[size..size + chunk.l * dvp]);
+                bc::u_from_r::<K>(s, &chunk);
+            }
+            let h0t = &keep[..size];
+            bc::head_backward::<K>(x, o, s, &chunk, b, hv, h0t, &mut dh[i * size..][..size]);
         }
         bc::key_head_backward::<K>(x, o, s, &chunk, b, hk);
     }

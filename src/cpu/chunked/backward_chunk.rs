@@ -87,9 +87,8 @@ pub(super) struct Scratch {
     /// dY rows `[0, L)`, dX then dR rows `[L, 2L)`, `[2C, Dv']`.
     dyr: Vec<f32>,
     du: Vec<f32>,
-    /// dH1ᵀ and H0ᵀ, `[Dv', Dk]`.
+    /// dH1ᵀ, `[Dv', Dk]`.
     dht: Vec<f32>,
-    h0t: Vec<f32>,
     /// [F; G], `[2C, Dk]`; E `[C, Dk]`; [γQ; −γK] `[2C, Dk]`.
     fg: Vec<f32>,
     e: Vec<f32>,
@@ -134,7 +133,6 @@ impl Scratch {
             dyr: z(2 * c * dvp),
             du: z(c * dvp),
             dht: z(dvp * dk),
-            h0t: z(dvp * dk),
             fg: z(2 * c * dk),
             e: z(c * dk),
             qks: z(2 * c * dk),
@@ -478,9 +476,10 @@ pub(super) unsafe fn advance<K: Kernel>(s: &mut Scratch, ch: &Chunk, h: &mut [f3
     );
 }
 
-/// The reverse pass through one value head's part of the chunk (after `recompute_u`): writes
-/// dv, dβ and d(log g) of its tokens, adds its dQ, dK parts and the key head's sums, and
-/// turns `dh` (dH1 on entry) into dH0.
+/// The reverse pass through one value head's part of the chunk (after `recompute_u` or
+/// `u_from_r`): writes dv, dβ and d(log g) of its tokens, adds its dQ, dK parts and the key
+/// head's sums, and turns `dh` (dH1 on entry) into dH0. `h0t` is the state entering the
+/// chunk, transposed (`[Dv', Dk]`).
 ///
 /// # Safety
 /// As `recompute_u`; `dh` is `[Dk, Dv']`; `o`'s entries of (b, hv) are this caller's alone.
@@ -493,14 +492,13 @@ pub(super) unsafe fn head_backward<K: Kernel>(
     ch: &Chunk,
     b: usize,
     hv: usize,
-    h0: &[f32],
+    h0t: &[f32],
     dh: &mut [f32],
 ) {
     let (d, c, dk, dvp, l, lp) = (x.d, s.c, s.dk, s.dvp, ch.l, ch.lp);
     let dv = d.dv;
     s.dgam[..l].fill(0.0);
     s.dbeta[..l].fill(0.0);
-    s.dgam[l - 1] = dot(h0, dh);
 
     // dY rows, and P (zeros above the diagonal).
     for (t, &tok) in ch.tok.iter().enumerate() {
@@ -539,6 +537,7 @@ pub(super) unsafe fn head_backward<K: Kernel>(
     );
     // E = U dH1ᵀ: dK += diag(λ) E, dλ.
     K::transpose(dh.as_ptr(), dvp, s.dht.as_mut_ptr(), dk, dk, dvp);
+    s.dgam[l - 1] = dot(h0t, &s.dht);
     let e = s.e.as_mut_ptr();
     mm::<K>(
         l,
@@ -601,14 +600,13 @@ pub(super) unsafe fn head_backward<K: Kernel>(
         }
     }
     // [F; G] = [dY; dR] H0ᵀ.
-    K::transpose(h0.as_ptr(), dvp, s.h0t.as_mut_ptr(), dk, dk, dvp);
     let fg = s.fg.as_mut_ptr();
     mm::<K>(
         2 * l,
         dk,
         dv,
         rows(dyr, dvp),
-        s.h0t.as_ptr(),
+        h0t.as_ptr(),
         dk,
         fg,
         dk,
