@@ -42,7 +42,7 @@ fn time_path(r: &Recurrence, dy: H, chunked: bool) -> (f64, f64, f64) {
     ok(unsafe {
         match chunked {
             true => {
-                mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 0, &mut y, &mut st)
+                mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, chunk, &mut y, &mut st)
             }
             false => mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st),
         }
@@ -65,7 +65,7 @@ fn time_path(r: &Recurrence, dy: H, chunked: bool) -> (f64, f64, f64) {
                 dt,
                 s,
                 m,
-                0,
+                chunk,
                 dy,
                 null(),
                 o0,
