@@ -3,9 +3,10 @@
 //! through the WY products of `super` (see its header for the forward's maths).
 //!
 //! Per (batch row, value head): a forward sweep over the chunks keeps only the state entering
-//! each chunk (`H_j`, `[Dk, Dv]`); a reverse sweep then carries `dH` (the cotangent of the
-//! state leaving the chunk) backwards, and for each chunk recomputes its WY quantities from
-//! `H_j` and back-propagates through them (`backward_chunk`). A job is one batch row and one
+//! each chunk (`H_j`, transposed) and the chunk's residuals `R = V − diag(γ) K H_j`; a reverse
+//! sweep then carries `dH` (the cotangent of the state leaving the chunk) backwards, and for
+//! each chunk recomputes its WY quantities from them and back-propagates through them
+//! (`backward_chunk`). A job is one batch row and one
 //! key head with the value heads that read it (GQA), so the gradients of q and k of a key head
 //! are summed over its value heads inside the job, and the per-key-head products (the Gram
 //! matrices `K Kᵀ`, `Q Kᵀ`, and the products of the summed `dP`, `dA` with K and Q) run once.
@@ -20,9 +21,9 @@
 //! underflows to 0 gives zero products and finite gradients. The gradient of a product of
 //! gates with respect to the logarithm of one of its factors is the product itself, so every
 //! term `f(Γ(t, s))` contributes `Γ(t, s) · ∂L/∂Γ(t, s)` to `∂L/∂ log g_i` for each `i` in
-//! `(s, t]`; these are gathered as per-token sums and a reverse cumulative sum
-//! (`backward_chunk::log_gates`). The result is `g · ∂L/∂g`, what the gate chain to a, A_log
-//! and dt_bias needs (`gated_delta::backward::gate_backward_log`).
+//! `(s, t]`; these are gathered as sums of row prefixes (`backward_chunk::head_backward`), so
+//! no two sums that cancel are subtracted. The result is `g · ∂L/∂g`, what the gate chain to
+//! a, A_log and dt_bias needs (`gated_delta::backward::gate_backward_log`).
 
 use super::backward_chunk::{self as bc, Chunk, Outs, Scratch};
 #[cfg(target_arch = "x86_64")]
@@ -209,13 +210,12 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
     let chunks = tokens.len().div_ceil(c);
     let s = &mut w.s;
 
-    // The states entering each chunk, per value head, as H = Sᵀ ([Dk, Dv'], zero columns past
-    // Dv); the last one stays in `h` (the state entering the last chunk).
-    // With each kept state, the chunk's R = V − diag(γ) K H (`[C, Dv']`): the reverse sweep
-    // then needs no K H product. (T/C)·C·Dv' ≤ 4·(T/C)·state, as C ≤ 4·Dk.
+    // The state walks the chunks in `h` as H = Sᵀ ([Dk, Dv'], zero columns past Dv). For each
+    // chunk and value head `kept` holds the state entering it transposed, Hᵀ ([Dv', Dk], as
+    // the reverse sweep reads it), then the chunk's R = V − diag(γ) K H ([C, Dv']: the reverse
+    // sweep needs no K H product; (T/C)·C·Dv' ≤ 4·(T/C)·state, as C ≤ 4·Dk). The last chunk's
+    // R is recomputed from `h`, which is left holding the state entering that chunk.
     let stride = size + c * dvp;
-    // The states are kept transposed, Hᵀ (`[Dv', Dk]`), as the reverse sweep reads them; the
-    // last chunk's too (its R is recomputed from `h`).
     let kept = fit(&mut w.kept, group * chunks * stride);
     let h = fit(&mut w.h, group * size);
     h.fill(0.0);
