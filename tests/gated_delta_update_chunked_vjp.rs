@@ -2,7 +2,8 @@
 //! differences of a float64 forward, and against the exact update's backward
 //! (`mlxk_gated_delta_update_vjp`) on every entry, on fresh random inputs: GQA 1–4, Dk 32..256,
 //! odd Dv, masks (fully masked rows included), absent state, T not a multiple of the chunk,
-//! chunk sizes 16..128, gates that underflow to 0; and its argument checks.
+//! chunk sizes 16..128, gates that underflow to 0; its argument checks; and its GPU path (the
+//! exact update's GPU backward) up to that kernel's launch.
 //!
 //! Bounds are relative to the largest magnitude of each gradient (a gradient's entries span
 //! orders of magnitude; float32 rounding is relative to the sums that produce them, which are
@@ -14,6 +15,7 @@
 mod common;
 
 use common::*;
+use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
 
 /// Inputs of one call, f32 on the host side.
@@ -428,6 +430,62 @@ fn arguments_are_checked_and_named() {
         free(h);
     }
     for h in [q, v, g, hv1, flat, bad_dy] {
+        free(h);
+    }
+}
+
+/// With a GPU as default device the chunked VJP is the exact update's GPU backward: without a
+/// GPU (MLX's CPU stream) it gets as far as that backward kernel's launch, which MLX refuses,
+/// after checking the chunk size like the CPU path.
+#[test]
+fn the_gpu_path_reaches_the_gpu_backward_kernel() {
+    let mut rng = Rng::fresh();
+    let c = random_case(&mut rng, [1, 9, 1, 2, 32, 3], true, false);
+    let [b, t, hk, hv, dk, dv] = c.dims.map(|x| x as i32);
+    let hs = [
+        new_f32(&c.q, &[b, t, hk, dk]),
+        new_f32(&c.k, &[b, t, hk, dk]),
+        new_f32(&c.v, &[b, t, hv, dv]),
+        new_f32(&c.a, &[b, t, hv]),
+        new_f32(&c.b, &[b, t, hv]),
+        new_f32(&c.a_log, &[hv]),
+        new_f32(&c.dt_bias, &[hv]),
+        new_f32(c.state.as_ref().unwrap(), &[b, hv, dv, dk]),
+        new_f32(&c.dy, &[b, t, hv, dv]),
+    ];
+    let args = [
+        hs[0],
+        hs[1],
+        hs[2],
+        hs[3],
+        hs[4],
+        hs[5],
+        hs[6],
+        hs[7],
+        null_mut(),
+        hs[8],
+        null_mut(),
+    ]
+    .map(|h| h as *const mlxk_array);
+    for (kernels, launch, back_end) in [
+        (GpuKernels::Metal, "metal_kernel", "No Metal back-end"),
+        (GpuKernels::Cuda, "cuda_kernel", "No CUDA back-end"),
+    ] {
+        for (chunk, status, needles) in [
+            (16, MLXK_ERR_BACKEND, [launch, back_end]),
+            (20, MLXK_ERR_INVALID_ARGUMENT, ["chunk_size", "20"]),
+        ] {
+            let mut grads: [H; 8] = [null_mut(); 8];
+            let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut grads;
+            let outs = [o0, o1, o2, o3, o4, o5, o6, o7].map(|o| o as *mut H);
+            let got = unsafe {
+                gated_delta_update_chunked_vjp_via_gpu(kernels, false, chunk, args, outs)
+            };
+            expect_err(got, status, &needles);
+            assert!(grads.iter().all(|g| g.is_null()));
+        }
+    }
+    for h in hs {
         free(h);
     }
 }
