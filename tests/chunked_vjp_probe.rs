@@ -3,7 +3,8 @@
 //! inputs) for the chunked path (mlxk_gated_delta_update_chunked, then
 //! mlxk_gated_delta_update_chunked_vjp) and the exact path (mlxk_gated_delta_update, then
 //! mlxk_gated_delta_update_vjp). Run with
-//! `cargo test --release --test chunked_vjp_probe -- --ignored --nocapture`.
+//! `cargo test --release --test chunked_vjp_probe -- --ignored --nocapture`; PROBE_T (lengths,
+//! comma-separated), PROBE_CHUNK, PROBE_NO_EXACT and PROBE_AVX2 vary it.
 
 mod common;
 use common::*;
@@ -128,6 +129,8 @@ fn chunked_and_exact_forward_plus_backward() {
         Err(_) => vec![512, 2048, 4096],
     };
     let exact = std::env::var_os("PROBE_NO_EXACT").is_none();
+    // PROBE_AVX2: the AVX2 product kernels even where the CPU has AVX-512.
+    mlxkern::testing::force_avx2_kernels(std::env::var_os("PROBE_AVX2").is_some());
     for t in lengths {
         let r = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
         let dy = new_bf16(&rng.vec(t * 32 * 128, 1.0), &[1, t as i32, 32, 128]);
