@@ -115,6 +115,16 @@ pub fn update_chunked_vjp(
     if backend != Backend::Cpu {
         return update_vjp_gpu(x, &node, dy, dstate_out, backend);
     }
+    // The kept states and residuals of the jobs running at once (at most one per worker
+    // thread, each a key head's value heads over ceil(T/C) chunks).
+    let d = node.dims;
+    let (group, dvp) = (d.hv / d.hk.max(1), d.dv.div_ceil(16) * 16);
+    let per_job = (group * d.t.div_ceil(chunk)) as u64 * ((d.dk + chunk) * dvp * 4) as u64;
+    let jobs = (crate::cpu::pool::threads() as u64).min((d.b * d.hk) as u64);
+    memory::check_bytes(
+        "the chunked backward's kept states",
+        per_job.saturating_mul(jobs),
+    )?;
     backward.forward.form = crate::node::gated_delta::Form::Chunked { chunk };
     cpu_vjp(x, backward, dy, dstate_out)
 }
