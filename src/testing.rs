@@ -371,6 +371,31 @@ pub unsafe fn gated_delta_update_vjp_via_gpu(
     }
 }
 
+/// `mlxk_gated_delta_update_chunked_vjp` through its GPU path (see
+/// [`gated_delta_update_vjp_via_gpu`]): the exact update's GPU backward, after the chunk size
+/// is checked.
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub unsafe fn gated_delta_update_chunked_vjp_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    chunk_size: i32,
+    args: [*const mlxk_array; 11],
+    outs: [*mut *mut mlxk_array; 8],
+) -> mlxk_status {
+    // SAFETY: forwarded contract on `outs`.
+    unsafe {
+        gated_delta::update_vjp_form(
+            &kernels.label("mlxk_gated_delta_update_chunked_vjp"),
+            Some(kernels.backend(gpu)),
+            Some(chunk_size),
+            args,
+            outs,
+        )
+    }
+}
+
 /// `mlxk_silu_rms_heads_vjp` through its GPU path (see [`gated_delta_update_vjp_via_gpu`]).
 ///
 /// # Safety

@@ -399,10 +399,11 @@ impl Words for Node {
 }
 
 /// The update's backward pass: gradients of y and the final state with respect to every input
-/// of the exact update, given their cotangents (`mlxk_gated_delta_update_vjp`). CPU only.
+/// of the update, given their cotangents (`mlxk_gated_delta_update_vjp`,
+/// `mlxk_gated_delta_update_chunked_vjp`). CPU only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Backward {
-    /// The forward it differentiates (form exact).
+    /// The forward it differentiates (form exact, or chunked: that form's own backward).
     pub forward: Node,
     /// dy `[B, T, Hv, Dv]` is given (else zeros), in this dtype.
     pub has_dy: bool,

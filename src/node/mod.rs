@@ -126,7 +126,7 @@ pub fn vjp_plan(kernel: u32, params: &[i64], cotangents: &[i32]) -> Result<VjpPl
     };
     match Kernel::from_code(kernel) {
         Some(Kernel::GatedDelta | Kernel::GatedDeltaChunked) => {
-            let mut forward = gated_delta::Node::decode(params)?;
+            let forward = gated_delta::Node::decode(params)?;
             if forward.pool.is_some() {
                 return Err(format!(
                     "mlxkern: vjp is not implemented for the pool and packed calls ({}); \
@@ -135,8 +135,8 @@ pub fn vjp_plan(kernel: u32, params: &[i64], cotangents: &[i32]) -> Result<VjpPl
                 ));
             }
             outputs_of(2)?;
-            // Both forms compute the same function: the backward is the exact update's.
-            forward.form = gated_delta::Form::Exact;
+            // Each form's own backward: the exact update's sweep, or the chunked form's
+            // chunk-wise pass (the gradient of the same function, in the forward's arithmetic).
             let backward = gated_delta::Backward {
                 forward,
                 has_dy: true,
@@ -434,7 +434,10 @@ mod tests {
         assert_eq!(plan.gradients, want);
         assert_eq!(plan.cotangents, [Dtype::Bfloat16, Dtype::Float32]);
         let backward = gated_delta::Backward::decode(&plan.params).unwrap();
-        assert_eq!(backward.forward.form, gated_delta::Form::Exact);
+        assert_eq!(
+            backward.forward.form,
+            gated_delta::Form::Chunked { chunk: 32 }
+        );
 
         let split = silu_rms_heads::Node {
             dims: silu_rms_heads::Dims {

@@ -39,6 +39,7 @@ int main(void) {
     test_gated_delta_update();
     test_gated_delta_update_chunked();
     test_gated_delta_update_vjp();
+    test_gated_delta_update_chunked_vjp();
     test_gated_delta_errors();
     test_gated_delta_state();
     test_gated_delta_pool();

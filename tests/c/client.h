@@ -80,6 +80,7 @@ void test_compute_g(void);
 void test_gated_delta_update(void);
 void test_gated_delta_update_chunked(void);
 void test_gated_delta_update_vjp(void);
+void test_gated_delta_update_chunked_vjp(void);
 void test_gated_delta_errors(void);
 void test_gated_delta_state(void);
 void test_gated_delta_update_from_conv(void);

@@ -260,6 +260,54 @@ void test_gated_delta_update_vjp(void) {
     host_free(&h);
 }
 
+/* The chunked form's backward pass: the gradients of mlxk_gated_delta_update_vjp up to float32
+ * rounding (both read back as float32), and its chunk size named when wrong. */
+void test_gated_delta_update_chunked_vjp(void) {
+    Dims d = {1, 21, 1, 2, 32, 5};
+    Host h = host_random(d, 0);
+    Args x = upload(&h);
+    int32_t dy_shape[4] = {1, 21, 2, 5};
+    float dy_data[210];
+    for (int i = 0; i < 210; i++) dy_data[i] = (float)((i * 7) % 11 - 5) * 0.2f;
+    mlxk_array *dy = new_f32(dy_data, dy_shape, 4);
+    mlxk_array *e[8] = {NULL}, *c[8] = {NULL};
+    CHECK_OK(mlxk_gated_delta_update_vjp(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, NULL,
+                                         dy, NULL, &e[0], &e[1], &e[2], &e[3], &e[4], &e[5],
+                                         &e[6], &e[7]));
+    CHECK_OK(mlxk_gated_delta_update_chunked_vjp(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias,
+                                                 NULL, NULL, 16, dy, NULL, &c[0], &c[1], &c[2],
+                                                 &c[3], &c[4], &c[5], &c[6], &c[7]));
+    for (int i = 0; i < 8; i++) {
+        mlxk_array *fe = NULL, *fc = NULL;
+        CHECK_OK(mlxk_array_astype(e[i], MLXK_DTYPE_FLOAT32, &fe));
+        CHECK_OK(mlxk_array_astype(c[i], MLXK_DTYPE_FLOAT32, &fc));
+        size_t n = 0, m = 0;
+        CHECK_OK(mlxk_array_nbytes(fe, &n));
+        CHECK_OK(mlxk_array_nbytes(fc, &m));
+        CHECK(n == m);
+        float *ve = mlxkt_read_floats(fe, n / 4), *vc = mlxkt_read_floats(fc, n / 4);
+        float scale = 1e-30f, err = 0.0f;
+        for (size_t j = 0; j < n / 4; j++) {
+            scale = fmaxf(scale, fabsf(ve[j]));
+            err = fmaxf(err, fabsf(ve[j] - vc[j]));
+        }
+        CHECK(err <= 1e-4f * scale); /* float32 rounding of sums over 21 tokens */
+        free(ve);
+        free(vc);
+        free_ok(fe);
+        free_ok(fc);
+        free_ok(e[i]);
+        free_ok(c[i]);
+    }
+    EXPECT_ERROR(mlxk_gated_delta_update_chunked_vjp(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias,
+                                                     NULL, NULL, 24, dy, NULL, &c[0], &c[1], &c[2],
+                                                     &c[3], &c[4], &c[5], &c[6], &c[7]),
+                 MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_update_chunked_vjp", "chunk_size");
+    free_ok(dy);
+    free_args(&x);
+    host_free(&h);
+}
+
 void test_gated_delta_update(void) {
     /* f32, B = 2, T = 5, Hv/Hk = 2, Dk = 64, Dv = 16: no state, no mask. */
     Dims d = {2, 5, 2, 4, 64, 16};

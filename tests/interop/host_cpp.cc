@@ -327,6 +327,50 @@ static void autograd_matches_the_explicit_backward(mx::array &key) {
   CHECK(dq[0].shape() == in.q.shape());
 }
 
+// The same through the chunked form: mx::vjp of mlxk_gated_delta_update_chunked gives the bits
+// of mlxk_gated_delta_update_chunked_vjp (the chunked form's own backward, on the CPU).
+static void chunked_autograd_matches_the_chunked_vjp(mx::array &key) {
+  auto in = random_inputs(2, 37, 1, 2, 32, 5, key);
+  auto w = normal({2, 37, 2, 5}, mx::bfloat16, key);
+  auto w2 = normal({2, 2, 5, 32}, mx::float32, key);
+  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state, w, w2});
+  auto fun = [](const std::vector<mx::array> &x) -> std::vector<mx::array> {
+    std::vector<mlxk_array *> h;
+    for (const auto &a : x) h.push_back(from_host(a));
+    mlxk_array *y = nullptr, *s = nullptr;
+    OK(mlxk_gated_delta_update_chunked(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr,
+                                       16, &y, &s));
+    auto yh = to_host(y), sh = to_host(s);
+    for (auto *a : h) OK(mlxk_array_free(a));
+    OK(mlxk_array_free(y));
+    OK(mlxk_array_free(s));
+    return {*yh, *sh};
+  };
+  std::vector<mx::array> primals = {in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state};
+  auto [outs, grads] = mx::vjp(fun, primals, {w, w2});
+  mx::eval(grads);
+  CHECK(grads.size() == 8);
+  mlxk_array *h[10];
+  for (int i = 0; i < 8; ++i) h[i] = copy_in(primals[i]);
+  h[8] = copy_in(w);
+  h[9] = copy_in(w2);
+  mlxk_array *g[8] = {nullptr}, *e[8] = {nullptr};
+  OK(mlxk_gated_delta_update_chunked_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr,
+                                         16, h[8], h[9], &g[0], &g[1], &g[2], &g[3], &g[4], &g[5],
+                                         &g[6], &g[7]));
+  OK(mlxk_gated_delta_update_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, h[8],
+                                 h[9], &e[0], &e[1], &e[2], &e[3], &e[4], &e[5], &e[6], &e[7]));
+  int differ = 0;
+  for (int i = 0; i < 8 && grads.size() == 8; ++i) {
+    CHECK(bytes_of(grads[i]) == read_handle(g[i]));
+    differ += read_handle(g[i]) != read_handle(e[i]);
+    OK(mlxk_array_free(g[i]));
+    OK(mlxk_array_free(e[i]));
+  }
+  CHECK(differ > 0);  // the chunked backward, not the exact one's bits
+  for (int i = 0; i < 10; ++i) OK(mlxk_array_free(h[i]));
+}
+
 // A host function over handles: the arrays go in through from_mlx, the kernel's results come
 // back through to_mlx (the handles are freed at once; the host's arrays keep the nodes).
 template <class Call>
@@ -578,6 +622,7 @@ int main() {
   misuse(key);
   lock_serializes_host_threads(key);
   autograd_matches_the_explicit_backward(key);
+  chunked_autograd_matches_the_chunked_vjp(key);
   autograd_through_the_norms(key);
   value_and_grad_of_a_layer(key);
   unsupported_transforms_name_the_kernel(key);

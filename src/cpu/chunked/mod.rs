@@ -37,16 +37,21 @@
 //! sequential recurrence: `2·Dk·Dv`), almost all of them in the register-blocked products.
 //!
 //! `gemm` holds the products, `chunk` the work on one unit (and the data a job works in), `job`
-//! the split into jobs and one job's walk over the chunks.
+//! the split into jobs and one job's walk over the chunks; `backward` (with `backward_chunk`)
+//! the gradient of this form, chunk by chunk.
 
 // The product kernels and the job code work on raw pointers into the per-thread scratch and
 // the output buffers; their validity is established once per job (`run_job`'s contract) and
 // per product (`Kernel::gemm`'s), not per operation.
 #![allow(unsafe_op_in_unsafe_fn)]
 
+mod backward;
+mod backward_chunk;
 mod chunk;
 mod gemm;
 mod job;
+
+pub use backward::{chunked_backward, chunked_backward_with, ChunkedGrads};
 
 use chunk::Problem;
 use gemm::NR;
@@ -247,3 +252,6 @@ pub fn chunked_recurrence_rows<T: Elem>(
     // the kernel's features were detected.
     unsafe { job::run(&problem, Out::new(y, state), kernel) }
 }
+
+#[cfg(test)]
+mod backward_tests;

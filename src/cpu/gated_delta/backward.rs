@@ -330,6 +330,34 @@ pub fn gate_backward(
     dg: &[f32],
     dbeta: &[f32],
 ) -> GateGrads {
+    gate_chain(a, b, a_log, dt_bias, dg, dbeta, false)
+}
+
+/// `gate_backward` from the cotangent of log g (`dlog_g = g · ∂L/∂g`, as the chunked form's
+/// backward gives it) instead of g's: `∂ log g/∂a = ∂ log g/∂dt_bias = −exp(A_log) ·
+/// sigmoid(a + dt_bias)`, `∂ log g/∂A_log = −exp(A_log) · softplus(a + dt_bias)`; no gate is
+/// divided by, so a gate that underflowed to 0 still passes its cotangent on.
+pub fn gate_backward_log(
+    a: &[f32],
+    b: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    dlog_g: &[f32],
+    dbeta: &[f32],
+) -> GateGrads {
+    gate_chain(a, b, a_log, dt_bias, dlog_g, dbeta, true)
+}
+
+/// `gate_backward` (`log`: false) or `gate_backward_log` (true).
+fn gate_chain(
+    a: &[f32],
+    b: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    dg: &[f32],
+    dbeta: &[f32],
+    log: bool,
+) -> GateGrads {
     let hv = a_log.len();
     let mut out = GateGrads {
         da: vec![0.0; a.len()],
@@ -344,11 +372,22 @@ pub fn gate_backward(
         let softplus = x.max(0.0) + (-x.abs()).exp().ln_1p();
         let sigmoid_x = 1.0 / (1.0 + (-x).exp());
         let rate = (a_log[h] as f64).exp();
-        let g = (-rate * softplus).exp();
-        let dx = dg[i] as f64 * -rate * sigmoid_x * g;
+        let (dx, dlog) = match log {
+            false => {
+                let g = (-rate * softplus).exp();
+                (
+                    dg[i] as f64 * -rate * sigmoid_x * g,
+                    dg[i] as f64 * -rate * softplus * g,
+                )
+            }
+            true => (
+                dg[i] as f64 * -rate * sigmoid_x,
+                dg[i] as f64 * -rate * softplus,
+            ),
+        };
         out.da[i] = dx as f32;
         sum_dt[h] += dx;
-        sum_log[h] += dg[i] as f64 * -rate * softplus * g;
+        sum_log[h] += dlog;
         let beta = 1.0 / (1.0 + (-(b[i] as f64)).exp());
         out.db[i] = (dbeta[i] as f64 * beta * (1.0 - beta)) as f32;
     }

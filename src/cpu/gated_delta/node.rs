@@ -124,10 +124,11 @@ fn copy_rows(src: &[f32], dst: &mut [f32], row: usize) {
 }
 
 /// Entry for the backward node (`node::gated_delta::Backward`): the forward's gates as the
-/// forward computes them, the recurrence's backward sweep, the gates' chain; outputs dq, dk,
+/// forward computes them, the backward of the forward's form (the chunked form's own,
+/// `chunked::chunked_backward`, or the recurrence's sweep), the gates' chain; outputs dq, dk,
 /// dv, da, db, da_log, ddt_bias in their inputs' dtypes, then dstate.
 pub(crate) fn run_backward(params: &[i64], buffers: Buffers) {
-    use super::backward::{backward, gate_backward, Inputs};
+    use super::backward::{backward, gate_backward, gate_backward_log, Inputs};
     use crate::node::gated_delta::{Backward, BackwardInput};
     let node = Backward::decode(params).unwrap_or_else(|e| panic!("{e}"));
     let f = node.forward;
@@ -158,38 +159,48 @@ pub(crate) fn run_backward(params: &[i64], buffers: Buffers) {
         None => vec![0.0; d.b * d.t * d.hv * d.dv],
     };
     let dstate_out = input(BackwardInput::DstateOut).map(|s| typed::<f32>(s).to_vec());
-    let grads = backward(
-        &Inputs {
-            d,
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-            state: state.as_deref(),
-            mask: forward(Input::Mask),
-            dy: &dy,
-            dstate_out: dstate_out.as_deref(),
-        },
-        node.checkpoint,
+    let x = Inputs {
+        d,
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        state: state.as_deref(),
+        mask: forward(Input::Mask),
+        dy: &dy,
+        dstate_out: dstate_out.as_deref(),
+    };
+    let (a, b, a_log, dt_bias) = (
+        widen(given(Input::A), f.gates.a),
+        widen(given(Input::B), f.gates.b),
+        widen(given(Input::ALog), f.gates.a_log),
+        widen(given(Input::DtBias), f.gates.dt_bias),
     );
-    let gate_grads = gate_backward(
-        &widen(given(Input::A), f.gates.a),
-        &widen(given(Input::B), f.gates.b),
-        &widen(given(Input::ALog), f.gates.a_log),
-        &widen(given(Input::DtBias), f.gates.dt_bias),
-        &grads.dg,
-        &grads.dbeta,
-    );
+    // The chunked form's own backward (its gates' cotangent is that of log g); every other
+    // form the exact recurrence's.
+    let (dq, dk, dv, gate_grads, dstate) = match f.form {
+        Form::Chunked { chunk } => {
+            let grads = chunked::chunked_backward(&x, chunk);
+            let gate_grads =
+                gate_backward_log(&a, &b, &a_log, &dt_bias, &grads.dlog_g, &grads.dbeta);
+            (grads.dq, grads.dk, grads.dv, gate_grads, grads.dstate)
+        }
+        _ => {
+            let grads = backward(&x, node.checkpoint);
+            let gate_grads = gate_backward(&a, &b, &a_log, &dt_bias, &grads.dg, &grads.dbeta);
+            (grads.dq, grads.dk, grads.dv, gate_grads, grads.dstate)
+        }
+    };
     let results: [(&[f32], Dtype); 8] = [
-        (&grads.dq, f.dtype),
-        (&grads.dk, f.dtype),
-        (&grads.dv, f.dtype),
+        (&dq, f.dtype),
+        (&dk, f.dtype),
+        (&dv, f.dtype),
         (&gate_grads.da, f.gates.a),
         (&gate_grads.db, f.gates.b),
         (&gate_grads.da_log, f.gates.a_log),
         (&gate_grads.ddt_bias, f.gates.dt_bias),
-        (&grads.dstate, Dtype::Float32),
+        (&dstate, Dtype::Float32),
     ];
     for (out, (values, dtype)) in buffers.outputs.into_iter().zip(results) {
         narrow(values, out, dtype);

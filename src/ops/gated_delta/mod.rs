@@ -15,8 +15,8 @@ pub(crate) use graph::GPU_GATES_ON_CPU;
 pub(crate) use pool::POOL_IN_PLACE;
 pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm, Slots};
 pub use replay::state;
-pub use vjp::update_vjp;
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
+pub use vjp::{update_chunked_vjp, update_vjp};
 
 use cxx::UniquePtr;
 

@@ -94,6 +94,48 @@ pub fn update_vjp(
     if backend != Backend::Cpu {
         return update_vjp_gpu(x, &node, dy, dstate_out, backend);
     }
+    cpu_vjp(x, backward, dy, dstate_out)
+}
+
+/// The backward pass of the chunked form (`mlxk_gated_delta_update_chunked_vjp`): on the CPU
+/// the chunked form's own backward (`cpu::chunked::chunked_backward`), with chunks of `chunk`
+/// tokens (0 = the default); with a GPU backend the exact update's GPU backward (the gradient
+/// of the same function). Lazy.
+pub fn update_chunked_vjp(
+    x: &Inputs,
+    chunk: i32,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+    backend: Backend,
+) -> Result<Gradients> {
+    // The chunk size first: it is an argument, the memory checks resources.
+    let chunk = super::check_chunk(chunk)?;
+    let node = check_update(x)?;
+    let mut backward = check_vjp(&node, dy, dstate_out)?;
+    if backend != Backend::Cpu {
+        return update_vjp_gpu(x, &node, dy, dstate_out, backend);
+    }
+    // The kept states and residuals of the jobs running at once (at most one per worker
+    // thread, each a key head's value heads over ceil(T/C) chunks).
+    let d = node.dims;
+    let (group, dvp) = (d.hv / d.hk.max(1), d.dv.div_ceil(16) * 16);
+    let per_job = (group * d.t.div_ceil(chunk)) as u64 * ((d.dk + chunk) * dvp * 4) as u64;
+    let jobs = (crate::cpu::pool::threads() as u64).min((d.b * d.hk) as u64);
+    memory::check_bytes(
+        "the chunked backward's kept states",
+        per_job.saturating_mul(jobs),
+    )?;
+    backward.forward.form = crate::node::gated_delta::Form::Chunked { chunk };
+    cpu_vjp(x, backward, dy, dstate_out)
+}
+
+/// The CPU backward node `backward` on the caller's arrays and cotangents.
+fn cpu_vjp(
+    x: &Inputs,
+    backward: Backward,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+) -> Result<Gradients> {
     let arrays = x.arrays();
     let inputs: Vec<&Array> = backward
         .cpu_inputs()

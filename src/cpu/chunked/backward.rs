@@ -1,0 +1,284 @@
+//! The chunked form's backward pass: the gradients of y and the final state with respect to
+//! q, k, v, the gates (as `∂L/∂(log g)`), β and the initial state, computed chunk by chunk
+//! through the WY products of `super` (see its header for the forward's maths).
+//!
+//! Per (batch row, value head): a forward sweep over the chunks keeps only the state entering
+//! each chunk (`H_j`, transposed) and the chunk's residuals `R = V − diag(γ) K H_j`; a reverse
+//! sweep then carries `dH` (the cotangent of the state leaving the chunk) backwards, and for
+//! each chunk recomputes its WY quantities from them and back-propagates through them
+//! (`backward_chunk`). A job is one batch row and one
+//! key head with the value heads that read it (GQA), so the gradients of q and k of a key head
+//! are summed over its value heads inside the job, and the per-key-head products (the Gram
+//! matrices `K Kᵀ`, `Q Kᵀ`, and the products of the summed `dP`, `dA` with K and Q) run once.
+//!
+//! Memory per job: the kept states and each chunk's residuals R = V − diag(γ) K H,
+//! `group · ceil(T'/C) · (Dk + C) · Dv'` f32 (T' the row's active tokens, Dv' = Dv rounded up
+//! to 16; C ≤ 4·Dk, so at most 5 states per chunk), the `group` states and their cotangents,
+//! and O(C · (C + Dk + Dv')) of per-chunk scratch: O((T/C + C) · state), never O(T · state).
+//! The jobs running at once share these buffers within a call (one set per running job).
+//!
+//! Gates enter as running products (`Γ(t, s)`, `γ_t`, no division, no logarithm): a gate that
+//! underflows to 0 gives zero products and finite gradients. The gradient of a product of
+//! gates with respect to the logarithm of one of its factors is the product itself, so every
+//! term `f(Γ(t, s))` contributes `Γ(t, s) · ∂L/∂Γ(t, s)` to `∂L/∂ log g_i` for each `i` in
+//! `(s, t]`; these are gathered as sums of row prefixes (`backward_chunk::head_backward`), so
+//! no two sums that cancel are subtracted. The result is `g · ∂L/∂g`, what the gate chain to
+//! a, A_log and dt_bias needs (`gated_delta::backward::gate_backward_log`).
+
+use super::backward_chunk::{self as bc, Chunk, Outs, Scratch};
+#[cfg(target_arch = "x86_64")]
+use super::gemm::{Avx2, Avx512};
+use super::gemm::{Kernel, Portable, NR};
+use super::{Products, DEFAULT_CHUNK, MAX_CHUNK};
+use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::pool::{self, SharedMut};
+use crate::cpu::{features, fp};
+use std::sync::Mutex;
+
+/// The chunked backward's gradients, in the layouts of their inputs. `dlog_g` is
+/// `∂L/∂(log g) = g · ∂L/∂g` `[B, T, Hv]`; the others as `gated_delta::backward::Grads`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChunkedGrads {
+    pub dq: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+    pub dlog_g: Vec<f32>,
+    pub dbeta: Vec<f32>,
+    pub dstate: Vec<f32>,
+}
+
+/// The backward pass of the chunked form with chunks of `chunk` tokens (0: `DEFAULT_CHUNK`;
+/// else a multiple of 16 in 16..=128) and the fastest product kernel.
+pub fn chunked_backward(x: &Inputs, chunk: usize) -> ChunkedGrads {
+    chunked_backward_with(x, chunk, Products::Fastest)
+}
+
+/// `chunked_backward` with the product kernel capped at `products`.
+pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> ChunkedGrads {
+    let d = x.d;
+    let c = if chunk == 0 { DEFAULT_CHUNK } else { chunk };
+    assert!(
+        (NR..=MAX_CHUNK).contains(&c) && c.is_multiple_of(NR),
+        "chunk size {c} is not a multiple of {NR} in {NR}..={MAX_CHUNK}"
+    );
+    assert!(
+        d.hv == 0 || (d.hk > 0 && d.hv.is_multiple_of(d.hk)),
+        "Hv = {} is not a multiple of Hk = {}",
+        d.hv,
+        d.hk
+    );
+    let (qk, vs, gates, states) = (
+        d.b * d.t * d.hk * d.dk,
+        d.b * d.t * d.hv * d.dv,
+        d.b * d.t * d.hv,
+        d.b * d.hv * d.dv * d.dk,
+    );
+    assert_eq!(x.q.len(), qk, "q has the wrong length");
+    assert_eq!(x.k.len(), qk, "k has the wrong length");
+    assert_eq!(x.v.len(), vs, "v has the wrong length");
+    assert_eq!(x.dy.len(), vs, "dy has the wrong length");
+    assert_eq!(x.g.len(), gates, "g has the wrong length");
+    assert_eq!(x.beta.len(), gates, "beta has the wrong length");
+    if let Some(s) = x.state {
+        assert_eq!(s.len(), states, "state has the wrong length");
+    }
+    if let Some(s) = x.dstate_out {
+        assert_eq!(s.len(), states, "dstate_out has the wrong length");
+    }
+    if let Some(m) = x.mask {
+        assert_eq!(m.len(), d.b * d.t, "mask has the wrong length");
+    }
+    assert!(
+        d.hv == 0 || d.dk.is_multiple_of(8),
+        "Dk = {} is not a multiple of 8",
+        d.dk
+    );
+    let mut g = ChunkedGrads {
+        dq: vec![0.0; qk],
+        dk: vec![0.0; qk],
+        dv: vec![0.0; vs],
+        dlog_g: vec![0.0; gates],
+        dbeta: vec![0.0; gates],
+        dstate: vec![0.0; states],
+    };
+    if d.b == 0 || d.hv == 0 || d.dv == 0 {
+        return g;
+    }
+    let outs = Outs {
+        dq: SharedMut(g.dq.as_mut_ptr()),
+        dk: SharedMut(g.dk.as_mut_ptr()),
+        dv: SharedMut(g.dv.as_mut_ptr()),
+        dlog_g: SharedMut(g.dlog_g.as_mut_ptr()),
+        dbeta: SharedMut(g.dbeta.as_mut_ptr()),
+        dstate: SharedMut(g.dstate.as_mut_ptr()),
+    };
+    let f = features::kernels();
+    #[cfg(target_arch = "x86_64")]
+    let (avx512, avx2) = (
+        products == Products::Fastest && f.avx512(),
+        products != Products::Portable && f.avx2_fma(),
+    );
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (f, products);
+    // Buffers of finished jobs, taken by the next ones: as many sets as jobs run at once, each
+    // set's pages faulted in once per call.
+    let spare: Mutex<Vec<Bufs>> = Mutex::new(Vec::new());
+    let dvp = d.dv.div_ceil(NR) * NR;
+    pool::run(d.b * d.hk, &|job| {
+        let (b, hk) = (job / d.hk, job % d.hk);
+        let taken = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut bufs = taken.unwrap_or_else(|| Bufs {
+            s: Scratch::new(c, d.dk, dvp),
+            kept: Vec::new(),
+            h: Vec::new(),
+            dh: Vec::new(),
+        });
+        let w = &mut bufs;
+        fp::flush_subnormals(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if avx512 {
+                    // SAFETY: AVX-512 was detected; job (b, hk) alone writes its entries.
+                    return unsafe { job_avx512(x, outs, w, c, b, hk) };
+                }
+                if avx2 {
+                    // SAFETY: AVX2 and FMA were detected; as above.
+                    return unsafe { job_avx2(x, outs, w, c, b, hk) };
+                }
+            }
+            // SAFETY: job (b, hk) alone writes its entries.
+            unsafe { run_job::<Portable>(x, outs, w, c, b, hk) }
+        });
+        spare.lock().unwrap_or_else(|e| e.into_inner()).push(bufs);
+    });
+    g
+}
+
+/// One job's buffers: the chunk scratch, the kept states, the current states and their
+/// cotangents.
+struct Bufs {
+    s: Scratch,
+    kept: Vec<f32>,
+    h: Vec<f32>,
+    dh: Vec<f32>,
+}
+
+/// `v` holding at least `n` values (not cleared).
+fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
+}
+
+/// `run_job` with the AVX2 products, compiled with AVX2 + FMA.
+///
+/// # Safety
+/// AVX2 and FMA must be available; as `run_job`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn job_avx2(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+    run_job::<Avx2>(x, o, w, c, b, hk)
+}
+
+/// `run_job` with the AVX-512 products, compiled with AVX-512.
+///
+/// # Safety
+/// AVX-512 (F), AVX2 and FMA must be available; as `run_job`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn job_avx512(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+    run_job::<Avx512>(x, o, w, c, b, hk)
+}
+
+/// One job: batch row `b`, key head `hk` and its value heads, over all their tokens.
+///
+/// # Safety
+/// `o` points at output buffers of `x.d`'s sizes, of which no other thread writes the
+/// entries of (b, hk) and of hk's value heads while this runs.
+#[inline(always)]
+unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+    let d = x.d;
+    let (dk, dv) = (d.dk, d.dv);
+    let dvp = dv.div_ceil(NR) * NR;
+    let group = d.hv / d.hk;
+    let hv0 = hk * group;
+    let size = dk * dvp;
+    let tokens: Vec<usize> = (0..d.t)
+        .filter(|&t| x.mask.is_none_or(|m| m[b * d.t + t] != 0))
+        .collect();
+    let chunks = tokens.len().div_ceil(c);
+    let s = &mut w.s;
+
+    // The state walks the chunks in `h` as H = Sᵀ ([Dk, Dv'], zero columns past Dv). For each
+    // chunk and value head `kept` holds the state entering it transposed, Hᵀ ([Dv', Dk], as
+    // the reverse sweep reads it), then the chunk's R = V − diag(γ) K H ([C, Dv']: the reverse
+    // sweep needs no K H product; (T/C)·C·Dv' ≤ 4·(T/C)·state, as C ≤ 4·Dk). The last chunk's
+    // R is recomputed from `h`, which is left holding the state entering that chunk.
+    let stride = size + c * dvp;
+    let kept = fit(&mut w.kept, group * chunks * stride);
+    let h = fit(&mut w.h, group * size);
+    h.fill(0.0);
+    let state_at = |i: usize| (b * d.hv + hv0 + i) * dv * dk;
+    if let Some(state) = x.state {
+        for i in 0..group {
+            bc::to_panel(&state[state_at(i)..], &mut h[i * size..], dk, dv, dvp);
+        }
+    }
+    for j in 0..chunks.saturating_sub(1) {
+        let chunk = Chunk::new(&tokens, j, c);
+        s.gather_kq(x, b, hk, &chunk, false);
+        K::transpose(s.kq.as_ptr(), dk, s.kt.as_mut_ptr(), c, chunk.lp, dk);
+        bc::gram::<K>(s, &chunk, false);
+        for i in 0..group {
+            let hv = hv0 + i;
+            let hi = &mut h[i * size..(i + 1) * size];
+            let keep = &mut kept[(i * chunks + j) * stride..][..stride];
+            K::transpose(hi.as_ptr(), dvp, keep.as_mut_ptr(), dk, dk, dvp);
+            s.gates(x, b, hv, &chunk);
+            bc::recompute_u::<K>(x, s, &chunk, b, hv, hi);
+            keep[size..size + chunk.l * dvp].copy_from_slice(s.r(&chunk));
+            bc::advance::<K>(s, &chunk, hi);
+        }
+    }
+    if chunks > 0 {
+        for i in 0..group {
+            let keep = &mut kept[(i * chunks + chunks - 1) * stride..];
+            K::transpose(h[i * size..].as_ptr(), dvp, keep.as_mut_ptr(), dk, dk, dvp);
+        }
+    }
+
+    // The reverse sweep: dH starts as the final state's cotangent.
+    let dh = fit(&mut w.dh, group * size);
+    dh.fill(0.0);
+    if let Some(ds) = x.dstate_out {
+        for i in 0..group {
+            bc::to_panel(&ds[state_at(i)..], &mut dh[i * size..], dk, dv, dvp);
+        }
+    }
+    for j in (0..chunks).rev() {
+        let chunk = Chunk::new(&tokens, j, c);
+        s.gather_kq(x, b, hk, &chunk, true);
+        K::transpose(s.kq.as_ptr(), dk, s.kt.as_mut_ptr(), c, chunk.lp, dk);
+        bc::gram::<K>(s, &chunk, true);
+        s.clear_sums(&chunk);
+        for i in 0..group {
+            let hv = hv0 + i;
+            s.gates(x, b, hv, &chunk);
+            let keep = &kept[(i * chunks + j) * stride..][..stride];
+            if j + 1 == chunks {
+                bc::recompute_u::<K>(x, s, &chunk, b, hv, &h[i * size..(i + 1) * size]);
+            } else {
+                s.set_r(&keep[size..size + chunk.l * dvp]);
+                bc::u_from_r::<K>(s, &chunk);
+            }
+            let h0t = &keep[..size];
+            bc::head_backward::<K>(x, o, s, &chunk, b, hv, h0t, &mut dh[i * size..][..size]);
+        }
+        bc::key_head_backward::<K>(x, o, s, &chunk, b, hk);
+    }
+    for i in 0..group {
+        let dst = std::slice::from_raw_parts_mut(o.dstate.0.add(state_at(i)), dv * dk);
+        bc::from_panel(&dh[i * size..], dst, dk, dv, dvp);
+    }
+}

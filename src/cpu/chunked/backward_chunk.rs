@@ -1,0 +1,734 @@
+//! One chunk of the chunked backward (`backward`): the chunk's gates, its WY quantities
+//! recomputed from the state entering it, and the reverse pass through its products.
+//!
+//! For a chunk of L tokens (keys K, queries Q, values V, state H0 entering, cotangents dY of
+//! the outputs and dH1 of the state leaving), with `R = V − diag(γ) K H0`, `X = diag(β) R`,
+//! `U = Tm X`, `λ_s = Γ(L−1, s)`:
+//!
+//! ```text
+//! dU  = diag(λ) K dH1 + Pᵀ dY              E  = U dH1ᵀ:  dK += diag(λ) E,  dλ_s = k_s·E_s
+//! dX  = Tmᵀ dU                             dβ_t += R_t·dX_t,   dR = diag(β) dX = dV
+//! dP  = dY Uᵀ,  dA = −dX Uᵀ                (as dTm = dU Xᵀ and dA = −Tmᵀ dTm Tmᵀ)
+//! [F; G] = [dY; dR] H0ᵀ:                   dQ += diag(γ) F,  dK −= diag(γ) G,
+//!                                          dγ_t += q_t·F_t − k_t·G_t
+//! dH0 = γ_{L−1} dH1 + [diag(γ) Q; −diag(γ) K]ᵀ [dY; dR],     dγ_{L−1} += ⟨H0, dH1⟩
+//! ```
+//!
+//! and through `P = Γ ⊙ Q Kᵀ` (lower, diagonal included) and `A = diag(β) Γ ⊙ K Kᵀ` (strictly
+//! lower): `dP' = Γ ⊙ dP`, `dA' = diag(β) Γ ⊙ dA` give `dQ += dP' K`, `dK += dP'ᵀ Q +
+//! (dA' + dA'ᵀ) K` (summed over the key head's value heads before these products) and
+//! `dβ_t += Σ_s dA(t, s) Γ(t, s) k_t·k_s`.
+//!
+//! All matrices are row-major with a padded width: L' = L rounded up to 16 (columns of the
+//! [L, L] matrices, stride C), Dv' = Dv rounded up to 16; the padding holds zeros.
+
+use super::gemm::{Epi, Kernel, Product, NR};
+use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::pool::SharedMut;
+
+/// The output buffers, shared by the jobs (each writes the entries of its batch row and key
+/// head, and of that key head's value heads).
+#[derive(Clone, Copy)]
+pub(super) struct Outs {
+    pub(super) dq: SharedMut<f32>,
+    pub(super) dk: SharedMut<f32>,
+    pub(super) dv: SharedMut<f32>,
+    pub(super) dlog_g: SharedMut<f32>,
+    pub(super) dbeta: SharedMut<f32>,
+    pub(super) dstate: SharedMut<f32>,
+}
+
+/// The tokens of one chunk (positions in the batch row) and their counts.
+pub(super) struct Chunk<'a> {
+    pub(super) tok: &'a [usize],
+    /// Tokens.
+    pub(super) l: usize,
+    /// Tokens rounded up to 16.
+    pub(super) lp: usize,
+}
+
+impl<'a> Chunk<'a> {
+    /// Chunk `j` of the row's active tokens `tokens`, C = `c` tokens each.
+    pub(super) fn new(tokens: &'a [usize], j: usize, c: usize) -> Self {
+        let tok = &tokens[j * c..((j + 1) * c).min(tokens.len())];
+        Chunk {
+            tok,
+            l: tok.len(),
+            lp: tok.len().div_ceil(NR) * NR,
+        }
+    }
+}
+
+/// A job's per-chunk buffers (sizes for chunks of up to C tokens).
+pub(super) struct Scratch {
+    c: usize,
+    dk: usize,
+    dvp: usize,
+    /// K rows `[0, C)`, Q rows `[C, 2C)`, `[2C, Dk]` (rows past L zero).
+    pub(super) kq: Vec<f32>,
+    /// Kᵀ, `[Dk, C]`.
+    pub(super) kt: Vec<f32>,
+    /// K Kᵀ rows `[0, C)`, Q Kᵀ rows `[C, 2C)`, `[2C, C]`.
+    gram: Vec<f32>,
+    /// Γ(t, s) for s ≤ t, `[C, C]`.
+    big: Vec<f32>,
+    gam: Vec<f32>,
+    lam: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    /// Tm = (I + A)⁻¹, `[C, C]` (zeros above the diagonal).
+    tm: Vec<f32>,
+    /// R, X = diag(β) R, U: `[C, Dv']` each.
+    r: Vec<f32>,
+    xb: Vec<f32>,
+    u: Vec<f32>,
+    /// Uᵀ, `[Dv', C]`.
+    ut: Vec<f32>,
+    /// dY rows `[0, L)`, dX then dR rows `[L, 2L)`, `[2C, Dv']`.
+    dyr: Vec<f32>,
+    du: Vec<f32>,
+    /// dH1ᵀ, `[Dv', Dk]`.
+    dht: Vec<f32>,
+    /// [F; G], `[2C, Dk]`; E `[C, Dk]`; [γQ; −γK] `[2C, Dk]`.
+    fg: Vec<f32>,
+    e: Vec<f32>,
+    qks: Vec<f32>,
+    /// P, then [dP; −dA], `[C, C]` and `[2C, C]`.
+    p: Vec<f32>,
+    pa: Vec<f32>,
+    /// Σ over the key head's value heads of dP' and dA', and dA' + dA'ᵀ, `[C, C]`.
+    sdp: Vec<f32>,
+    sdkk: Vec<f32>,
+    sym: Vec<f32>,
+    /// The chunk's dQ and dK of the key head, `[C, Dk]`.
+    dqc: Vec<f32>,
+    dkc: Vec<f32>,
+    dgam: Vec<f32>,
+    dlam: Vec<f32>,
+    dbeta: Vec<f32>,
+    row_m: Vec<f32>,
+    col_m: Vec<f32>,
+}
+
+impl Scratch {
+    pub(super) fn new(c: usize, dk: usize, dvp: usize) -> Self {
+        let z = |n: usize| vec![0.0f32; n];
+        Scratch {
+            c,
+            dk,
+            dvp,
+            kq: z(2 * c * dk),
+            kt: z(dk * c),
+            gram: z(2 * c * c),
+            big: z(c * c),
+            gam: z(c),
+            lam: z(c),
+            g: z(c),
+            beta: z(c),
+            tm: z(c * c),
+            r: z(c * dvp),
+            xb: z(c * dvp),
+            u: z(c * dvp),
+            ut: z(dvp * c),
+            dyr: z(2 * c * dvp),
+            du: z(c * dvp),
+            dht: z(dvp * dk),
+            fg: z(2 * c * dk),
+            e: z(c * dk),
+            qks: z(2 * c * dk),
+            p: z(c * c),
+            pa: z(2 * c * c),
+            sdp: z(c * c),
+            sdkk: z(c * c),
+            sym: z(c * c),
+            dqc: z(c * dk),
+            dkc: z(c * dk),
+            dgam: z(c),
+            dlam: z(c),
+            dbeta: z(c),
+            row_m: z(c),
+            col_m: z(c),
+        }
+    }
+
+    /// The chunk's keys (and with `with_q` its queries) of key head `hk`, rows past L zero.
+    pub(super) fn gather_kq(&mut self, x: &Inputs, b: usize, hk: usize, ch: &Chunk, with_q: bool) {
+        let (d, dk, c) = (x.d, self.dk, self.c);
+        for (half, src) in [(0, x.k), (1, x.q)] {
+            if half == 1 && !with_q {
+                break;
+            }
+            let dst = &mut self.kq[half * c * dk..(half * c + ch.lp) * dk];
+            for (i, &t) in ch.tok.iter().enumerate() {
+                let at = ((b * d.t + t) * d.hk + hk) * dk;
+                dst[i * dk..(i + 1) * dk].copy_from_slice(&src[at..at + dk]);
+            }
+            dst[ch.l * dk..].fill(0.0);
+        }
+    }
+
+    /// Value head `hv`'s gates over the chunk: g, β, Γ, γ, λ; then A and Tm (needs `gram`).
+    pub(super) fn gates(&mut self, x: &Inputs, b: usize, hv: usize, ch: &Chunk) {
+        let (d, c, l) = (x.d, self.c, ch.l);
+        for (i, &t) in ch.tok.iter().enumerate() {
+            let at = (b * d.t + t) * d.hv + hv;
+            self.g[i] = x.g[at];
+            self.beta[i] = x.beta[at];
+        }
+        // Row t of Γ is row t − 1 times g_t (a product of gates only shrinks: no ratio).
+        let mut run = 1.0f32;
+        for t in 0..l {
+            let g = self.g[t];
+            run *= g;
+            self.gam[t] = run;
+            let (prev, rest) = self.big.split_at_mut(t * c);
+            let row = &mut rest[..c];
+            if t > 0 {
+                for (x, &p) in row[..t].iter_mut().zip(&prev[(t - 1) * c..]) {
+                    *x = p * g;
+                }
+            }
+            row[t] = 1.0;
+        }
+        for s in 0..l {
+            self.lam[s] = self.big[(l - 1) * c + s];
+        }
+        for v in [&mut self.gam, &mut self.lam, &mut self.beta] {
+            v[l..ch.lp].fill(0.0);
+        }
+        // Tm = (I + A)⁻¹ row by row: Tm_t = e_t − Σ_{r<t} A[t, r] Tm_r, A[t, r] = β_t Γ(t, r)
+        // k_t·k_r (zero terms skipped: no 0 · inf).
+        for t in 0..l {
+            let (done, rest) = self.tm.split_at_mut(t * c);
+            let row = &mut rest[..c];
+            row[..ch.lp].fill(0.0);
+            for r in 0..t {
+                let a = self.beta[t] * self.big[t * c + r] * self.gram[t * c + r];
+                if a != 0.0 {
+                    let prev = &done[r * c..r * c + r + 1];
+                    for (x, &y) in row.iter_mut().zip(prev) {
+                        *x -= a * y;
+                    }
+                }
+            }
+            row[t] = 1.0;
+        }
+    }
+
+    /// The chunk's R rows (`[L, Dv']`), as `recompute_u` left them.
+    pub(super) fn r(&self, ch: &Chunk) -> &[f32] {
+        &self.r[..ch.l * self.dvp]
+    }
+
+    /// Sets the chunk's R rows (kept from `r`).
+    pub(super) fn set_r(&mut self, r: &[f32]) {
+        self.r[..r.len()].copy_from_slice(r);
+    }
+
+    /// Zeros the key head's sums for a chunk.
+    pub(super) fn clear_sums(&mut self, ch: &Chunk) {
+        let (c, dk) = (self.c, self.dk);
+        for t in 0..ch.l {
+            self.sdp[t * c..t * c + ch.lp].fill(0.0);
+            self.sdkk[t * c..t * c + ch.lp].fill(0.0);
+        }
+        self.dqc[..ch.l * dk].fill(0.0);
+        self.dkc[..ch.l * dk].fill(0.0);
+    }
+}
+
+/// A row-major matrix operand: element (r, p) at `p[r · rs + p · cs]`.
+#[derive(Clone, Copy)]
+struct Op {
+    p: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
+fn rows(p: *const f32, rs: usize) -> Op {
+    Op { p, rs, cs: 1 }
+}
+
+/// The transpose of the row-major matrix at `p` with row stride `rs`.
+fn cols(p: *const f32, rs: usize) -> Op {
+    Op { p, rs: 1, cs: rs }
+}
+
+/// `C[m, n] = epi(C, A[m, kc] · B[kc, n])`, B row-major with stride `b_rs`, C with `c_rs`;
+/// n a multiple of 16.
+///
+/// # Safety
+/// The operands address the rows and columns the product reads and writes.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn mm<K: Kernel>(
+    m: usize,
+    n: usize,
+    kc: usize,
+    a: Op,
+    b: *const f32,
+    b_rs: usize,
+    c: *mut f32,
+    c_rs: usize,
+    epi: Epi,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let panels = n / NR;
+    let mut q = 0;
+    while q < panels {
+        let two = K::PANELS == 2 && q + 1 < panels;
+        K::gemm(Product {
+            m,
+            kc,
+            tri: false,
+            a: a.p,
+            a_rs: a.rs,
+            a_cs: a.cs,
+            b: b.add(q * NR),
+            b_rs,
+            c: c.add(q * NR),
+            c_rs,
+            panels: if two { 2 } else { 1 },
+            b_ps: NR,
+            c_ps: NR,
+            epi,
+        });
+        q += if two { 2 } else { 1 };
+    }
+}
+
+/// `a · b` in 16 partial sums (lane l takes elements l, l + 16, ...): vectorized, unlike a
+/// single running sum.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let (ca, cb) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..16 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ra.iter().zip(rb).enumerate() {
+        lanes[l] += x * y;
+    }
+    lanes.iter().sum()
+}
+
+/// `dst` (`[Dk, Dv']`) = the transpose of a state row `src` (`[Dv, Dk]`), zero columns past Dv.
+pub(super) fn to_panel(src: &[f32], dst: &mut [f32], dk: usize, dv: usize, dvp: usize) {
+    for i in 0..dk {
+        let row = &mut dst[i * dvp..(i + 1) * dvp];
+        for (j, x) in row.iter_mut().enumerate() {
+            *x = if j < dv { src[j * dk + i] } else { 0.0 };
+        }
+    }
+}
+
+/// The inverse of `to_panel`.
+pub(super) fn from_panel(src: &[f32], dst: &mut [f32], dk: usize, dv: usize, dvp: usize) {
+    for j in 0..dv {
+        for i in 0..dk {
+            dst[j * dk + i] = src[i * dvp + j];
+        }
+    }
+}
+
+/// K Kᵀ (and with `with_q`, Q Kᵀ) of the gathered chunk into `gram`.
+///
+/// # Safety
+/// `s` was sized for the chunk; `kt` holds Kᵀ.
+#[inline(always)]
+pub(super) unsafe fn gram<K: Kernel>(s: &mut Scratch, ch: &Chunk, with_q: bool) {
+    let (c, dk) = (s.c, s.dk);
+    let kt = s.kt.as_ptr();
+    mm::<K>(
+        ch.l,
+        ch.lp,
+        dk,
+        rows(s.kq.as_ptr(), dk),
+        kt,
+        c,
+        s.gram.as_mut_ptr(),
+        c,
+        Epi::SET,
+    );
+    if with_q {
+        mm::<K>(
+            ch.l,
+            ch.lp,
+            dk,
+            rows(s.kq.as_ptr().add(c * dk), dk),
+            kt,
+            c,
+            s.gram.as_mut_ptr().add(c * c),
+            c,
+            Epi::SET,
+        );
+    }
+}
+
+/// R = V − diag(γ) K H0, X = diag(β) R and U = Tm X for value head `hv` (U's rows past L
+/// zero).
+///
+/// # Safety
+/// `s` holds the chunk's K, gates and Tm; `h0` is `[Dk, Dv']`.
+#[inline(always)]
+pub(super) unsafe fn recompute_u<K: Kernel>(
+    x: &Inputs,
+    s: &mut Scratch,
+    ch: &Chunk,
+    b: usize,
+    hv: usize,
+    h0: &[f32],
+) {
+    let (d, dk, dvp, l) = (x.d, s.dk, s.dvp, ch.l);
+    let dv = d.dv;
+    mm::<K>(
+        l,
+        dvp,
+        dk,
+        rows(s.kq.as_ptr(), dk),
+        h0.as_ptr(),
+        dvp,
+        s.r.as_mut_ptr(),
+        dvp,
+        Epi::SET,
+    );
+    for (t, &tok) in ch.tok.iter().enumerate() {
+        let v = &x.v[((b * d.t + tok) * d.hv + hv) * dv..][..dv];
+        let gam = s.gam[t];
+        let r = &mut s.r[t * dvp..(t + 1) * dvp];
+        for j in 0..dv {
+            r[j] = v[j] - gam * r[j];
+        }
+        r[dv..].fill(0.0);
+    }
+    u_from_r::<K>(s, ch);
+}
+
+/// X = diag(β) R and U = Tm X from the chunk's R (`recompute_u`'s, or one kept by
+/// `set_r`); U's rows past L zero.
+///
+/// # Safety
+/// `s` holds the chunk's gates, Tm and R.
+#[inline(always)]
+pub(super) unsafe fn u_from_r<K: Kernel>(s: &mut Scratch, ch: &Chunk) {
+    let (c, dvp, l) = (s.c, s.dvp, ch.l);
+    for t in 0..l {
+        let beta = s.beta[t];
+        let (r, xb) = (&s.r[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
+        for j in 0..dvp {
+            xb[j] = beta * r[j];
+        }
+    }
+    for q in 0..dvp / NR {
+        K::gemm(Product {
+            m: l,
+            kc: l,
+            tri: true,
+            a: s.tm.as_ptr(),
+            a_rs: c,
+            a_cs: 1,
+            b: s.xb.as_ptr().add(q * NR),
+            b_rs: dvp,
+            c: s.u.as_mut_ptr().add(q * NR),
+            c_rs: dvp,
+            panels: 1,
+            b_ps: NR,
+            c_ps: NR,
+            epi: Epi::SET,
+        });
+    }
+    s.u[l * dvp..ch.lp * dvp].fill(0.0);
+}
+
+/// The state through the chunk: `H ← γ_{L−1} H + Kᵀ diag(λ) U` (after `recompute_u`).
+///
+/// # Safety
+/// As `recompute_u`; `h` is `[Dk, Dv']`.
+#[inline(always)]
+pub(super) unsafe fn advance<K: Kernel>(s: &mut Scratch, ch: &Chunk, h: &mut [f32]) {
+    let (dk, dvp, l) = (s.dk, s.dvp, ch.l);
+    for t in 0..l {
+        let lam = s.lam[t];
+        let (src, dst) = (&s.u[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
+        for j in 0..dvp {
+            dst[j] = lam * src[j];
+        }
+    }
+    mm::<K>(
+        dk,
+        dvp,
+        l,
+        cols(s.kq.as_ptr(), dk),
+        s.xb.as_ptr(),
+        dvp,
+        h.as_mut_ptr(),
+        dvp,
+        Epi {
+            load: true,
+            c_scale: s.gam[l - 1],
+            rs: std::ptr::null(),
+        },
+    );
+}
+
+/// The reverse pass through one value head's part of the chunk (after `recompute_u` or
+/// `u_from_r`): writes dv, dβ and d(log g) of its tokens, adds its dQ, dK parts and the key
+/// head's sums, and turns `dh` (dH1 on entry) into dH0. `h0t` is the state entering the
+/// chunk, transposed (`[Dv', Dk]`).
+///
+/// # Safety
+/// As `recompute_u`; `dh` is `[Dk, Dv']`; `o`'s entries of (b, hv) are this caller's alone.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) unsafe fn head_backward<K: Kernel>(
+    x: &Inputs,
+    o: Outs,
+    s: &mut Scratch,
+    ch: &Chunk,
+    b: usize,
+    hv: usize,
+    h0t: &[f32],
+    dh: &mut [f32],
+) {
+    let (d, c, dk, dvp, l, lp) = (x.d, s.c, s.dk, s.dvp, ch.l, ch.lp);
+    let dv = d.dv;
+    s.dgam[..l].fill(0.0);
+    s.dbeta[..l].fill(0.0);
+
+    // dY rows, and P (zeros above the diagonal).
+    for (t, &tok) in ch.tok.iter().enumerate() {
+        let dy = &x.dy[((b * d.t + tok) * d.hv + hv) * dv..][..dv];
+        let row = &mut s.dyr[t * dvp..(t + 1) * dvp];
+        row[..dv].copy_from_slice(dy);
+        row[dv..].fill(0.0);
+        let p = &mut s.p[t * c..t * c + lp];
+        for (sc, x) in p.iter_mut().enumerate() {
+            *x = if sc <= t {
+                s.big[t * c + sc] * s.gram[(c + t) * c + sc]
+            } else {
+                0.0
+            };
+        }
+    }
+    // dU = diag(λ) K dH1 + Pᵀ dY.
+    let lam = Epi {
+        load: false,
+        c_scale: 0.0,
+        rs: s.lam.as_ptr(),
+    };
+    let (kq, du) = (s.kq.as_ptr(), s.du.as_mut_ptr());
+    mm::<K>(l, dvp, dk, rows(kq, dk), dh.as_ptr(), dvp, du, dvp, lam);
+    let dyr = s.dyr.as_mut_ptr();
+    mm::<K>(
+        l,
+        dvp,
+        l,
+        cols(s.p.as_ptr(), c),
+        dyr,
+        dvp,
+        du,
+        dvp,
+        Epi::ADD,
+    );
+    // E = U dH1ᵀ: dK += diag(λ) E, dλ.
+    K::transpose(dh.as_ptr(), dvp, s.dht.as_mut_ptr(), dk, dk, dvp);
+    s.dgam[l - 1] = dot(h0t, &s.dht);
+    let e = s.e.as_mut_ptr();
+    mm::<K>(
+        l,
+        dk,
+        dv,
+        rows(s.u.as_ptr(), dvp),
+        s.dht.as_ptr(),
+        dk,
+        e,
+        dk,
+        Epi::SET,
+    );
+    for t in 0..l {
+        let (e, k) = (&s.e[t * dk..(t + 1) * dk], &s.kq[t * dk..(t + 1) * dk]);
+        s.dlam[t] = dot(k, e);
+        let lam = s.lam[t];
+        for (y, &v) in s.dkc[t * dk..(t + 1) * dk].iter_mut().zip(e) {
+            *y += lam * v;
+        }
+    }
+    // dX = Tmᵀ dU (rows [L, 2L) of dyr); dβ += R·dX.
+    let dx = dyr.add(l * dvp);
+    mm::<K>(
+        l,
+        dvp,
+        l,
+        cols(s.tm.as_ptr(), c),
+        du,
+        dvp,
+        dx,
+        dvp,
+        Epi::SET,
+    );
+    for t in 0..l {
+        let r = &s.r[t * dvp..t * dvp + dv];
+        s.dbeta[t] += dot(r, &s.dyr[(l + t) * dvp..(l + t) * dvp + dv]);
+    }
+    // [dP; −dA] = [dY; dX] Uᵀ.
+    K::transpose(s.u.as_ptr(), dvp, s.ut.as_mut_ptr(), c, lp, dvp);
+    let pa = s.pa.as_mut_ptr();
+    mm::<K>(
+        2 * l,
+        lp,
+        dv,
+        rows(dyr, dvp),
+        s.ut.as_ptr(),
+        c,
+        pa,
+        c,
+        Epi::SET,
+    );
+    // dR = diag(β) dX = dV.
+    for (t, &tok) in ch.tok.iter().enumerate() {
+        let beta = s.beta[t];
+        let row = &mut s.dyr[(l + t) * dvp..(l + t + 1) * dvp];
+        row.iter_mut().for_each(|y| *y *= beta);
+        let dst = o.dv.0.add(((b * d.t + tok) * d.hv + hv) * dv);
+        for (j, &y) in row[..dv].iter().enumerate() {
+            *dst.add(j) = y;
+        }
+    }
+    // [F; G] = [dY; dR] H0ᵀ.
+    let fg = s.fg.as_mut_ptr();
+    mm::<K>(
+        2 * l,
+        dk,
+        dv,
+        rows(dyr, dvp),
+        h0t.as_ptr(),
+        dk,
+        fg,
+        dk,
+        Epi::SET,
+    );
+    for t in 0..l {
+        let gam = s.gam[t];
+        let (f, gg) = (
+            &s.fg[t * dk..(t + 1) * dk],
+            &s.fg[(l + t) * dk..(l + t + 1) * dk],
+        );
+        let (k, q) = (
+            &s.kq[t * dk..(t + 1) * dk],
+            &s.kq[(c + t) * dk..(c + t + 1) * dk],
+        );
+        s.dgam[t] += dot(q, f) - dot(k, gg);
+        for j in 0..dk {
+            s.dqc[t * dk + j] += gam * f[j];
+            s.dkc[t * dk + j] -= gam * gg[j];
+            s.qks[t * dk + j] = gam * q[j];
+            s.qks[(l + t) * dk + j] = -gam * k[j];
+        }
+    }
+    // dH0 = γ_{L−1} dH1 + [γQ; −γK]ᵀ [dY; dR].
+    let keep = Epi {
+        load: true,
+        c_scale: s.gam[l - 1],
+        rs: std::ptr::null(),
+    };
+    let qks = s.qks.as_ptr();
+    mm::<K>(
+        dk,
+        dvp,
+        2 * l,
+        cols(qks, dk),
+        dyr,
+        dvp,
+        dh.as_mut_ptr(),
+        dvp,
+        keep,
+    );
+
+    // Through P and A: the key head's sums, dβ, and the gates' terms. M(t, s) = Γ(t, s) ·
+    // ∂L/∂Γ(t, s) (s < t) is the gradient of log Γ(t, s) = Σ_{s<i≤t} log g_i, so
+    // d(log g_i) gets Σ_{t≥i} Σ_{s<i} M(t, s): `col_m[i]` sums the row prefixes
+    // P(t, i) = Σ_{s<i} M(t, s) over t ≥ i. Summed this way (no difference of sums that
+    // cancel), a gate that is 0 gets exactly 0: every term it multiplies is 0.
+    s.col_m[..l].fill(0.0);
+    for t in 0..l {
+        let beta = s.beta[t];
+        let mut dbeta = 0.0f32;
+        let mut prefix = 0.0f32;
+        for sc in 0..t {
+            let big = s.big[t * c + sc];
+            let (kk, qk) = (s.gram[t * c + sc], s.gram[(c + t) * c + sc]);
+            let da = -s.pa[(l + t) * c + sc];
+            dbeta += da * big * kk;
+            let da1 = da * beta * big;
+            s.sdkk[t * c + sc] += da1;
+            let dp1 = s.pa[t * c + sc] * big;
+            s.sdp[t * c + sc] += dp1;
+            s.col_m[sc] += prefix;
+            prefix += da1 * kk + dp1 * qk;
+        }
+        s.col_m[t] += prefix;
+        s.sdp[t * c + t] += s.pa[t * c + t];
+        s.dbeta[t] += dbeta;
+    }
+    // γ_t = Π_{i≤t} g_i gives d(log g_i) Σ_{t≥i} γ_t dγ_t; λ_s = Π_{s<i≤L−1} g_i gives
+    // Σ_{s<i} λ_s dλ_s (`row_m[i]`, a prefix sum).
+    let mut lam_prefix = 0.0f32;
+    for i in 0..l {
+        s.row_m[i] = lam_prefix;
+        lam_prefix += s.dlam[i] * s.lam[i];
+    }
+    let mut gam_suffix = 0.0f32;
+    for t in (0..l).rev() {
+        gam_suffix += s.dgam[t] * s.gam[t];
+        let at = (b * d.t + ch.tok[t]) * d.hv + hv;
+        *o.dlog_g.0.add(at) = s.col_m[t] + gam_suffix + s.row_m[t];
+        *o.dbeta.0.add(at) = s.dbeta[t];
+    }
+}
+
+/// The key head's products of the chunk (after every value head's `head_backward`):
+/// `dQ += dP' K`, `dK += dP'ᵀ Q + (dA' + dA'ᵀ) K`, and dq, dk of its tokens written.
+///
+/// # Safety
+/// As `recompute_u`; `o`'s dq, dk entries of (b, hk) are this caller's alone.
+#[inline(always)]
+pub(super) unsafe fn key_head_backward<K: Kernel>(
+    x: &Inputs,
+    o: Outs,
+    s: &mut Scratch,
+    ch: &Chunk,
+    b: usize,
+    hk: usize,
+) {
+    let (d, c, dk, l) = (x.d, s.c, s.dk, ch.l);
+    for t in 0..l {
+        for sc in 0..l {
+            let value = if sc < t {
+                s.sdkk[t * c + sc]
+            } else if sc > t {
+                s.sdkk[sc * c + t]
+            } else {
+                0.0
+            };
+            s.sym[t * c + sc] = value;
+        }
+    }
+    let (k, q) = (s.kq.as_ptr(), s.kq.as_ptr().add(c * dk));
+    let (dqc, dkc) = (s.dqc.as_mut_ptr(), s.dkc.as_mut_ptr());
+    let (sdp, sym) = (s.sdp.as_ptr(), s.sym.as_ptr());
+    mm::<K>(l, dk, l, rows(sdp, c), k, dk, dqc, dk, Epi::ADD);
+    mm::<K>(l, dk, l, cols(sdp, c), q, dk, dkc, dk, Epi::ADD);
+    mm::<K>(l, dk, l, rows(sym, c), k, dk, dkc, dk, Epi::ADD);
+    for (t, &tok) in ch.tok.iter().enumerate() {
+        let at = ((b * d.t + tok) * d.hk + hk) * dk;
+        for j in 0..dk {
+            *o.dq.0.add(at + j) = s.dqc[t * dk + j];
+            *o.dk.0.add(at + j) = s.dkc[t * dk + j];
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! `mlxk_gated_delta_update_chunked_vjp` through the C ABI: every gradient against central
+//! differences of a float64 forward, and against the exact update's backward
+//! (`mlxk_gated_delta_update_vjp`) on every entry, on fresh random inputs: GQA 1–4, Dk 32..256,
+//! odd Dv, masks (fully masked rows included), absent state, T not a multiple of the chunk,
+//! chunk sizes 16..128, gates that underflow to 0; its argument checks; and its GPU path (the
+//! exact update's GPU backward) up to that kernel's launch.
+//!
+//! Bounds are relative to the largest magnitude of each gradient (a gradient's entries span
+//! orders of magnitude; float32 rounding is relative to the sums that produce them, which are
+//! of the size of the largest entries). Both backwards are float32 with sums over at most
+//! T/C + C + Dk terms in each chain of a few products: a few hundred roundings of 6e-8 in the
+//! worst case, errors of about 1e-7..7e-7 of the largest magnitude measured (printed with
+//! --nocapture); the bound, 2e-5, leaves a margin of about 30.
+
+mod common;
+
+use common::*;
+use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
+use std::ptr::{null, null_mut};
+
+/// Inputs of one call, f32 on the host side.
+struct Case {
+    dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    state: Option<Vec<f32>>,
+    mask: Option<Vec<bool>>,
+    dy: Vec<f32>,
+    dstate_out: Option<Vec<f32>>,
+}
+
+/// Per head, q with norm Dk^-1/2 and k with norm 1 (mlx-lm's normalization).
+fn heads(rng: &mut Rng, n: usize, dk: usize, norm: f32) -> Vec<f32> {
+    let mut x = rng.vec(n, 1.0);
+    for head in x.chunks_mut(dk) {
+        let len = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        head.iter_mut().for_each(|v| *v *= norm / len);
+    }
+    x
+}
+
+fn random_case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool) -> Case {
+    let [b, t, hk, hv, dk, dv] = dims;
+    Case {
+        dims,
+        q: heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)),
+        k: heads(rng, b * t * hk * dk, dk, 1.0),
+        v: rng.vec(b * t * hv * dv, 1.0),
+        a: rng.vec(b * t * hv, 1.5),
+        b: rng.vec(b * t * hv, 2.0),
+        a_log: rng.vec(hv, 1.0),
+        dt_bias: rng.vec(hv, 0.5),
+        state: state.then(|| rng.vec(b * hv * dv * dk, 0.5)),
+        // Row 1 (when there is one) fully masked; elsewhere about a quarter of the tokens.
+        mask: mask.then(|| {
+            (0..b * t)
+                .map(|i| i / t != 1 && rng.below(4) != 0)
+                .collect()
+        }),
+        dy: rng.vec(b * t * hv * dv, 1.0),
+        dstate_out: Some(rng.vec(b * hv * dv * dk, 0.5)),
+    }
+}
+
+/// The float64 loss sum(dy · y) + sum(dstate_out · state_out), gates included.
+fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
+    let [q, k, v, a, b, a_log, dt_bias, s0] = x;
+    let [bs, t, hk, hv, dk, dv] = c.dims;
+    let mut total = 0.0;
+    for bi in 0..bs {
+        for h in 0..hv {
+            let kh = h / (hv / hk);
+            for row in 0..dv {
+                let base = ((bi * hv + h) * dv + row) * dk;
+                let mut s: Vec<f64> = s0[base..base + dk].to_vec();
+                for ti in 0..t {
+                    if c.mask.as_ref().is_some_and(|m| !m[bi * t + ti]) {
+                        continue;
+                    }
+                    let gi = (bi * t + ti) * hv + h;
+                    let z = a[gi] + dt_bias[h];
+                    let softplus = z.max(0.0) + (-z.abs()).exp().ln_1p();
+                    let g = (-a_log[h].exp() * softplus).exp();
+                    let beta = 1.0 / (1.0 + (-b[gi]).exp());
+                    let kq = ((bi * t + ti) * hk + kh) * dk;
+                    let vi = ((bi * t + ti) * hv + h) * dv + row;
+                    s.iter_mut().for_each(|x| *x *= g);
+                    let kv: f64 = (0..dk).map(|j| s[j] * k[kq + j]).sum();
+                    let delta = (v[vi] - kv) * beta;
+                    (0..dk).for_each(|j| s[j] += k[kq + j] * delta);
+                    let y: f64 = (0..dk).map(|j| s[j] * q[kq + j]).sum();
+                    total += c.dy[vi] as f64 * y;
+                }
+                if let Some(ds) = &c.dstate_out {
+                    total += (0..dk).map(|j| ds[base + j] as f64 * s[j]).sum::<f64>();
+                }
+            }
+        }
+    }
+    total
+}
+
+const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+
+/// The eight gradients (as f32) of the chunked backward (`chunk` Some) or the exact one.
+fn run(c: &Case, chunk: Option<i32>) -> Vec<Vec<f32>> {
+    let [b, t, hk, hv, dk, dv] = c.dims.map(|x| x as i32);
+    let q = new_f32(&c.q, &[b, t, hk, dk]);
+    let k = new_f32(&c.k, &[b, t, hk, dk]);
+    let v = new_f32(&c.v, &[b, t, hv, dv]);
+    let a = new_f32(&c.a, &[b, t, hv]);
+    let bb = new_f32(&c.b, &[b, t, hv]);
+    let a_log = new_f32(&c.a_log, &[hv]);
+    let dt = new_f32(&c.dt_bias, &[hv]);
+    let state = c
+        .state
+        .as_ref()
+        .map_or(null_mut(), |s| new_f32(s, &[b, hv, dv, dk]));
+    let mask = c.mask.as_ref().map_or(null_mut(), |m| new_bool(m, &[b, t]));
+    let dy = new_f32(&c.dy, &[b, t, hv, dv]);
+    let ds = c
+        .dstate_out
+        .as_ref()
+        .map_or(null_mut(), |s| new_f32(s, &[b, hv, dv, dk]));
+    let mut outs = [null_mut(); 8];
+    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
+    ok(unsafe {
+        match chunk {
+            Some(chunk) => mlxk_gated_delta_update_chunked_vjp(
+                q, k, v, a, bb, a_log, dt, state, mask, chunk, dy, ds, o0, o1, o2, o3, o4, o5, o6,
+                o7,
+            ),
+            None => mlxk_gated_delta_update_vjp(
+                q, k, v, a, bb, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
+            ),
+        }
+    });
+    let shapes: [Vec<i32>; 8] = [
+        vec![b, t, hk, dk],
+        vec![b, t, hk, dk],
+        vec![b, t, hv, dv],
+        vec![b, t, hv],
+        vec![b, t, hv],
+        vec![hv],
+        vec![hv],
+        vec![b, hv, dv, dk],
+    ];
+    let grads = outs
+        .iter()
+        .zip(&shapes)
+        .map(|(&h, shape)| {
+            assert_eq!(&shape_of(h), shape);
+            assert_eq!(dtype_of(h), MLXK_DTYPE_FLOAT32);
+            let values = read_f32(h);
+            free(h);
+            values
+        })
+        .collect();
+    for h in [q, k, v, a, bb, a_log, dt, state, mask, dy, ds] {
+        if !h.is_null() {
+            free(h);
+        }
+    }
+    grads
+}
+
+/// "name error" for each gradient.
+fn table(worst: &[f64; 8]) -> String {
+    NAMES
+        .iter()
+        .zip(worst)
+        .map(|(n, e)| format!("{n} {e:.1e}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn largest(x: &[f32]) -> f64 {
+    x.iter().fold(0f64, |m, &v| m.max(v.abs() as f64))
+}
+
+/// Every entry of each gradient within `bound` of the largest magnitude of the exact
+/// backward's; returns the largest error of each, relative to that magnitude.
+fn compare(what: &str, got: &[Vec<f32>], want: &[Vec<f32>], bound: f64) -> [f64; 8] {
+    let mut worst = [0f64; 8];
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let scale = largest(w).max(1e-30);
+        for (j, (&x, &y)) in g.iter().zip(w).enumerate() {
+            assert!(x.is_finite(), "{what}: {}[{j}] = {x}", NAMES[i]);
+            let err = (x as f64 - y as f64).abs() / scale;
+            worst[i] = worst[i].max(err);
+            assert!(
+                err <= bound,
+                "{what}: {}[{j}] {x} vs {y} (largest {scale:e})",
+                NAMES[i]
+            );
+        }
+    }
+    worst
+}
+
+#[test]
+fn gradients_match_central_differences_of_a_float64_forward() {
+    let mut rng = Rng::fresh();
+    let cases = [
+        ([2, 21, 1, 2, 32, 3], true, false, 16),
+        ([2, 19, 2, 4, 32, 2], false, true, 0),
+        ([1, 40, 1, 3, 64, 5], true, true, 16),
+    ];
+    for (dims, with_state, with_mask, chunk) in cases {
+        let c = random_case(&mut rng, dims, with_state, with_mask);
+        let got = run(&c, Some(chunk));
+        let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let [bs, _, _, hv, dk, dv] = dims;
+        let s0 = c
+            .state
+            .as_ref()
+            .map_or(vec![0.0; bs * hv * dv * dk], |s| f64v(s));
+        let base = [
+            f64v(&c.q),
+            f64v(&c.k),
+            f64v(&c.v),
+            f64v(&c.a),
+            f64v(&c.b),
+            f64v(&c.a_log),
+            f64v(&c.dt_bias),
+            s0,
+        ];
+        let mut worst = [0f64; 8];
+        for (which, grad) in got.iter().enumerate() {
+            let scale = largest(grad).max(1e-12);
+            let step = grad.len().div_ceil(10).max(1);
+            for i in (0..grad.len()).step_by(step) {
+                let h = 1e-5;
+                let mut x = base.clone();
+                x[which][i] += h;
+                let up = loss(&c, &x);
+                x[which][i] -= 2.0 * h;
+                let down = loss(&c, &x);
+                let want = (up - down) / (2.0 * h);
+                let err = (grad[i] as f64 - want).abs() / scale;
+                worst[which] = worst[which].max(err);
+                // float32 sums against float64 (the differences themselves good to ~1e-9).
+                assert!(
+                    err <= 2e-5,
+                    "{dims:?} chunk {chunk}: {}[{i}] {} vs {want} (largest {scale:e})",
+                    NAMES[which],
+                    grad[i]
+                );
+            }
+        }
+        println!(
+            "{dims:?} chunk {chunk}: worst error / largest vs float64: {}",
+            table(&worst)
+        );
+    }
+}
+
+#[test]
+fn gradients_match_the_exact_backward() {
+    let mut rng = Rng::fresh();
+    // (B, T, Hk, Hv, Dk, Dv), state, mask, chunk.
+    let cases = [
+        ([1, 1, 1, 1, 32, 1], true, false, 0),
+        ([2, 45, 1, 1, 32, 7], true, true, 16),
+        ([1, 100, 2, 4, 64, 16], false, false, 32),
+        ([3, 77, 2, 6, 96, 9], true, true, 64),
+        ([1, 150, 1, 4, 128, 33], true, false, 128),
+        ([2, 61, 2, 2, 256, 5], false, true, 16),
+        ([1, 130, 4, 16, 32, 3], true, false, 48),
+    ];
+    for (dims, with_state, with_mask, chunk) in cases {
+        let c = random_case(&mut rng, dims, with_state, with_mask);
+        let exact = run(&c, None);
+        let chunked = run(&c, Some(chunk));
+        let what = format!("{dims:?} state {with_state} mask {with_mask} chunk {chunk}");
+        let worst = compare(&what, &chunked, &exact, 2e-5);
+        println!("{what}: worst error / largest vs exact: {}", table(&worst));
+        if with_mask && dims[0] > 1 {
+            // Row 1 is fully masked: zero gradients, dstate = dstate_out.
+            let [_, t, hk, hv, dk, dv] = dims;
+            let row = |x: &[f32], per: usize| x[t * per..2 * t * per].iter().all(|&v| v == 0.0);
+            assert!(row(&chunked[0], hk * dk) && row(&chunked[1], hk * dk));
+            assert!(row(&chunked[2], hv * dv) && row(&chunked[3], hv) && row(&chunked[4], hv));
+            let s = hv * dv * dk;
+            let ds = c.dstate_out.as_ref().unwrap();
+            assert_eq!(&chunked[7][s..2 * s], &ds[s..2 * s]);
+        }
+    }
+}
+
+#[test]
+fn without_cotangents_or_tokens_the_gradients_are_zeros() {
+    let mut rng = Rng::fresh();
+    for dims in [
+        [1, 0, 1, 2, 32, 3],
+        [0, 5, 1, 2, 32, 3],
+        [2, 9, 1, 2, 32, 3],
+    ] {
+        let mut c = random_case(&mut rng, dims, true, false);
+        let t = dims[1];
+        if t == 9 {
+            c.dy.iter_mut().for_each(|x| *x = 0.0);
+            c.dstate_out = None;
+        }
+        let got = run(&c, Some(16));
+        for (i, g) in got.iter().enumerate() {
+            if i == 7 && t == 0 {
+                assert_eq!(
+                    g,
+                    c.dstate_out.as_ref().unwrap(),
+                    "T = 0: dstate = dstate_out"
+                );
+            } else {
+                assert!(g.iter().all(|&x| x == 0.0), "{dims:?}: {}", NAMES[i]);
+            }
+        }
+    }
+}
+
+/// Gates that underflow to 0 (g = exp(−exp(A_log) · softplus(a + dt_bias)) with a rate of
+/// e^6 and a large a) on some tokens, others near 1: finite gradients equal to the exact
+/// backward's within the bound.
+#[test]
+fn gates_that_underflow_give_finite_gradients() {
+    let mut rng = Rng::fresh();
+    for (dims, chunk) in [([1, 50, 1, 2, 32, 4], 16), ([2, 70, 2, 4, 64, 3], 32)] {
+        let mut c = random_case(&mut rng, dims, true, false);
+        c.a_log = vec![6.0; dims[3]];
+        c.dt_bias = vec![0.0; dims[3]];
+        for (i, a) in c.a.iter_mut().enumerate() {
+            // Every seventh gate exactly 0 (exp(-e^6 · 30) underflows), the rest tiny rates.
+            *a = if i % 7 == 3 {
+                30.0
+            } else {
+                -12.0 + rng.uniform()
+            };
+        }
+        let exact = run(&c, None);
+        let chunked = run(&c, Some(chunk));
+        let worst = compare(&format!("{dims:?} tiny gates"), &chunked, &exact, 2e-5);
+        println!(
+            "{dims:?} underflowing gates: worst error / largest vs exact: {}",
+            table(&worst)
+        );
+        assert!(chunked[3].iter().any(|&x| x != 0.0));
+    }
+}
+
+#[test]
+fn arguments_are_checked_and_named() {
+    let mut rng = Rng::fresh();
+    let q = new_f32(&rng.vec(64, 0.2), &[1, 2, 1, 32]);
+    let v = new_f32(&rng.vec(8, 1.0), &[1, 2, 1, 4]);
+    let g = new_f32(&rng.vec(2, 1.0), &[1, 2, 1]);
+    let hv1 = new_f32(&rng.vec(1, 1.0), &[1]);
+    let flat = new_f32(&rng.vec(64, 0.2), &[2, 32]);
+    let bad_dy = new_f32(&rng.vec(6, 1.0), &[1, 2, 1, 3]);
+    let call = |q_arg: H, chunk: i32, dy: H, outs: &mut [H; 8], null_last: bool| {
+        let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
+        let o7: *mut H = if null_last { null_mut() } else { o7 };
+        unsafe {
+            mlxk_gated_delta_update_chunked_vjp(
+                q_arg,
+                q,
+                v,
+                g,
+                g,
+                hv1,
+                hv1,
+                null(),
+                null(),
+                chunk,
+                dy,
+                null(),
+                o0,
+                o1,
+                o2,
+                o3,
+                o4,
+                o5,
+                o6,
+                o7,
+            )
+        }
+    };
+    let mut outs = [null_mut(); 8];
+    for chunk in [8, 24, -16, 144, 256] {
+        expect_err(
+            call(q, chunk, null_mut(), &mut outs, false),
+            MLXK_ERR_INVALID_ARGUMENT,
+            &[
+                "mlxk_gated_delta_update_chunked_vjp",
+                "chunk_size",
+                &chunk.to_string(),
+            ],
+        );
+    }
+    expect_err(
+        call(flat, 0, null_mut(), &mut outs, false),
+        MLXK_ERR_SHAPE,
+        &["mlxk_gated_delta_update_chunked_vjp", "q"],
+    );
+    expect_err(
+        call(null_mut(), 0, null_mut(), &mut outs, false),
+        MLXK_ERR_NULL_POINTER,
+        &["q"],
+    );
+    expect_err(
+        call(q, 16, bad_dy, &mut outs, false),
+        MLXK_ERR_SHAPE,
+        &["dy"],
+    );
+    expect_err(
+        call(q, 16, null_mut(), &mut outs, true),
+        MLXK_ERR_NULL_POINTER,
+        &["dstate"],
+    );
+    assert!(
+        outs.iter().all(|h| h.is_null()),
+        "a refused call wrote an out-parameter"
+    );
+    // A good call after the refusals.
+    ok(call(q, 16, null_mut(), &mut outs, false));
+    for h in outs {
+        free(h);
+    }
+    for h in [q, v, g, hv1, flat, bad_dy] {
+        free(h);
+    }
+}
+
+/// With a GPU as default device the chunked VJP is the exact update's GPU backward: without a
+/// GPU (MLX's CPU stream) it gets as far as that backward kernel's launch, which MLX refuses,
+/// after checking the chunk size like the CPU path.
+#[test]
+fn the_gpu_path_reaches_the_gpu_backward_kernel() {
+    let mut rng = Rng::fresh();
+    let c = random_case(&mut rng, [1, 9, 1, 2, 32, 3], true, false);
+    let [b, t, hk, hv, dk, dv] = c.dims.map(|x| x as i32);
+    let hs = [
+        new_f32(&c.q, &[b, t, hk, dk]),
+        new_f32(&c.k, &[b, t, hk, dk]),
+        new_f32(&c.v, &[b, t, hv, dv]),
+        new_f32(&c.a, &[b, t, hv]),
+        new_f32(&c.b, &[b, t, hv]),
+        new_f32(&c.a_log, &[hv]),
+        new_f32(&c.dt_bias, &[hv]),
+        new_f32(c.state.as_ref().unwrap(), &[b, hv, dv, dk]),
+        new_f32(&c.dy, &[b, t, hv, dv]),
+    ];
+    let args = [
+        hs[0],
+        hs[1],
+        hs[2],
+        hs[3],
+        hs[4],
+        hs[5],
+        hs[6],
+        hs[7],
+        null_mut(),
+        hs[8],
+        null_mut(),
+    ]
+    .map(|h| h as *const mlxk_array);
+    for (kernels, launch, back_end) in [
+        (GpuKernels::Metal, "metal_kernel", "No Metal back-end"),
+        (GpuKernels::Cuda, "cuda_kernel", "No CUDA back-end"),
+    ] {
+        for (chunk, status, needles) in [
+            (16, MLXK_ERR_BACKEND, [launch, back_end]),
+            (20, MLXK_ERR_INVALID_ARGUMENT, ["chunk_size", "20"]),
+        ] {
+            let mut grads: [H; 8] = [null_mut(); 8];
+            let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut grads;
+            let outs = [o0, o1, o2, o3, o4, o5, o6, o7].map(|o| o as *mut H);
+            let got = unsafe {
+                gated_delta_update_chunked_vjp_via_gpu(kernels, false, chunk, args, outs)
+            };
+            expect_err(got, status, &needles);
+            assert!(grads.iter().all(|g| g.is_null()));
+        }
+    }
+    for h in hs {
+        free(h);
+    }
+}
