@@ -612,6 +612,23 @@ struct DeltaGradients {
   return g;
 }
 
+/** The chunked update's backward pass (mlxk_gated_delta_update_chunked_vjp): the gradients of
+ * gated_delta_update_chunked, computed chunk by chunk; arguments as gated_delta_update_vjp plus
+ * chunk_size (0 = 32, or a multiple of 16 in [16, 128]). */
+[[nodiscard]] inline DeltaGradients gated_delta_update_chunked_vjp(
+    const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
+    const Array &a_log, const Array &dt_bias, const Array *state, const Array *mask,
+    std::int32_t chunk_size, const Array *dy, const Array *dstate_out) {
+  DeltaGradients g;
+  check(mlxk_gated_delta_update_chunked_vjp(
+      q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(),
+      detail::optional_handle(state), detail::optional_handle(mask), chunk_size,
+      detail::optional_handle(dy), detail::optional_handle(dstate_out), OutHandle(g.dq),
+      OutHandle(g.dk), OutHandle(g.dv), OutHandle(g.da), OutHandle(g.db), OutHandle(g.da_log),
+      OutHandle(g.dt_bias), OutHandle(g.state)));
+  return g;
+}
+
 /** Prefix-state replay: row r's state after its first accepted_lengths[r] tokens of the
  * verify window, from the pre-verify `state` (nullptr: zeros). */
 [[nodiscard]] inline Array gated_delta_state(const Array &k, const Array &v, const Array &a,

@@ -54,6 +54,7 @@ export {
   gatedDeltaState,
   gatedDeltaUpdate,
   gatedDeltaUpdateChunked,
+  gatedDeltaUpdateChunkedVjp,
   gatedDeltaUpdateFromConv,
   gatedDeltaUpdateVjp,
   gatedRmsNorm,

@@ -320,6 +320,37 @@ export function gatedDeltaUpdateVjp(
   );
 }
 
+/**
+ * The backward pass of gatedDeltaUpdateChunked: the same gradients as gatedDeltaUpdateVjp,
+ * computed chunk by chunk through the chunked form's products (faster on long sequences; equal
+ * up to float32 rounding). Arguments as gatedDeltaUpdateVjp plus chunkSize (0 = 32, or a
+ * multiple of 16 in [16, 128]), placed as in gatedDeltaUpdateChunked.
+ */
+export function gatedDeltaUpdateChunkedVjp(
+  q: MlxArray,
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  state: MlxArray | null = null,
+  mask: MlxArray | null = null,
+  chunkSize = 0,
+  dy: MlxArray | null = null,
+  dStateOut: MlxArray | null = null,
+): GatedDeltaGradients {
+  const inputs = updateInputs(q, k, v, a, b, aLog, dtBias, state, mask);
+  const chunk = int32Arg("chunkSize", chunkSize);
+  const cotangents = [optionalHandle(dy), optionalHandle(dStateOut)] as const;
+  return gradients(
+    "gatedDeltaUpdateChunkedVjp",
+    ["dq", "dk", "dv", "da", "db", "daLog", "dDtBias", "dState"] as const,
+    (dq, dk, dv, da, db, daLog, dDtBias, dState) =>
+      lib.mlxk_gated_delta_update_chunked_vjp(...inputs, chunk, ...cotangents, dq, dk, dv, da, db, daLog, dDtBias, dState),
+  );
+}
+
 export interface HeadSplitGradients {
   /** x's shape and dtype. */
   dx: MlxArray;

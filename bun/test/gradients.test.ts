@@ -1,4 +1,5 @@
-// The backward passes (gatedDeltaUpdateVjp, siluRmsHeadsVjp, gatedRmsNormVjp) against central
+// The backward passes (gatedDeltaUpdateVjp, gatedDeltaUpdateChunkedVjp, siluRmsHeadsVjp,
+// gatedRmsNormVjp) against central
 // differences of the float64 forwards in reference.ts: for each input, the gradient along a
 // random direction u, sum(grad * u), equals d/dt L(input + t·u) at t = 0, where L is
 // sum(cotangent * output). The references round nowhere; the library computes in float32
@@ -14,6 +15,7 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import {
   DtypeError,
+  gatedDeltaUpdateChunkedVjp,
   gatedDeltaUpdateVjp,
   gatedRmsNorm,
   gatedRmsNormVjp,
@@ -205,47 +207,81 @@ describe("siluRmsHeadsVjp", () => {
   });
 });
 
-describe("gatedDeltaUpdateVjp", () => {
-  test("float32, GQA, with state and both cotangents", () => {
-    const rng = rngFor("update vjp");
-    const [B, T, Hk, Hv, Dk, Dv] = [1, 5, 1, 2, 32, 3];
-    const d = { B, T, Hk, Hv, Dk, Dv };
-    const f = (n: number, scale: number) => quantize(rng.normals(n, scale), "float32");
-    const inputs = [
-      f(B * T * Hk * Dk, 0.2), // q
-      f(B * T * Hk * Dk, 0.2), // k
-      f(B * T * Hv * Dv, 1), // v
-      f(B * T * Hv, 1), // a
-      f(B * T * Hv, 1), // b
-      f(Hv, 0.5), // aLog
-      f(Hv, 0.5), // dtBias
-      f(B * Hv * Dv * Dk, 0.5), // state
-    ];
-    const dy = f(B * T * Hv * Dv, 1);
-    const dState = f(B * Hv * Dv * Dk, 0.5);
-    const shapes = [[B, T, Hk, Dk], [B, T, Hk, Dk], [B, T, Hv, Dv], [B, T, Hv], [B, T, Hv], [Hv], [Hv], [B, Hv, Dv, Dk]];
-    const arrays = inputs.map((v, i) => floatArray(v, shapes[i]!, "float32"));
-    const dyA = floatArray(dy, [B, T, Hv, Dv], "float32");
-    const dsA = floatArray(dState, [B, Hv, Dv, Dk], "float32");
-    const [q, k, v, a, b, aLog, dtBias, state] = arrays as [MlxArray, MlxArray, MlxArray, MlxArray, MlxArray, MlxArray, MlxArray, MlxArray];
-    const g = gatedDeltaUpdateVjp(q, k, v, a, b, aLog, dtBias, state, null, dyA, dsA);
-    try {
-      const grads = [g.dq, g.dk, g.dv, g.da, g.db, g.daLog, g.dDtBias, g.dState];
-      grads.forEach((arr, i) => expect(arr.shape).toEqual(shapes[i]!));
-      const loss = ([qs, ks, vs, as, bs, als, dts, s0]: Float64Array[]) => {
-        const gate = computeGRef(als!, as!, dts!);
-        const beta = Float64Array.from(bs!, sigmoid);
-        const out = recurrenceRef(d, qs!, ks!, vs!, gate, beta, s0!);
-        return dot(dy, out.y) + dot(dState, out.state);
-      };
-      const names = ["dq", "dk", "dv", "da", "db", "daLog", "dDtBias", "dState"];
-      const stats: Record<string, number> = {};
-      grads.forEach((arr, i) => {
-        stats[names[i]!] = checkDirection(names[i]!, inputs, i, read(arr), loss, 2e-3, rng);
-      });
-      report("gatedDeltaUpdateVjp float32", stats);
-    } finally {
-      disposeAll(g, ...arrays, dyA, dsA);
+describe("gatedDeltaUpdateVjp and gatedDeltaUpdateChunkedVjp", () => {
+  // The exact backward on a short window; the chunked one over three chunks of 16 and a partial
+  // fourth, with and without a start state.
+  const cases: Array<[string, number, number, boolean]> = [
+    ["exact", 5, 0, true],
+    ["chunked", 53, 16, true],
+    ["chunked", 40, 32, false],
+  ];
+  for (const [form, T, chunk, withState] of cases) {
+    test(`${form}: float32, GQA, T = ${T}${chunk ? `, chunk ${chunk}` : ""}, ${withState ? "with" : "no"} state, both cotangents`, () => {
+      const rng = rngFor(`update vjp ${form} ${T} ${chunk}`);
+      const [B, Hk, Hv, Dk, Dv] = [1, 1, 2, 32, 3];
+      const d = { B, T, Hk, Hv, Dk, Dv };
+      const f = (n: number, scale: number) => quantize(rng.normals(n, scale), "float32");
+      const inputs = [
+        f(B * T * Hk * Dk, 0.2), // q
+        f(B * T * Hk * Dk, 0.2), // k
+        f(B * T * Hv * Dv, 1), // v
+        f(B * T * Hv, 1), // a
+        f(B * T * Hv, 1), // b
+        f(Hv, 0.5), // aLog
+        f(Hv, 0.5), // dtBias
+        withState ? f(B * Hv * Dv * Dk, 0.5) : new Float64Array(B * Hv * Dv * Dk), // state
+      ];
+      const dy = f(B * T * Hv * Dv, 1);
+      const dState = f(B * Hv * Dv * Dk, 0.5);
+      const shapes = [[B, T, Hk, Dk], [B, T, Hk, Dk], [B, T, Hv, Dv], [B, T, Hv], [B, T, Hv], [Hv], [Hv], [B, Hv, Dv, Dk]];
+      const arrays = inputs.map((v, i) => floatArray(v, shapes[i]!, "float32"));
+      const dyA = floatArray(dy, [B, T, Hv, Dv], "float32");
+      const dsA = floatArray(dState, [B, Hv, Dv, Dk], "float32");
+      const [q, k, v, a, b, aLog, dtBias, state] = arrays as [MlxArray, MlxArray, MlxArray, MlxArray, MlxArray, MlxArray, MlxArray, MlxArray];
+      const start = withState ? state : null;
+      const g = form === "exact"
+        ? gatedDeltaUpdateVjp(q, k, v, a, b, aLog, dtBias, start, null, dyA, dsA)
+        : gatedDeltaUpdateChunkedVjp(q, k, v, a, b, aLog, dtBias, start, null, chunk, dyA, dsA);
+      try {
+        const grads = [g.dq, g.dk, g.dv, g.da, g.db, g.daLog, g.dDtBias, g.dState];
+        grads.forEach((arr, i) => expect(arr.shape).toEqual(shapes[i]!));
+        const loss = ([qs, ks, vs, as, bs, als, dts, s0]: Float64Array[]) => {
+          const gate = computeGRef(als!, as!, dts!);
+          const beta = Float64Array.from(bs!, sigmoid);
+          const out = recurrenceRef(d, qs!, ks!, vs!, gate, beta, s0!);
+          return dot(dy, out.y) + dot(dState, out.state);
+        };
+        const names = ["dq", "dk", "dv", "da", "db", "daLog", "dDtBias", "dState"];
+        const stats: Record<string, number> = {};
+        grads.forEach((arr, i) => {
+          stats[names[i]!] = checkDirection(names[i]!, inputs, i, read(arr), loss, 2e-3, rng);
+        });
+        report(`gatedDeltaUpdate${form === "exact" ? "" : "Chunked"}Vjp float32 T=${T}`, stats);
+      } finally {
+        disposeAll(g, ...arrays, dyA, dsA);
+      }
+    });
+  }
+
+  test("chunked: a chunk size that is not 0 or a multiple of 16 in [16, 128] is refused by name", () => {
+    const rng = rngFor("update vjp chunk size");
+    const [T, Hk, Hv, Dk, Dv] = [4, 1, 1, 32, 2];
+    using q = floatArray(rng.normals(T * Hk * Dk, 0.2), [1, T, Hk, Dk], "float32");
+    using k = floatArray(rng.normals(T * Hk * Dk, 0.2), [1, T, Hk, Dk], "float32");
+    using v = floatArray(rng.normals(T * Hv * Dv), [1, T, Hv, Dv], "float32");
+    using a = floatArray(rng.normals(T * Hv), [1, T, Hv], "float32");
+    using b = floatArray(rng.normals(T * Hv), [1, T, Hv], "float32");
+    using aLog = floatArray(rng.normals(Hv, 0.5), [Hv], "float32");
+    using dtBias = floatArray(rng.normals(Hv, 0.5), [Hv], "float32");
+    for (const bad of [8, 24, 144, -16]) {
+      let message = "";
+      try {
+        gatedDeltaUpdateChunkedVjp(q, k, v, a, b, aLog, dtBias, null, null, bad);
+      } catch (e) {
+        message = String((e as Error).message);
+      }
+      expect(message).toContain("chunk_size");
+      expect(message).toContain(String(bad));
     }
   });
 });

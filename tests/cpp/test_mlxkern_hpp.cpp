@@ -297,6 +297,29 @@ void test_gated_delta() {
     }
     CHECK(finite && nonzero);
     CHECK(with_dy.da_log.shape() == a_log.shape() && with_dy.dt_bias.shape() == dt_bias.shape());
+    // The chunked backward: the same gradients up to float32 rounding (within one ulp of the
+    // gradient's dtype, bf16 for dq, dk, dv, plus 2e-4 of its largest magnitude); a bad chunk
+    // size is refused by name.
+    for (std::int32_t chunk : {0, 16}) {
+      mlxk::DeltaGradients chunked = mlxk::gated_delta_update_chunked_vjp(
+          q, k, v, a, b, a_log, dt_bias, &first.state, nullptr, chunk, &first.y, nullptr);
+      const mlxk::Array *pairs[][2] = {{&chunked.dq, &with_dy.dq}, {&chunked.dk, &with_dy.dk},
+                                       {&chunked.dv, &with_dy.dv}, {&chunked.da, &with_dy.da},
+                                       {&chunked.db, &with_dy.db}, {&chunked.state, &with_dy.state}};
+      for (auto &pair : pairs) {
+        CHECK(pair[0]->shape() == pair[1]->shape() && pair[0]->dtype() == pair[1]->dtype());
+        const std::vector<float> c = pair[0]->to_floats(), e = pair[1]->to_floats();
+        float scale = 0;
+        for (float x : e) scale = std::max(scale, std::fabs(x));
+        bool close = c.size() == e.size() && scale > 0;
+        for (std::size_t i = 0; close && i < c.size(); ++i) close = std::fabs(c[i] - e[i]) <= std::fabs(e[i]) / 128.0f + 2e-4f * scale;
+        CHECK(close);
+      }
+    }
+    std::string bad = EXPECT_ERROR(MLXK_ERR_INVALID_ARGUMENT,
+                                   (void)mlxk::gated_delta_update_chunked_vjp(
+                                       q, k, v, a, b, a_log, dt_bias, nullptr, nullptr, 24, &first.y, nullptr));
+    CHECK(bad.find("chunk_size") != std::string::npos);
   }
 
   // compute_g: float32, a's shape, in (0, 1].

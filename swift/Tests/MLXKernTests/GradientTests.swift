@@ -127,17 +127,41 @@ final class GradientTests: XCTestCase {
     }
 
     func testGatedDeltaUpdateVJP() throws {
+        try checkUpdateVJP(tokens: 4, chunk: nil)
+    }
+
+    /// The chunked backward over two chunks of 16 and a partial third.
+    func testGatedDeltaUpdateChunkedVJP() throws {
+        try checkUpdateVJP(tokens: 37, chunk: 16)
         var rng = SeededGenerator()
-        let (b, t, hk, hv, dk, dv) = (1, 4, 1, 2, 32, 3)
+        let x = try [[1, 2, 1, 32], [1, 2, 1, 32], [1, 2, 1, 2], [1, 2, 1], [1, 2, 1], [1], [1]].map {
+            try MLXKArray.floats(rng.normals($0.reduce(1, *), scale: 0.3), shape: $0)
+        }
+        assertMLXKError(.invalidArgument, mentioning: "chunk_size") {
+            try MLXKern.gatedDeltaUpdateChunkedVJP(q: x[0], k: x[1], v: x[2], a: x[3], b: x[4], aLog: x[5],
+                                                   dtBias: x[6], chunkSize: 24)
+        }
+    }
+
+    /// The update's gradients (the exact backward, or with `chunk` the chunked one) against
+    /// central differences of the float64 recurrence.
+    private func checkUpdateVJP(tokens t: Int, chunk: Int32?) throws {
+        var rng = SeededGenerator()
+        let (b, hk, hv, dk, dv) = (1, 1, 2, 32, 3)
         let shapes = [[b, t, hk, dk], [b, t, hk, dk], [b, t, hv, dv], [b, t, hv], [b, t, hv], [hv], [hv], [b, hv, dv, dk]]
         let scales: [Float] = [0.2, 0.2, 1, 1, 1, 0.5, 0.5, 0.5]
         let values = zip(shapes, scales).map { rng.normals($0.reduce(1, *), scale: $1) }
         let arrays = try zip(values, shapes).map { try MLXKArray.floats($0, shape: $1) }
         let dy = rng.normals(b * t * hv * dv), dState = rng.normals(b * hv * dv * dk, scale: 0.5)
-        let g = try MLXKern.gatedDeltaUpdateVJP(
+        let dyA = try MLXKArray.floats(dy, shape: [b, t, hv, dv])
+        let dsA = try MLXKArray.floats(dState, shape: [b, hv, dv, dk])
+        let g = try chunk.map {
+            try MLXKern.gatedDeltaUpdateChunkedVJP(
+                q: arrays[0], k: arrays[1], v: arrays[2], a: arrays[3], b: arrays[4], aLog: arrays[5],
+                dtBias: arrays[6], state: arrays[7], chunkSize: $0, dy: dyA, dStateOut: dsA)
+        } ?? MLXKern.gatedDeltaUpdateVJP(
             q: arrays[0], k: arrays[1], v: arrays[2], a: arrays[3], b: arrays[4], aLog: arrays[5],
-            dtBias: arrays[6], state: arrays[7], dy: try .floats(dy, shape: [b, t, hv, dv]),
-            dStateOut: try .floats(dState, shape: [b, hv, dv, dk]))
+            dtBias: arrays[6], state: arrays[7], dy: dyA, dStateOut: dsA)
         let grads = [g.dq, g.dk, g.dv, g.da, g.db, g.daLog, g.dDtBias, g.dState]
         for (grad, shape) in zip(grads, shapes) { XCTAssertEqual(grad.shape, shape) }
         let inputs = values.map { $0.map(Double.init) }
