@@ -33,7 +33,9 @@ __attribute__((target("avx512f"))) float chains512(long iters, float seed) {
   __m512 s = acc[0];
 #pragma GCC unroll 16
   for (int i = 1; i < kAcc; i++) s = _mm512_add_ps(s, acc[i]);
-  return _mm512_reduce_add_ps(s);
+  float out[16];
+  _mm512_storeu_ps(out, s);
+  return out[0] + out[15];
 }
 
 __attribute__((target("avx2,fma"))) float chains256(long iters, float seed) {

@@ -1,10 +1,12 @@
-// The gradient benchmark, mlxkern's side: one layer's forward (mlxk_gated_delta_update) or
-// backward (mlxk_gated_delta_update_vjp) at Qwen3.5-35B-A3B's dims (B = 1, Hk 16, Hv 32,
+// The gradient benchmark, mlxkern's side: one layer's forward (mlxk_gated_delta_update, or
+// mlxk_gated_delta_update_chunked) or backward (mlxk_gated_delta_update_vjp, or
+// mlxk_gated_delta_update_chunked_vjp) at Qwen3.5-35B-A3B's dims (B = 1, Hk 16, Hv 32,
 // Dk = Dv = 128, bfloat16 activations, no initial state), through the C ABI, in a process of
 // its own so that its peak memory is that one operation's:
 //
 //   grad OUTPUT.json T PHASE        PHASE: fwd (y and the state) or bwd (all eight gradients
-//                                   from the cotangents dy, bfloat16, and dstate_out, float32)
+//                                   from the cotangents dy, bfloat16, and dstate_out, float32);
+//                                   cfwd, cbwd: the same for the chunked form (default chunk)
 //
 // Time: warm-up, then timed samples (benches/harness.h's measure(), with room for three samples
 // of the multi-second backward at T = 4096). Memory, from just before the first call (inputs
@@ -97,11 +99,18 @@ Inputs make_inputs(int tokens) {
   return in;
 }
 
+bool chunked = false;  // the phase names the chunked form (cfwd, cbwd)
+
 void forward(void *p) {
   const Inputs &in = *static_cast<const Inputs *>(p);
   mlxk_array *y, *s;
-  CHECK_OK(mlxk_gated_delta_update(in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, nullptr,
-                                   nullptr, &y, &s));
+  if (chunked) {
+    CHECK_OK(mlxk_gated_delta_update_chunked(in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias,
+                                             nullptr, nullptr, 0, &y, &s));
+  } else {
+    CHECK_OK(mlxk_gated_delta_update(in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, nullptr,
+                                     nullptr, &y, &s));
+  }
   CHECK_OK(mlxk_array_eval(y));
   CHECK_OK(mlxk_array_eval(s));
   CHECK_OK(mlxk_array_free(y));
@@ -111,9 +120,15 @@ void forward(void *p) {
 // The eight results of the backward, evaluated (one node: the first eval computes them all).
 std::vector<mlxk_array *> gradients(const Inputs &in) {
   std::vector<mlxk_array *> g(8);
-  CHECK_OK(mlxk_gated_delta_update_vjp(in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, nullptr,
-                                       nullptr, in.dy, in.dstate_out, &g[0], &g[1], &g[2], &g[3],
-                                       &g[4], &g[5], &g[6], &g[7]));
+  if (chunked) {
+    CHECK_OK(mlxk_gated_delta_update_chunked_vjp(in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias,
+                                                 nullptr, nullptr, 0, in.dy, in.dstate_out, &g[0],
+                                                 &g[1], &g[2], &g[3], &g[4], &g[5], &g[6], &g[7]));
+  } else {
+    CHECK_OK(mlxk_gated_delta_update_vjp(in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias,
+                                         nullptr, nullptr, in.dy, in.dstate_out, &g[0], &g[1], &g[2],
+                                         &g[3], &g[4], &g[5], &g[6], &g[7]));
+  }
   for (mlxk_array *x : g) CHECK_OK(mlxk_array_eval(x));
   return g;
 }
@@ -169,10 +184,15 @@ std::string gradient_sums(const Inputs &in) {
 }  // namespace
 
 int main(int argc, char **argv) {
-  const std::string phase = argc == 4 ? argv[3] : "";
+  std::string phase = argc == 4 ? argv[3] : "";
   const int tokens = argc == 4 ? std::atoi(argv[2]) : 0;
+  if (phase == "cfwd" || phase == "cbwd") {
+    chunked = true;
+    phase = phase.substr(1);
+  }
   if (tokens < 1 || (phase != "fwd" && phase != "bwd")) {
-    std::fprintf(stderr, "usage: %s OUTPUT.json T fwd|bwd   (MLXK_BENCH_QUICK=1: short timing)\n", argv[0]);
+    std::fprintf(stderr, "usage: %s OUTPUT.json T fwd|bwd|cfwd|cbwd   (MLXK_BENCH_QUICK=1: short timing)\n",
+                 argv[0]);
     return 2;
   }
   config_from_env();
@@ -185,8 +205,8 @@ int main(int argc, char **argv) {
   const HostInfo host = host_info();
   char host_text[320];
   host_line(&host, host_text, sizeof host_text);
-  std::printf("mlxkern %s gradient bench, %s T=%d (%s): host %s; load average %s\n", mlxk_version(),
-              phase.c_str(), tokens, cfg.quick ? "quick" : "full", host_text, load_start);
+  std::printf("mlxkern %s gradient bench, %s%s T=%d (%s): host %s; load average %s\n", mlxk_version(),
+              chunked ? "chunked " : "", phase.c_str(), tokens, cfg.quick ? "quick" : "full", host_text, load_start);
 
   Inputs in = make_inputs(tokens);
   const bool hwm_reset = reset_peak_rss();
@@ -201,10 +221,14 @@ int main(int argc, char **argv) {
   const std::string sums = fwd ? "{}" : gradient_sums(in);
 
   const std::string id = std::string(fwd ? "grad_fwd_T" : "grad_bwd_T") + std::to_string(tokens);
-  add_record(id.c_str(), fwd ? "grad_fwd" : "grad_bwd", "mlxkern", "call", 1, tokens, tokens, 0, st,
-             fwd ? "mlxk_gated_delta_update (y, state), no initial state, one process"
-                 : "mlxk_gated_delta_update_vjp (8 gradients from dy, dstate_out), no initial state, "
-                   "one process");
+  const std::string note =
+      std::string(chunked ? (fwd ? "mlxk_gated_delta_update_chunked (y, state, chunk 32)"
+                                 : "mlxk_gated_delta_update_chunked_vjp (8 gradients from dy, dstate_out, chunk 32)")
+                          : (fwd ? "mlxk_gated_delta_update (y, state)"
+                                 : "mlxk_gated_delta_update_vjp (8 gradients from dy, dstate_out)")) +
+      ", no initial state, one process";
+  add_record(id.c_str(), fwd ? "grad_fwd" : "grad_bwd", chunked ? "mlxkern_chunked" : "mlxkern", "call", 1,
+             tokens, tokens, 0, st, note.c_str());
   const double gib = 1024.0 * 1024.0 * 1024.0;
   std::printf("  peak extra memory: process RSS %.3f GiB, MLX allocator %.3f GiB%s\n",
               double(rss_peak - std::min(rss_peak, rss0)) / gib,

@@ -17,6 +17,12 @@
 # its estimated memory or time would not fit. Their tables, results.json's "gradients" and
 # build/bench/grad_chart.png.
 #
+# With them, the chunked form's forward + backward (mlxk_gated_delta_update_chunked and
+# mlxk_gated_delta_update_chunked_vjp, benches/grad.cpp's cfwd / cbwd phases) beside
+# bitsandbytes-cpu-fork's native CPU kernels (benches/grad_bnb.py through ctypes, its wheel fetched
+# once by scripts/bnb-peer.sh; skipped with one line without network), and the machine's float32
+# multiply-add peak (benches/fma_peak.cpp), the yardstick of the chunked forward's efficiency.
+#
 # Then the pool section (benches/pool.cpp, C++ on the .venv's MLX; cases in benches/pool_cases.h):
 # mlxkern's calls on a pool of states by slot at Qwen3.5-35B-A3B dims, one layer: continuous
 # batching (64 slots, 32 decoding, a join with a 16-64 token prefill every 8 steps) through
@@ -79,6 +85,7 @@ MLX=$("$PY" -m mlx --cmake-dir)
 "$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/common" \
   -isystem "$MLX/include" "$ROOT/benches/pool.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
   -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/pool"
+"$CXX" -O2 -std=c++17 -Wall -Wextra -Werror -pthread "$ROOT/benches/fma_peak.cpp" -o "$OUT/fma_peak"
 
 llama=0
 if [ -z "$ONLY" ] && CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
@@ -167,7 +174,25 @@ if [ "$ONLY" = pool ]; then
 fi
 grad_parts=()
 grad_peer_parts=()
+native_parts=()
+bnb=""
+if [ "${#grad_lengths[@]}" -gt 0 ]; then
+  bnb=$("$ROOT/scripts/bnb-peer.sh") || bnb=""
+  echo "== float32 multiply-add peak =="
+  "$OUT/fma_peak" "$PARTS/fma-peak.json" && native_parts+=("$PARTS/fma-peak.json")
+fi
 for t in ${grad_lengths[@]+"${grad_lengths[@]}"}; do
+  for phase in cfwd cbwd; do
+    echo "== gradients T=$t: mlxkern chunked ${phase#c} (C ABI, own process) =="
+    "$OUT/grad" "$PARTS/grad-$phase-T$t.json" "$t" "$phase"
+    native_parts+=("$PARTS/grad-$phase-T$t.json")
+  done
+  if [ -n "$bnb" ]; then
+    echo "== gradients T=$t: bitsandbytes-cpu-fork native CPU kernels (own process) =="
+    OMP_NUM_THREADS=${MLXK_NUM_THREADS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))} \
+      "$PY" "$ROOT/benches/grad_bnb.py" "$bnb" "$PARTS/grad-bnb-T$t.json" "$t"
+    native_parts+=("$PARTS/grad-bnb-T$t.json")
+  fi
   for phase in fwd bwd; do
     echo "== gradients T=$t: mlxkern $phase (C ABI, own process) =="
     "$OUT/grad" "$PARTS/grad-$phase-T$t.json" "$t" "$phase"
@@ -193,7 +218,8 @@ if [ -z "$ONLY" ]; then
 fi
 if [ "$ONLY" != pool ]; then
   "$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" ${kernel_args[@]+"${kernel_args[@]}"} \
-    --grad "${grad_parts[@]}" --grad-peer "${grad_peer_parts[@]}"
+    --grad "${grad_parts[@]}" --grad-peer "${grad_peer_parts[@]}" \
+    ${native_parts[@]+--grad-native "${native_parts[@]}"}
 fi
 # results.json's "pool": the part as written (MLXK_BENCH_ONLY=pool: results.json holds it alone).
 if [ -f "$PARTS/pool.json" ]; then
