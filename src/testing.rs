@@ -371,6 +371,44 @@ pub unsafe fn gated_delta_update_vjp_via_gpu(
     }
 }
 
+/// The chunked form's GPU backward (`kernels/metal/gated_delta_chunked_backward.metal`) as
+/// `mlxk_gated_delta_update_vjp` returns gradients, with `chunk` the forward's chunk size (0:
+/// default), through `kernels`' launch (`gpu = false`: on a CPU stream, where MLX refuses the
+/// kernels). `args` and `outs` as in [`gated_delta_update_vjp_via_gpu`].
+///
+/// # Safety
+/// Each of `outs` is NULL or valid for writing one handle.
+pub unsafe fn gated_delta_update_chunked_vjp_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    chunk: usize,
+    args: [*const mlxk_array; 11],
+    outs: [*mut *mut mlxk_array; 8],
+) -> mlxk_status {
+    let [q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out] = args;
+    boundary(&kernels.label("chunked GPU backward"), || {
+        let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+        // SAFETY: the documented contract on each out-parameter.
+        let outs = unsafe { crate::capi::distinct_outs(outs, names) }?;
+        let mut mlx = registry::lock();
+        let inputs =
+            gated_delta::update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, state, mask])?;
+        let dy = mlx.get_opt(dy, "dy")?;
+        let dstate_out = mlx.get_opt(dstate_out, "dstate_out")?;
+        let grads = crate::ops::gated_delta::update_vjp_chunked_gpu(
+            &inputs,
+            dy,
+            dstate_out,
+            kernels.backend(gpu),
+            chunk,
+        )?;
+        for (out, grad) in outs.into_iter().zip(grads) {
+            out.write(mlx.insert(grad));
+        }
+        Ok(())
+    })
+}
+
 /// `mlxk_silu_rms_heads_vjp` through its GPU path (see [`gated_delta_update_vjp_via_gpu`]).
 ///
 /// # Safety

@@ -8,6 +8,7 @@ mod graph;
 mod pool;
 mod replay;
 mod vjp;
+mod vjp_chunked;
 
 pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};
@@ -17,6 +18,7 @@ pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm,
 pub use replay::state;
 pub use vjp::update_vjp;
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
+pub use vjp_chunked::update_vjp_chunked_gpu;
 
 use cxx::UniquePtr;
 

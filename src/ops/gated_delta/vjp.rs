@@ -8,7 +8,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
-use crate::node::gated_delta::{Backward, BackwardInput, Input, Node};
+use crate::node::gated_delta::{Backward, BackwardInput, Form, Input, Node};
 use crate::node::Words;
 use crate::ops::shape::ArgInfo;
 use crate::ops::{cpu_node, gpu_node, silu_rms_heads, Backend};
@@ -121,7 +121,7 @@ pub fn update_vjp(
 /// g and β as MLX ops, the backward kernel (`kernels/metal/gated_delta_backward.metal`, on
 /// Metal or CUDA), then the sums over each key head's value heads and the gates' chain as MLX
 /// ops. Arguments already checked.
-fn update_vjp_gpu(
+pub(super) fn update_vjp_gpu(
     x: &Inputs,
     node: &Node,
     dy: Option<&Array>,
@@ -140,7 +140,7 @@ fn update_vjp_gpu(
         state: x.state,
         mask: x.mask,
     };
-    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu(node, &kernel, dy, dstate_out, backend)?;
+    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu_any(node, &kernel, dy, dstate_out, backend)?;
     let gates = bridge::gates_vjp(
         &bridge::list(&[x.a, x.b, x.a_log, x.dt_bias, &dg, &dbeta]),
         gpu,
@@ -153,14 +153,31 @@ fn update_vjp_gpu(
 }
 
 /// The inputs of the GPU backward kernel besides the cotangents: the forward kernel's.
-struct KernelInputs<'a> {
-    q: &'a Array,
-    k: &'a Array,
-    v: &'a Array,
-    g: &'a Array,
-    beta: &'a Array,
-    state: Option<&'a Array>,
-    mask: Option<&'a Array>,
+pub(super) struct KernelInputs<'a> {
+    pub(super) q: &'a Array,
+    pub(super) k: &'a Array,
+    pub(super) v: &'a Array,
+    pub(super) g: &'a Array,
+    pub(super) beta: &'a Array,
+    pub(super) state: Option<&'a Array>,
+    pub(super) mask: Option<&'a Array>,
+}
+
+/// The GPU backward of `node`'s form: the chunked kernels for `Form::Chunked`
+/// (`vjp_chunked`), else the exact form's kernel.
+fn backward_gpu_any(
+    node: &Node,
+    x: &KernelInputs,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+    backend: Backend,
+) -> Result<[UniquePtr<Array>; 6]> {
+    match node.form {
+        Form::Chunked { chunk } => {
+            super::vjp_chunked::backward_gpu_chunked(node, x, dy, dstate_out, backend, chunk)
+        }
+        _ => backward_gpu(node, x, dy, dstate_out, backend),
+    }
 }
 
 /// The GPU backward kernel and its tail: dq, dk (in q's dtype), dv (in v's), dg, dβ and dstate
@@ -310,7 +327,7 @@ pub(crate) fn gpu_vjp(
         state: find(Input::State),
         mask: find(Input::Mask),
     };
-    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu(
+    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu_any(
         &node,
         &kernel,
         Some(cotangents[0]),
