@@ -10,8 +10,8 @@
 //             and U = Ũ − W H.
 //   3 dstates per (head, column tile), chunks in reverse: the state gradient leaving every
 //             chunk (kept), dU = (Γ∘QKᵀ)ᵀ dY + diag(Γ_L) K dH', and dstate.
-//   4 square  per (head, chunk): the chunk's L x L products: dP, dTm = dU Uᵀ,
-//             dA = −Tmᵀ dTm Tmᵀ, Tmᵀ dU (dv), and the gate terms made of them.
+//   4 square  per (head, chunk): the chunk's L x L products: dP = dY Uᵀ,
+//             dA = −Tmᵀ dU Uᵀ (strictly lower), Tmᵀ dU (dv), and the gate terms made of them.
 //   5 keys    per (head, chunk): dq, dk, and the gate gradients (d log g summed backwards
 //             over the chunk, then d g = d log g / g where g is a normal float, else 0).
 //
@@ -282,8 +282,8 @@
     const int L = T - t0 < C ? T - t0 : C;
     const size_t sq = (size_t(n) * NC + c) * (C * C);
     threadgroup float tm_s[C * C];
-    threadgroup float m_g[C * C];   // dTm (strictly lower), then dA'∘Γ∘KKᵀ
-    threadgroup float m_r[C * C];   // Tmᵀ dTm
+    threadgroup float m_g[C * C];   // dU Uᵀ (strictly lower)
+    threadgroup float m_r[C * C];   // dA∘Γ∘KKᵀ
     threadgroup float m_x[C * C];   // the gate terms X(t, s), s < t
     threadgroup float m_v[C * C];   // dU Vᵀ
     threadgroup float bs[C];
@@ -296,7 +296,7 @@
       bs[s] = bv;
     }
     for (int e = int(tid); e < C * C; e += NT) tm_s[e] = tm[sq + e];
-    // dP = dY Uᵀ (s <= t), dTm = dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns.
+    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns.
     for (int e = int(tid); e < C * C; e += NT) {
       const int r = e / C, s = e % C;
       float dp = 0.0f, dtm = 0.0f, duv = 0.0f;
@@ -304,7 +304,7 @@
         const int t = t0 + r;
         const bool active = MLXK_TOKEN_ACTIVE;
         const size_t ur = (size_t(n) * T + t0 + r) * Dv, us = (size_t(n) * T + t0 + s) * Dv;
-        const size_t yr = ((size_t(b_idx) * T + t0 + r) * Hv + hv_idx) * Dv;
+        const size_t yr = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
         const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
         for (int j = 0; j < Dv; ++j) {
           const float us_j = u[us + j], du_j = du[ur + j];
@@ -319,38 +319,29 @@
       m_v[e] = duv;
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    // R = Tmᵀ dTm: R[a][b] = Σ_t Tm[t][a] dTm[t][b], t >= a, t > b.
-    for (int e = int(tid); e < C * C; e += NT) {
-      const int a = e / C, b = e % C;
-      float acc = 0.0f;
-      for (int t = (a > b + 1 ? a : b + 1); t < L; ++t) {
-        acc += MLXK_MUL(tm_s[t * C + a], m_g[t * C + b]);
-      }
-      m_r[e] = acc;
-    }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    // dA' = −R Tmᵀ (strictly lower); the terms of dk (dA'∘βΓ), of dβ (dA'∘Γ∘KKᵀ) and of the
-    // gates (dA'∘A).
+    // dA = −Tmᵀ dTm' Tmᵀ with dTm' = dU (diag(β)(V − diag(γ) K H))ᵀ = dU Uᵀ (I + A)ᵀ, so
+    // dA = −Tmᵀ (dU Uᵀ) on the strictly lower part: dA[a][cc] = −Σ_t Tm[t][a] dU_t·U_cc, t >= a.
+    // Then the terms of dk (dA∘βΓ), of dβ (dA∘Γ∘KKᵀ) and of the gates (dA∘A).
     for (int e = int(tid); e < C * C; e += NT) {
       const int a = e / C, cc = e % C;
       float dak_e = 0.0f, dbk = 0.0f;
       if (cc < a && a < L) {
         float acc = 0.0f;
-        for (int b = 0; b <= cc; ++b) acc += MLXK_MUL(m_r[a * C + b], tm_s[cc * C + b]);
+        for (int t = a; t < L; ++t) acc += MLXK_MUL(tm_s[t * C + a], m_g[t * C + cc]);
         const float da = -acc;
         dak_e = MLXK_MUL(MLXK_MUL(da, bs[a]), gm[sq + e]);
         dbk = MLXK_MUL(da, gkk[sq + e]);
         m_x[e] += MLXK_MUL(dbk, bs[a]);
       }
       dak[sq + e] = dak_e;
-      m_g[e] = dbk;
+      m_r[e] = dbk;
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     // Per token: dβ's and the gates' shares from these products.
     for (int s = int(tid); s < L; s += NT) {
       float dbeta_s = 0.0f, db_s = 0.0f;
       for (int r = 0; r < s; ++r) {
-        dbeta_s += m_g[s * C + r];
+        dbeta_s += m_r[s * C + r];
         db_s += m_x[s * C + r];
       }
       for (int r = s; r < L; ++r) dbeta_s += MLXK_MUL(tm_s[r * C + s], m_v[r * C + s]);
