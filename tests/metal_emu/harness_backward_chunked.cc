@@ -14,7 +14,7 @@ namespace {
 
 // The bound on a gradient's error relative to its scale (README.md gives the reasoning and the
 // observed worst cases), against the float64 backward and against the CPU backward.
-constexpr double kChunkedTolerance = 1.0 / (1 << 12);
+constexpr double kChunkedTolerance = 1.0 / (1 << 14);
 
 constexpr int kGradients = 8;
 const char* const kNames[kGradients] = {"dq", "dk", "dv", "dstate",
