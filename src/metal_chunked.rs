@@ -165,7 +165,7 @@ pub fn gated_delta_chunked_backward_launch(n: &Node, c: usize, stage: usize) -> 
     static SOURCES: OnceLock<[String; 2]> = OnceLock::new();
     let sources = SOURCES.get_or_init(|| token_variants(GATED_DELTA_CHUNKED_BACKWARD_SOURCE));
     assert!(
-        c % 16 == 0 && (16..=CHUNKED_BACKWARD_MAX_CHUNK).contains(&c),
+        c.is_multiple_of(16) && (16..=CHUNKED_BACKWARD_MAX_CHUNK).contains(&c),
         "chunk {c}"
     );
     let s = &STAGES[stage];

@@ -9,6 +9,7 @@ mod pool;
 mod replay;
 mod vjp;
 mod vjp_chunked;
+mod vjp_chunked_gpu;
 
 pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};
@@ -18,7 +19,7 @@ pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm,
 pub use replay::state;
 pub use vjp::update_vjp;
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
-pub use vjp_chunked::update_vjp_chunked_gpu;
+pub use vjp_chunked_gpu::update_vjp_chunked_gpu;
 
 use cxx::UniquePtr;
 

@@ -14,6 +14,7 @@ use crate::ops::shape::ArgInfo;
 use crate::ops::{cpu_node, gpu_node, silu_rms_heads, Backend};
 
 use super::graph::{caller_array, gpu_inputs};
+use super::vjp_chunked;
 use super::{check_update, Inputs};
 
 /// The gradients of one update, as `mlxk_gated_delta_update_vjp` returns them: dq, dk, dv, da,
@@ -153,14 +154,14 @@ pub(super) fn update_vjp_gpu(
 }
 
 /// The inputs of the GPU backward kernel besides the cotangents: the forward kernel's.
-pub(super) struct KernelInputs<'a> {
-    pub(super) q: &'a Array,
-    pub(super) k: &'a Array,
-    pub(super) v: &'a Array,
-    pub(super) g: &'a Array,
-    pub(super) beta: &'a Array,
-    pub(super) state: Option<&'a Array>,
-    pub(super) mask: Option<&'a Array>,
+struct KernelInputs<'a> {
+    q: &'a Array,
+    k: &'a Array,
+    v: &'a Array,
+    g: &'a Array,
+    beta: &'a Array,
+    state: Option<&'a Array>,
+    mask: Option<&'a Array>,
 }
 
 /// The GPU backward of `node`'s form: the chunked kernels for `Form::Chunked`
@@ -174,7 +175,16 @@ fn backward_gpu_any(
 ) -> Result<[UniquePtr<Array>; 6]> {
     match node.form {
         Form::Chunked { chunk } => {
-            super::vjp_chunked::backward_gpu_chunked(node, x, dy, dstate_out, backend, chunk)
+            let x = vjp_chunked::ChunkedInputs {
+                q: x.q,
+                k: x.k,
+                v: x.v,
+                g: x.g,
+                beta: x.beta,
+                state: x.state,
+                mask: x.mask,
+            };
+            vjp_chunked::backward_gpu_chunked(node, &x, dy, dstate_out, backend, chunk)
         }
         _ => backward_gpu(node, x, dy, dstate_out, backend),
     }

@@ -13,37 +13,19 @@ use crate::metal_chunked::{
     backward_chunk, backward_chunked_scratch_floats, gated_delta_chunked_backward_launch,
     CHUNKED_BACKWARD_STAGES, CHUNKED_BACKWARD_THREADS,
 };
-use crate::node::gated_delta::{Form, Node};
+use crate::node::gated_delta::Node;
 use crate::ops::{gpu_node, Backend};
 
-use super::vjp::{check_vjp, update_vjp_gpu, Gradients, KernelInputs};
-use super::{check_update, Inputs};
-
-/// `mlxk_gated_delta_update_vjp`'s gradients for the chunked form on a GPU backend (chunk 0:
-/// the default): the forward node's form made `Form::Chunked`, then the GPU backward, which
-/// takes the chunked kernels for that form. The CPU backend is refused (the CPU backward is
-/// the exact one's).
-pub fn update_vjp_chunked_gpu(
-    x: &Inputs,
-    dy: Option<&Array>,
-    dstate_out: Option<&Array>,
-    backend: Backend,
-    chunk: usize,
-) -> Result<Gradients> {
-    let mut node = check_update(x)?;
-    check_vjp(&node, dy, dstate_out)?;
-    if backend == Backend::Cpu {
-        return Err(Error::Unsupported(
-            "the chunked GPU backward needs a GPU backend (Metal or CUDA)".into(),
-        ));
-    }
-    if chunk != 0 && (chunk % 16 != 0 || chunk > 128) {
-        return Err(Error::InvalidArgument(format!(
-            "chunk must be 0 (default) or a multiple of 16 in 16..=128, got {chunk}"
-        )));
-    }
-    node.form = Form::Chunked { chunk };
-    update_vjp_gpu(x, &node, dy, dstate_out, backend)
+/// The arrays the chunked backward reads besides the cotangents: q, k, v, g and β (as the
+/// GPU forward gets them), the state (None: zeros) and the mask.
+pub(super) struct ChunkedInputs<'a> {
+    pub(super) q: &'a Array,
+    pub(super) k: &'a Array,
+    pub(super) v: &'a Array,
+    pub(super) g: &'a Array,
+    pub(super) beta: &'a Array,
+    pub(super) state: Option<&'a Array>,
+    pub(super) mask: Option<&'a Array>,
 }
 
 /// The chunked backward and its tail: dq, dk (in q's dtype), dv (in v's), dg, dβ and dstate
@@ -54,7 +36,7 @@ pub fn update_vjp_chunked_gpu(
 /// compute d(log g) and divide by g where g is a normal float (g ≥ 2⁻¹²⁶), 0 elsewhere.
 pub(super) fn backward_gpu_chunked(
     node: &Node,
-    x: &KernelInputs,
+    x: &ChunkedInputs,
     dy: Option<&Array>,
     dstate_out: Option<&Array>,
     backend: Backend,
