@@ -405,63 +405,97 @@
     for (int e = int(tid); e < Dv * Dk; e += NT) part += MLXK_MUL(hs[kept + e], dhs[kept + e]);
     red[tid] = part;
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    for (int s = int(sg); s < L; s += NSG) {
-      const int t = t0 + s;
-      const bool active = MLXK_TOKEN_ACTIVE;
-      const size_t qk_s = ((size_t(b_idx) * T + t) * Hk + hk_idx) * Dk;
-      const size_t tok = size_t(n) * T + t;
-      const size_t yv = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
-      float aq[NPT], aa[NPT], ab[NPT];
-      for (int m = 0; m < NPT; ++m) {
-        aq[m] = 0.0f;
-        aa[m] = 0.0f;
-        ab[m] = 0.0f;
+    // A SIMD group takes TB tokens at once, so that each load of H and dH' serves TB of them;
+    // tokens past L (the chunk's last block) compute zeros from the zero rows and are not
+    // written.
+    constexpr int TB = 4;
+    for (int s0 = int(sg) * TB; s0 < L; s0 += NSG * TB) {
+      bool act[TB];
+      size_t tok[TB], yv[TB];
+      for (int x = 0; x < TB; ++x) {
+        const int t = t0 + (s0 + x < L ? s0 + x : s0);
+        act[x] = s0 + x < L && (MLXK_TOKEN_ACTIVE);
+        tok[x] = size_t(n) * T + t;
+        yv[x] = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
+      }
+      float aq[TB][NPT], aa[TB][NPT], ab[TB][NPT];
+      for (int x = 0; x < TB; ++x) {
+        for (int m = 0; m < NPT; ++m) {
+          aq[x][m] = 0.0f;
+          aa[x][m] = 0.0f;
+          ab[x][m] = 0.0f;
+        }
       }
       // dY Hᵀ, U dH'ᵀ, (Tmᵀ dU) Hᵀ: sums over the value columns.
       for (int j = 0; j < Dv; ++j) {
-        const float dy_j = active ? static_cast<float>(dy[yv + j]) : 0.0f;
-        const float u_j = u[tok * Dv + j];
-        const float tdu_j = tdu[tok * Dv + j];
+        float dy_j[TB], u_j[TB], tdu_j[TB];
+        for (int x = 0; x < TB; ++x) {
+          dy_j[x] = act[x] ? static_cast<float>(dy[yv[x] + j]) : 0.0f;
+          u_j[x] = u[tok[x] * Dv + j];
+          tdu_j[x] = tdu[tok[x] * Dv + j];
+        }
         for (int m = 0; m < NPT; ++m) {
           const size_t at = kept + size_t(j) * Dk + m * 32 + lane;
           const float h = hs[at];
-          aq[m] += MLXK_MUL(dy_j, h);
-          aa[m] += MLXK_MUL(u_j, dhs[at]);
-          ab[m] += MLXK_MUL(tdu_j, h);
+          const float dh = dhs[at];
+          for (int x = 0; x < TB; ++x) {
+            aq[x][m] += MLXK_MUL(dy_j[x], h);
+            aa[x][m] += MLXK_MUL(u_j[x], dh);
+            ab[x][m] += MLXK_MUL(tdu_j[x], h);
+          }
         }
       }
-      float pq = 0.0f, pa = 0.0f, pb = 0.0f;
+      float pq[TB], pa[TB], pb[TB];
+      for (int x = 0; x < TB; ++x) {
+        pq[x] = 0.0f;
+        pa[x] = 0.0f;
+        pb[x] = 0.0f;
+      }
       for (int m = 0; m < NPT; ++m) {
         const int i = m * 32 + int(lane);
-        const float qf = static_cast<float>(q[qk_s + i]);
-        const float kf = static_cast<float>(k[qk_s + i]);
-        const float dq_inter = MLXK_MUL(gam_s[s], aq[m]);
-        const float dk_h_term = MLXK_MUL(gl_s[s], aa[m]);
-        const float dk_w_term = -MLXK_MUL(gam_s[s], ab[m]);
-        float dq_acc = dq_inter;
-        float dk_acc = dk_h_term + MLXK_MUL(bs[s], dk_w_term);
+        float dq_inter[TB], dk_h_term[TB], dk_w_term[TB], dq_acc[TB], dk_acc[TB];
+        for (int x = 0; x < TB; ++x) {
+          const int s = s0 + x;
+          dq_inter[x] = MLXK_MUL(gam_s[s], aq[x][m]);
+          dk_h_term[x] = MLXK_MUL(gl_s[s], aa[x][m]);
+          dk_w_term[x] = -MLXK_MUL(gam_s[s], ab[x][m]);
+          dq_acc[x] = dq_inter[x];
+          dk_acc[x] = dk_h_term[x] + MLXK_MUL(bs[s], dk_w_term[x]);
+        }
         for (int r = 0; r < L; ++r) {
           const size_t qk_r = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i;
           const float kr = static_cast<float>(k[qk_r]);
-          if (r <= s) dq_acc += MLXK_MUL(dpg_s[s * C + r], kr);
-          if (r >= s) dk_acc += MLXK_MUL(dpg_s[r * C + s], static_cast<float>(q[qk_r]));
-          if (r < s) dk_acc += MLXK_MUL(dak_s[s * C + r], kr);
-          if (r > s) dk_acc += MLXK_MUL(dak_s[r * C + s], kr);
+          const float qr = static_cast<float>(q[qk_r]);
+          for (int x = 0; x < TB; ++x) {
+            const int s = s0 + x;
+            if (r <= s) dq_acc[x] += MLXK_MUL(dpg_s[s * C + r], kr);
+            if (r >= s) dk_acc[x] += MLXK_MUL(dpg_s[r * C + s], qr);
+            if (r < s) dk_acc[x] += MLXK_MUL(dak_s[s * C + r], kr);
+            if (r > s) dk_acc[x] += MLXK_MUL(dak_s[r * C + s], kr);
+          }
         }
-        pq += MLXK_MUL(qf, dq_inter);
-        pa += MLXK_MUL(kf, dk_h_term);
-        pb += MLXK_MUL(kf, dk_w_term);
-        const size_t out = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dk + i;
-        dq_h[out] = active ? dq_acc : 0.0f;
-        dk_h[out] = active ? dk_acc : 0.0f;
+        for (int x = 0; x < TB; ++x) {
+          if (s0 + x >= L) continue;
+          const size_t qk_s = ((size_t(b_idx) * T + t0 + s0 + x) * Hk + hk_idx) * Dk + i;
+          const float qf = static_cast<float>(q[qk_s]);
+          const float kf = static_cast<float>(k[qk_s]);
+          pq[x] += MLXK_MUL(qf, dq_inter[x]);
+          pa[x] += MLXK_MUL(kf, dk_h_term[x]);
+          pb[x] += MLXK_MUL(kf, dk_w_term[x]);
+          const size_t out = ((size_t(b_idx) * T + t0 + s0 + x) * Hv + hv_idx) * Dk + i;
+          dq_h[out] = act[x] ? dq_acc[x] : 0.0f;
+          dk_h[out] = act[x] ? dk_acc[x] : 0.0f;
+        }
       }
-      pq = simd_sum(pq);
-      pa = simd_sum(pa);
-      pb = simd_sum(pb);
-      if (lane == 0) {
-        sum_q[s] = pq;
-        sum_a[s] = pa;
-        sum_b[s] = pb;
+      for (int x = 0; x < TB; ++x) {
+        const float sq_x = simd_sum(pq[x]);
+        const float sa_x = simd_sum(pa[x]);
+        const float sb_x = simd_sum(pb[x]);
+        if (lane == 0 && s0 + x < L) {
+          sum_q[s0 + x] = sq_x;
+          sum_a[s0 + x] = sa_x;
+          sum_b[s0 + x] = sb_x;
+        }
       }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
