@@ -41,11 +41,12 @@ pub fn backward_chunk(chunk: usize) -> usize {
 
 /// Value columns of one tile of the sequential stages (2 and 3): the state tile `Dk x TN`
 /// stays in threadgroup memory (at most 16 KiB), so 32 up to Dk = 128, 16 at Dk = 256, never
-/// more than Dv; halved (down to 8) while there would be fewer than 256 tiles, so that a few
-/// heads still spread over a large GPU's cores (these stages walk the chunks one by one).
+/// more than Dv; halved (down to 8) while there would be fewer than 512 tiles, so that a few
+/// heads still spread over a large GPU's cores (these stages walk the chunks one by one, and a
+/// thread's share of each chunk's products shrinks with the tile).
 pub fn backward_tile(d: Dims) -> usize {
     let mut tile = (4096 / d.dk.max(1)).clamp(1, 32).min(d.dv.max(1));
-    while tile > 8 && d.b * d.hv * d.dv.div_ceil(tile) < 256 {
+    while tile > 8 && d.b * d.hv * d.dv.div_ceil(tile) < 512 {
         tile /= 2;
     }
     tile
