@@ -165,9 +165,15 @@
         float val = 0.0f;
         if (s < L && j < Dv) {
           const size_t tw = size_t(n) * T + t0 + s;
-          float x = 0.0f;
-          for (int i = 0; i < Dk; ++i) x += MLXK_MUL(w[tw * Dk + i], h_s[i * TN + jj]);
-          val = ut[tw * Dv + j] - x;
+          // Four partial sums (Dk is a multiple of 32): four independent chains of products.
+          float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+          for (int i = 0; i < Dk; i += 4) {
+            x0 += MLXK_MUL(w[tw * Dk + i], h_s[i * TN + jj]);
+            x1 += MLXK_MUL(w[tw * Dk + i + 1], h_s[(i + 1) * TN + jj]);
+            x2 += MLXK_MUL(w[tw * Dk + i + 2], h_s[(i + 2) * TN + jj]);
+            x3 += MLXK_MUL(w[tw * Dk + i + 3], h_s[(i + 3) * TN + jj]);
+          }
+          val = ut[tw * Dv + j] - ((x0 + x1) + (x2 + x3));
           u[tw * Dv + j] = val;
         }
         u_s[e] = val;
@@ -242,11 +248,14 @@
           float a = 0.0f;
           for (int r = s; r < L; ++r) a += MLXK_MUL(pm[sq + r * C + s], dy_s[r * TN + jj]);
           const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-          float x = 0.0f;
-          for (int i = 0; i < Dk; ++i) {
-            x += MLXK_MUL(static_cast<float>(k[ks + i]), dh_s[i * TN + jj]);
+          float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+          for (int i = 0; i < Dk; i += 4) {
+            x0 += MLXK_MUL(static_cast<float>(k[ks + i]), dh_s[i * TN + jj]);
+            x1 += MLXK_MUL(static_cast<float>(k[ks + i + 1]), dh_s[(i + 1) * TN + jj]);
+            x2 += MLXK_MUL(static_cast<float>(k[ks + i + 2]), dh_s[(i + 2) * TN + jj]);
+            x3 += MLXK_MUL(static_cast<float>(k[ks + i + 3]), dh_s[(i + 3) * TN + jj]);
           }
-          val = a + MLXK_MUL(gl_s[s], x);
+          val = a + MLXK_MUL(gl_s[s], (x0 + x1) + (x2 + x3));
           du[(size_t(n) * T + t0 + s) * Dv + j] = val;
         }
         du_s[e] = val;
