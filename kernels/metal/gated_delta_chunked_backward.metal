@@ -25,9 +25,10 @@
 // are f32: per head [n = b * Hv + hv] and token [n, T, X], per chunk [n, NC, C, C], kept states
 // [n, NC, Dv, Dk]. Tin = {T}; mask [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
 // Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, <= 32), TN (value columns of a tile), NT.
-#ifndef MLXK_MUL  // a product that must not fuse into a following add (docs/DESIGN.md §3)
-#define MLXK_MUL(a, b) ((a) * (b))
-#endif
+// A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
+// --fmad=true makes those FMAs): this backward has no bit-exact contract, and a fused
+// multiply-add is faster and rounds once instead of twice.
+#define MLXK_CB_MUL(a, b) ((a) * (b))
     const int T = Tin[0];
     const int NC = (T + C - 1) / C;
     const uint tid = thread_position_in_threadgroup.x;
@@ -87,22 +88,22 @@
         const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
         for (int i = 0; i < Dk; ++i) {
           const float kv = static_cast<float>(k[ks + i]);
-          kk += MLXK_MUL(static_cast<float>(k[kr + i]), kv);
-          qk += MLXK_MUL(static_cast<float>(q[kr + i]), kv);
+          kk += MLXK_CB_MUL(static_cast<float>(k[kr + i]), kv);
+          qk += MLXK_CB_MUL(static_cast<float>(q[kr + i]), kv);
         }
       }
-      const float gkk_e = s < r ? MLXK_MUL(gm_s[e], kk) : 0.0f;
+      const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[e], kk) : 0.0f;
       gm[sq + e] = gm_s[e];
       gkk[sq + e] = gkk_e;
-      pm[sq + e] = s <= r ? MLXK_MUL(gm_s[e], qk) : 0.0f;
-      a_s[e] = MLXK_MUL(bs[r], gkk_e);
+      pm[sq + e] = s <= r ? MLXK_CB_MUL(gm_s[e], qk) : 0.0f;
+      a_s[e] = MLXK_CB_MUL(bs[r], gkk_e);
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     // Tm = (I + A)⁻¹ by forward substitution, row by row: Tm[r][col] = δ − Σ A[r][s] Tm[s][col].
     for (int r = 0; r < C; ++r) {
       for (int col = int(tid); col < C; col += NT) {
         float x = col == r ? 1.0f : 0.0f;
-        for (int s = col; s < r; ++s) x -= MLXK_MUL(a_s[r * C + s], tm_s[s * C + col]);
+        for (int s = col; s < r; ++s) x -= MLXK_CB_MUL(a_s[r * C + s], tm_s[s * C + col]);
         tm_s[r * C + col] = col <= r ? x : 0.0f;
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -114,8 +115,8 @@
       float acc = 0.0f;
       for (int s = 0; s <= r; ++s) {
         const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-        const float f = MLXK_MUL(MLXK_MUL(tm_s[r * C + s], bs[s]), gam_s[s]);
-        acc += MLXK_MUL(f, static_cast<float>(k[ks + i]));
+        const float f = MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), gam_s[s]);
+        acc += MLXK_CB_MUL(f, static_cast<float>(k[ks + i]));
       }
       w[(size_t(n) * T + t0 + r) * Dk + i] = acc;
     }
@@ -124,7 +125,7 @@
       float acc = 0.0f;
       for (int s = 0; s <= r; ++s) {
         const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
-        acc += MLXK_MUL(MLXK_MUL(tm_s[r * C + s], bs[s]), static_cast<float>(v[vs + j]));
+        acc += MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), static_cast<float>(v[vs + j]));
       }
       ut[(size_t(n) * T + t0 + r) * Dv + j] = acc;
     }
@@ -168,10 +169,10 @@
           // Four partial sums (Dk is a multiple of 32): four independent chains of products.
           float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
           for (int i = 0; i < Dk; i += 4) {
-            x0 += MLXK_MUL(w[tw * Dk + i], h_s[i * TN + jj]);
-            x1 += MLXK_MUL(w[tw * Dk + i + 1], h_s[(i + 1) * TN + jj]);
-            x2 += MLXK_MUL(w[tw * Dk + i + 2], h_s[(i + 2) * TN + jj]);
-            x3 += MLXK_MUL(w[tw * Dk + i + 3], h_s[(i + 3) * TN + jj]);
+            x0 += MLXK_CB_MUL(w[tw * Dk + i], h_s[i * TN + jj]);
+            x1 += MLXK_CB_MUL(w[tw * Dk + i + 1], h_s[(i + 1) * TN + jj]);
+            x2 += MLXK_CB_MUL(w[tw * Dk + i + 2], h_s[(i + 2) * TN + jj]);
+            x3 += MLXK_CB_MUL(w[tw * Dk + i + 3], h_s[(i + 3) * TN + jj]);
           }
           val = ut[tw * Dv + j] - ((x0 + x1) + (x2 + x3));
           u[tw * Dv + j] = val;
@@ -186,9 +187,9 @@
         float acc = 0.0f;
         for (int s = 0; s < L; ++s) {
           const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-          acc += MLXK_MUL(MLXK_MUL(static_cast<float>(k[ks + i]), gl_s[s]), u_s[s * TN + jj]);
+          acc += MLXK_CB_MUL(MLXK_CB_MUL(static_cast<float>(k[ks + i]), gl_s[s]), u_s[s * TN + jj]);
         }
-        h_s[e] = MLXK_MUL(g_last, h_s[e]) + acc;
+        h_s[e] = MLXK_CB_MUL(g_last, h_s[e]) + acc;
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
@@ -246,16 +247,16 @@
         float val = 0.0f;
         if (s < L && j < Dv) {
           float a = 0.0f;
-          for (int r = s; r < L; ++r) a += MLXK_MUL(pm[sq + r * C + s], dy_s[r * TN + jj]);
+          for (int r = s; r < L; ++r) a += MLXK_CB_MUL(pm[sq + r * C + s], dy_s[r * TN + jj]);
           const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
           float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
           for (int i = 0; i < Dk; i += 4) {
-            x0 += MLXK_MUL(static_cast<float>(k[ks + i]), dh_s[i * TN + jj]);
-            x1 += MLXK_MUL(static_cast<float>(k[ks + i + 1]), dh_s[(i + 1) * TN + jj]);
-            x2 += MLXK_MUL(static_cast<float>(k[ks + i + 2]), dh_s[(i + 2) * TN + jj]);
-            x3 += MLXK_MUL(static_cast<float>(k[ks + i + 3]), dh_s[(i + 3) * TN + jj]);
+            x0 += MLXK_CB_MUL(static_cast<float>(k[ks + i]), dh_s[i * TN + jj]);
+            x1 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 1]), dh_s[(i + 1) * TN + jj]);
+            x2 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 2]), dh_s[(i + 2) * TN + jj]);
+            x3 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 3]), dh_s[(i + 3) * TN + jj]);
           }
-          val = a + MLXK_MUL(gl_s[s], (x0 + x1) + (x2 + x3));
+          val = a + MLXK_CB_MUL(gl_s[s], (x0 + x1) + (x2 + x3));
           du[(size_t(n) * T + t0 + s) * Dv + j] = val;
         }
         du_s[e] = val;
@@ -268,10 +269,10 @@
         float acc_q = 0.0f, acc_w = 0.0f;
         for (int s = 0; s < L; ++s) {
           const size_t qs = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-          acc_q += MLXK_MUL(MLXK_MUL(static_cast<float>(q[qs + i]), gam_s[s]), dy_s[s * TN + jj]);
-          acc_w += MLXK_MUL(w[(size_t(n) * T + t0 + s) * Dk + i], du_s[s * TN + jj]);
+          acc_q += MLXK_CB_MUL(MLXK_CB_MUL(static_cast<float>(q[qs + i]), gam_s[s]), dy_s[s * TN + jj]);
+          acc_w += MLXK_CB_MUL(w[(size_t(n) * T + t0 + s) * Dk + i], du_s[s * TN + jj]);
         }
-        dh_s[e] = MLXK_MUL(g_last, dh_s[e]) + acc_q - acc_w;
+        dh_s[e] = MLXK_CB_MUL(g_last, dh_s[e]) + acc_q - acc_w;
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
@@ -317,13 +318,13 @@
         const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
         for (int j = 0; j < Dv; ++j) {
           const float us_j = u[us + j], du_j = du[ur + j];
-          if (active) dp += MLXK_MUL(static_cast<float>(dy[yr + j]), us_j);
-          dtm += MLXK_MUL(du_j, us_j);
-          duv += MLXK_MUL(du_j, static_cast<float>(v[vs + j]));
+          if (active) dp += MLXK_CB_MUL(static_cast<float>(dy[yr + j]), us_j);
+          dtm += MLXK_CB_MUL(du_j, us_j);
+          duv += MLXK_CB_MUL(du_j, static_cast<float>(v[vs + j]));
         }
       }
-      dpg[sq + e] = MLXK_MUL(dp, gm[sq + e]);
-      m_x[e] = s < r ? MLXK_MUL(dp, pm[sq + e]) : 0.0f;
+      dpg[sq + e] = MLXK_CB_MUL(dp, gm[sq + e]);
+      m_x[e] = s < r ? MLXK_CB_MUL(dp, pm[sq + e]) : 0.0f;
       m_g[e] = s < r ? dtm : 0.0f;
       m_v[e] = duv;
     }
@@ -336,11 +337,11 @@
       float dak_e = 0.0f, dbk = 0.0f;
       if (cc < a && a < L) {
         float acc = 0.0f;
-        for (int t = a; t < L; ++t) acc += MLXK_MUL(tm_s[t * C + a], m_g[t * C + cc]);
+        for (int t = a; t < L; ++t) acc += MLXK_CB_MUL(tm_s[t * C + a], m_g[t * C + cc]);
         const float da = -acc;
-        dak_e = MLXK_MUL(MLXK_MUL(da, bs[a]), gm[sq + e]);
-        dbk = MLXK_MUL(da, gkk[sq + e]);
-        m_x[e] += MLXK_MUL(dbk, bs[a]);
+        dak_e = MLXK_CB_MUL(MLXK_CB_MUL(da, bs[a]), gm[sq + e]);
+        dbk = MLXK_CB_MUL(da, gkk[sq + e]);
+        m_x[e] += MLXK_CB_MUL(dbk, bs[a]);
       }
       dak[sq + e] = dak_e;
       m_r[e] = dbk;
@@ -353,7 +354,7 @@
         dbeta_s += m_r[s * C + r];
         db_s += m_x[s * C + r];
       }
-      for (int r = s; r < L; ++r) dbeta_s += MLXK_MUL(tm_s[r * C + s], m_v[r * C + s]);
+      for (int r = s; r < L; ++r) dbeta_s += MLXK_CB_MUL(tm_s[r * C + s], m_v[r * C + s]);
       for (int r = s + 1; r < L; ++r) db_s -= m_x[r * C + s];
       dbb[(size_t(n) * T + t0 + s) * 2] = dbeta_s;
       dbb[(size_t(n) * T + t0 + s) * 2 + 1] = db_s;
@@ -363,12 +364,12 @@
       const int s = e / Dv, j = e % Dv;
       float acc = 0.0f;
       for (int r = s; r < L; ++r) {
-        acc += MLXK_MUL(tm_s[r * C + s], du[(size_t(n) * T + t0 + r) * Dv + j]);
+        acc += MLXK_CB_MUL(tm_s[r * C + s], du[(size_t(n) * T + t0 + r) * Dv + j]);
       }
       tdu[(size_t(n) * T + t0 + s) * Dv + j] = acc;
       const int t = t0 + s;
       const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
-      dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_MUL(bs[s], acc) : 0.0f;
+      dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_CB_MUL(bs[s], acc) : 0.0f;
     }
 
 #elif MLXK_CBWD_STAGE == 5
@@ -411,7 +412,7 @@
     }
     // Σ H ∘ dH' (the gradient of γ_L H).
     float part = 0.0f;
-    for (int e = int(tid); e < Dv * Dk; e += NT) part += MLXK_MUL(hs[kept + e], dhs[kept + e]);
+    for (int e = int(tid); e < Dv * Dk; e += NT) part += MLXK_CB_MUL(hs[kept + e], dhs[kept + e]);
     red[tid] = part;
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     // A SIMD group takes TB tokens at once, so that each load of H and dH' serves TB of them;
@@ -448,9 +449,9 @@
           const float h = hs[at];
           const float dh = dhs[at];
           for (int x = 0; x < TB; ++x) {
-            aq[x][m] += MLXK_MUL(dy_j[x], h);
-            aa[x][m] += MLXK_MUL(u_j[x], dh);
-            ab[x][m] += MLXK_MUL(tdu_j[x], h);
+            aq[x][m] += MLXK_CB_MUL(dy_j[x], h);
+            aa[x][m] += MLXK_CB_MUL(u_j[x], dh);
+            ab[x][m] += MLXK_CB_MUL(tdu_j[x], h);
           }
         }
       }
@@ -465,11 +466,11 @@
         float dq_inter[TB], dk_h_term[TB], dk_w_term[TB], dq_acc[TB], dk_acc[TB];
         for (int x = 0; x < TB; ++x) {
           const int s = s0 + x;
-          dq_inter[x] = MLXK_MUL(gam_s[s], aq[x][m]);
-          dk_h_term[x] = MLXK_MUL(gl_s[s], aa[x][m]);
-          dk_w_term[x] = -MLXK_MUL(gam_s[s], ab[x][m]);
+          dq_inter[x] = MLXK_CB_MUL(gam_s[s], aq[x][m]);
+          dk_h_term[x] = MLXK_CB_MUL(gl_s[s], aa[x][m]);
+          dk_w_term[x] = -MLXK_CB_MUL(gam_s[s], ab[x][m]);
           dq_acc[x] = dq_inter[x];
-          dk_acc[x] = dk_h_term[x] + MLXK_MUL(bs[s], dk_w_term[x]);
+          dk_acc[x] = dk_h_term[x] + MLXK_CB_MUL(bs[s], dk_w_term[x]);
         }
         for (int r = 0; r < L; ++r) {
           const size_t qk_r = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i;
@@ -477,10 +478,10 @@
           const float qr = static_cast<float>(q[qk_r]);
           for (int x = 0; x < TB; ++x) {
             const int s = s0 + x;
-            if (r <= s) dq_acc[x] += MLXK_MUL(dpg_s[s * C + r], kr);
-            if (r >= s) dk_acc[x] += MLXK_MUL(dpg_s[r * C + s], qr);
-            if (r < s) dk_acc[x] += MLXK_MUL(dak_s[s * C + r], kr);
-            if (r > s) dk_acc[x] += MLXK_MUL(dak_s[r * C + s], kr);
+            if (r <= s) dq_acc[x] += MLXK_CB_MUL(dpg_s[s * C + r], kr);
+            if (r >= s) dk_acc[x] += MLXK_CB_MUL(dpg_s[r * C + s], qr);
+            if (r < s) dk_acc[x] += MLXK_CB_MUL(dak_s[s * C + r], kr);
+            if (r > s) dk_acc[x] += MLXK_CB_MUL(dak_s[r * C + s], kr);
           }
         }
         for (int x = 0; x < TB; ++x) {
@@ -488,9 +489,9 @@
           const size_t qk_s = ((size_t(b_idx) * T + t0 + s0 + x) * Hk + hk_idx) * Dk + i;
           const float qf = static_cast<float>(q[qk_s]);
           const float kf = static_cast<float>(k[qk_s]);
-          pq[x] += MLXK_MUL(qf, dq_inter[x]);
-          pa[x] += MLXK_MUL(kf, dk_h_term[x]);
-          pb[x] += MLXK_MUL(kf, dk_w_term[x]);
+          pq[x] += MLXK_CB_MUL(qf, dq_inter[x]);
+          pa[x] += MLXK_CB_MUL(kf, dk_h_term[x]);
+          pb[x] += MLXK_CB_MUL(kf, dk_w_term[x]);
           const size_t out = ((size_t(b_idx) * T + t0 + s0 + x) * Hv + hv_idx) * Dk + i;
           dq_h[out] = act[x] ? dq_acc[x] : 0.0f;
           dk_h[out] = act[x] ? dk_acc[x] : 0.0f;
@@ -517,8 +518,8 @@
       float acc = 0.0f;
       for (int s = L - 1; s >= 0; --s) {
         const size_t tok = size_t(n) * T + t0 + s;
-        float db_s = dbb[tok * 2 + 1] + sum_q[s] + MLXK_MUL(bs[s], sum_b[s]) - sum_a[s];
-        if (s == L - 1) db_s += y_sum + MLXK_MUL(gam_s[L - 1], hsum);
+        float db_s = dbb[tok * 2 + 1] + sum_q[s] + MLXK_CB_MUL(bs[s], sum_b[s]) - sum_a[s];
+        if (s == L - 1) db_s += y_sum + MLXK_CB_MUL(gam_s[L - 1], hsum);
         acc += db_s;
         const int t = t0 + s;
         const bool active = MLXK_TOKEN_ACTIVE;
