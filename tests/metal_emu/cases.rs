@@ -273,6 +273,8 @@ fn chunked_backward_cases(list: &mut Vec<Case>) {
     chunked_backward(list, BF16, F32, BF16, dims(1, 33, 2, 6, 64, 16), false, false, 128);
     chunked_backward(list, F32, F32, F32, dims(2, 45, 1, 2, 256, 3), true, true, 0);
     chunked_backward(list, F16, F32, F32, dims(1, 64, 1, 4, 32, 33), false, true, 16);
+    // Dk = 160: five columns a lane, tiles of at most 25 columns.
+    chunked_backward(list, F32, BF16, F32, dims(2, 40, 1, 2, 160, 24), true, false, 32);
     // 64 value heads of 128 columns: tiles of 16 (fewer heads get 8).
     chunked_backward(list, BF16, BF16, F32, dims(2, 3, 8, 32, 32, 128), true, true, 0);
 }
