@@ -80,23 +80,30 @@
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     const size_t sq = (size_t(n) * NC + c) * (C * C);
-    for (int e = int(tid); e < C * C; e += NT) {
+    // k_r·k_s and q_r·k_s, one entry per SIMD group at a time, lanes over the columns (rows
+    // read whole, coalesced), summed by the butterfly.
+    const uint lane = tid % 32;
+    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
       const int r = e / C, s = e % C;
       float kk = 0.0f, qk = 0.0f;
       if (r < L && s <= r) {
         const size_t kr = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk;
         const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-        for (int i = 0; i < Dk; ++i) {
+        for (int i = int(lane); i < Dk; i += 32) {
           const float kv = static_cast<float>(k[ks + i]);
           kk += MLXK_CB_MUL(static_cast<float>(k[kr + i]), kv);
           qk += MLXK_CB_MUL(static_cast<float>(q[kr + i]), kv);
         }
+        kk = simd_sum(kk);
+        qk = simd_sum(qk);
       }
-      const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[e], kk) : 0.0f;
-      gm[sq + e] = gm_s[e];
-      gkk[sq + e] = gkk_e;
-      pm[sq + e] = s <= r ? MLXK_CB_MUL(gm_s[e], qk) : 0.0f;
-      a_s[e] = MLXK_CB_MUL(bs[r], gkk_e);
+      if (lane == 0) {
+        const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[e], kk) : 0.0f;
+        gm[sq + e] = gm_s[e];
+        gkk[sq + e] = gkk_e;
+        pm[sq + e] = s <= r ? MLXK_CB_MUL(gm_s[e], qk) : 0.0f;
+        a_s[e] = MLXK_CB_MUL(bs[r], gkk_e);
+      }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     // Tm = (I + A)⁻¹ by forward substitution, row by row: Tm[r][col] = δ − Σ A[r][s] Tm[s][col].
@@ -306,8 +313,10 @@
       bs[s] = bv;
     }
     for (int e = int(tid); e < C * C; e += NT) tm_s[e] = tm[sq + e];
-    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns.
-    for (int e = int(tid); e < C * C; e += NT) {
+    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns, one
+    // entry per SIMD group at a time, lanes over the columns (coalesced), by the butterfly.
+    const uint lane = tid % 32;
+    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
       const int r = e / C, s = e % C;
       float dp = 0.0f, dtm = 0.0f, duv = 0.0f;
       if (r < L && s <= r) {
@@ -316,17 +325,22 @@
         const size_t ur = (size_t(n) * T + t0 + r) * Dv, us = (size_t(n) * T + t0 + s) * Dv;
         const size_t yr = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
         const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
-        for (int j = 0; j < Dv; ++j) {
+        for (int j = int(lane); j < Dv; j += 32) {
           const float us_j = u[us + j], du_j = du[ur + j];
           if (active) dp += MLXK_CB_MUL(static_cast<float>(dy[yr + j]), us_j);
           dtm += MLXK_CB_MUL(du_j, us_j);
           duv += MLXK_CB_MUL(du_j, static_cast<float>(v[vs + j]));
         }
+        dp = simd_sum(dp);
+        dtm = simd_sum(dtm);
+        duv = simd_sum(duv);
       }
-      dpg[sq + e] = MLXK_CB_MUL(dp, gm[sq + e]);
-      m_x[e] = s < r ? MLXK_CB_MUL(dp, pm[sq + e]) : 0.0f;
-      m_g[e] = s < r ? dtm : 0.0f;
-      m_v[e] = duv;
+      if (lane == 0) {
+        dpg[sq + e] = MLXK_CB_MUL(dp, gm[sq + e]);
+        m_x[e] = s < r ? MLXK_CB_MUL(dp, pm[sq + e]) : 0.0f;
+        m_g[e] = s < r ? dtm : 0.0f;
+        m_v[e] = duv;
+      }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     // dA = −Tmᵀ dTm' Tmᵀ with dTm' = dU (diag(β)(V − diag(γ) K H))ᵀ = dU Uᵀ (I + A)ᵀ, so
