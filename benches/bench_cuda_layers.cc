@@ -321,11 +321,40 @@ void grad_chunked(int t, int warmup, int iters) {
     for (auto& gr : grads) outs.push_back(gr.to_mlx());
     mx::eval(outs);
   };
+  // The backward passes alone (the forward's cost apart): the chunked kernels and the exact
+  // backward kernel on the same inputs and cotangents.
+  auto backward = [&](bool chunked) {
+    auto st = h(x.state);
+    auto dyh = h(dy), dsh = h(ds);
+    auto q = h(x.q), k = h(x.k), v = h(x.v), a = h(x.a), b = h(x.b), a_log = h(x.a_log),
+         dt_bias = h(x.dt_bias);
+    mlxk_array* g[8] = {};
+    const mlxk_status b_status =
+        chunked ? vjp(q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(),
+                      st.get(), nullptr, 0, dyh.get(), dsh.get(), &g[0], &g[1], &g[2], &g[3],
+                      &g[4], &g[5], &g[6], &g[7])
+                : mlxk_gated_delta_update_vjp(q.get(), k.get(), v.get(), a.get(), b.get(),
+                                              a_log.get(), dt_bias.get(), st.get(), nullptr,
+                                              dyh.get(), dsh.get(), &g[0], &g[1], &g[2], &g[3],
+                                              &g[4], &g[5], &g[6], &g[7]);
+    std::vector<mlxk::Array> grads;
+    for (auto* raw : g) grads.emplace_back(raw);
+    if (b_status != MLXK_OK) throw std::runtime_error("a backward call failed");
+    std::vector<mx::array> outs;
+    for (auto& gr : grads) outs.push_back(gr.to_mlx());
+    mx::eval(outs);
+  };
   mx::reset_peak_memory();
   const double o = time_us(ours, warmup, iters);
   const double o_peak = double(mx::get_peak_memory()) / (1 << 20);
   row("grad", name, "mlxkern", o, 1, 0, 0);
-  std::printf("grad     chunked T=%d: %.0f us; MLX peak memory %.0f MiB\n", t, o, o_peak);
+  const double bc = time_us([&] { backward(true); }, warmup, iters);
+  row("grad", "bwd chunked T=" + std::to_string(t) + " B=1 (1 layer)", "mlxkern", bc, 1, 0, 0);
+  const double be = time_us([&] { backward(false); }, warmup, iters);
+  row("grad", "bwd exact T=" + std::to_string(t) + " B=1 (1 layer)", "mlxkern", be, 1, 0, 0);
+  std::printf("grad     chunked T=%d: forward + backward %.0f us (MLX peak memory %.0f MiB); "
+              "backward alone: chunked %.0f us, exact %.0f us\n",
+              t, o, o_peak, bc, be);
 }
 
 }  // namespace bench_cuda
