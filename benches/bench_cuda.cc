@@ -25,7 +25,9 @@
 //   dispatch where decode B = 1's time goes: MLX custom kernels (a copy with 1 and with 9
 //            inputs, the recurrence text straight through mx::fast::cuda_kernel), eval and build
 //   grad     forward + mlxk_gated_delta_update_vjp over T = 512, 2048, 4096, B = 1, one layer;
-//            mx::vjp of mx::fast::gated_delta_update beside it, with MLX's peak memory
+//            mx::vjp of mx::fast::gated_delta_update beside it, with MLX's peak memory;
+//            and T = 512, 4096 through the chunked form's backward (mlxk_gated_delta_update_
+//            chunked_vjp, looked up at run time: skipped where the library lacks it)
 //   pool     continuous batching on a pool of 64 slots, 32 decoding, 30 layers:
 //            mlxk_gated_delta_update_pool, _packed, gather -> dense kernel -> scatter as MLX ops,
 //            the dense kernel alone (bench_cuda_pool.cc)
@@ -246,7 +248,10 @@ int main() {
   });
   guarded("prefill", [&] { prefill(4096, 2, quick ? 3 : 10); });
   guarded("dispatch", [&] { dispatch(warmup, iters); });
-  guarded("grad", [&] { for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5); });
+  guarded("grad", [&] {
+    for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5);
+    for (int t : {512, 4096}) grad_chunked(t, 2, quick ? 3 : 5);
+  });
   auto checked = [&](const char* what, bool ok) {
     if (ok) return;
     std::printf("FAIL: %s: a bit-for-bit comparison failed (above)\n", what);

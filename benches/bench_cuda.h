@@ -7,6 +7,8 @@
 #define MLXK_BENCH_CUDA_H
 
 #define MLXKERN_WITH_MLX
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -83,6 +85,7 @@ void split_update(int batch, int warmup, int iters);
 void gated_norm(int s, int warmup, int iters);
 void prefill(int t, int warmup, int iters);
 void grad(int t, int warmup, int iters);
+void grad_chunked(int t, int warmup, int iters);
 
 // bench_cuda_dispatch.cc
 std::string read_text(const char* path);

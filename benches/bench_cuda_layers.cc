@@ -255,4 +255,106 @@ void grad(int t, int warmup, int iters) {
   }
 }
 
+// Forward + backward of one layer over T tokens (B = 1) through the chunked form: the forward
+// (mlxk_gated_delta_update_chunked where the GPU runs it, else mlxk_gated_delta_update: the
+// row's label says which) and mlxk_gated_delta_update_chunked_vjp, whose GPU backward is the
+// chunked kernels (kernels/metal/gated_delta_chunked_backward.metal). The backward's entry is
+// looked up at run time: a library without it skips the row with a message.
+void grad_chunked(int t, int warmup, int iters) {
+  using ChunkedVjp = mlxk_status (*)(
+      const mlxk_array*, const mlxk_array*, const mlxk_array*, const mlxk_array*,
+      const mlxk_array*, const mlxk_array*, const mlxk_array*, const mlxk_array*,
+      const mlxk_array*, int32_t, const mlxk_array*, const mlxk_array*, mlxk_array**,
+      mlxk_array**, mlxk_array**, mlxk_array**, mlxk_array**, mlxk_array**, mlxk_array**,
+      mlxk_array**);
+  const auto vjp = reinterpret_cast<ChunkedVjp>(
+      dlsym(RTLD_DEFAULT, "mlxk_gated_delta_update_chunked_vjp"));
+  if (!vjp) {
+    std::printf("grad     chunked T=%d: skipped (this library has no "
+                "mlxk_gated_delta_update_chunked_vjp)\n", t);
+    return;
+  }
+  Layer x = layers(1, t).front();
+  auto dy = normal({1, t, kHv, kD}, mx::bfloat16, 1.0f);
+  auto ds = normal({1, kHv, kD, kD}, mx::float32, 0.5f);
+  mx::eval({dy, ds});
+  auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+  // Which forward runs on the GPU: the chunked one where the library allows it.
+  bool chunked_forward = false;
+  {
+    auto st = h(x.state);
+    mlxk_array *y = nullptr, *s = nullptr;
+    chunked_forward = mlxk_gated_delta_update_chunked(
+                          h(x.q).get(), h(x.k).get(), h(x.v).get(), h(x.a).get(), h(x.b).get(),
+                          h(x.a_log).get(), h(x.dt_bias).get(), st.get(), nullptr, 0, &y,
+                          &s) == MLXK_OK;
+    mlxk::Array yy(y), ss(s);
+  }
+  const std::string name = "fwd+bwd chunked T=" + std::to_string(t) + " B=1 (1 layer, " +
+                           (chunked_forward ? "chunked" : "exact") + " forward)";
+  auto ours = [&] {
+    auto st = h(x.state);
+    auto dyh = h(dy), dsh = h(ds);
+    auto q = h(x.q), k = h(x.k), v = h(x.v), a = h(x.a), b = h(x.b), a_log = h(x.a_log),
+         dt_bias = h(x.dt_bias);
+    mlxk_array *y = nullptr, *s = nullptr;
+    const mlxk_status f =
+        chunked_forward
+            ? mlxk_gated_delta_update_chunked(q.get(), k.get(), v.get(), a.get(), b.get(),
+                                              a_log.get(), dt_bias.get(), st.get(), nullptr, 0,
+                                              &y, &s)
+            : mlxk_gated_delta_update(q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(),
+                                      dt_bias.get(), st.get(), nullptr, &y, &s);
+    mlxk::Array yy(y), ss(s);
+    if (f != MLXK_OK) throw std::runtime_error("the forward failed");
+    mlxk_array* g[8] = {};
+    const mlxk_status b_status =
+        vjp(q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(), st.get(),
+            nullptr, 0, dyh.get(), dsh.get(), &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6],
+            &g[7]);
+    std::vector<mlxk::Array> grads;
+    for (auto* raw : g) grads.emplace_back(raw);
+    if (b_status != MLXK_OK) {
+      throw std::runtime_error("mlxk_gated_delta_update_chunked_vjp failed");
+    }
+    std::vector<mx::array> outs = {yy.to_mlx(), ss.to_mlx()};
+    for (auto& gr : grads) outs.push_back(gr.to_mlx());
+    mx::eval(outs);
+  };
+  // The backward passes alone (the forward's cost apart): the chunked kernels and the exact
+  // backward kernel on the same inputs and cotangents.
+  auto backward = [&](bool chunked) {
+    auto st = h(x.state);
+    auto dyh = h(dy), dsh = h(ds);
+    auto q = h(x.q), k = h(x.k), v = h(x.v), a = h(x.a), b = h(x.b), a_log = h(x.a_log),
+         dt_bias = h(x.dt_bias);
+    mlxk_array* g[8] = {};
+    const mlxk_status b_status =
+        chunked ? vjp(q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(),
+                      st.get(), nullptr, 0, dyh.get(), dsh.get(), &g[0], &g[1], &g[2], &g[3],
+                      &g[4], &g[5], &g[6], &g[7])
+                : mlxk_gated_delta_update_vjp(q.get(), k.get(), v.get(), a.get(), b.get(),
+                                              a_log.get(), dt_bias.get(), st.get(), nullptr,
+                                              dyh.get(), dsh.get(), &g[0], &g[1], &g[2], &g[3],
+                                              &g[4], &g[5], &g[6], &g[7]);
+    std::vector<mlxk::Array> grads;
+    for (auto* raw : g) grads.emplace_back(raw);
+    if (b_status != MLXK_OK) throw std::runtime_error("a backward call failed");
+    std::vector<mx::array> outs;
+    for (auto& gr : grads) outs.push_back(gr.to_mlx());
+    mx::eval(outs);
+  };
+  mx::reset_peak_memory();
+  const double o = time_us(ours, warmup, iters);
+  const double o_peak = double(mx::get_peak_memory()) / (1 << 20);
+  row("grad", name, "mlxkern", o, 1, 0, 0);
+  const double bc = time_us([&] { backward(true); }, warmup, iters);
+  row("grad", "bwd chunked T=" + std::to_string(t) + " B=1 (1 layer)", "mlxkern", bc, 1, 0, 0);
+  const double be = time_us([&] { backward(false); }, warmup, iters);
+  row("grad", "bwd exact T=" + std::to_string(t) + " B=1 (1 layer)", "mlxkern", be, 1, 0, 0);
+  std::printf("grad     chunked T=%d: forward + backward %.0f us (MLX peak memory %.0f MiB); "
+              "backward alone: chunked %.0f us, exact %.0f us\n",
+              t, o, o_peak, bc, be);
+}
+
 }  // namespace bench_cuda

@@ -80,7 +80,7 @@ HEADERS=("$SRC"/*.h)
 
 # 1. The launch descriptions, from src/metal.rs.
 if stale "$OUT/launches" "$SRC/launches.rs" "$SRC/cases.rs" "$SRC/describe.rs" \
-  "$ROOT/src/metal.rs" "$ROOT/src/dtype.rs" "$ROOT"/kernels/metal/*.metal \
+  "$ROOT/src/metal.rs" "$ROOT/src/metal_chunked.rs" "$ROOT/src/dtype.rs" "$ROOT"/kernels/metal/*.metal \
   "$ROOT"/kernels/metal/*.h "$ROOT"/src/node/*.rs; then
   "$RUSTC" --edition 2021 -O --crate-name metal_emu_launches -o "$OUT/launches" \
     "$SRC/launches.rs" || fail "building tests/metal_emu/launches.rs"
@@ -101,7 +101,7 @@ if stale "$OUT/executor.o" "$SRC/executor.cc" "${HEADERS[@]}"; then
   "$CXX" "${KFLAGS[@]}" -c "$SRC/executor.cc" -o "$OUT/executor.o" || fail "executor.cc"
 fi
 HARNESS_O=()  # the harness's files (harness.h), compiled
-for part in harness harness_cases harness_backward harness_pool; do
+for part in harness harness_cases harness_backward harness_backward_chunked harness_pool; do
   HARNESS_O+=("$OUT/$part.o")
   if stale "$OUT/$part.o" "$SRC/$part.cc" "${HEADERS[@]}" "$ROOT/include/mlxkern.h"; then
     "$CXX" "${KFLAGS[@]}" -c "$SRC/$part.cc" -o "$OUT/$part.o" || fail "$part.cc"

@@ -120,6 +120,8 @@ mod memory;
 #[doc(hidden)]
 pub mod metal;
 #[doc(hidden)]
+pub mod metal_chunked;
+#[doc(hidden)]
 pub mod node;
 mod ops;
 mod registry;

@@ -43,19 +43,19 @@ pub const POOL_MASK_TEST: &str = "mask[tok0 + t]";
 
 /// A recurrence text with its token-active marker made `true` (unmasked) and
 /// `mask[b_idx * T + t]` (masked), in that order.
-fn token_variants(text: &str) -> [String; 2] {
+pub(crate) fn token_variants(text: &str) -> [String; 2] {
     [
         text.replace(TOKEN_ACTIVE_MARKER, "true"),
         text.replace(TOKEN_ACTIVE_MARKER, "mask[b_idx * T + t]"),
     ]
 }
 
-fn names<S: AsRef<str>>(list: &[S]) -> Vec<String> {
+pub(crate) fn names<S: AsRef<str>>(list: &[S]) -> Vec<String> {
     list.iter().map(|s| s.as_ref().to_string()).collect()
 }
 
 /// A launch with everything but the kernel-specific text and geometry.
-fn launch(
+pub(crate) fn launch(
     name: &str,
     source: String,
     inputs: Vec<String>,

@@ -13,6 +13,8 @@
 //! - replay over the whole window equals the update's state, bit for bit, on the GPU;
 //! - the pool calls (update, packed, verify then commit, replay: tests/cuda_pool/) the same
 //!   way against the CPU pool calls, every slot of the new pool compared;
+//! - the chunked form's GPU backward (tests/cuda_chunked_grad/) within bounds of the CPU
+//!   backward and of a float64 backward, T up to 4096;
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
 //! - argument errors, the memory limit and the chunked form's refusal are unchanged with the
 //!   GPU as default device.
@@ -20,6 +22,7 @@
 //! Run it alone (`--test-threads=1`): the default device is process-wide.
 
 mod common;
+mod cuda_chunked_grad;
 mod cuda_pool;
 use common::*;
 use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
@@ -621,6 +624,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
         gated_norm(&mut rng, rows, d, dtype, gate);
     }
     cuda_pool::pool_calls_match_the_cpu(&mut rng);
+    cuda_chunked_grad::chunked_backward_matches(&mut rng);
     decode_loop(&mut rng);
     errors_on_the_gpu(&mut rng);
     println!("PASS: test-cuda: every kernel on MLX CUDA matches the CPU kernels");

@@ -232,6 +232,39 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
             let l = gated_delta_backward_launch(&n, c);
             let inputs = gated_delta_inputs(&l, &n, false);
             check(format!("backward {dtype:?} masked={masked}"), l, inputs);
+            // The chunked backward's five stages (Dk 128 and 256: tiles of 32 and 16 columns,
+            // chunks of 32 and 16); the stages' scratch arrays are f32.
+            for (dk, chunk) in [(128, 0), (256, 16)] {
+                let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk }, masked);
+                n.dims.dk = dk;
+                let c = mlxkern::metal_chunked::backward_chunk(chunk);
+                let scratch = mlxkern::metal_chunked::backward_chunked_scratch(n.dims, c);
+                for stage in 0..mlxkern::metal_chunked::CHUNKED_BACKWARD_STAGES {
+                    let l =
+                        mlxkern::metal_chunked::gated_delta_chunked_backward_launch(&n, c, stage);
+                    let mut plain = l.clone();
+                    plain
+                        .input_names
+                        .retain(|i| !scratch.iter().any(|(s, _)| s == i));
+                    let mut known = gated_delta_inputs(&plain, &n, false).into_iter();
+                    let inputs = l
+                        .input_names
+                        .iter()
+                        .map(|i| {
+                            if scratch.iter().any(|(s, _)| s == i) {
+                                Dtype::Float32
+                            } else {
+                                known.next().expect("a dtype per input")
+                            }
+                        })
+                        .collect();
+                    check(
+                        format!("chunked backward {dtype:?} masked={masked} Dk={dk} stage {stage}"),
+                        l,
+                        inputs,
+                    );
+                }
+            }
         }
         let n = gated_delta_node(dtype, gate, Form::State, false);
         let l = cuda::with_fused_gates(gated_delta_launch_rows(&n, 8));

@@ -40,7 +40,10 @@ pub unsafe extern "C" fn mlxk_compute_g(
 }
 
 /// The update's arrays, looked up in the registry (`state` and `mask` may be NULL).
-fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 9]) -> crate::error::Result<Inputs<'_>> {
+pub(crate) fn update_inputs(
+    mlx: &Mlx,
+    args: [*const mlxk_array; 9],
+) -> crate::error::Result<Inputs<'_>> {
     let [q, k, v, a, b, a_log, dt_bias, state, mask] = args;
     Ok(Inputs {
         q: mlx.get(q, "q")?,

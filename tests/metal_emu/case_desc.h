@@ -43,7 +43,7 @@ struct EmuCase {
   uint32_t grid[3];
   uint32_t threadgroup[3];
   int n_inputs;
-  EmuTensor inputs[10];  // in the launch's order
+  EmuTensor inputs[20];  // in the launch's order
   int n_outputs;
   EmuTensor outputs[8];
   emu::Stats (*launch)(void* const* inputs, void* const* outputs);

@@ -229,6 +229,56 @@ fn backward_cases(list: &mut Vec<Case>) {
     backward(list, BF16, BF16, BF16, dims(1, 20, 2, 4, 128, 128), false, true, &[]);
 }
 
+/// A chunked backward case: its five stage launches (`Kind::ChunkedBackward`).
+#[allow(clippy::too_many_arguments)]
+fn chunked_backward(
+    list: &mut Vec<Case>,
+    dtype: Dtype,
+    b_dtype: Dtype,
+    dy_dtype: Dtype,
+    d: Dims,
+    masked: bool,
+    with_state: bool,
+    chunk: usize,
+) {
+    let first = list.len();
+    for stage in 0..metal_chunked::CHUNKED_BACKWARD_STAGES {
+        list.push(Case {
+            kind: Kind::ChunkedBackward {
+                d,
+                masked,
+                with_state,
+                dy_dtype,
+                chunk,
+                stage,
+                first,
+            },
+            dtype,
+            aux: b_dtype,
+            eps: 0.0,
+        });
+    }
+}
+
+/// The chunked backward cases: bf16 / f16 / f32, GQA 1-4, Dk 32 / 64 / 128 / 256, odd Dv,
+/// T = 1, T below, at and past a chunk and not a multiple of it (chunks 16 and 32, the
+/// default 0 and 128 running 32), masks with a fully masked row (B >= 2), with and without a
+/// state.
+#[rustfmt::skip]
+fn chunked_backward_cases(list: &mut Vec<Case>) {
+    chunked_backward(list, BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true, 0);
+    chunked_backward(list, F32, F32, F32, dims(2, 70, 1, 2, 32, 5), true, true, 16);
+    chunked_backward(list, F32, BF16, F32, dims(1, 1, 1, 3, 64, 4), false, true, 0);
+    chunked_backward(list, F16, F16, F16, dims(3, 37, 1, 4, 128, 9), true, false, 32);
+    chunked_backward(list, BF16, F32, BF16, dims(1, 33, 2, 6, 64, 16), false, false, 128);
+    chunked_backward(list, F32, F32, F32, dims(2, 45, 1, 2, 256, 3), true, true, 0);
+    chunked_backward(list, F16, F32, F32, dims(1, 64, 1, 4, 32, 33), false, true, 16);
+    // Dk = 160: five columns a lane, tiles of at most 25 columns.
+    chunked_backward(list, F32, BF16, F32, dims(2, 40, 1, 2, 160, 24), true, false, 32);
+    // 64 value heads of 128 columns: tiles of 16 (fewer heads get 8).
+    chunked_backward(list, BF16, BF16, F32, dims(2, 3, 8, 32, 32, 128), true, true, 0);
+}
+
 /// The cases: every kernel over Dk 32/64/128/256, GQA ratios 1-4, B > 1, partial threadgroups
 /// (Dv not a multiple of 4, Dv < 4), masks in device and constant memory, gated-norm widths
 /// above 128 (one to 1024 threads, several passes), all three float dtypes.
@@ -312,5 +362,6 @@ pub(super) fn cases() -> Vec<Case> {
     backward_cases(&mut list);
     // After the others, so that their ids (and so their draws) stay as they were.
     pool_cases(&mut list);
+    chunked_backward_cases(&mut list);
     list
 }

@@ -192,6 +192,100 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 extra,
             )
         }
+        Kind::ChunkedBackward {
+            d,
+            masked,
+            with_state,
+            dy_dtype,
+            chunk,
+            stage,
+            first,
+        } => {
+            let node = gated_delta_node(
+                d,
+                c,
+                Form::Chunked { chunk: *chunk },
+                *masked,
+                *with_state,
+            );
+            let u = |x: i64| x as usize;
+            let cc = metal_chunked::backward_chunk(*chunk);
+            let l = metal_chunked::gated_delta_chunked_backward_launch(&node, cc, *stage);
+            let threads = metal_chunked::CHUNKED_BACKWARD_THREADS as i32;
+            assert_eq!(l.threadgroup, [threads, 1, 1]);
+            assert_eq!(l.grid[1..], [1, 1]);
+            assert_eq!(l.grid[0] % threads, 0);
+            assert_eq!(l.header, format!("#define MLXK_CBWD_STAGE {}\n", stage + 1));
+            // The stages' threadgroup memory (stage 4 the most: five C x C matrices; the
+            // sequential stages a Dk x TN tile and two C x TN ones) within Metal's 32 KiB.
+            let tile = metal_chunked::backward_tile(node.dims);
+            assert!(u(d.dk) * tile <= 4096 && tile <= 32);
+            assert!((5 * cc * cc + cc) * 4 <= 32 * 1024);
+            assert!((u(d.dk) * tile + 2 * cc * tile + 2 * cc) * 4 <= 32 * 1024);
+            // The inputs as src/ops/gated_delta/vjp_chunked.rs passes them: the backward's
+            // (as for the exact kernel; Tin = {T}), then the earlier stages' f32 outputs.
+            let scratch = metal_chunked::backward_chunked_scratch(node.dims, cc);
+            let inputs: Inputs = l
+                .input_names
+                .iter()
+                .map(|name| match name.as_str() {
+                    "q" => ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                    "k" => ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                    "v" => ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                    "g" => ("g", F32, vec![d.b, d.t, d.hv]),
+                    "beta" => ("beta", c.aux, vec![d.b, d.t, d.hv]),
+                    "state_in" => ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                    "dy" => ("dy", *dy_dtype, vec![d.b, d.t, d.hv, d.dv]),
+                    "dstate_out" => ("dstate_out", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                    "Tin" => ("Tin", Dtype::Int32, vec![1]),
+                    "mask" => ("mask", Dtype::Bool, vec![d.b, d.t]),
+                    other => {
+                        let (n, shape) = scratch
+                            .iter()
+                            .find(|(n, _)| *n == other)
+                            .unwrap_or_else(|| panic!("stage {stage}: input {other}"));
+                        (*n, F32, shape.iter().map(|&x| x as i64).collect())
+                    }
+                })
+                .collect();
+            let label = format!(
+                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} chunk={} (C={}) \
+                 stage {} of case {}",
+                if *masked { "masked" } else { "unmasked" },
+                name(c.dtype),
+                name(c.aux),
+                name(*dy_dtype),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                if *with_state { "" } else { " zero-state" },
+                chunk,
+                cc,
+                stage,
+                first
+            );
+            let extra = format!(
+                "masked {}\nwith_state {}\ncheckpoint {cc}\ntwin -1\n",
+                *masked as i32, *with_state as i32
+            );
+            let kind = match (*stage, *masked) {
+                (0, false) => "backward_chunked",
+                (0, true) => "backward_chunked_masked",
+                _ => "backward_chunked_stage",
+            };
+            (
+                l,
+                kind,
+                label,
+                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                inputs,
+                extra,
+            )
+        }
         Kind::Replay {
             d,
             with_state,

@@ -185,6 +185,22 @@ Built build_pool(const EmuCase& c, Rng& rng);
 Result run_backward(const EmuCase& c);
 void print_backward_worst();
 
+// A gradient's error against the CPU backward's (harness_backward.cc `grad_error`).
+struct GradError {
+  double ratio = 0.0;  // the largest excess / scale
+  double scale = 0.0;
+  size_t at = 0;
+  double cpu = 0.0, metal = 0.0;
+};
+GradError grad_error(const Tensor& cpu, const std::vector<double>& metal, bool twice,
+                     double scale = 0.0);
+mlxk_array* new_array(const Tensor& t);
+const EmuCase* find_case(int id);
+
+// harness_backward_chunked.cc: the chunked backward's five launches from stage 0's case.
+Result run_backward_chunked(const EmuCase& c);
+void print_backward_chunked_worst();
+
 }  // namespace harness
 
 #endif

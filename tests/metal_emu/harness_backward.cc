@@ -41,13 +41,6 @@ void rounding_interval(const Tensor& t, size_t i, double* lo, double* hi) {
 // whose state lives among the subnormals.
 const double kFlushAllowance = std::ldexp(1.0, -100);
 
-struct GradError {
-  double ratio = 0.0;  // the largest excess / scale
-  double scale = 0.0;
-  size_t at = 0;
-  double cpu = 0.0, metal = 0.0;
-};
-
 // The Metal text's gradient `metal` (exact sums, in double, of its f32 outputs) against the
 // CPU's `cpu` (the C ABI's result in its dtype): the distance from `metal` to the reals that
 // round to the CPU's value (its last rounding, to f32 and to the output's dtype, allowed for),
@@ -55,7 +48,7 @@ struct GradError {
 // `twice`: the CPU value went double -> f32 -> its dtype (the gate chain), so the f32 rounding
 // is allowed for as well. Non-finite values give an infinite ratio.
 GradError grad_error(const Tensor& cpu, const std::vector<double>& metal, bool twice,
-                     double scale = 0.0) {
+                     double scale) {
   if (cpu.count() != metal.size()) {
     die("grad_error: %zu vs %zu values", cpu.count(), metal.size());
   }

@@ -83,6 +83,9 @@ struct HeadSplitDims {
 #[path = "../../src/metal.rs"]
 mod metal;
 
+#[path = "../../src/metal_chunked.rs"]
+mod metal_chunked;
+
 use dtype::Dtype;
 use metal::MetalLaunch;
 use node::gated_delta::{self as gd, Form};
@@ -154,6 +157,19 @@ enum Kind {
         checkpoint: Option<usize>,
         twin: Option<usize>,
     },
+    /// The chunked form's backward pass (src/metal_chunked.rs, `aux` is b's dtype) with the
+    /// forward's chunk size `chunk`: five launches, one case each (`stage` 0..4, the ids
+    /// `first`..`first + 4`, all with the draws of `first`); the harness runs them in sequence
+    /// from stage 0's case.
+    ChunkedBackward {
+        d: Dims,
+        masked: bool,
+        with_state: bool,
+        dy_dtype: Dtype,
+        chunk: usize,
+        stage: usize,
+        first: usize,
+    },
 }
 
 /// Which pool call a `Kind::Pool` case makes.
@@ -195,6 +211,7 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/silu_rms_heads.metal",
         "kernels/metal/gated_rms_norm.metal",
         "kernels/metal/gated_delta_backward.metal",
+        "kernels/metal/gated_delta_chunked_backward.metal",
     ];
     for file in files {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");
@@ -259,6 +276,7 @@ fn main() {
         // Twins draw the same inputs: the seed of the case they repeat.
         let seed_id = match case.kind {
             Kind::Backward { twin: Some(t), .. } => t,
+            Kind::ChunkedBackward { first, .. } => first,
             _ => id,
         };
         let (file, defines) = locate_source(root, &launch);

@@ -8,6 +8,7 @@ mod graph;
 mod pool;
 mod replay;
 mod vjp;
+mod vjp_chunked;
 
 pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};

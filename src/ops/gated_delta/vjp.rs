@@ -8,12 +8,13 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::metal;
-use crate::node::gated_delta::{Backward, BackwardInput, Input, Node};
+use crate::node::gated_delta::{Backward, BackwardInput, Form, Input, Node};
 use crate::node::Words;
 use crate::ops::shape::ArgInfo;
 use crate::ops::{cpu_node, gpu_node, silu_rms_heads, Backend};
 
 use super::graph::{caller_array, gpu_inputs};
+use super::vjp_chunked;
 use super::{check_update, Inputs};
 
 /// The gradients of one update, as `mlxk_gated_delta_update_vjp` returns them: dq, dk, dv, da,
@@ -113,6 +114,9 @@ pub fn update_chunked_vjp(
     let node = check_update(x)?;
     let mut backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
+        // The chunked kernels (`kernels/metal/gated_delta_chunked_backward.metal`).
+        let mut node = node;
+        node.form = crate::node::gated_delta::Form::Chunked { chunk };
         return update_vjp_gpu(x, &node, dy, dstate_out, backend);
     }
     // The kept states and residuals of the jobs running at once (at most one per worker
@@ -163,7 +167,7 @@ fn cpu_vjp(
 /// g and β as MLX ops, the backward kernel (`kernels/metal/gated_delta_backward.metal`, on
 /// Metal or CUDA), then the sums over each key head's value heads and the gates' chain as MLX
 /// ops. Arguments already checked.
-fn update_vjp_gpu(
+pub(super) fn update_vjp_gpu(
     x: &Inputs,
     node: &Node,
     dy: Option<&Array>,
@@ -182,7 +186,7 @@ fn update_vjp_gpu(
         state: x.state,
         mask: x.mask,
     };
-    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu(node, &kernel, dy, dstate_out, backend)?;
+    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu_any(node, &kernel, dy, dstate_out, backend)?;
     let gates = bridge::gates_vjp(
         &bridge::list(&[x.a, x.b, x.a_log, x.dt_bias, &dg, &dbeta]),
         gpu,
@@ -203,6 +207,32 @@ struct KernelInputs<'a> {
     beta: &'a Array,
     state: Option<&'a Array>,
     mask: Option<&'a Array>,
+}
+
+/// The GPU backward of `node`'s form: the chunked kernels for `Form::Chunked`
+/// (`vjp_chunked`), else the exact form's kernel.
+fn backward_gpu_any(
+    node: &Node,
+    x: &KernelInputs,
+    dy: Option<&Array>,
+    dstate_out: Option<&Array>,
+    backend: Backend,
+) -> Result<[UniquePtr<Array>; 6]> {
+    match node.form {
+        Form::Chunked { chunk } => {
+            let x = vjp_chunked::ChunkedInputs {
+                q: x.q,
+                k: x.k,
+                v: x.v,
+                g: x.g,
+                beta: x.beta,
+                state: x.state,
+                mask: x.mask,
+            };
+            vjp_chunked::backward_gpu_chunked(node, &x, dy, dstate_out, backend, chunk)
+        }
+        _ => backward_gpu(node, x, dy, dstate_out, backend),
+    }
 }
 
 /// The GPU backward kernel and its tail: dq, dk (in q's dtype), dv (in v's), dg, dβ and dstate
@@ -352,7 +382,7 @@ pub(crate) fn gpu_vjp(
         state: find(Input::State),
         mask: find(Input::Mask),
     };
-    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu(
+    let [dq, dk, dv, dg, dbeta, dstate] = backward_gpu_any(
         &node,
         &kernel,
         Some(cotangents[0]),

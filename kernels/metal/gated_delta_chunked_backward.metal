@@ -1,0 +1,547 @@
+// Gated DeltaNet recurrence, backward pass in chunked (WY / UT) form (mlxkern): the gradients
+// of sum(dy * y) + sum(dstate_out * state_out) with respect to q, k, v, the gates g and beta and
+// the initial state, for the chunked form's maths (src/cpu/chunked/mod.rs; docs/DESIGN.md §4,
+// "Gradients"). Five kernels, one per stage, chosen by MLXK_CBWD_STAGE (the launch's header),
+// run in sequence as nodes of one graph:
+//
+//   1 prep    per (head, chunk): Γ, γ, Γ∘KKᵀ, Γ∘QKᵀ, Tm = (I + A)⁻¹, W = Tm diag(βγ) K,
+//             Ũ = Tm diag(β) V.
+//   2 states  per (head, column tile), chunks in order: the state entering every chunk (kept)
+//             and U = Ũ − W H.
+//   3 dstates per (head, column tile), chunks in reverse: the state gradient leaving every
+//             chunk (kept), dU = (Γ∘QKᵀ)ᵀ dY + diag(Γ_L) K dH', and dstate.
+//   4 square  per (head, chunk): the chunk's L x L products: dP = dY Uᵀ,
+//             dA = −Tmᵀ dU Uᵀ (strictly lower), Tmᵀ dU (dv), and the gate terms made of them.
+//   5 keys    per (head, chunk): dq, dk, and the gate gradients (d log g summed backwards
+//             over the chunk, then d g = d log g / g where g is a normal float, else 0).
+//
+// Notation per (batch row b, value head hv) and chunk of L <= C tokens from t0: the state is
+// kept as H = Sᵀ, stored [Dv, Dk] like the state. Γ(t, s) = g_{s+1} ... g_t (s <= t), computed
+// as a product (never a ratio), γ_t = g_0 ... g_t, Γ_L(s) = Γ(L - 1, s). A masked token is an
+// identity step: g = 1, beta = 0, dy = 0; all its gradients are +0.
+//
+// Every stage: threadgroups of NT threads (NT / 32 SIMD groups) along grid x, one per work item
+// (grid x = NT * items). Inputs and outputs as src/metal_chunked.rs lists them; scratch arrays
+// are f32: per head [n = b * Hv + hv] and token [n, T, X], per chunk [n, NC, C, C], kept states
+// [n, NC, Dv, Dk]. Tin = {T}; mask [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
+// Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, <= 32), TN (value columns of a tile), NT.
+// A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
+// --fmad=true makes those FMAs): this backward has no bit-exact contract, and a fused
+// multiply-add is faster and rounds once instead of twice.
+#define MLXK_CB_MUL(a, b) ((a) * (b))
+    const int T = Tin[0];
+    const int NC = (T + C - 1) / C;
+    const uint tid = thread_position_in_threadgroup.x;
+    const uint item = thread_position_in_grid.x / NT;
+
+#if MLXK_CBWD_STAGE == 1
+    // ---- 1: per (head, chunk) ----
+    const uint n = item / uint(NC);
+    const int c = int(item % uint(NC));
+    const uint b_idx = n / Hv;
+    const uint hv_idx = n % Hv;
+    const uint hk_idx = hv_idx / (Hv / Hk);
+    const int t0 = c * C;
+    const int L = T - t0 < C ? T - t0 : C;
+    threadgroup float gs[C];
+    threadgroup float bs[C];
+    threadgroup float gam_s[C];
+    threadgroup float gm_s[C * C];
+    threadgroup float a_s[C * C];
+    threadgroup float tm_s[C * C];
+    for (int s = int(tid); s < C; s += NT) {
+      float gv = 1.0f, bv = 0.0f;
+      if (s < L) {
+        const int t = t0 + s;
+        const size_t gt = (size_t(b_idx) * T + t) * Hv + hv_idx;
+        if (MLXK_TOKEN_ACTIVE) {
+          gv = static_cast<float>(g[gt]);
+          bv = static_cast<float>(beta[gt]);
+        }
+      }
+      gs[s] = gv;
+      bs[s] = bv;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    for (int e = int(tid); e < C * C; e += NT) {
+      const int r = e / C, s = e % C;
+      float p = 0.0f;
+      if (s <= r) {
+        p = 1.0f;
+        for (int j = s + 1; j <= r; ++j) p = p * gs[j];
+      }
+      gm_s[e] = p;
+    }
+    for (int r = int(tid); r < C; r += NT) {
+      float p = 1.0f;
+      for (int j = 0; j <= r; ++j) p = p * gs[j];
+      gam_s[r] = p;
+      if (r < L) gam[size_t(n) * T + t0 + r] = p;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    const size_t sq = (size_t(n) * NC + c) * (C * C);
+    // k_r·k_s and q_r·k_s, one entry per SIMD group at a time, lanes over the columns (rows
+    // read whole, coalesced), summed by the butterfly.
+    const uint lane = tid % 32;
+    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
+      const int r = e / C, s = e % C;
+      float kk = 0.0f, qk = 0.0f;
+      if (r < L && s <= r) {
+        const size_t kr = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk;
+        const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
+        for (int i = int(lane); i < Dk; i += 32) {
+          const float kv = static_cast<float>(k[ks + i]);
+          kk += MLXK_CB_MUL(static_cast<float>(k[kr + i]), kv);
+          qk += MLXK_CB_MUL(static_cast<float>(q[kr + i]), kv);
+        }
+        kk = simd_sum(kk);
+        qk = simd_sum(qk);
+      }
+      if (lane == 0) {
+        const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[e], kk) : 0.0f;
+        gm[sq + e] = gm_s[e];
+        gkk[sq + e] = gkk_e;
+        pm[sq + e] = s <= r ? MLXK_CB_MUL(gm_s[e], qk) : 0.0f;
+        a_s[e] = MLXK_CB_MUL(bs[r], gkk_e);
+      }
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    // Tm = (I + A)⁻¹ by forward substitution, row by row: Tm[r][col] = δ − Σ A[r][s] Tm[s][col].
+    for (int r = 0; r < C; ++r) {
+      for (int col = int(tid); col < C; col += NT) {
+        float x = col == r ? 1.0f : 0.0f;
+        for (int s = col; s < r; ++s) x -= MLXK_CB_MUL(a_s[r * C + s], tm_s[s * C + col]);
+        tm_s[r * C + col] = col <= r ? x : 0.0f;
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+    for (int e = int(tid); e < C * C; e += NT) tm[sq + e] = tm_s[e];
+    // W = Tm diag(βγ) K, Ũ = Tm diag(β) V.
+    for (int e = int(tid); e < L * Dk; e += NT) {
+      const int r = e / Dk, i = e % Dk;
+      float acc = 0.0f;
+      for (int s = 0; s <= r; ++s) {
+        const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
+        const float f = MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), gam_s[s]);
+        acc += MLXK_CB_MUL(f, static_cast<float>(k[ks + i]));
+      }
+      w[(size_t(n) * T + t0 + r) * Dk + i] = acc;
+    }
+    for (int e = int(tid); e < L * Dv; e += NT) {
+      const int r = e / Dv, j = e % Dv;
+      float acc = 0.0f;
+      for (int s = 0; s <= r; ++s) {
+        const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
+        acc += MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), static_cast<float>(v[vs + j]));
+      }
+      ut[(size_t(n) * T + t0 + r) * Dv + j] = acc;
+    }
+
+#elif MLXK_CBWD_STAGE == 2
+    // ---- 2: per (head, column tile), chunks in order ----
+    constexpr int NTILE = (Dv + TN - 1) / TN;
+    const uint n = item / uint(NTILE);
+    const int j0 = int(item % uint(NTILE)) * TN;
+    const uint b_idx = n / Hv;
+    const uint hv_idx = n % Hv;
+    const uint hk_idx = hv_idx / (Hv / Hk);
+    threadgroup float h_s[Dk * TN];  // h[i][jj]
+    threadgroup float u_s[C * TN];
+    threadgroup float gl_s[C];
+    for (int e = int(tid); e < Dk * TN; e += NT) {
+      const int jj = e / Dk, i = e % Dk;
+      const int j = j0 + jj;
+      h_s[i * TN + jj] = j < Dv ? state_in[(size_t(n) * Dv + j) * Dk + i] : 0.0f;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    for (int c = 0; c < NC; ++c) {
+      const int t0 = c * C;
+      const int L = T - t0 < C ? T - t0 : C;
+      const size_t kept = (size_t(n) * NC + c) * Dv;
+      for (int e = int(tid); e < Dk * TN; e += NT) {
+        const int jj = e / Dk, i = e % Dk;
+        const int j = j0 + jj;
+        if (j < Dv) hs[(kept + j) * Dk + i] = h_s[i * TN + jj];
+      }
+      for (int s = int(tid); s < C; s += NT) {
+        gl_s[s] = s < L ? gm[((size_t(n) * NC + c) * C + (L - 1)) * C + s] : 0.0f;
+      }
+      // U = Ũ − W h
+      for (int e = int(tid); e < C * TN; e += NT) {
+        const int s = e / TN, jj = e % TN;
+        const int j = j0 + jj;
+        float val = 0.0f;
+        if (s < L && j < Dv) {
+          const size_t tw = size_t(n) * T + t0 + s;
+          // Four partial sums (Dk is a multiple of 32): four independent chains of products.
+          float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+          for (int i = 0; i < Dk; i += 4) {
+            x0 += MLXK_CB_MUL(w[tw * Dk + i], h_s[i * TN + jj]);
+            x1 += MLXK_CB_MUL(w[tw * Dk + i + 1], h_s[(i + 1) * TN + jj]);
+            x2 += MLXK_CB_MUL(w[tw * Dk + i + 2], h_s[(i + 2) * TN + jj]);
+            x3 += MLXK_CB_MUL(w[tw * Dk + i + 3], h_s[(i + 3) * TN + jj]);
+          }
+          val = ut[tw * Dv + j] - ((x0 + x1) + (x2 + x3));
+          u[tw * Dv + j] = val;
+        }
+        u_s[e] = val;
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      // h = γ_L h + Kᵀ diag(Γ_L) U
+      const float g_last = gam[size_t(n) * T + t0 + L - 1];
+      for (int e = int(tid); e < Dk * TN; e += NT) {
+        const int i = e / TN, jj = e % TN;
+        float acc = 0.0f;
+        for (int s = 0; s < L; ++s) {
+          const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
+          acc += MLXK_CB_MUL(MLXK_CB_MUL(static_cast<float>(k[ks + i]), gl_s[s]), u_s[s * TN + jj]);
+        }
+        h_s[e] = MLXK_CB_MUL(g_last, h_s[e]) + acc;
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+
+#elif MLXK_CBWD_STAGE == 3
+    // ---- 3: per (head, column tile), chunks in reverse ----
+    constexpr int NTILE = (Dv + TN - 1) / TN;
+    const uint n = item / uint(NTILE);
+    const int j0 = int(item % uint(NTILE)) * TN;
+    const uint b_idx = n / Hv;
+    const uint hv_idx = n % Hv;
+    const uint hk_idx = hv_idx / (Hv / Hk);
+    threadgroup float dh_s[Dk * TN];  // dh[i][jj]
+    threadgroup float dy_s[C * TN];
+    threadgroup float du_s[C * TN];
+    threadgroup float gl_s[C];
+    threadgroup float gam_s[C];
+    for (int e = int(tid); e < Dk * TN; e += NT) {
+      const int jj = e / Dk, i = e % Dk;
+      const int j = j0 + jj;
+      dh_s[i * TN + jj] = j < Dv ? dstate_out[(size_t(n) * Dv + j) * Dk + i] : 0.0f;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    for (int c = NC - 1; c >= 0; --c) {
+      const int t0 = c * C;
+      const int L = T - t0 < C ? T - t0 : C;
+      const size_t kept = (size_t(n) * NC + c) * Dv;
+      const size_t sq = (size_t(n) * NC + c) * (C * C);
+      for (int e = int(tid); e < Dk * TN; e += NT) {
+        const int jj = e / Dk, i = e % Dk;
+        const int j = j0 + jj;
+        if (j < Dv) dhs[(kept + j) * Dk + i] = dh_s[i * TN + jj];
+      }
+      for (int s = int(tid); s < C; s += NT) {
+        gl_s[s] = s < L ? gm[sq + (L - 1) * C + s] : 0.0f;
+        gam_s[s] = s < L ? gam[size_t(n) * T + t0 + s] : 0.0f;
+      }
+      for (int e = int(tid); e < C * TN; e += NT) {
+        const int s = e / TN, jj = e % TN;
+        const int j = j0 + jj;
+        float val = 0.0f;
+        if (s < L && j < Dv) {
+          const int t = t0 + s;
+          if (MLXK_TOKEN_ACTIVE) {
+            val = static_cast<float>(dy[((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j]);
+          }
+        }
+        dy_s[e] = val;
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      // dU = (Γ∘QKᵀ)ᵀ dY + diag(Γ_L) K dh
+      for (int e = int(tid); e < C * TN; e += NT) {
+        const int s = e / TN, jj = e % TN;
+        const int j = j0 + jj;
+        float val = 0.0f;
+        if (s < L && j < Dv) {
+          float a = 0.0f;
+          for (int r = s; r < L; ++r) a += MLXK_CB_MUL(pm[sq + r * C + s], dy_s[r * TN + jj]);
+          const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
+          float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
+          for (int i = 0; i < Dk; i += 4) {
+            x0 += MLXK_CB_MUL(static_cast<float>(k[ks + i]), dh_s[i * TN + jj]);
+            x1 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 1]), dh_s[(i + 1) * TN + jj]);
+            x2 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 2]), dh_s[(i + 2) * TN + jj]);
+            x3 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 3]), dh_s[(i + 3) * TN + jj]);
+          }
+          val = a + MLXK_CB_MUL(gl_s[s], (x0 + x1) + (x2 + x3));
+          du[(size_t(n) * T + t0 + s) * Dv + j] = val;
+        }
+        du_s[e] = val;
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      // dh = γ_L dh + Qᵀ diag(γ) dY − Wᵀ dU
+      const float g_last = gam_s[L - 1];
+      for (int e = int(tid); e < Dk * TN; e += NT) {
+        const int i = e / TN, jj = e % TN;
+        float acc_q = 0.0f, acc_w = 0.0f;
+        for (int s = 0; s < L; ++s) {
+          const size_t qs = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
+          acc_q += MLXK_CB_MUL(MLXK_CB_MUL(static_cast<float>(q[qs + i]), gam_s[s]), dy_s[s * TN + jj]);
+          acc_w += MLXK_CB_MUL(w[(size_t(n) * T + t0 + s) * Dk + i], du_s[s * TN + jj]);
+        }
+        dh_s[e] = MLXK_CB_MUL(g_last, dh_s[e]) + acc_q - acc_w;
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+    for (int e = int(tid); e < Dk * TN; e += NT) {
+      const int jj = e / Dk, i = e % Dk;
+      const int j = j0 + jj;
+      if (j < Dv) dstate[(size_t(n) * Dv + j) * Dk + i] = dh_s[i * TN + jj];
+    }
+
+#elif MLXK_CBWD_STAGE == 4
+    // ---- 4: per (head, chunk), the L x L products ----
+    const uint n = item / uint(NC);
+    const int c = int(item % uint(NC));
+    const uint b_idx = n / Hv;
+    const uint hv_idx = n % Hv;
+    const int t0 = c * C;
+    const int L = T - t0 < C ? T - t0 : C;
+    const size_t sq = (size_t(n) * NC + c) * (C * C);
+    threadgroup float tm_s[C * C];
+    threadgroup float m_g[C * C];   // dU Uᵀ (strictly lower)
+    threadgroup float m_r[C * C];   // dA∘Γ∘KKᵀ
+    threadgroup float m_x[C * C];   // the gate terms X(t, s), s < t
+    threadgroup float m_v[C * C];   // dU Vᵀ
+    threadgroup float bs[C];
+    for (int s = int(tid); s < C; s += NT) {
+      float bv = 0.0f;
+      if (s < L) {
+        const int t = t0 + s;
+        if (MLXK_TOKEN_ACTIVE) bv = static_cast<float>(beta[(size_t(b_idx) * T + t) * Hv + hv_idx]);
+      }
+      bs[s] = bv;
+    }
+    for (int e = int(tid); e < C * C; e += NT) tm_s[e] = tm[sq + e];
+    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns, one
+    // entry per SIMD group at a time, lanes over the columns (coalesced), by the butterfly.
+    const uint lane = tid % 32;
+    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
+      const int r = e / C, s = e % C;
+      float dp = 0.0f, dtm = 0.0f, duv = 0.0f;
+      if (r < L && s <= r) {
+        const int t = t0 + r;
+        const bool active = MLXK_TOKEN_ACTIVE;
+        const size_t ur = (size_t(n) * T + t0 + r) * Dv, us = (size_t(n) * T + t0 + s) * Dv;
+        const size_t yr = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
+        const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
+        for (int j = int(lane); j < Dv; j += 32) {
+          const float us_j = u[us + j], du_j = du[ur + j];
+          if (active) dp += MLXK_CB_MUL(static_cast<float>(dy[yr + j]), us_j);
+          dtm += MLXK_CB_MUL(du_j, us_j);
+          duv += MLXK_CB_MUL(du_j, static_cast<float>(v[vs + j]));
+        }
+        dp = simd_sum(dp);
+        dtm = simd_sum(dtm);
+        duv = simd_sum(duv);
+      }
+      if (lane == 0) {
+        dpg[sq + e] = MLXK_CB_MUL(dp, gm[sq + e]);
+        m_x[e] = s < r ? MLXK_CB_MUL(dp, pm[sq + e]) : 0.0f;
+        m_g[e] = s < r ? dtm : 0.0f;
+        m_v[e] = duv;
+      }
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    // dA = −Tmᵀ dTm' Tmᵀ with dTm' = dU (diag(β)(V − diag(γ) K H))ᵀ = dU Uᵀ (I + A)ᵀ, so
+    // dA = −Tmᵀ (dU Uᵀ) on the strictly lower part: dA[a][cc] = −Σ_t Tm[t][a] dU_t·U_cc, t >= a.
+    // Then the terms of dk (dA∘βΓ), of dβ (dA∘Γ∘KKᵀ) and of the gates (dA∘A).
+    for (int e = int(tid); e < C * C; e += NT) {
+      const int a = e / C, cc = e % C;
+      float dak_e = 0.0f, dbk = 0.0f;
+      if (cc < a && a < L) {
+        float acc = 0.0f;
+        for (int t = a; t < L; ++t) acc += MLXK_CB_MUL(tm_s[t * C + a], m_g[t * C + cc]);
+        const float da = -acc;
+        dak_e = MLXK_CB_MUL(MLXK_CB_MUL(da, bs[a]), gm[sq + e]);
+        dbk = MLXK_CB_MUL(da, gkk[sq + e]);
+        m_x[e] += MLXK_CB_MUL(dbk, bs[a]);
+      }
+      dak[sq + e] = dak_e;
+      m_r[e] = dbk;
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    // Per token: dβ's and the gates' shares from these products.
+    for (int s = int(tid); s < L; s += NT) {
+      float dbeta_s = 0.0f, db_s = 0.0f;
+      for (int r = 0; r < s; ++r) {
+        dbeta_s += m_r[s * C + r];
+        db_s += m_x[s * C + r];
+      }
+      for (int r = s; r < L; ++r) dbeta_s += MLXK_CB_MUL(tm_s[r * C + s], m_v[r * C + s]);
+      for (int r = s + 1; r < L; ++r) db_s -= m_x[r * C + s];
+      dbb[(size_t(n) * T + t0 + s) * 2] = dbeta_s;
+      dbb[(size_t(n) * T + t0 + s) * 2 + 1] = db_s;
+    }
+    // Tmᵀ dU, and dv = diag(β) Tmᵀ dU.
+    for (int e = int(tid); e < L * Dv; e += NT) {
+      const int s = e / Dv, j = e % Dv;
+      float acc = 0.0f;
+      for (int r = s; r < L; ++r) {
+        acc += MLXK_CB_MUL(tm_s[r * C + s], du[(size_t(n) * T + t0 + r) * Dv + j]);
+      }
+      tdu[(size_t(n) * T + t0 + s) * Dv + j] = acc;
+      const int t = t0 + s;
+      const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
+      dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_CB_MUL(bs[s], acc) : 0.0f;
+    }
+
+#elif MLXK_CBWD_STAGE == 5
+    // ---- 5: per (head, chunk), dq, dk and the gates ----
+    constexpr int NSG = NT / 32;
+    constexpr int NPT = Dk / 32;
+    const uint n = item / uint(NC);
+    const int c = int(item % uint(NC));
+    const uint b_idx = n / Hv;
+    const uint hv_idx = n % Hv;
+    const uint hk_idx = hv_idx / (Hv / Hk);
+    const uint lane = tid % 32;
+    const uint sg = tid / 32;
+    const int t0 = c * C;
+    const int L = T - t0 < C ? T - t0 : C;
+    const size_t sq = (size_t(n) * NC + c) * (C * C);
+    const size_t kept = (size_t(n) * NC + c) * Dv * Dk;
+    threadgroup float dpg_s[C * C];
+    threadgroup float dak_s[C * C];
+    threadgroup float gl_s[C];
+    threadgroup float gam_s[C];
+    threadgroup float bs[C];
+    threadgroup float sum_q[C];
+    threadgroup float sum_a[C];
+    threadgroup float sum_b[C];
+    threadgroup float red[NT];
+    for (int e = int(tid); e < C * C; e += NT) {
+      dpg_s[e] = dpg[sq + e];
+      dak_s[e] = dak[sq + e];
+    }
+    for (int s = int(tid); s < C; s += NT) {
+      float bv = 0.0f;
+      if (s < L) {
+        const int t = t0 + s;
+        if (MLXK_TOKEN_ACTIVE) bv = static_cast<float>(beta[(size_t(b_idx) * T + t) * Hv + hv_idx]);
+      }
+      bs[s] = bv;
+      gl_s[s] = s < L ? gm[sq + (L - 1) * C + s] : 0.0f;
+      gam_s[s] = s < L ? gam[size_t(n) * T + t0 + s] : 0.0f;
+    }
+    // Σ H ∘ dH' (the gradient of γ_L H).
+    float part = 0.0f;
+    for (int e = int(tid); e < Dv * Dk; e += NT) part += MLXK_CB_MUL(hs[kept + e], dhs[kept + e]);
+    red[tid] = part;
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    // A SIMD group takes TB tokens at once, so that each load of H and dH' serves TB of them;
+    // tokens past L (the chunk's last block) compute zeros from the zero rows and are not
+    // written.
+    constexpr int TB = 4;
+    for (int s0 = int(sg) * TB; s0 < L; s0 += NSG * TB) {
+      bool act[TB];
+      size_t tok[TB], yv[TB];
+      for (int x = 0; x < TB; ++x) {
+        const int t = t0 + (s0 + x < L ? s0 + x : s0);
+        act[x] = s0 + x < L && (MLXK_TOKEN_ACTIVE);
+        tok[x] = size_t(n) * T + t;
+        yv[x] = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
+      }
+      float aq[TB][NPT], aa[TB][NPT], ab[TB][NPT];
+      for (int x = 0; x < TB; ++x) {
+        for (int m = 0; m < NPT; ++m) {
+          aq[x][m] = 0.0f;
+          aa[x][m] = 0.0f;
+          ab[x][m] = 0.0f;
+        }
+      }
+      // dY Hᵀ, U dH'ᵀ, (Tmᵀ dU) Hᵀ: sums over the value columns.
+      for (int j = 0; j < Dv; ++j) {
+        float dy_j[TB], u_j[TB], tdu_j[TB];
+        for (int x = 0; x < TB; ++x) {
+          dy_j[x] = act[x] ? static_cast<float>(dy[yv[x] + j]) : 0.0f;
+          u_j[x] = u[tok[x] * Dv + j];
+          tdu_j[x] = tdu[tok[x] * Dv + j];
+        }
+        for (int m = 0; m < NPT; ++m) {
+          const size_t at = kept + size_t(j) * Dk + m * 32 + lane;
+          const float h = hs[at];
+          const float dh = dhs[at];
+          for (int x = 0; x < TB; ++x) {
+            aq[x][m] += MLXK_CB_MUL(dy_j[x], h);
+            aa[x][m] += MLXK_CB_MUL(u_j[x], dh);
+            ab[x][m] += MLXK_CB_MUL(tdu_j[x], h);
+          }
+        }
+      }
+      float pq[TB], pa[TB], pb[TB];
+      for (int x = 0; x < TB; ++x) {
+        pq[x] = 0.0f;
+        pa[x] = 0.0f;
+        pb[x] = 0.0f;
+      }
+      for (int m = 0; m < NPT; ++m) {
+        const int i = m * 32 + int(lane);
+        float dq_inter[TB], dk_h_term[TB], dk_w_term[TB], dq_acc[TB], dk_acc[TB];
+        for (int x = 0; x < TB; ++x) {
+          const int s = s0 + x;
+          dq_inter[x] = MLXK_CB_MUL(gam_s[s], aq[x][m]);
+          dk_h_term[x] = MLXK_CB_MUL(gl_s[s], aa[x][m]);
+          dk_w_term[x] = -MLXK_CB_MUL(gam_s[s], ab[x][m]);
+          dq_acc[x] = dq_inter[x];
+          dk_acc[x] = dk_h_term[x] + MLXK_CB_MUL(bs[s], dk_w_term[x]);
+        }
+        for (int r = 0; r < L; ++r) {
+          const size_t qk_r = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i;
+          const float kr = static_cast<float>(k[qk_r]);
+          const float qr = static_cast<float>(q[qk_r]);
+          for (int x = 0; x < TB; ++x) {
+            const int s = s0 + x;
+            if (r <= s) dq_acc[x] += MLXK_CB_MUL(dpg_s[s * C + r], kr);
+            if (r >= s) dk_acc[x] += MLXK_CB_MUL(dpg_s[r * C + s], qr);
+            if (r < s) dk_acc[x] += MLXK_CB_MUL(dak_s[s * C + r], kr);
+            if (r > s) dk_acc[x] += MLXK_CB_MUL(dak_s[r * C + s], kr);
+          }
+        }
+        for (int x = 0; x < TB; ++x) {
+          if (s0 + x >= L) continue;
+          const size_t qk_s = ((size_t(b_idx) * T + t0 + s0 + x) * Hk + hk_idx) * Dk + i;
+          const float qf = static_cast<float>(q[qk_s]);
+          const float kf = static_cast<float>(k[qk_s]);
+          pq[x] += MLXK_CB_MUL(qf, dq_inter[x]);
+          pa[x] += MLXK_CB_MUL(kf, dk_h_term[x]);
+          pb[x] += MLXK_CB_MUL(kf, dk_w_term[x]);
+          const size_t out = ((size_t(b_idx) * T + t0 + s0 + x) * Hv + hv_idx) * Dk + i;
+          dq_h[out] = act[x] ? dq_acc[x] : 0.0f;
+          dk_h[out] = act[x] ? dk_acc[x] : 0.0f;
+        }
+      }
+      for (int x = 0; x < TB; ++x) {
+        const float sq_x = simd_sum(pq[x]);
+        const float sa_x = simd_sum(pa[x]);
+        const float sb_x = simd_sum(pb[x]);
+        if (lane == 0 && s0 + x < L) {
+          sum_q[s0 + x] = sq_x;
+          sum_a[s0 + x] = sa_x;
+          sum_b[s0 + x] = sb_x;
+        }
+      }
+    }
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    if (tid == 0) {
+      float hsum = 0.0f;
+      for (int x = 0; x < NT; ++x) hsum += red[x];
+      // d/d b_t (b_t = log γ_t), then d log g_s = Σ_{t >= s} d/d b_t.
+      float y_sum = 0.0f;
+      for (int s = 0; s < L; ++s) y_sum += sum_a[s];
+      float acc = 0.0f;
+      for (int s = L - 1; s >= 0; --s) {
+        const size_t tok = size_t(n) * T + t0 + s;
+        float db_s = dbb[tok * 2 + 1] + sum_q[s] + MLXK_CB_MUL(bs[s], sum_b[s]) - sum_a[s];
+        if (s == L - 1) db_s += y_sum + MLXK_CB_MUL(gam_s[L - 1], hsum);
+        acc += db_s;
+        const int t = t0 + s;
+        const bool active = MLXK_TOKEN_ACTIVE;
+        const size_t gt = (size_t(b_idx) * T + t) * Hv + hv_idx;
+        const float gv = static_cast<float>(g[gt]);
+        // dg = d log g / g where g is a normal float; a gate below that (or 0) gets 0.
+        dg_part[gt] = active && gv >= 1.17549435e-38f ? acc / gv : 0.0f;
+        dbeta_part[gt] = active ? dbb[tok * 2] + sum_b[s] : 0.0f;
+      }
+    }
+#endif
