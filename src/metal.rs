@@ -377,3 +377,141 @@ pub fn gated_delta_backward_launch(n: &gated_delta::Node, checkpoint: usize) -> 
     ];
     l
 }
+
+/// The chunked update's first launch (`kernels/metal/gated_delta_chunk_prep.metal`): the work
+/// within each chunk, every chunk and value head in parallel.
+pub const GATED_DELTA_CHUNK_PREP_SOURCE: &str =
+    include_str!("../kernels/metal/gated_delta_chunk_prep.metal");
+
+/// The chunked update's second launch (`kernels/metal/gated_delta_chunk_scan.metal`): the walk
+/// over the chunks with the state, per tile of value columns.
+pub const GATED_DELTA_CHUNK_SCAN_SOURCE: &str =
+    include_str!("../kernels/metal/gated_delta_chunk_scan.metal");
+
+/// The header of a chunked launch on a masked node.
+pub const CHUNK_MASK_HEADER: &str = "#define MLXK_MASKED 1\n";
+
+/// The largest chunk the GPU launches run: the prep launch keeps A (`C × C` floats) and two key
+/// panels in threadgroup memory, within Metal's 32 KB. Larger requested chunks (up to 128) run
+/// as chunks of 64: the chunk size changes only the rounding, within docs/DESIGN.md §4's bounds.
+pub const GPU_MAX_CHUNK: usize = 64;
+
+/// The chunk the GPU launches run for a requested (validated) chunk size.
+pub fn gpu_chunk(chunk: usize) -> usize {
+    chunk.min(GPU_MAX_CHUNK)
+}
+
+/// The prep launch's outputs (float32; Tp = ceil(T / C)·C rows per batch row and value head): w,
+/// u0, kd, p, gam.
+pub const CHUNK_PARTS: [&str; 5] = ["w", "u0", "kd", "p", "gam"];
+
+fn chunk_parts(d: gated_delta::Dims, chunk: usize) -> Vec<Output> {
+    let rows = d.t.div_ceil(chunk) * chunk;
+    let f32 = |shape: Vec<usize>| Output {
+        shape,
+        dtype: Dtype::Float32,
+    };
+    vec![
+        f32(vec![d.b * d.hv, rows, d.dk]),
+        f32(vec![d.b * d.hv, rows, d.dv]),
+        f32(vec![d.b * d.hv, rows, d.dk]),
+        f32(vec![d.b * d.hv, rows, chunk]),
+        f32(vec![d.b * d.hv, rows]),
+    ]
+}
+
+/// The chunked update's prep launch for node `n` (`Form::Chunked`, dense, T ≥ 1, B ≥ 1): grid
+/// (256, ceil(T / C), B·Hv), threadgroup (256, 1, 1), C = `gpu_chunk(chunk)`. Inputs: the
+/// exact update's Metal launch inputs without the state (q, k, v, g, beta, then the mask);
+/// outputs `CHUNK_PARTS`. `crate::cuda::with_fused_gates` turns it into the CUDA form with the
+/// gates inside, as for the recurrence.
+pub fn gated_delta_chunk_prep_launch(n: &gated_delta::Node) -> MetalLaunch {
+    let d = n.dims;
+    let chunk = chunk_of(n);
+    let inputs = n
+        .metal_inputs()
+        .into_iter()
+        .filter(|&i| i != gated_delta::Input::State)
+        .map(|i| i.name().to_string())
+        .collect();
+    let outputs = chunk_parts(d, chunk);
+    let mut l = launch(
+        "mlxk_gated_delta_chunk_prep",
+        GATED_DELTA_CHUNK_PREP_SOURCE.to_string(),
+        inputs,
+        (&CHUNK_PARTS, &outputs),
+    );
+    if n.has_mask {
+        l.name.push_str("_mask");
+        l.header = CHUNK_MASK_HEADER.to_string();
+    }
+    l.grid = [256, d.t.div_ceil(chunk) as i32, (d.b * d.hv) as i32];
+    l.threadgroup = [256, 1, 1];
+    chunk_templates(&mut l, n, chunk);
+    l
+}
+
+/// The chunked update's scan launch for node `n`: grid (256, ceil(Dv / VT), B·Hv), threadgroup
+/// (256, 1, 1), VT = `columns` (16 or 32) value columns a threadgroup. Inputs: `exact_inputs`
+/// (the names of the exact update's launch inputs, which the node's gradient takes), then
+/// `CHUNK_PARTS`; outputs y and state_out, as the exact update's.
+pub fn gated_delta_chunk_scan_launch(
+    n: &gated_delta::Node,
+    exact_inputs: Vec<String>,
+    columns: usize,
+) -> MetalLaunch {
+    assert!(columns == 16 || columns == 32, "VT {columns}");
+    let d = n.dims;
+    let chunk = chunk_of(n);
+    let mut inputs = exact_inputs;
+    inputs.extend(CHUNK_PARTS.iter().map(|s| s.to_string()));
+    let mut l = launch(
+        "mlxk_gated_delta_chunk_scan",
+        GATED_DELTA_CHUNK_SCAN_SOURCE.to_string(),
+        inputs,
+        (&["y", "state_out"], &n.outputs()),
+    );
+    if n.has_mask {
+        l.name.push_str("_mask");
+        l.header = CHUNK_MASK_HEADER.to_string();
+    }
+    l.grid = [256, d.dv.div_ceil(columns) as i32, (d.b * d.hv) as i32];
+    l.threadgroup = [256, 1, 1];
+    chunk_templates(&mut l, n, chunk);
+    l.template_int_names.push("VT".to_string());
+    l.template_int_values.push(columns as i32);
+    l
+}
+
+/// Value columns a scan threadgroup takes: 32 where its threadgroup memory (the state tile
+/// `Dk × VT`, U's tile `C × VT` and two panels of `C × 9` floats) fits in `limit` bytes, else 16
+/// (which fits Metal's 32 KB for every Dk ≤ 256 and C ≤ 64).
+pub fn chunk_scan_columns(dk: usize, chunk: usize, limit: usize) -> usize {
+    let bytes = |vt: usize| 4 * (dk * vt + chunk * vt + 2 * chunk * 9);
+    if bytes(32) <= limit {
+        32
+    } else {
+        16
+    }
+}
+
+fn chunk_of(n: &gated_delta::Node) -> usize {
+    match n.form {
+        gated_delta::Form::Chunked { chunk } => gpu_chunk(chunk),
+        other => panic!("a chunked launch of a {other:?} node"),
+    }
+}
+
+fn chunk_templates(l: &mut MetalLaunch, n: &gated_delta::Node, chunk: usize) {
+    let d = n.dims;
+    l.template_int_names = names(&["Dk", "Dv", "Hk", "Hv", "C"]);
+    l.template_int_values = vec![
+        d.dk as i32,
+        d.dv as i32,
+        d.hk as i32,
+        d.hv as i32,
+        chunk as i32,
+    ];
+    l.template_dtype_names = names(&["InT"]);
+    l.template_dtype_values = vec![n.dtype as i32];
+}

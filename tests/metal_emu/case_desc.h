@@ -18,7 +18,8 @@ struct EmuTensor {
 struct EmuCase {
   int id;
   const char* kind;  // recurrence(_masked), replay, head_split, gated_norm, backward(_masked),
-                     // pool_update(_masked), pool_verify(_masked), pool_packed, pool_replay
+                     // pool_update(_masked), pool_verify(_masked), pool_packed, pool_replay,
+                     // chunk_prep, chunk_scan
   const char* label;
   const char* kernel_name;  // the name MLX gives the instantiated kernel
   const char* file;         // the kernel file compiled as the body
@@ -43,7 +44,7 @@ struct EmuCase {
   uint32_t grid[3];
   uint32_t threadgroup[3];
   int n_inputs;
-  EmuTensor inputs[10];  // in the launch's order
+  EmuTensor inputs[16];  // in the launch's order
   int n_outputs;
   EmuTensor outputs[8];
   emu::Stats (*launch)(void* const* inputs, void* const* outputs);

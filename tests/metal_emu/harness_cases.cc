@@ -316,6 +316,7 @@ std::vector<Tensor> launch_kernel(const EmuCase& c, Named& inputs, emu::Stats* s
 Result run_case(const EmuCase& c) {
   const std::string kind = c.kind;
   if (kind == "backward" || kind == "backward_masked") return run_backward(c);
+  if (kind == "chunk_scan") return run_chunked(c);
   Rng rng{c.seed ^ g_seed_offset};
   Built built;
   if (kind == "recurrence" || kind == "recurrence_masked" || kind == "replay") {
