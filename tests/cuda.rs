@@ -14,12 +14,15 @@
 //! - the pool calls (update, packed, verify then commit, replay: tests/cuda_pool/) the same
 //!   way against the CPU pool calls, every slot of the new pool compared;
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
-//! - argument errors, the memory limit and the chunked form's refusal are unchanged with the
-//!   GPU as default device.
+//! - the chunked form (tests/cuda_chunked/) within docs/DESIGN.md §4's chunked bounds of the
+//!   exact update, of the CPU chunked form and of a float64 recurrence;
+//! - argument errors (the chunk size's too) and the memory limit are unchanged with the GPU as
+//!   default device.
 //!
 //! Run it alone (`--test-threads=1`): the default device is process-wide.
 
 mod common;
+mod cuda_chunked;
 mod cuda_pool;
 use common::*;
 use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
@@ -498,16 +501,14 @@ fn errors_on_the_gpu(rng: &mut Rng) {
     ok(mlxk_set_memory_limit(0));
     expect_err(
         unsafe {
-            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 64, &mut y, &mut st)
+            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 24, &mut y, &mut st)
         },
-        MLXK_ERR_UNSUPPORTED,
-        &["CPU only"],
+        MLXK_ERR_INVALID_ARGUMENT,
+        &["chunk_size"],
     );
     on_gpu(false);
     u.free();
-    println!(
-        "PASS: shape errors, the memory limit and the chunked form's refusal unchanged on the GPU"
-    );
+    println!("PASS: shape errors, the chunk size's and the memory limit unchanged on the GPU");
 }
 
 /// mlxk_compute_g on both devices: how many gates MLX CUDA's ops round differently.
@@ -621,6 +622,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
         gated_norm(&mut rng, rows, d, dtype, gate);
     }
     cuda_pool::pool_calls_match_the_cpu(&mut rng);
+    cuda_chunked::chunked_within_bounds(&mut rng);
     decode_loop(&mut rng);
     errors_on_the_gpu(&mut rng);
     println!("PASS: test-cuda: every kernel on MLX CUDA matches the CPU kernels");
