@@ -565,6 +565,12 @@ fn cuda_kernels_match_the_cpu_kernels() {
         return;
     }
     let mut rng = Rng::fresh();
+    if std::env::var("MLXK_CUDA_ONLY").as_deref() == Ok("chunked") {
+        // scripts/cuda-device.sh chunked: the chunked form's cases alone.
+        cuda_chunked::chunked_within_bounds(&mut rng);
+        println!("PASS: test-cuda (chunked only): the chunked form within its bounds");
+        return;
+    }
     let (bf16, f16, f32) = (MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32);
     gates(&mut rng);
     // B, T, Hk, Hv, Dk, Dv: decode, prefill, GQA 1-4, Dk 32-256, Dv != Dk and odd, B to 64.

@@ -1,6 +1,6 @@
 // MLX autograd through mlxkern's GPU kernels (`make test-cuda`; docs/DESIGN.md §4
 // "Gradients"): with the GPU as default device, mx::vjp of a host function that calls the
-// recurrence, the head split, the two in one call (from_conv) and the gated norm (handles
+// recurrence (exact and chunked), the head split, the two in one call (from_conv) and the gated norm (handles
 // shared with the host's arrays) must
 //   - give the forward outputs bit for bit as the inference call does, and
 //   - give gradients for every input within a stated bound of the explicit CPU backward
@@ -142,6 +142,59 @@ void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, b
   }
 }
 
+// The chunked update's GPU node (the prep and scan kernels) carries the exact update's GPU
+// gradient: mx::vjp through it gives the exact update's gradients bit for bit (the same backward
+// kernel on the same inputs and cotangents), and its forward inside mx::vjp is the inference
+// call's.
+void chunked(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool mask, int chunk) {
+  const std::string what = "chunked B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                           " Hv=" + std::to_string(Hv) + " Dk=" + std::to_string(Dk) +
+                           " Dv=" + std::to_string(Dv) + (dtype == mx::float32 ? " f32" : " bf16") +
+                           (mask ? " masked" : "") + " chunk " + std::to_string(chunk);
+  const float qs = 1.0f / std::sqrt(float(Dk));
+  std::vector<mx::array> p = {normal({B, T, Hk, Dk}, dtype, qs), normal({B, T, Hk, Dk}, dtype, qs),
+                              normal({B, T, Hv, Dv}, dtype, 1.0f), normal({B, T, Hv}, dtype, 1.0f),
+                              normal({B, T, Hv}, dtype, 1.0f), normal({Hv}, mx::float32, 0.5f),
+                              normal({Hv}, dtype, 0.5f),
+                              normal({B, Hv, Dv, Dk}, mx::float32, 0.3f)};
+  auto m = mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
+  mx::eval(p);
+  mx::eval(m);
+  auto fun = [&](bool chunked_form) {
+    return [&, chunked_form](const std::vector<mx::array>& x) {
+      mlxk::Array st = h(x[7]);
+      mlxk::Array mk;
+      if (mask) mk = h(m);
+      auto r = chunked_form
+                   ? mlxk::gated_delta_update_chunked(h(x[0]), h(x[1]), h(x[2]), h(x[3]), h(x[4]),
+                                                      h(x[5]), h(x[6]), &st,
+                                                      mask ? &mk : nullptr, chunk)
+                   : mlxk::gated_delta_update(h(x[0]), h(x[1]), h(x[2]), h(x[3]), h(x[4]),
+                                              h(x[5]), h(x[6]), &st, mask ? &mk : nullptr);
+      return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
+    };
+  };
+  auto dy = normal({B, T, Hv, Dv}, dtype, 1.0f);
+  auto ds = normal({B, Hv, Dv, Dk}, mx::float32, 0.5f);
+  mx::eval({dy, ds});
+  mlxk::set_default_device(mlxk::Device::Gpu);
+  auto inference = fun(true)(p);
+  auto [outputs, grads] = mx::vjp(fun(true), p, {dy, ds});
+  auto [exact_outputs, exact_grads] = mx::vjp(fun(false), p, {dy, ds});
+  mx::eval(outputs);
+  mx::eval(grads);
+  mx::eval(exact_grads);
+  mx::eval(inference);
+  identical(what + " y", outputs[0], inference[0]);
+  identical(what + " state", outputs[1], inference[1]);
+  const char* names[] = {"dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"};
+  for (int i = 0; i < 8; ++i) {
+    identical(what + " " + names[i], grads[i], exact_grads[i],
+              "through the chunked node vs through the exact update's");
+  }
+  mlxk::set_default_device(mlxk::Device::Cpu);
+}
+
 void head_split(mx::Dtype dtype) {
   const int B = 2, S = 9, Hk = 2, Hv = 4, Dk = 64, Dv = 32;
   const int C = 2 * Hk * Dk + Hv * Dv;
@@ -273,6 +326,8 @@ int main() {
     recurrence(3, 70, 1, 3, 32, 7, mx::float32, false, true);
     recurrence(1, 130, 2, 8, 128, 128, mx::bfloat16, true, false);
     recurrence(2, 20, 4, 4, 256, 130, mx::float32, true, false);
+    chunked(2, 100, 2, 4, 128, 128, mx::bfloat16, true, 32);
+    chunked(1, 70, 1, 2, 64, 7, mx::float32, false, 64);
     from_conv(1, 1, 16, 32, 128, 128, mx::bfloat16, false);
     from_conv(2, 9, 2, 4, 64, 24, mx::bfloat16, true);
     from_conv(2, 5, 1, 2, 32, 7, mx::float32, true);
