@@ -452,7 +452,7 @@ pub fn gated_delta_chunk_prep_launch(n: &gated_delta::Node) -> MetalLaunch {
 }
 
 /// The chunked update's scan launch for node `n`: grid (256, ceil(Dv / VT), B·Hv), threadgroup
-/// (256, 1, 1), VT = `columns` (16 or 32) value columns a threadgroup. Inputs: `exact_inputs`
+/// (256, 1, 1), VT = `columns` (8, 16 or 32) value columns a threadgroup. Inputs: `exact_inputs`
 /// (the names of the exact update's launch inputs, which the node's gradient takes), then
 /// `CHUNK_PARTS`; outputs y and state_out, as the exact update's.
 pub fn gated_delta_chunk_scan_launch(
@@ -460,7 +460,7 @@ pub fn gated_delta_chunk_scan_launch(
     exact_inputs: Vec<String>,
     columns: usize,
 ) -> MetalLaunch {
-    assert!(columns == 16 || columns == 32, "VT {columns}");
+    assert!([8, 16, 32].contains(&columns), "VT {columns}");
     let d = n.dims;
     let chunk = chunk_of(n);
     let mut inputs = exact_inputs;
@@ -483,16 +483,13 @@ pub fn gated_delta_chunk_scan_launch(
     l
 }
 
-/// Value columns a scan threadgroup takes: 32 where its threadgroup memory (the state tile
-/// `Dk × VT`, U's tile `C × VT` and two panels of `C × 9` floats) fits in `limit` bytes, else 16
-/// (which fits Metal's 32 KB for every Dk ≤ 256 and C ≤ 64).
+/// Value columns a scan threadgroup takes: the most of 32, 16 and 8 whose threadgroup memory
+/// (the state tile `Dk × VT`, U's tile `C × VT` and the panel buffer, `max(2·16·(C + 1), 16·Dk)`
+/// floats) fits in `limit` bytes (Metal: 32 KB; 8 fits it for every Dk ≤ 256 and C ≤ 64).
 pub fn chunk_scan_columns(dk: usize, chunk: usize, limit: usize) -> usize {
-    let bytes = |vt: usize| 4 * (dk * vt + chunk * vt + 2 * chunk * 9);
-    if bytes(32) <= limit {
-        32
-    } else {
-        16
-    }
+    let panels = (2 * 16 * (chunk + 1)).max(16 * dk);
+    let bytes = |vt: usize| 4 * (dk * vt + chunk * vt + panels);
+    [32, 16].into_iter().find(|&vt| bytes(vt) <= limit).unwrap_or(8)
 }
 
 fn chunk_of(n: &gated_delta::Node) -> usize {

@@ -5,7 +5,7 @@
 // the last chunk, is an identity step: g = 1, β = 0, its k, q, v read as 0):
 //   γ_t = g_0 ⋯ g_t,  Γ(t, s) = g_{s+1} ⋯ g_t (running products, never a ratio),
 //   A[t, s] = β_t Γ(t, s) k_t·k_s (s < t),  P[t, s] = Γ(t, s) q_t·k_s (s ≤ t, else 0),
-//   W = (I + A)⁻¹ diag(β γ) K,  U0 = (I + A)⁻¹ diag(β) V  (forward substitution, row by row),
+//   W = (I + A)⁻¹ diag(β γ) K,  U0 = (I + A)⁻¹ diag(β) V  ((I + A)⁻¹ row by row, then products),
 //   Kd_t = Γ(C - 1, t) k_t.
 // The second launch (gated_delta_chunk_scan.metal) walks the chunks with the state H = Sᵀ:
 // U = U0 − W H, y = diag(γ) Q H + P U, H ← γ_{C-1} H + Kdᵀ U.
@@ -19,9 +19,16 @@
 #define MLXK_GATE_DECAY_AT(t) g_[(t) * Hv + hv_idx]
 #define MLXK_GATE_BETA_AT(t) beta_[(t) * Hv + hv_idx]
 #endif
-    constexpr int NT = 256;     // threads a threadgroup
-    constexpr int KP = 16;      // key columns a panel of the Gram products
-    constexpr int NB = C / 4;   // 4×4 blocks a side of the C×C Gram products
+    constexpr int NT = 256;       // threads a threadgroup
+    constexpr int KP = 16;        // key columns a panel of the Gram products
+    constexpr int NB = C / 4;     // 4×4 blocks a side of the C×C Gram products
+    constexpr int CP = C + 1;     // row stride of A and of the panels (fewer bank conflicts)
+    constexpr int NJ = Dk + Dv;   // columns of the right-hand sides [β γ K | β V]
+    constexpr int SP = 8;         // tokens a panel of the right-hand sides
+    constexpr int JW = 256;       // right-hand side columns a pass (8 a lane)
+    constexpr int RP = C / 8;     // solution rows a thread owns (8 row blocks)
+    constexpr int PE = (C * KP + NT - 1) / NT;  // Gram panel values a thread loads
+    constexpr int SB = 2 * KP * CP > SP * JW ? 2 * KP * CP : SP * JW;
     const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     const int NC = (T + C - 1) / C;
     const int tid = int(thread_position_in_threadgroup.x);
@@ -39,14 +46,13 @@
     const size_t qk0 = (size_t(b_idx) * T + t0) * Hk * Dk + hk_idx * Dk;
     const size_t v0 = (size_t(b_idx) * T + t0) * Hv * Dv + hv_idx * Dv;
 
-    threadgroup float gl[C];       // g_t (1 where inactive)
-    threadgroup float bl[C];       // β_t (0 where inactive)
-    threadgroup float gm[C];       // γ_t
-    threadgroup float gs[C];       // Γ(C - 1, t)
-    threadgroup int on[C];         // token t is real and unmasked
-    threadgroup float am[C][C + 1];   // A
-    threadgroup float kp[KP][C + 1];  // a panel of K, column-major
-    threadgroup float qp[KP][C + 1];  // the same panel of Q
+    threadgroup float gl[C];      // g_t (1 where inactive)
+    threadgroup float bl[C];      // β_t (0 where inactive)
+    threadgroup float gm[C];      // γ_t
+    threadgroup float gs[C];      // Γ(C - 1, t)
+    threadgroup int on[C];        // token t is real and unmasked
+    threadgroup float am[C][CP];  // A, then (I + A)⁻¹ below its diagonal
+    threadgroup float sb[SB];     // panels: K and Q columns, then right-hand side rows
 
     if (tid < C) {
       const int t = t0 + tid;
@@ -82,10 +88,13 @@
       gam[row0 + tid] = gm[tid];
     }
 
-    // The Gram products K Kᵀ and Q Kᵀ: thread tid < NB² owns the 4×4 block (bt, bs).
-    const bool gram = tid < NB * NB;
-    const int bt = tid / NB;
-    const int bs = tid % NB;
+    // The Gram products K Kᵀ and Q Kᵀ on and below the diagonal: thread tid < NB (NB + 1) / 2
+    // owns the 4×4 block (bt, bs), bs ≤ bt. Panels of KP key columns, column-major in sb (K at
+    // 0, Q at KP·CP), each loaded into registers while the one before is used.
+    int bt = 0;
+    while ((bt + 1) * (bt + 2) / 2 <= tid) ++bt;
+    const int bs = tid - bt * (bt + 1) / 2;
+    const bool gram = bt < NB;
     float kk[4][4], qk[4][4];
     for (int i = 0; i < 4; ++i) {
       for (int j = 0; j < 4; ++j) {
@@ -93,26 +102,44 @@
         qk[i][j] = 0.0f;
       }
     }
+    float nk[PE], nq[PE];  // the next panel's values, this thread's share
+    for (int i = 0; i < PE; ++i) {
+      const int e = tid + NT * i, t = e / KP, j = e % KP;
+      nk[i] = 0.0f;
+      nq[i] = 0.0f;
+      if (e < C * KP && on[t] != 0) {
+        nk[i] = static_cast<float>(k[qk0 + size_t(t) * Hk * Dk + j]);
+        nq[i] = static_cast<float>(q[qk0 + size_t(t) * Hk * Dk + j]);
+      }
+    }
     for (int k0 = 0; k0 < Dk; k0 += KP) {
-      for (int e = tid; e < C * KP; e += NT) {
-        const int t = e / KP, j = e % KP;
-        float kv = 0.0f, qv = 0.0f;
-        if (on[t] != 0) {
-          const size_t at = qk0 + size_t(t) * Hk * Dk + k0 + j;
-          kv = static_cast<float>(k[at]);
-          qv = static_cast<float>(q[at]);
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int i = 0; i < PE; ++i) {
+        const int e = tid + NT * i, t = e / KP, j = e % KP;
+        if (e < C * KP) {
+          sb[j * CP + t] = nk[i];
+          sb[KP * CP + j * CP + t] = nq[i];
         }
-        kp[j][t] = kv;
-        qp[j][t] = qv;
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      if (k0 + KP < Dk) {
+        for (int i = 0; i < PE; ++i) {
+          const int e = tid + NT * i, t = e / KP, j = e % KP;
+          nk[i] = 0.0f;
+          nq[i] = 0.0f;
+          if (e < C * KP && on[t] != 0) {
+            nk[i] = static_cast<float>(k[qk0 + size_t(t) * Hk * Dk + k0 + KP + j]);
+            nq[i] = static_cast<float>(q[qk0 + size_t(t) * Hk * Dk + k0 + KP + j]);
+          }
+        }
+      }
       if (gram) {
         for (int j = 0; j < KP; ++j) {
           float kt[4], qt[4], ks[4];
           for (int i = 0; i < 4; ++i) {
-            kt[i] = kp[j][4 * bt + i];
-            qt[i] = qp[j][4 * bt + i];
-            ks[i] = kp[j][4 * bs + i];
+            kt[i] = sb[j * CP + 4 * bt + i];
+            qt[i] = sb[KP * CP + j * CP + 4 * bt + i];
+            ks[i] = sb[j * CP + 4 * bs + i];
           }
           for (int i = 0; i < 4; ++i) {
             for (int l = 0; l < 4; ++l) {
@@ -122,8 +149,9 @@
           }
         }
       }
-      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
+    // P (to the output) and A (to am), with the running products Γ(t, s) = g_{s+1} ⋯ g_t;
+    // the blocks above the diagonal are zeros.
     if (gram) {
       for (int l = 0; l < 4; ++l) {
         const int s = 4 * bs + l;
@@ -137,28 +165,74 @@
         }
       }
     }
+    for (int e = tid; e < C * C; e += NT) {
+      const int t = e / C, s = e % C;
+      if (s / 4 > t / 4) {
+        p[(row0 + t) * C + s] = 0.0f;
+        am[t][s] = 0.0f;
+      }
+    }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
-    // W and U0 by forward substitution, one column a thread: row t is the right-hand side's row
-    // minus A's row t times the rows before it (this thread's own earlier stores).
-    for (int j = tid; j < Dk + Dv; j += NT) {
-      if (j < Dk) {
-        for (int t = 0; t < C; ++t) {
-          float kv = 0.0f;
-          if (on[t] != 0) kv = static_cast<float>(k[qk0 + size_t(t) * Hk * Dk + j]);
-          float x = (bl[t] * gm[t]) * kv;
-          for (int s = 0; s < t; ++s) x -= am[t][s] * w[(row0 + s) * Dk + j];
-          w[(row0 + t) * Dk + j] = x;
-          kd[(row0 + t) * Dk + j] = gs[t] * kv;
+    // (I + A)⁻¹ in place, row by row: Tm[t][s] = −A[t][s] − Σ_{s<u<t} A[t][u] Tm[u][s].
+    for (int t = 1; t < C; ++t) {
+      float x = 0.0f;
+      if (tid < t) {
+        x = -am[t][tid];
+        for (int u = tid + 1; u < t; ++u) x -= am[t][u] * am[u][tid];
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      if (tid < t) am[t][tid] = x;
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+
+    // W and U0 = Tm [β γ K | β V]: thread (rb, lane) owns rows rb·RP .. rb·RP + RP − 1 and
+    // columns j0 + lane + 32 c (c < 8) of each pass; the right-hand sides go through sb, SP rows
+    // at a time (Kd = Γ(C − 1, t) k_t written on the way).
+    const int rb = tid / 32, lane = tid % 32;
+    for (int j0 = 0; j0 < NJ; j0 += JW) {
+      float acc[RP][8];
+      for (int i = 0; i < RP; ++i) {
+        for (int cc = 0; cc < 8; ++cc) acc[i][cc] = 0.0f;
+      }
+      for (int s0 = 0; s0 < C; s0 += SP) {
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int e = tid; e < SP * JW; e += NT) {
+          const int ss = e / JW, j = j0 + e % JW, s = s0 + ss;
+          float x = 0.0f;
+          if (j < Dk) {
+            float kv = 0.0f;
+            if (on[s] != 0) kv = static_cast<float>(k[qk0 + size_t(s) * Hk * Dk + j]);
+            x = (bl[s] * gm[s]) * kv;
+            kd[(row0 + s) * Dk + j] = gs[s] * kv;
+          } else if (j < NJ && on[s] != 0) {
+            x = bl[s] * static_cast<float>(v[v0 + size_t(s) * Hv * Dv + (j - Dk)]);
+          }
+          sb[e] = x;
         }
-      } else {
-        const int d = j - Dk;
-        for (int t = 0; t < C; ++t) {
-          float vv = 0.0f;
-          if (on[t] != 0) vv = static_cast<float>(v[v0 + size_t(t) * Hv * Dv + d]);
-          float x = bl[t] * vv;
-          for (int s = 0; s < t; ++s) x -= am[t][s] * u0[(row0 + s) * Dv + d];
-          u0[(row0 + t) * Dv + d] = x;
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        if (s0 < (rb + 1) * RP) {  // Tm[t][s] = 0 for s > t
+          for (int ss = 0; ss < SP; ++ss) {
+            const int s = s0 + ss;
+            float xv[8];
+            for (int cc = 0; cc < 8; ++cc) xv[cc] = sb[ss * JW + lane + 32 * cc];
+            for (int i = 0; i < RP; ++i) {
+              const int t = rb * RP + i;
+              const float tm = s == t ? 1.0f : am[t][s];
+              for (int cc = 0; cc < 8; ++cc) acc[i][cc] += tm * xv[cc];
+            }
+          }
+        }
+      }
+      for (int i = 0; i < RP; ++i) {
+        const int t = rb * RP + i;
+        for (int cc = 0; cc < 8; ++cc) {
+          const int j = j0 + lane + 32 * cc;
+          if (j < Dk) {
+            w[(row0 + t) * Dk + j] = acc[i][cc];
+          } else if (j < NJ) {
+            u0[(row0 + t) * Dv + (j - Dk)] = acc[i][cc];
+          }
         }
       }
     }

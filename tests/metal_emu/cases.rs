@@ -319,19 +319,24 @@ pub(super) fn cases() -> Vec<Case> {
 /// The chunked update's GPU form: each case twice, its prep launch then its scan launch.
 fn chunked_cases(list: &mut Vec<Case>) {
     let mut both = |dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, chunk: usize| {
-        for scan in [false, true] {
-            list.push(Case {
-                kind: Kind::Chunked {
-                    d,
-                    masked,
-                    with_state,
-                    chunk,
-                    scan,
-                },
-                dtype,
-                aux: b_dtype,
-                eps: 0.0,
-            });
+        // Large value heads also with the CUDA launch's wider scan tile.
+        let geometries: &[bool] = if d.dv >= 32 { &[false, true] } else { &[false] };
+        for &cuda in geometries {
+            for scan in [false, true] {
+                list.push(Case {
+                    kind: Kind::Chunked {
+                        d,
+                        masked,
+                        with_state,
+                        chunk,
+                        scan,
+                        cuda,
+                    },
+                    dtype,
+                    aux: b_dtype,
+                    eps: 0.0,
+                });
+            }
         }
     };
     // GQA, T not a multiple of the chunk, Dk 32 / 128 / 256, odd Dv, absent state, masks with a
@@ -341,5 +346,6 @@ fn chunked_cases(list: &mut Vec<Case>) {
     both(F16, F16, dims(1, 70, 1, 3, 128, 7), false, false, 64);
     both(F32, BF16, dims(2, 33, 1, 2, 256, 3), true, false, 16);
     both(BF16, F32, dims(1, 20, 2, 2, 128, 33), false, true, 32);
+    both(F32, F32, dims(1, 130, 1, 2, 128, 64), true, true, 64);
     both(F32, F32, dims(1, 150, 1, 2, 32, 4), false, true, 128);
 }

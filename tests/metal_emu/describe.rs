@@ -459,6 +459,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             with_state,
             chunk,
             scan,
+            cuda,
         } => {
             let node = gated_delta_node(d, c, Form::Chunked { chunk: *chunk }, *masked, *with_state);
             let u = |x: i64| x as usize;
@@ -483,7 +484,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             }
             let l = if *scan {
                 let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
-                let vt = metal::chunk_scan_columns(u(d.dk), cg, 32 * 1024);
+                let limit = if *cuda { 48 * 1024 } else { 32 * 1024 };
+                let vt = metal::chunk_scan_columns(u(d.dk), cg, limit);
                 let bh = d.b * d.hv;
                 inputs.extend([
                     ("w", F32, vec![bh, rows, d.dk]),
@@ -494,14 +496,16 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 ]);
                 let l = metal::gated_delta_chunk_scan_launch(&node, names, vt);
                 assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
-                // The scan's threadgroup memory within Metal's 32 KB.
-                assert!(4 * (u(d.dk) * vt + cg * vt + 2 * cg * 9) <= 32 * 1024);
+                // The scan's threadgroup memory within Metal's 32 KB (CUDA's 48 KB).
+                let panels = (2 * 16 * (cg + 1)).max(16 * u(d.dk));
+                assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= limit);
                 l
             } else {
                 let l = metal::gated_delta_chunk_prep_launch(&node);
                 assert_eq!(l.grid, [256, (rows / cg as i64) as i32, (d.b * d.hv) as i32]);
-                // The prep's threadgroup memory: A, two key panels, five gate rows.
-                assert!(4 * (cg * (cg + 1) + 2 * 16 * (cg + 1) + 5 * cg) <= 32 * 1024);
+                // The prep's threadgroup memory: A, the panel buffer, five gate rows.
+                let panels = (2 * 16 * (cg + 1)).max(8 * 256);
+                assert!(4 * (cg * (cg + 1) + panels + 5 * cg) <= 32 * 1024);
                 l
             };
             assert_eq!(l.threadgroup, [256, 1, 1]);
@@ -521,7 +525,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 chunk,
                 cg,
                 if *with_state { "" } else { " zero-state" }
-            );
+            ) + if *cuda { " (CUDA's scan tile)" } else { "" };
             let extra = format!(
                 "masked {}\nwith_state {}\ncheckpoint {}\n",
                 *masked as i32, *with_state as i32, chunk

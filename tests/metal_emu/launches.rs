@@ -151,6 +151,8 @@ enum Kind {
         with_state: bool,
         chunk: usize,
         scan: bool,
+        /// The scan's tile as MLX CUDA's launch picks it (48 KB of shared memory), not Metal's.
+        cuda: bool,
     },
     /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
     /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
