@@ -212,6 +212,13 @@ void prefill(int t, int warmup, int iters) {
     row("prefill", name, "mlxkern chunked C=" + std::to_string(chunk), c, 1, bytes, 0);
     std::printf("prefill  mlxkern / mlxkern chunked C=%d = %.2fx\n", chunk, o / c);
   }
+  // The scan with narrower tiles than the library's choice (MLXK_CHUNK_SCAN_COLUMNS).
+  for (const char* vt : {"16", "8"}) {
+    setenv("MLXK_CHUNK_SCAN_COLUMNS", vt, 1);
+    const double c = time_us(chunked(64), warmup, iters);
+    row("prefill", name, std::string("mlxkern chunked C=64 VT=") + vt, c, 1, bytes, 0);
+  }
+  unsetenv("MLXK_CHUNK_SCAN_COLUMNS");
   if (t > 4096) return;  // mx::fast (MLX CUDA's ops fallback) takes seconds there
   const double m = time_us(fast, 1, 3);
   row("prefill", name, "mlx fast", m, 1, bytes, 0);

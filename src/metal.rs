@@ -489,7 +489,10 @@ pub fn gated_delta_chunk_scan_launch(
 pub fn chunk_scan_columns(dk: usize, chunk: usize, limit: usize) -> usize {
     let panels = (2 * 16 * (chunk + 1)).max(16 * dk);
     let bytes = |vt: usize| 4 * (dk * vt + chunk * vt + panels);
-    [32, 16].into_iter().find(|&vt| bytes(vt) <= limit).unwrap_or(8)
+    [32, 16]
+        .into_iter()
+        .find(|&vt| bytes(vt) <= limit)
+        .unwrap_or(8)
 }
 
 fn chunk_of(n: &gated_delta::Node) -> usize {

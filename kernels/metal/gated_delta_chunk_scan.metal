@@ -14,7 +14,7 @@
     (void)g;
     (void)beta;
     constexpr int NT = 256;               // threads a threadgroup
-    constexpr int CC = 2;                 // tile columns a thread owns: cb + CB·c, c < CC
+    constexpr int CC = 4;                 // tile columns a thread owns: cb + CB·c, c < CC
     constexpr int CB = VT / CC;
     constexpr int RB = NT / CB;           // row groups: thread tid is in group tid / CB
     constexpr int RR = (C + RB - 1) / RB; // chunk rows a thread owns: rb + RB·i

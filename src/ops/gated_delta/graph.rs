@@ -295,14 +295,21 @@ pub(super) fn build_gpu_chunked(
         Backend::Cuda { .. } => 48 * 1024,
         _ => 32 * 1024,
     };
-    let columns = metal::chunk_scan_columns(
-        node.dims.dk,
-        metal::gpu_chunk(match node.form {
-            Form::Chunked { chunk } => chunk,
-            _ => unreachable!("checked above"),
-        }),
-        limit,
-    );
+    let chunk = metal::gpu_chunk(match node.form {
+        Form::Chunked { chunk } => chunk,
+        _ => unreachable!("checked above"),
+    });
+    let mut columns = metal::chunk_scan_columns(node.dims.dk, chunk, limit);
+    // MLXK_CHUNK_SCAN_COLUMNS=8|16|32: a narrower scan tile than the widest that fits (tuning:
+    // more threadgroups, each with less work; the results do not change beyond rounding).
+    if let Some(vt) = std::env::var("MLXK_CHUNK_SCAN_COLUMNS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if [8, 16, 32].contains(&vt) && vt <= columns {
+            columns = vt;
+        }
+    }
     let make_scan = || {
         let mut names: Vec<String> = node
             .metal_inputs()
