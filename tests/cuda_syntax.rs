@@ -249,7 +249,7 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     let inputs = gated_delta_inputs(&prep, &n, fused_gates);
                     check(
                         format!(
-                            "chunk prep {dtype:?} masked={masked} C={chunk} Dk={dk} fused                              gates={fused_gates}"
+                            "chunk prep {dtype:?} masked={masked} C={chunk} Dk={dk} fused gates={fused_gates}"
                         ),
                         prep,
                         inputs,
@@ -262,16 +262,19 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     if fused_gates {
                         names.extend(["a_log".to_string(), "dt_bias".to_string()]);
                     }
-                    let vt = chunk_scan_columns(dk, chunk, 48 * 1024);
-                    let scan = gated_delta_chunk_scan_launch(&n, names, vt);
-                    let inputs = gated_delta_inputs(&scan, &n, fused_gates);
-                    check(
-                        format!(
-                            "chunk scan {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt}                              fused gates={fused_gates}"
-                        ),
-                        scan,
-                        inputs,
-                    );
+                    // The launch's tile, and the others MLXK_CHUNK_SCAN_COLUMNS or Metal take.
+                    let vt = chunk_scan_columns_for(dk, chunk, true);
+                    for vt in [vt, 8, 32] {
+                        let scan = gated_delta_chunk_scan_launch(&n, names.clone(), vt);
+                        let inputs = gated_delta_inputs(&scan, &n, fused_gates);
+                        check(
+                            format!(
+                                "chunk scan {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt} fused gates={fused_gates}"
+                            ),
+                            scan,
+                            inputs,
+                        );
+                    }
                 }
             }
         }

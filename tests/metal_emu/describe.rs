@@ -485,7 +485,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let l = if *scan {
                 let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
                 let limit = if *cuda { 48 * 1024 } else { 32 * 1024 };
-                let vt = metal::chunk_scan_columns(u(d.dk), cg, limit);
+                let vt = metal::chunk_scan_columns_for(u(d.dk), cg, *cuda);
                 let bh = d.b * d.hv;
                 inputs.extend([
                     ("w", F32, vec![bh, rows, d.dk]),

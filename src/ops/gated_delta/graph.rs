@@ -291,17 +291,14 @@ pub(super) fn build_gpu_chunked(
         .collect::<std::result::Result<Vec<_>, _>>()?;
 
     // The scan launch: the exact launch's inputs (names as that launch's), then the parts.
-    let limit = match gpu {
-        Backend::Cuda { .. } => 48 * 1024,
-        _ => 32 * 1024,
-    };
     let chunk = metal::gpu_chunk(match node.form {
         Form::Chunked { chunk } => chunk,
         _ => unreachable!("checked above"),
     });
-    let mut columns = metal::chunk_scan_columns(node.dims.dk, chunk, limit);
-    // MLXK_CHUNK_SCAN_COLUMNS=8|16|32: a narrower scan tile than the widest that fits (tuning:
-    // more threadgroups, each with less work; the results do not change beyond rounding).
+    let cuda = matches!(gpu, Backend::Cuda { .. });
+    let mut columns = metal::chunk_scan_columns_for(node.dims.dk, chunk, cuda);
+    // MLXK_CHUNK_SCAN_COLUMNS=8|16|32: a narrower scan tile than the launch's own (tuning: more
+    // threadgroups, each with less work; the results do not change beyond rounding).
     if let Some(vt) = std::env::var("MLXK_CHUNK_SCAN_COLUMNS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
