@@ -528,3 +528,32 @@ fn chunk_templates(l: &mut MetalLaunch, n: &gated_delta::Node, chunk: usize) {
     l.template_dtype_names = names(&["InT"]);
     l.template_dtype_values = vec![n.dtype as i32];
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_launches_fit_threadgroup_memory() {
+        for dk in (32..=256).step_by(32) {
+            for requested in (16..=128).step_by(16) {
+                let c = gpu_chunk(requested);
+                assert!(c <= GPU_MAX_CHUNK && c.is_multiple_of(16) && c == requested.min(64));
+                let panels = (2 * 16 * (c + 1)).max(16 * dk);
+                let scan = |vt: usize| 4 * (dk * vt + c * vt + panels);
+                let metal = chunk_scan_columns_for(dk, c, false);
+                let cuda = chunk_scan_columns_for(dk, c, true);
+                assert!([8, 16, 32].contains(&metal) && scan(metal) <= 32 * 1024);
+                assert!([8, 16].contains(&cuda) && scan(cuda) <= 48 * 1024);
+                // The prep: A, the panel buffer and five gate rows.
+                let prep = 4 * (c * (c + 1) + (2 * 16 * (c + 1)).max(8 * 256) + 5 * c);
+                assert!(prep <= 32 * 1024, "Dk {dk} C {c}: {prep} bytes");
+            }
+        }
+        // The widest tile that fits is taken.
+        assert_eq!(chunk_scan_columns(128, 32, 32 * 1024), 32);
+        assert_eq!(chunk_scan_columns(128, 64, 32 * 1024), 16);
+        assert_eq!(chunk_scan_columns(256, 64, 32 * 1024), 8);
+        assert_eq!(chunk_scan_columns_for(128, 64, true), 16);
+    }
+}
