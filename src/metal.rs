@@ -499,8 +499,8 @@ pub fn chunk_scan_columns(dk: usize, chunk: usize, limit: usize) -> usize {
 /// 32 KB of threadgroup memory (`chunk_scan_columns`); on CUDA at most 16 of the widest that fits
 /// 48 KB, twice the threadgroups of 32-column tiles. Measured on an H200 (B = 1, Hk 16, Hv 32,
 /// Dk = Dv = 128, C = 64; ms a layer at VT = 32 / 16 / 8): T = 512 0.73 / 0.46 / 0.68,
-/// T = 4096 4.00 / 3.15 / 3.14, T = 16384 14.7 / 11.8 / 11.8 (before the scan's panels were
-/// loaded a step ahead).
+/// T = 4096 4.00 / 3.15 / 3.14, T = 16384 14.7 / 11.8 / 11.8 (before the kernels loaded their
+/// panels a step ahead).
 pub fn chunk_scan_columns_for(dk: usize, chunk: usize, cuda: bool) -> usize {
     if cuda {
         chunk_scan_columns(dk, chunk, 48 * 1024).min(16)

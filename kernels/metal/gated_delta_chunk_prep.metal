@@ -28,6 +28,7 @@
     constexpr int JW = 256;       // right-hand side columns a pass (8 a lane)
     constexpr int RP = C / 8;     // solution rows a thread owns (8 row blocks)
     constexpr int PE = (C * KP + NT - 1) / NT;  // Gram panel values a thread loads
+    constexpr int XE = (SP * JW + NT - 1) / NT; // right-hand side values a thread loads
     constexpr int SB = 2 * KP * CP > SP * JW ? 2 * KP * CP : SP * JW;
     const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     const int NC = (T + C - 1) / C;
@@ -174,6 +175,21 @@
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
+    // The right-hand sides' first panel (k and v as loaded; 0 where inactive), loaded while the
+    // inversion below runs; each later panel while the one before is used.
+    float xr[XE];
+    for (int i = 0; i < XE; ++i) {
+      const int e = tid + NT * i, s = e / JW, j = e % JW;
+      xr[i] = 0.0f;
+      if (e < SP * JW && on[s] != 0) {
+        if (j < Dk) {
+          xr[i] = static_cast<float>(k[qk0 + size_t(s) * Hk * Dk + j]);
+        } else if (j < NJ) {
+          xr[i] = static_cast<float>(v[v0 + size_t(s) * Hv * Dv + (j - Dk)]);
+        }
+      }
+    }
+
     // (I + A)⁻¹ in place, row by row: Tm[t][s] = −A[t][s] − Σ_{s<u<t} A[t][u] Tm[u][s].
     for (int t = 1; t < C; ++t) {
       float x = 0.0f;
@@ -197,20 +213,36 @@
       }
       for (int s0 = 0; s0 < C; s0 += SP) {
         threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-        for (int e = tid; e < SP * JW; e += NT) {
-          const int ss = e / JW, j = j0 + e % JW, s = s0 + ss;
-          float x = 0.0f;
-          if (j < Dk) {
-            float kv = 0.0f;
-            if (on[s] != 0) kv = static_cast<float>(k[qk0 + size_t(s) * Hk * Dk + j]);
-            x = (bl[s] * gm[s]) * kv;
-            kd[(row0 + s) * Dk + j] = gs[s] * kv;
-          } else if (j < NJ && on[s] != 0) {
-            x = bl[s] * static_cast<float>(v[v0 + size_t(s) * Hv * Dv + (j - Dk)]);
+        for (int i = 0; i < XE; ++i) {
+          const int e = tid + NT * i, ss = e / JW, j = j0 + e % JW, s = s0 + ss;
+          if (e < SP * JW) {
+            float x = 0.0f;
+            if (j < Dk) {
+              x = (bl[s] * gm[s]) * xr[i];
+              kd[(row0 + s) * Dk + j] = gs[s] * xr[i];
+            } else if (j < NJ) {
+              x = bl[s] * xr[i];
+            }
+            sb[e] = x;
           }
-          sb[e] = x;
         }
         threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        {
+          // The next panel: s0 + SP of this pass, or the first of the next.
+          const int nj0 = s0 + SP < C ? j0 : j0 + JW;
+          const int ns0 = s0 + SP < C ? s0 + SP : 0;
+          for (int i = 0; i < XE; ++i) {
+            const int e = tid + NT * i, s = ns0 + e / JW, j = nj0 + e % JW;
+            xr[i] = 0.0f;
+            if (e < SP * JW && nj0 < NJ && on[s] != 0) {
+              if (j < Dk) {
+                xr[i] = static_cast<float>(k[qk0 + size_t(s) * Hk * Dk + j]);
+              } else if (j < NJ) {
+                xr[i] = static_cast<float>(v[v0 + size_t(s) * Hv * Dv + (j - Dk)]);
+              }
+            }
+          }
+        }
         if (s0 < (rb + 1) * RP) {  // Tm[t][s] = 0 for s > t
           for (int ss = 0; ss < SP; ++ss) {
             const int s = s0 + ss;
