@@ -19,7 +19,8 @@
 //   fromconvtokens  the from_conv kernel (one node) against the head split's and the
 //            recurrence's kernels (two nodes) at B = 1, 8, 32 and T = 1, 2, 4, 8
 //   prefill  mlxk_gated_delta_update over T = 512, 4096, 16384, B = 1, one layer, and
-//            mlxk_gated_delta_update_chunked (the GPU chunked form, chunks of 32 and 64);
+//            mlxk_gated_delta_update_chunked (the GPU chunked form, chunks of 32 and 64, and
+//            64 with the scan's tile narrowed to 8 columns);
 //            mx::fast beside them to T = 4096
 //   pipelined decode, replay, split and norm again (floor and mlxkern) with one graph in
 //            flight while the next is built, as generate loops run (rows ", pipelined"), and
