@@ -18,7 +18,10 @@
 //   fromconvrows  the from_conv kernel at 4, 8, 16 value rows a warp (B = 8, 32), pipelined
 //   fromconvtokens  the from_conv kernel (one node) against the head split's and the
 //            recurrence's kernels (two nodes) at B = 1, 8, 32 and T = 1, 2, 4, 8
-//   prefill  mlxk_gated_delta_update over T = 4096, B = 1, one layer; mx::fast beside it
+//   prefill  mlxk_gated_delta_update over T = 512, 4096, 16384, B = 1, one layer, and
+//            mlxk_gated_delta_update_chunked (the GPU chunked form, chunks of 32 and 64, and
+//            64 with the scan's tile narrowed to 8 columns);
+//            mx::fast beside them to T = 4096
 //   pipelined decode, replay, split and norm again (floor and mlxkern) with one graph in
 //            flight while the next is built, as generate loops run (rows ", pipelined"), and
 //            the dispatch group's custom copies at B = 1 and 32
@@ -246,7 +249,9 @@ int main() {
     copies(CustomCopies(), warmup, iters);
     pipelined = false;
   });
-  guarded("prefill", [&] { prefill(4096, 2, quick ? 3 : 10); });
+  guarded("prefill", [&] {
+    for (int t : {512, 4096, 16384}) prefill(t, 2, quick ? 3 : 10);
+  });
   guarded("dispatch", [&] { dispatch(warmup, iters); });
   guarded("grad", [&] {
     for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5);

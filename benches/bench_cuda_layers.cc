@@ -192,9 +192,34 @@ void prefill(int t, int warmup, int iters) {
     auto r = mx::fast::gated_delta_update(x.q, x.k, x.v, g, beta, x.state);
     mx::eval(r);
   };
+  // The chunked (WY) form on the GPU: the prep and scan kernels (kernels/metal/
+  // gated_delta_chunk_*.metal), at the default chunk (32) and at 64.
+  auto chunked = [&](int chunk) {
+    return [&, chunk] {
+      auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };
+      auto st = h(x.state);
+      auto r = mlxk::gated_delta_update_chunked(h(x.q), h(x.k), h(x.v), h(x.a), h(x.b),
+                                                h(x.a_log), h(x.dt_bias), &st, nullptr, chunk);
+      mx::eval({r.y.to_mlx(), r.state.to_mlx()});
+    };
+  };
   const double bytes = update_bytes(1, t);
-  const double o = time_us(ours, warmup, iters);
+  const bool slow = t > 4096;  // the exact kernel's time grows with T: fewer iterations
+  const double o = time_us(ours, slow ? 1 : warmup, slow ? 3 : iters);
   row("prefill", name, "mlxkern", o, 1, bytes, 0);
+  for (int chunk : {32, 64}) {
+    const double c = time_us(chunked(chunk), warmup, iters);
+    row("prefill", name, "mlxkern chunked C=" + std::to_string(chunk), c, 1, bytes, 0);
+    std::printf("prefill  mlxkern / mlxkern chunked C=%d = %.2fx\n", chunk, o / c);
+  }
+  // The scan with a narrower tile than the library's choice (MLXK_CHUNK_SCAN_COLUMNS).
+  for (const char* vt : {"8"}) {
+    setenv("MLXK_CHUNK_SCAN_COLUMNS", vt, 1);
+    const double c = time_us(chunked(64), warmup, iters);
+    row("prefill", name, std::string("mlxkern chunked C=64 VT=") + vt, c, 1, bytes, 0);
+  }
+  unsetenv("MLXK_CHUNK_SCAN_COLUMNS");
+  if (t > 4096) return;  // mx::fast (MLX CUDA's ops fallback) takes seconds there
   const double m = time_us(fast, 1, 3);
   row("prefill", name, "mlx fast", m, 1, bytes, 0);
   std::printf("prefill  mlx fast / mlxkern = %.1fx\n", m / o);

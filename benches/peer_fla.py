@@ -1,8 +1,9 @@
 """fla's fused recurrent Gated DeltaNet kernel (fla-core, Triton over PyTorch) on the same
 shapes as the decode rows of `make bench-cuda` (benches/bench_cuda_layers.cc): B = 1, 8, 32,
 256, T = 1, Qwen3.5-35B-A3B dims, 30 layers with their own states per timed step; plus
-PyTorch's own elementwise op over the same states (the floor outside MLX). Writes JSON lines to
-argv[1] and prints a table.
+PyTorch's own elementwise op over the same states (the floor outside MLX); and fla's chunked
+forward on the prefill rows' shapes (T = 512, 4096, 16384). Writes JSON lines to argv[1] and
+prints a table.
 
 fla keeps its state as [B, H, K, V] and takes log-space gates; the work per token is the same.
 """
@@ -108,7 +109,47 @@ def decode(batch):
         print(f"peer_fla: CUDA graph capture failed ({type(e).__name__}: {e})")
 
 
-if len(sys.argv) > 2:  # one batch size, in its own process (a CUDA fault ends only that one)
+def prefill():
+    """fla's chunked forward (chunk_gated_delta_rule) over T = 512, 4096, 16384, B = 1, one
+    layer, from a given state with the final state out: the peer of the prefill rows."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as e:  # pragma: no cover - reported, not fatal
+        print(f"peer_fla: chunk_gated_delta_rule is not importable ({e}); skipped")
+        return
+    dev = torch.device("cuda")
+    bf = torch.bfloat16
+    for t in (512, 4096, 16384):
+        q = torch.nn.functional.normalize(torch.randn(1, t, HK, D, device=dev), dim=-1).to(bf)
+        k = torch.nn.functional.normalize(torch.randn(1, t, HK, D, device=dev), dim=-1).to(bf)
+        v = torch.randn(1, t, HV, D, device=dev, dtype=bf)
+        g = -torch.nn.functional.softplus(torch.randn(1, t, HV, device=dev))
+        beta = torch.sigmoid(torch.randn(1, t, HV, device=dev)).to(bf)
+        state = torch.randn(1, HV, D, D, device=dev) * 0.1
+        try:
+            chunk_gated_delta_rule(q, k, v, g, beta, initial_state=state, output_final_state=True)
+        except Exception as e:
+            print(f"peer_fla: grouped value heads refused ({type(e).__name__}); key heads repeated")
+            q, k = q.repeat_interleave(HV // HK, 2), k.repeat_interleave(HV // HK, 2)
+
+        def ours():
+            chunk_gated_delta_rule(q, k, v, g, beta, scale=D ** -0.5, initial_state=state,
+                                   output_final_state=True)
+
+        us = timed(ours, warmup=3, iters=10)
+        name = f"prefill T={t} B=1 (1 layer)"
+        bytes_ = HV * D * D * 4 * 2 + t * (2 * HK * D + 2 * HV * D + 2 * HV) * 2
+        print(f"prefill  {name:<34} {'fla chunk':<20} {us:10.2f} us  {bytes_ / us / 1e3:8.1f} GB/s")
+        if out:
+            out.write(json.dumps({"group": "prefill", "case": name, "impl": "fla chunk",
+                                  "us_per_layer": round(us, 3), "bytes_per_layer": bytes_,
+                                  "gbs": round(bytes_ / us / 1e3, 2), "vs_floor": 0.0}) + "\n")
+            out.flush()
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "prefill":  # in its own process, as each batch size
+    prefill()
+elif len(sys.argv) > 2:  # one batch size, in its own process (a CUDA fault ends only that one)
     decode(int(sys.argv[2]))
 else:
     import subprocess
@@ -116,6 +157,6 @@ else:
     print(f"fla peer: torch {torch.__version__}, {torch.cuda.get_device_name()}")
     if out:
         out.close()
-    for b in (1, 8, 32, 256):
-        subprocess.run([sys.executable, __file__, sys.argv[1] if len(sys.argv) > 1 else "",
-                        str(b)], check=False)
+    for b in ("1", "8", "32", "256", "prefill"):
+        subprocess.run([sys.executable, __file__, sys.argv[1] if len(sys.argv) > 1 else "", b],
+                       check=False)

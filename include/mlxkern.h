@@ -424,10 +424,13 @@ mlxk_status mlxk_gated_delta_update_from_conv(const struct mlxk_array *x, const 
  * prefill split into calls at multiples of the chunk size (each passing on the state) gives
  * the same bits as one call.
  *
- * Device: CPU only. With the GPU as the default device it returns MLXK_ERR_UNSUPPORTED (use
- * mlxk_gated_delta_update, whose Metal kernel is the GPU's fast path).
+ * Device: the CPU kernel, or with the GPU as the default device two GPU kernels (the work
+ * within each chunk, then the walk over the chunks; Metal, and MLX CUDA on the same text),
+ * which run chunks of at most 64 tokens (a chunk_size of 128 runs as 64) and give results
+ * within the same bounds; MLX's autograd through them gives mlxk_gated_delta_update's GPU
+ * gradients.
  * Ownership, NULL: as mlxk_gated_delta_update. Errors: those of mlxk_gated_delta_update,
- * MLXK_ERR_INVALID_ARGUMENT (chunk_size), MLXK_ERR_UNSUPPORTED (GPU default device).
+ * MLXK_ERR_INVALID_ARGUMENT (chunk_size).
  * Thread: any. Lazy: computation errors surface at eval/read.
  */
 mlxk_status mlxk_gated_delta_update_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *state, const struct mlxk_array *mask, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **state_out);

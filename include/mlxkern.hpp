@@ -575,9 +575,9 @@ struct DeltaUpdate {
   return result;
 }
 
-/** gated_delta_update in chunked (WY) form: the CPU's faster prefill, equal to the exact update
- * up to float32 rounding (not bit for bit). `chunk_size`: 0 (default, 32) or a multiple of 16
- * in [16, 128]. CPU only (MLXK_ERR_UNSUPPORTED with the GPU as default device). */
+/** gated_delta_update in chunked (WY) form: the faster prefill, equal to the exact update up to
+ * float32 rounding (not bit for bit). `chunk_size`: 0 (default, 32) or a multiple of 16 in
+ * [16, 128]. On the GPU default device: the GPU chunked kernels (chunks of at most 64). */
 [[nodiscard]] inline DeltaUpdate gated_delta_update_chunked(
     const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
     const Array &a_log, const Array &dt_bias, const Array *state = nullptr,

@@ -7,7 +7,10 @@
 #           benches/peer_fla_chunk.py: chunked prefill, forward + backward) and the chart
 #   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone
 #   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
-# Usage: scripts/cuda-device.sh [test] [bench] [grad] [pool] (test and bench by default). Logs, JSON and the chart go
+#   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
+#           prefill rows and fla's chunked forward beside them
+# Usage: scripts/cuda-device.sh [test] [bench] [grad] [pool] [chunked] (test and bench by
+# default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +36,20 @@ if [[ " $what " == *" pool "* ]]; then
   MLXK_BENCH_ONLY=pool,packed MLXK_BENCH_JSON=$out/bench-pool.jsonl "$carry/bench_cuda" 2>&1 |
     tee "$out/bench-pool.log"
   status=$((status | PIPESTATUS[0]))
+fi
+if [[ " $what " == *" chunked "* ]]; then
+  MLXK_CUDA_ONLY=chunked "$carry/test_cuda" --test-threads=1 --nocapture 2>&1 |
+    tee "$out/test-chunked.log"
+  status=$((status | PIPESTATUS[0]))
+  "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-chunked.log"
+  status=$((status | PIPESTATUS[0]))
+  MLXK_BENCH_ONLY=prefill MLXK_BENCH_JSON=$out/bench-prefill.jsonl "$carry/bench_cuda" 2>&1 |
+    tee "$out/bench-prefill.log"
+  status=$((status | PIPESTATUS[0]))
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \
+    "$carry"/wheels/*.whl >/dev/null 2>&1
+  PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla.py "$out/fla-prefill.jsonl" \
+    prefill 2>&1 | tee "$out/fla-prefill.log"
 fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)

@@ -188,21 +188,13 @@ impl GpuKernels {
     }
 }
 
-/// The backend a default device of GPU (`true`) or CPU would give.
-fn as_if(gpu: bool) -> Backend {
-    if gpu {
-        Backend::Metal { gpu: true }
-    } else {
-        Backend::Cpu
-    }
-}
-
-/// `mlxk_gated_delta_update_chunked` as if the default device were (`gpu = true`) or were not
-/// the GPU.
+/// `mlxk_gated_delta_update_chunked` forced through the GPU launches (the prep and scan
+/// kernels; see [`gated_delta_update_via_gpu`]).
 ///
 /// # Safety
 /// `y` and `state_out` are NULL or valid for writing one handle each.
-pub unsafe fn gated_delta_update_chunked_as_if(
+pub unsafe fn gated_delta_update_chunked_via_gpu(
+    kernels: GpuKernels,
     gpu: bool,
     args: [*const mlxk_array; 9],
     chunk_size: i32,
@@ -212,8 +204,8 @@ pub unsafe fn gated_delta_update_chunked_as_if(
     // SAFETY: forwarded contract on `y` and `state_out`.
     unsafe {
         gated_delta::update(
-            "mlxk_gated_delta_update_chunked",
-            Form::Chunked(chunk_size, Some(as_if(gpu))),
+            &kernels.label("mlxk_gated_delta_update_chunked"),
+            Form::Chunked(chunk_size, Some(kernels.backend(gpu))),
             args,
             y,
             state_out,

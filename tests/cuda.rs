@@ -16,12 +16,15 @@
 //! - the chunked form's GPU backward (tests/cuda_chunked_grad/) within bounds of the CPU
 //!   backward and of a float64 backward, T up to 4096;
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
-//! - argument errors, the memory limit and the chunked form's refusal are unchanged with the
-//!   GPU as default device.
+//! - the chunked form (tests/cuda_chunked/) within docs/DESIGN.md §4's chunked bounds of the
+//!   exact update, of the CPU chunked form and of a float64 recurrence;
+//! - argument errors (the chunk size's too) and the memory limit are unchanged with the GPU as
+//!   default device.
 //!
 //! Run it alone (`--test-threads=1`): the default device is process-wide.
 
 mod common;
+mod cuda_chunked;
 mod cuda_chunked_grad;
 mod cuda_pool;
 use common::*;
@@ -501,16 +504,14 @@ fn errors_on_the_gpu(rng: &mut Rng) {
     ok(mlxk_set_memory_limit(0));
     expect_err(
         unsafe {
-            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 64, &mut y, &mut st)
+            mlxk_gated_delta_update_chunked(q, k, v, a, b, al, dt, s, m, 24, &mut y, &mut st)
         },
-        MLXK_ERR_UNSUPPORTED,
-        &["CPU only"],
+        MLXK_ERR_INVALID_ARGUMENT,
+        &["chunk_size"],
     );
     on_gpu(false);
     u.free();
-    println!(
-        "PASS: shape errors, the memory limit and the chunked form's refusal unchanged on the GPU"
-    );
+    println!("PASS: shape errors, the chunk size's and the memory limit unchanged on the GPU");
 }
 
 /// mlxk_compute_g on both devices: how many gates MLX CUDA's ops round differently.
@@ -567,6 +568,12 @@ fn cuda_kernels_match_the_cpu_kernels() {
         return;
     }
     let mut rng = Rng::fresh();
+    if std::env::var("MLXK_CUDA_ONLY").as_deref() == Ok("chunked") {
+        // scripts/cuda-device.sh chunked: the chunked form's cases alone.
+        cuda_chunked::chunked_within_bounds(&mut rng);
+        println!("PASS: test-cuda (chunked only): the chunked form within its bounds");
+        return;
+    }
     let (bf16, f16, f32) = (MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32);
     gates(&mut rng);
     // B, T, Hk, Hv, Dk, Dv: decode, prefill, GQA 1-4, Dk 32-256, Dv != Dk and odd, B to 64.
@@ -625,6 +632,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
     }
     cuda_pool::pool_calls_match_the_cpu(&mut rng);
     cuda_chunked_grad::chunked_backward_matches(&mut rng);
+    cuda_chunked::chunked_within_bounds(&mut rng);
     decode_loop(&mut rng);
     errors_on_the_gpu(&mut rng);
     println!("PASS: test-cuda: every kernel on MLX CUDA matches the CPU kernels");

@@ -149,6 +149,7 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
             "dy" => n.dtype,
             "mask" => Dtype::Bool,
             "lengths" | "Tin" | "rows" => Dtype::Int32,
+            "w" | "u0" | "kd" | "p" | "gam" => Dtype::Float32,
             "a_log" => n.gates.a_log,
             "dt_bias" => n.gates.dt_bias,
             other => panic!("{}: unexpected input {other}", l.name),
@@ -263,6 +264,50 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                         l,
                         inputs,
                     );
+                }
+            }
+            // The chunked form's two launches (src/ops/gated_delta/graph.rs
+            // `build_gpu_chunked`), gates fused and from MLX ops, Dk 128 and 256 (the scan's
+            // tile of 32 and of 16 value columns).
+            for (chunk, dk) in [(32, 128), (64, 256)] {
+                let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk }, masked);
+                n.dims.dk = dk;
+                for fused_gates in [true, false] {
+                    let prep = gated_delta_chunk_prep_launch(&n);
+                    let prep = if fused_gates {
+                        cuda::with_fused_gates(prep)
+                    } else {
+                        prep
+                    };
+                    let inputs = gated_delta_inputs(&prep, &n, fused_gates);
+                    check(
+                        format!(
+                            "chunk prep {dtype:?} masked={masked} C={chunk} Dk={dk} fused gates={fused_gates}"
+                        ),
+                        prep,
+                        inputs,
+                    );
+                    let mut names: Vec<String> = n
+                        .metal_inputs()
+                        .iter()
+                        .map(|i| i.name().to_string())
+                        .collect();
+                    if fused_gates {
+                        names.extend(["a_log".to_string(), "dt_bias".to_string()]);
+                    }
+                    // The launch's tile, and the others MLXK_CHUNK_SCAN_COLUMNS or Metal take.
+                    let vt = chunk_scan_columns_for(dk, chunk, true);
+                    for vt in [vt, 8, 32] {
+                        let scan = gated_delta_chunk_scan_launch(&n, names.clone(), vt);
+                        let inputs = gated_delta_inputs(&scan, &n, fused_gates);
+                        check(
+                            format!(
+                                "chunk scan {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt} fused gates={fused_gates}"
+                            ),
+                            scan,
+                            inputs,
+                        );
+                    }
                 }
             }
         }

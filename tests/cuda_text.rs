@@ -47,6 +47,14 @@ fn stripped_kernel_texts_keep_every_token() {
         ),
         ("silu_rms_heads.metal", metal::SILU_RMS_HEADS_SOURCE),
         ("gated_rms_norm.metal", metal::GATED_RMS_NORM_SOURCE),
+        (
+            "gated_delta_chunk_prep.metal",
+            metal::GATED_DELTA_CHUNK_PREP_SOURCE,
+        ),
+        (
+            "gated_delta_chunk_scan.metal",
+            metal::GATED_DELTA_CHUNK_SCAN_SOURCE,
+        ),
     ];
     for (name, text) in texts {
         let stripped = strip_comments(text);

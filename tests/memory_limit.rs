@@ -94,5 +94,28 @@ fn kernels_refuse_results_above_the_limit_before_building() {
     for g in grads {
         free(g);
     }
+
+    // The chunked form on a GPU keeps per-chunk matrices: 2 * 4 * 64 * (2 * 128 + 128 + 32 + 1)
+    // floats (854 KB) here, refused under an 800 KiB limit that its results (y, state) fit.
+    let (mut y, mut s) = (null_mut(), null_mut());
+    ok(mlxk_set_memory_limit(800 * 1024));
+    let status = unsafe {
+        gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
+    };
+    ok(mlxk_set_memory_limit(0));
+    expect_err(
+        status,
+        MLXK_ERR_OUT_OF_MEMORY,
+        &["GPU chunked form's per-chunk matrices", "memory limit"],
+    );
+    assert!(y.is_null() && s.is_null());
+    let status = unsafe {
+        gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
+    };
+    expect_err(
+        status,
+        MLXK_ERR_BACKEND,
+        &[refused_launch(GpuKernels::Cuda)],
+    );
     r.free();
 }

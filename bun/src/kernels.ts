@@ -96,8 +96,8 @@ function updateResult(
  * Arguments, shapes, dtypes, mask, state reuse and results as gatedDeltaUpdate. chunkSize: 0
  * for the default (32), or a multiple of 16 in [16, 128] (InvalidArgumentError otherwise).
  * Without a mask, a prefill split into calls at multiples of the chunk size (each passing on
- * the state) gives the same bits as one call. CPU only: with the GPU as the default device it
- * throws UnsupportedError.
+ * the state) gives the same bits as one call. With the GPU as the default device it runs the
+ * GPU chunked kernels.
  */
 export function gatedDeltaUpdateChunked(
   q: MlxArray,

@@ -28,7 +28,7 @@ pub enum GpuBackend {
 /// Sets the device later kernel calls run on (results already built keep theirs).
 /// [`Device::Gpu`] needs a GPU backend in the loaded MLX: without one it gives
 /// [`Error::Unsupported`](crate::Error::Unsupported) and the default stays as it was. The
-/// chunked update runs on the CPU only and refuses while the GPU is the default.
+/// chunked pool and packed calls run on the CPU only and refuse while the GPU is the default.
 pub fn set_default_device(device: Device) -> Result<()> {
     super::call(|| ops::set_gpu(device == Device::Gpu))
 }

@@ -145,8 +145,10 @@ impl<'a> GatedDelta<'a> {
     /// not bit for bit (decode and speculative verification use `update`). Without a mask, a
     /// prefill split into calls at multiples of the chunk size gives the same bits as one call.
     ///
-    /// Errors: those of `update`; [`Error::InvalidArgument`] (chunk_size);
-    /// [`Error::Unsupported`] with the GPU as the default device (CPU only).
+    /// With the GPU as the default device it runs the GPU chunked kernels (chunks of at most 64
+    /// tokens there; docs/DESIGN.md §3).
+    ///
+    /// Errors: those of `update`; [`Error::InvalidArgument`] (chunk_size).
     pub fn update_chunked(&self, chunk_size: Option<usize>) -> Result<Update> {
         call(|| {
             let chunk = chunk_arg(chunk_size)?;

@@ -376,6 +376,10 @@ std::unique_ptr<Array> array_astype(const Array& a, int32_t dtype, bool gpu) {
   return std::make_unique<Array>(mx::astype(a, to_mlx(dtype), stream_for(gpu)));
 }
 
+std::unique_ptr<Array> array_stop_gradient(const Array& a, bool gpu) {
+  return std::make_unique<Array>(mx::stop_gradient(a, stream_for(gpu)));
+}
+
 std::unique_ptr<ArrayList> list_new() { return std::make_unique<ArrayList>(); }
 void list_push(ArrayList& list, const Array& a) { list.items.push_back(a); }
 size_t list_len(const ArrayList& list) { return list.items.size(); }

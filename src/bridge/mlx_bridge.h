@@ -31,6 +31,7 @@ size_t array_address(const Array& a);
 void array_eval(const Array& a);
 void array_read(const Array& a, rust::Slice<uint8_t> dst);
 std::unique_ptr<Array> array_astype(const Array& a, int32_t dtype, bool gpu);
+std::unique_ptr<Array> array_stop_gradient(const Array& a, bool gpu);
 
 std::unique_ptr<ArrayList> list_new();
 void list_push(ArrayList& list, const Array& a);

@@ -73,6 +73,8 @@ pub mod ffi {
         /// Evaluates `a` and copies its elements row-major into `dst` (exactly nbytes long).
         fn array_read(a: &Array, dst: &mut [u8]) -> Result<()>;
         fn array_astype(a: &Array, dtype: i32, gpu: bool) -> Result<UniquePtr<Array>>;
+        /// `a` through `mx::stop_gradient`: MLX's autograd does not look past it.
+        fn array_stop_gradient(a: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
 
         fn list_new() -> UniquePtr<ArrayList>;
         fn list_push(list: Pin<&mut ArrayList>, a: &Array);

@@ -13,7 +13,7 @@ pub use mlxkern::capi::mlx::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;
 pub use mlxkern::testing::{
-    gated_delta_state_via_gpu, gated_delta_update_chunked_as_if, gated_delta_update_via_gpu,
+    gated_delta_state_via_gpu, gated_delta_update_chunked_via_gpu, gated_delta_update_via_gpu,
     GpuKernels,
 };
 

@@ -1,6 +1,6 @@
 // MLX autograd through mlxkern's GPU kernels (`make test-cuda`; docs/DESIGN.md §4
 // "Gradients"): with the GPU as default device, mx::vjp of a host function that calls the
-// recurrence, the head split, the two in one call (from_conv) and the gated norm (handles
+// recurrence (exact and chunked), the head split, the two in one call (from_conv) and the gated norm (handles
 // shared with the host's arrays) must
 //   - give the forward outputs bit for bit as the inference call does, and
 //   - give gradients for every input within a stated bound of the explicit CPU backward
@@ -43,7 +43,9 @@ double unit(mx::Dtype d) {
   return std::ldexp(1.0, -24);
 }
 
-void near(const std::string& what, const mx::array& gpu, const mx::array& cpu, mx::Dtype dtype) {
+// `rel` (when >= 0) replaces the bound's bound · u with a relative bound of its own.
+void near(const std::string& what, const mx::array& gpu, const mx::array& cpu, mx::Dtype dtype,
+          double rel = -1.0) {
   if (gpu.shape() != cpu.shape()) {
     std::printf("FAIL: %s: shapes differ\n", what.c_str());
     ++failures;
@@ -56,7 +58,8 @@ void near(const std::string& what, const mx::array& gpu, const mx::array& cpu, m
     if (!std::isfinite(g[i])) worst = INFINITY;
     worst = std::max(worst, std::fabs(double(g[i]) - double(c[i])));
   }
-  const double bound = (dtype == mx::float32 ? 64.0 : 8.0) * unit(dtype) * scale;
+  const double bound =
+      (rel >= 0 ? rel : (dtype == mx::float32 ? 64.0 : 8.0) * unit(dtype)) * scale;
   const bool ok = worst <= bound && (c.empty() || scale > 0 || worst == 0);
   std::printf("%s: %s max |gpu - cpu| %.3g (%.2f u of max |cpu| %.3g)\n", ok ? "PASS" : "FAIL",
               what.c_str(), worst, scale > 0 ? worst / scale / unit(dtype) : 0.0, scale);
@@ -140,6 +143,61 @@ void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, b
     // f32 units of their own magnitude with the 16-bit bound.
     near(what + " " + names[i], grads[i], ref[i]->to_mlx(), dtype);
   }
+}
+
+// The chunked update's GPU node (the prep and scan kernels) carries the chunked GPU backward
+// (kernels/metal/gated_delta_chunked_backward.metal): mx::vjp through it gives the exact
+// update's gradients (through its own GPU backward) up to float32 rounding, within 2^-14 of each
+// gradient's largest magnitude plus two units of its dtype (the chunked backward's bound,
+// docs/DESIGN.md §4; 16-bit gradients are rounded once more), and its forward inside mx::vjp is
+// the inference call's.
+void chunked(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool mask, int chunk) {
+  const std::string what = "chunked B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                           " Hv=" + std::to_string(Hv) + " Dk=" + std::to_string(Dk) +
+                           " Dv=" + std::to_string(Dv) + (dtype == mx::float32 ? " f32" : " bf16") +
+                           (mask ? " masked" : "") + " chunk " + std::to_string(chunk);
+  const float qs = 1.0f / std::sqrt(float(Dk));
+  std::vector<mx::array> p = {normal({B, T, Hk, Dk}, dtype, qs), normal({B, T, Hk, Dk}, dtype, qs),
+                              normal({B, T, Hv, Dv}, dtype, 1.0f), normal({B, T, Hv}, dtype, 1.0f),
+                              normal({B, T, Hv}, dtype, 1.0f), normal({Hv}, mx::float32, 0.5f),
+                              normal({Hv}, dtype, 0.5f),
+                              normal({B, Hv, Dv, Dk}, mx::float32, 0.3f)};
+  auto m = mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
+  mx::eval(p);
+  mx::eval(m);
+  auto fun = [&](bool chunked_form) {
+    return [&, chunked_form](const std::vector<mx::array>& x) {
+      mlxk::Array st = h(x[7]);
+      mlxk::Array mk;
+      if (mask) mk = h(m);
+      auto r = chunked_form
+                   ? mlxk::gated_delta_update_chunked(h(x[0]), h(x[1]), h(x[2]), h(x[3]), h(x[4]),
+                                                      h(x[5]), h(x[6]), &st,
+                                                      mask ? &mk : nullptr, chunk)
+                   : mlxk::gated_delta_update(h(x[0]), h(x[1]), h(x[2]), h(x[3]), h(x[4]),
+                                              h(x[5]), h(x[6]), &st, mask ? &mk : nullptr);
+      return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
+    };
+  };
+  auto dy = normal({B, T, Hv, Dv}, dtype, 1.0f);
+  auto ds = normal({B, Hv, Dv, Dk}, mx::float32, 0.5f);
+  mx::eval({dy, ds});
+  mlxk::set_default_device(mlxk::Device::Gpu);
+  auto inference = fun(true)(p);
+  auto [outputs, grads] = mx::vjp(fun(true), p, {dy, ds});
+  auto [exact_outputs, exact_grads] = mx::vjp(fun(false), p, {dy, ds});
+  mx::eval(outputs);
+  mx::eval(grads);
+  mx::eval(exact_grads);
+  mx::eval(inference);
+  identical(what + " y", outputs[0], inference[0]);
+  identical(what + " state", outputs[1], inference[1]);
+  const char* names[] = {"dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"};
+  for (int i = 0; i < 8; ++i) {
+    near(what + " " + names[i] + " (chunked node vs exact update)", grads[i], exact_grads[i],
+         grads[i].dtype(), std::ldexp(1.0, -14) + 2 * unit(grads[i].dtype()));
+  }
+  mlxk::set_default_device(mlxk::Device::Cpu);
 }
 
 void head_split(mx::Dtype dtype) {
@@ -273,6 +331,8 @@ int main() {
     recurrence(3, 70, 1, 3, 32, 7, mx::float32, false, true);
     recurrence(1, 130, 2, 8, 128, 128, mx::bfloat16, true, false);
     recurrence(2, 20, 4, 4, 256, 130, mx::float32, true, false);
+    chunked(2, 100, 2, 4, 128, 128, mx::bfloat16, true, 32);
+    chunked(1, 70, 1, 2, 64, 7, mx::float32, false, 64);
     from_conv(1, 1, 16, 32, 128, 128, mx::bfloat16, false);
     from_conv(2, 9, 2, 4, 64, 24, mx::bfloat16, true);
     from_conv(2, 5, 1, 2, 32, 7, mx::float32, true);

@@ -363,5 +363,40 @@ pub(super) fn cases() -> Vec<Case> {
     // After the others, so that their ids (and so their draws) stay as they were.
     pool_cases(&mut list);
     chunked_backward_cases(&mut list);
+    chunked_cases(&mut list);
     list
+}
+
+/// The chunked update's GPU form: each case twice, its prep launch then its scan launch.
+fn chunked_cases(list: &mut Vec<Case>) {
+    let mut both = |dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, chunk: usize| {
+        // Large value heads also with the CUDA launch's wider scan tile.
+        let geometries: &[bool] = if d.dv >= 32 { &[false, true] } else { &[false] };
+        for &cuda in geometries {
+            for scan in [false, true] {
+                list.push(Case {
+                    kind: Kind::Chunked {
+                        d,
+                        masked,
+                        with_state,
+                        chunk,
+                        scan,
+                        cuda,
+                    },
+                    dtype,
+                    aux: b_dtype,
+                    eps: 0.0,
+                });
+            }
+        }
+    };
+    // GQA, T not a multiple of the chunk, Dk 32 / 128 / 256, odd Dv, absent state, masks with a
+    // fully masked row, chunks 16 / 32 (the default) / 64 / 128 (run as 64).
+    both(BF16, BF16, dims(2, 37, 1, 2, 32, 8), false, true, 16);
+    both(F32, F32, dims(2, 45, 2, 4, 64, 5), true, true, 32);
+    both(F16, F16, dims(1, 70, 1, 3, 128, 7), false, false, 64);
+    both(F32, BF16, dims(2, 33, 1, 2, 256, 3), true, false, 16);
+    both(BF16, F32, dims(1, 20, 2, 2, 128, 33), false, true, 32);
+    both(F32, F32, dims(1, 130, 1, 2, 128, 64), true, true, 64);
+    both(F32, F32, dims(1, 150, 1, 2, 32, 4), false, true, 128);
 }

@@ -547,6 +547,86 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 "masked 0\nwith_state 0\n".to_string(),
             )
         }
+        Kind::Chunked {
+            d,
+            masked,
+            with_state,
+            chunk,
+            scan,
+            cuda,
+        } => {
+            let node = gated_delta_node(d, c, Form::Chunked { chunk: *chunk }, *masked, *with_state);
+            let u = |x: i64| x as usize;
+            let cg = metal::gpu_chunk(*chunk);
+            assert!(cg <= metal::GPU_MAX_CHUNK && cg % 16 == 0);
+            let rows = u(d.t).div_ceil(cg) as i64 * cg as i64;
+            // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the exact
+            // update's launch inputs (q, k, v, g, beta, state_in, mask), the prep launch without
+            // the state; the scan launch then takes the prep launch's outputs.
+            let mut inputs: Inputs = vec![
+                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+                ("g", F32, vec![d.b, d.t, d.hv]),
+                ("beta", c.aux, vec![d.b, d.t, d.hv]),
+            ];
+            if *scan {
+                inputs.push(("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]));
+            }
+            if *masked {
+                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+            }
+            let l = if *scan {
+                let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
+                let limit = if *cuda { 48 * 1024 } else { 32 * 1024 };
+                let vt = metal::chunk_scan_columns_for(u(d.dk), cg, *cuda);
+                let bh = d.b * d.hv;
+                inputs.extend([
+                    ("w", F32, vec![bh, rows, d.dk]),
+                    ("u0", F32, vec![bh, rows, d.dv]),
+                    ("kd", F32, vec![bh, rows, d.dk]),
+                    ("p", F32, vec![bh, rows, cg as i64]),
+                    ("gam", F32, vec![bh, rows]),
+                ]);
+                let l = metal::gated_delta_chunk_scan_launch(&node, names, vt);
+                assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
+                // The scan's threadgroup memory within Metal's 32 KB (CUDA's 48 KB).
+                let panels = (2 * 16 * (cg + 1)).max(16 * u(d.dk));
+                assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= limit);
+                l
+            } else {
+                let l = metal::gated_delta_chunk_prep_launch(&node);
+                assert_eq!(l.grid, [256, (rows / cg as i64) as i32, (d.b * d.hv) as i32]);
+                // The prep's threadgroup memory: A, the panel buffer, five gate rows.
+                let panels = (2 * 16 * (cg + 1)).max(8 * 256);
+                assert!(4 * (cg * (cg + 1) + panels + 5 * cg) <= 32 * 1024);
+                l
+            };
+            assert_eq!(l.threadgroup, [256, 1, 1]);
+            assert_eq!(l.header, if *masked { metal::CHUNK_MASK_HEADER } else { "" });
+            let label = format!(
+                "{} {} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} chunk {} (runs {}){}",
+                if *masked { "masked" } else { "unmasked" },
+                name(c.dtype),
+                name(c.aux),
+                d.b,
+                d.t,
+                d.hk,
+                d.hv,
+                d.hv / d.hk,
+                d.dk,
+                d.dv,
+                chunk,
+                cg,
+                if *with_state { "" } else { " zero-state" }
+            ) + if *cuda { " (CUDA's scan tile)" } else { "" };
+            let extra = format!(
+                "masked {}\nwith_state {}\ncheckpoint {}\n",
+                *masked as i32, *with_state as i32, chunk
+            );
+            let kind = if *scan { "chunk_scan" } else { "chunk_prep" };
+            (l, kind, label, vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv], inputs, extra)
+        }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm_launch(&node::gated_rms_norm::Node {
                 shape: shape.iter().map(|&d| d as usize).collect(),

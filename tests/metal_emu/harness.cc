@@ -151,6 +151,8 @@ int main(int argc, char** argv) {
     if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end()) continue;
     // The chunked backward's later stages run with their stage 0 case.
     if (std::strcmp(c.kind, "backward_chunked_stage") == 0) continue;
+    // A chunk prep case runs with its scan case (the next one).
+    if (std::strcmp(c.kind, "chunk_prep") == 0) continue;
     const Result r = run_case(c);
     char geometry[200];
     std::snprintf(geometry, sizeof geometry,
@@ -160,7 +162,8 @@ int main(int argc, char** argv) {
                   c.threadgroup[2], r.stats.threadgroups, r.stats.threads,
                   r.stats.simd_collectives, r.stats.barriers);
     const KnownDifference* k = variant.empty() ? known_difference(c) : nullptr;
-    const bool tolerance = std::strncmp(c.kind, "backward", 8) == 0;
+    const bool tolerance =
+        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_scan") == 0;
     if (r.exact && k == nullptr) {
       ++(tolerance ? within : passes);
       std::printf("PASS: %s %s %s: %s (%s); %s\n", tag.c_str(), c.kind, c.label,
@@ -196,7 +199,7 @@ int main(int argc, char** argv) {
   }
   const std::string backward =
       within
-          ? "; " + std::to_string(within) + " backward cases within tolerance, invariants exact"
+          ? "; " + std::to_string(within) + " backward and chunked cases within tolerance, invariants exact"
           : "";
   if (known) {
     std::printf("PASS: %s: %d cases bit-identical; %d known differences (README.md)%s\n",

@@ -183,6 +183,8 @@ Built build_pool(const EmuCase& c, Rng& rng);
 
 // harness_backward.cc
 Result run_backward(const EmuCase& c);
+// harness_chunked.cc: a chunk scan case with its prep case, within the chunked bounds.
+Result run_chunked(const EmuCase& c);
 void print_backward_worst();
 
 // A gradient's error against the CPU backward's (harness_backward.cc `grad_error`).

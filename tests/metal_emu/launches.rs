@@ -145,6 +145,18 @@ enum Kind {
     /// The gated norm over the last axis of `shape`; `aux` is the gate's dtype.
     /// `grouped`: with the CUDA launch's threadgroup (up to eight one-SIMD-group rows a block).
     GatedNorm { shape: Vec<i64>, grouped: bool },
+    /// One launch of the chunked update's GPU form (src/ops/gated_delta/graph.rs
+    /// `build_gpu_chunked`): the prep launch, or (`scan`) the scan launch, whose case follows its
+    /// prep case (same draws) and is run with it; `chunk` as the caller passes it.
+    Chunked {
+        d: Dims,
+        masked: bool,
+        with_state: bool,
+        chunk: usize,
+        scan: bool,
+        /// The scan's tile as MLX CUDA's launch picks it (48 KB of shared memory), not Metal's.
+        cuda: bool,
+    },
     /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
     /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
     /// choice). `twin`: the id of a case with the same inputs (same draws) and another
@@ -212,6 +224,8 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/gated_rms_norm.metal",
         "kernels/metal/gated_delta_backward.metal",
         "kernels/metal/gated_delta_chunked_backward.metal",
+        "kernels/metal/gated_delta_chunk_prep.metal",
+        "kernels/metal/gated_delta_chunk_scan.metal",
     ];
     for file in files {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");
@@ -277,6 +291,7 @@ fn main() {
         let seed_id = match case.kind {
             Kind::Backward { twin: Some(t), .. } => t,
             Kind::ChunkedBackward { first, .. } => first,
+            Kind::Chunked { scan: true, .. } => id - 1,
             _ => id,
         };
         let (file, defines) = locate_source(root, &launch);

@@ -228,3 +228,111 @@ impl MetalInputs {
             .expect("zeros made when no state is given")
     }
 }
+
+/// The chunked update's GPU graph (docs/DESIGN.md §3 "Chunked update"): the prep launch (the work
+/// within every chunk, `metal::gated_delta_chunk_prep_launch`), its five outputs behind MLX's
+/// stop_gradient, then the scan launch (`metal::gated_delta_chunk_scan_launch`) over the chunks,
+/// which makes y and the state. The scan node also takes the exact update's launch inputs, in
+/// that launch's order, and carries the exact update's GPU gradient (`gpu_vjp`: the same
+/// function, so MLX's autograd through it gives the exact backward's gradients). `node`:
+/// `Form::Chunked`, dense, B ≥ 1, T ≥ 1.
+pub(super) fn build_gpu_chunked(
+    node: &Node,
+    x: &Arrays,
+    gpu: Backend,
+) -> Result<Vec<UniquePtr<Array>>> {
+    assert!(
+        matches!(node.form, Form::Chunked { .. }) && node.pool.is_none(),
+        "a dense chunked node"
+    );
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
+    let order = gpu_inputs(node, fused, false);
+    let arrays: Vec<&Array> = order
+        .iter()
+        .map(|&input| match input {
+            Input::G => m.g.as_deref().expect("gates made for this launch"),
+            Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
+            Input::State => x.state.unwrap_or_else(|| m.zeros()),
+            other => caller_array(x, other),
+        })
+        .collect();
+    let mut words = vec![fused as i64];
+    words.extend(node.encode());
+
+    // The prep launch: the exact launch's inputs but the state.
+    let prep_inputs: Vec<&Array> = order
+        .iter()
+        .zip(&arrays)
+        .filter(|(&input, _)| input != Input::State)
+        .map(|(_, &a)| a)
+        .collect();
+    let make_prep = || {
+        let l = metal::gated_delta_chunk_prep_launch(node);
+        if fused {
+            cuda::with_fused_gates(l)
+        } else {
+            l
+        }
+    };
+    let mut prep_key = words.clone();
+    prep_key.push(-2);
+    let parts = gpu_node_as(
+        Some(prep_key),
+        make_prep,
+        &prep_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?;
+    let parts = parts
+        .iter()
+        .map(|a| bridge::array_stop_gradient(a, gpu.gpu_stream()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+
+    // The scan launch: the exact launch's inputs (names as that launch's), then the parts.
+    let chunk = metal::gpu_chunk(match node.form {
+        Form::Chunked { chunk } => chunk,
+        _ => unreachable!("checked above"),
+    });
+    let cuda = matches!(gpu, Backend::Cuda { .. });
+    let mut columns = metal::chunk_scan_columns_for(node.dims.dk, chunk, cuda);
+    // MLXK_CHUNK_SCAN_COLUMNS=8|16|32: a narrower scan tile than the launch's own (tuning: more
+    // threadgroups, each with less work; the results do not change beyond rounding).
+    if let Some(vt) = std::env::var("MLXK_CHUNK_SCAN_COLUMNS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        if [8, 16, 32].contains(&vt) && vt <= columns {
+            columns = vt;
+        }
+    }
+    let make_scan = || {
+        let mut names: Vec<String> = node
+            .metal_inputs()
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect();
+        if fused {
+            names.extend(["a_log".to_string(), "dt_bias".to_string()]);
+        }
+        let mut l = metal::gated_delta_chunk_scan_launch(node, names, columns);
+        if fused {
+            l.name.push_str("_gates");
+        }
+        l
+    };
+    let mut scan_inputs = arrays.clone();
+    scan_inputs.extend(parts.iter().map(|a| &**a));
+    let mut scan_key = words.clone();
+    scan_key.extend([-3, columns as i64]);
+    let vjp = Some((Kernel::GatedDelta, crate::ops::gpu_vjp_params(gpu, words)));
+    gpu_node_as(
+        Some(scan_key),
+        make_scan,
+        &scan_inputs,
+        gpu,
+        vjp,
+        GpuLaunch::Plain,
+    )
+}

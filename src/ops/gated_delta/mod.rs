@@ -339,8 +339,11 @@ pub fn check_chunk(chunk: i32) -> Result<usize> {
     }
 }
 
-/// Builds the chunked (WY-form) recurrence on the CPU: returns `(y, state_out)`, lazy. The
-/// same arguments as `update` plus the chunk size (0 = default); no Metal form exists.
+/// Builds the chunked (WY-form) recurrence: returns `(y, state_out)`, lazy. The same arguments
+/// as `update` plus the chunk size (0 = default). On the CPU the chunked kernel
+/// (`crate::cpu::chunked`); on a GPU the two chunked launches (`graph::build_gpu_chunked`),
+/// which run chunks of at most `metal::GPU_MAX_CHUNK` tokens; a call without a token or a batch
+/// row runs the exact update's launch (its results: y empty, the state unchanged).
 pub fn update_chunked(
     x: &Inputs,
     chunk: i32,
@@ -349,16 +352,40 @@ pub fn update_chunked(
     // The chunk size first: it is an argument, the memory check in check_update a resource.
     let chunk = check_chunk(chunk)?;
     let mut node = check_update(x)?;
-    if backend != Backend::Cpu {
-        return Err(Error::Unsupported(
-            "the chunked form runs on the CPU only and the default device is the GPU; use \
-             mlxk_gated_delta_update there (its Metal kernel is the fast path), or select \
-             MLXK_DEVICE_CPU"
-                .into(),
-        ));
+    if backend == Backend::Cpu {
+        node.form = Form::Chunked { chunk };
+        return Ok(two_outputs(build(&node, &x.arrays(), Backend::Cpu)?));
+    }
+    if node.dims.b == 0 || node.dims.t == 0 {
+        return Ok(two_outputs(build(&node, &x.arrays(), backend)?));
     }
     node.form = Form::Chunked { chunk };
-    Ok(two_outputs(build(&node, &x.arrays(), Backend::Cpu)?))
+    check_chunked_gpu(&node)?;
+    Ok(two_outputs(graph::build_gpu_chunked(
+        &node,
+        &x.arrays(),
+        backend,
+    )?))
+}
+
+/// The GPU chunked form's scratch (the prep launch's outputs, float32): W, U0, the decayed keys,
+/// P and γ, `B·Hv·Tp·(2 Dk + Dv + C + 1)` floats with Tp = T rounded up to the chunk.
+fn check_chunked_gpu(node: &Node) -> Result<()> {
+    let d = node.dims;
+    let c = match node.form {
+        Form::Chunked { chunk } => crate::metal::gpu_chunk(chunk),
+        _ => unreachable!("a chunked node"),
+    };
+    let rows = (d.t.div_ceil(c) * c) as u64;
+    let per_row = (2 * d.dk + d.dv + c + 1) as u64;
+    let bytes = 4u64
+        .saturating_mul((d.b * d.hv) as u64)
+        .saturating_mul(rows)
+        .saturating_mul(per_row);
+    memory::check_bytes(
+        "the GPU chunked form's per-chunk matrices (internal)",
+        bytes,
+    )
 }
 
 impl Inputs<'_> {

@@ -354,7 +354,11 @@ pub(crate) fn gpu_vjp(
     } else {
         node.metal_inputs()
     };
-    if order.len() != primals.len() || cotangents.len() != 2 {
+    // The chunked form's scan node takes its per-chunk matrices after the exact update's
+    // inputs (graph::build_gpu_chunked); they stand behind stop_gradient and get zeros.
+    let extra = matches!(node.form, Form::Chunked { .. })
+        && primals.len() == order.len() + metal::CHUNK_PARTS.len();
+    if (order.len() != primals.len() && !extra) || cotangents.len() != 2 {
         return Err(malformed());
     }
     let find = |input: Input| order.iter().position(|&i| i == input).map(|i| primals[i]);
@@ -420,7 +424,11 @@ pub(crate) fn gpu_vjp(
         by_input.push((Input::G, bridge::array_astype(&dg, g_dtype, gpu)?));
         by_input.push((Input::Beta, bridge::array_astype(&dbeta, beta_dtype, gpu)?));
     }
-    order
+    let parts = primals[order.len()..]
+        .iter()
+        .map(|p| crate::ops::zeros_like(p))
+        .collect::<Result<Vec<_>>>()?;
+    let mut grads = order
         .iter()
         .zip(primals)
         .map(
@@ -429,7 +437,9 @@ pub(crate) fn gpu_vjp(
                 None => crate::ops::zeros_like(primal),
             },
         )
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    grads.extend(parts);
+    Ok(grads)
 }
 
 /// MLX's autograd through a GPU node of the update from the convolution's output

@@ -104,8 +104,8 @@ extension MLXKern {
     /// - Returns: `y` `[B, T, Hv, Dv]` in q's dtype and the new `state` `[B, Hv, Dv, Dk]`
     ///   float32, both lazy.
     /// - Throws: `MLXKError` `.shape` or `.dtype` naming the argument at fault,
-    ///   `.invalidArgument` naming `chunk_size`, `.unsupported` when the default device is
-    ///   the GPU (this form runs on the CPU only).
+    ///   `.invalidArgument` naming `chunk_size`. With the GPU as the default device it runs
+    ///   the GPU chunked kernels.
     public static func gatedDeltaUpdateChunked(
         q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
         aLog: MLXKArray, dtBias: MLXKArray, state: MLXKArray? = nil, mask: MLXKArray? = nil,

@@ -1,0 +1,187 @@
+// The chunked update's GPU form (kernels/metal/gated_delta_chunk_{prep,scan}.metal): a scan case
+// runs its prep case (the case before it, same draws) and then itself, as
+// src/ops/gated_delta/graph.rs `build_gpu_chunked` chains them, and compares y and the state
+// within docs/DESIGN.md §4's chunked bounds (not bit for bit: the chunked form sums in another
+// order) with
+//   - a float64 recurrence on the kernel's own gates: y within one ulp of its dtype plus 2e-5 of
+//     the largest |y|, the state within 2e-5 of the largest |state|;
+//   - the CPU chunked form (mlxk_gated_delta_update_chunked, same chunk size): within the sum of
+//     the two forms' bounds (two ulps plus 4e-5 of the largest magnitude; 4e-5 for the state).
+// A masked token's y must be +0 exactly. Masked cases with B ≥ 2 have row 0 fully masked.
+
+#include "harness.h"
+
+namespace harness {
+namespace {
+
+// One ulp of `dtype` at |x| (the spacing of the dtype's values around x).
+double ulp(int dtype, double x) {
+  const int mantissa = dtype == MLXK_DTYPE_BFLOAT16 ? 7 : dtype == MLXK_DTYPE_FLOAT16 ? 10 : 23;
+  const double ax = std::fabs(x);
+  if (ax == 0.0) return 0.0;
+  int e = 0;
+  std::frexp(ax, &e);  // ax = m 2^e, m in [0.5, 1)
+  return std::ldexp(1.0, e - 1 - mantissa);
+}
+
+// The float64 recurrence on the kernel's gates: y [B, T, Hv, Dv], state [B, Hv, Dv, Dk].
+void recurrence64(const int64_t* dims, const RecurrenceDraw& x, const Tensor& g,
+                  const Tensor& beta, bool masked, std::vector<double>* y,
+                  std::vector<double>* state) {
+  const int64_t B = dims[0], T = dims[1], Hk = dims[2], Hv = dims[3], Dk = dims[4], Dv = dims[5];
+  y->assign(static_cast<size_t>(B * T * Hv * Dv), 0.0);
+  state->assign(static_cast<size_t>(B * Hv * Dv * Dk), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t hv = 0; hv < Hv; ++hv) {
+      const int64_t hk = hv / (Hv / Hk);
+      double* S = state->data() + (b * Hv + hv) * Dv * Dk;
+      for (int64_t i = 0; i < Dv * Dk; ++i) S[i] = x.state.get((b * Hv + hv) * Dv * Dk + i);
+      for (int64_t t = 0; t < T; ++t) {
+        if (masked && x.mask.get(b * T + t) == 0.0f) continue;
+        const double decay = g.get((b * T + t) * Hv + hv);
+        const double bt = beta.get((b * T + t) * Hv + hv);
+        const int64_t qk0 = ((b * T + t) * Hk + hk) * Dk;
+        const int64_t v0 = ((b * T + t) * Hv + hv) * Dv;
+        for (int64_t d = 0; d < Dv; ++d) {
+          double* row = S + d * Dk;
+          double kv = 0.0;
+          for (int64_t j = 0; j < Dk; ++j) {
+            row[j] *= decay;
+            kv += row[j] * x.k.get(qk0 + j);
+          }
+          const double delta = (x.v.get(v0 + d) - kv) * bt;
+          double out = 0.0;
+          for (int64_t j = 0; j < Dk; ++j) {
+            row[j] += x.k.get(qk0 + j) * delta;
+            out += row[j] * x.q.get(qk0 + j);
+          }
+          (*y)[v0 + d] = out;
+        }
+      }
+    }
+  }
+}
+
+// The worst ratio of |got - want| to the bound `abs + ulps * ulp(dtype, want)` over the
+// elements; the first element past its bound in `first`.
+double worst(const Tensor& got, const std::vector<double>& want, int dtype, double abs,
+             double ulps, std::string* first) {
+  double ratio = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got.get(i)) - want[i]);
+    // At least the smallest normal float: GPUs flush subnormal results (so does the emulation).
+    const double bound = std::max(abs + ulps * ulp(dtype, want[i]), 1.1754943508222875e-38);
+    const double r = bound > 0.0 ? err / bound : (err > 0.0 ? 1e30 : 0.0);
+    if (!(r <= 1.0) && first->empty()) {
+      char s[160];
+      std::snprintf(s, sizeof s, "[%zu] %.9g, expected %.9g (bound %.3g)", i, got.get(i),
+                    want[i], bound);
+      *first = s;
+    }
+    if (!(r <= ratio)) ratio = r;
+  }
+  return ratio;
+}
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0.0;
+  for (double v : x) m = std::max(m, std::fabs(v));
+  return m;
+}
+
+std::vector<double> widened(const Tensor& t) {
+  std::vector<double> out(t.count());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = t.get(i);
+  return out;
+}
+
+}  // namespace
+
+Result run_chunked(const EmuCase& c) {
+  size_t count = 0;
+  const EmuCase* cases = emu_cases(&count);
+  const EmuCase* prep = nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    if (cases[i].id == c.id - 1) prep = &cases[i];
+  }
+  if (prep == nullptr || std::strcmp(prep->kind, "chunk_prep") != 0) {
+    die("case %d: a chunk scan case follows its prep case", c.id);
+  }
+  const int64_t B = c.dims[0], T = c.dims[1];
+  const bool masked = c.masked != 0;
+  Rng rng{c.seed ^ g_seed_offset};
+  RecurrenceDraw x = draw_recurrence(c, rng);
+  if (masked && B >= 2) {
+    for (int64_t t = 0; t < T; ++t) x.mask.set(static_cast<size_t>(t), 0.0f);
+  }
+  Tensor g, beta;
+  gates_for_kernel(c, x, &g, &beta);
+
+  Named inputs;
+  inputs["q"] = x.q;
+  inputs["k"] = x.k;
+  inputs["v"] = x.v;
+  inputs["g"] = g;
+  inputs["beta"] = beta;
+  inputs["state_in"] = x.state;
+  if (masked) inputs["mask"] = x.mask;
+  Result r;
+  emu::Stats prep_stats;
+  std::vector<Tensor> parts = launch_kernel(*prep, inputs, &prep_stats);
+  for (int i = 0; i < prep->n_outputs; ++i) inputs[prep->outputs[i].name] = parts[i];
+  std::vector<Tensor> outputs = launch_kernel(c, inputs, &r.stats);
+  r.stats.threadgroups += prep_stats.threadgroups;
+  r.stats.threads += prep_stats.threads;
+  r.stats.barriers += prep_stats.barriers;
+  const Tensor& y = outputs[0];
+  const Tensor& state = outputs[1];
+
+  // The CPU chunked form on the same draws.
+  Handle hq(x.q), hk(x.k), hv(x.v), ha(x.a), hb(x.b), ha_log(x.a_log), hdt(x.dt_bias);
+  Handle hstate, hmask, cy, cs;
+  auto adopt = [](Handle& h, const Tensor& t) {
+    std::vector<int32_t> shape(t.shape.begin(), t.shape.end());
+    check(mlxk_array_new(t.bytes.data(), shape.data(), shape.size(), t.dtype, &h.a),
+          "mlxk_array_new");
+  };
+  if (c.with_state) adopt(hstate, x.state);
+  if (masked) adopt(hmask, x.mask);
+  check(mlxk_gated_delta_update_chunked(hq.a, hk.a, hv.a, ha.a, hb.a, ha_log.a, hdt.a, hstate.a,
+                                        hmask.a, c.checkpoint, &cy.a, &cs.a),
+        "mlxk_gated_delta_update_chunked");
+  const Tensor cpu_y = cy.read(), cpu_state = cs.read();
+
+  std::vector<double> y64, s64;
+  recurrence64(c.dims, x, g, beta, masked, &y64, &s64);
+  const double ymax = max_abs(y64), smax = max_abs(s64);
+  std::string first;
+  const double r_y = worst(y, y64, c.dtype, 2e-5 * ymax, 1.0, &first);
+  const double r_s = worst(state, s64, MLXK_DTYPE_FLOAT32, 2e-5 * smax, 0.0, &first);
+  const double r_cy = worst(y, widened(cpu_y), c.dtype, 4e-5 * ymax, 2.0, &first);
+  const double r_cs = worst(state, widened(cpu_state), MLXK_DTYPE_FLOAT32, 4e-5 * smax, 0.0,
+                            &first);
+  // A masked token's y is +0 (all Dv values of every value head).
+  size_t zeros = 0, bad_zeros = 0;
+  if (masked) {
+    const size_t per_token = y.count() / static_cast<size_t>(B * T);
+    for (int64_t bt = 0; bt < B * T; ++bt) {
+      if (x.mask.get(static_cast<size_t>(bt)) != 0.0f) continue;
+      for (size_t i = 0; i < per_token; ++i) {
+        ++zeros;
+        if (y.bits(bt * per_token + i) != 0) ++bad_zeros;
+      }
+    }
+  }
+  char summary[400];
+  std::snprintf(summary, sizeof summary,
+                "worst error / bound: vs float64 y %.3f state %.3f, vs CPU chunked y %.3f state "
+                "%.3f; %zu masked y values, %zu not +0",
+                r_y, r_s, r_cy, r_cs, zeros, bad_zeros);
+  r.summary = summary;
+  r.exact = r_y <= 1.0 && r_s <= 1.0 && r_cy <= 1.0 && r_cs <= 1.0 && bad_zeros == 0;
+  r.detail = first;
+  r.verdict = "within the chunked bounds (float64 recurrence, CPU chunked form)";
+  return r;
+}
+
+}  // namespace harness
