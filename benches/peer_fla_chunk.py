@@ -1,12 +1,12 @@
 """fla's chunked Gated DeltaNet kernel (fla-core 0.6 `chunk_gated_delta_rule`, Triton over
-PyTorch) on the prefill and gradient shapes of `make bench-cuda`: B = 1, Qwen3.5-35B-A3B dims
+PyTorch) differentiated, on the gradient shapes of `make bench-cuda` (its forward alone is the
+prefill peer in benches/peer_fla.py): B = 1, Qwen3.5-35B-A3B dims
 (Hk 16, Hv 32, Dk = Dv = 128), bfloat16 q, k, v and beta, float32 log-space gates, no initial
 state, the final state returned; one layer.
 
     python3 benches/peer_fla_chunk.py OUT.jsonl
 
-Rows (JSON lines appended to OUT.jsonl, group "prefill" or "grad", impl "fla chunk"):
-  prefill T = 512, 4096, 16384    the forward (median of CUDA-event-timed calls)
+Rows (JSON lines appended to OUT.jsonl, group "grad", impl "fla chunk"):
   fwd+bwd T = 512, 4096           forward, then torch.autograd.backward of sum(dy * y) +
                                   sum(dstate * state) to q, k, v, g, beta; where fla refuses
                                   its backward on this GPU and Triton (fla #640: Hopper with
@@ -30,7 +30,7 @@ HK, HV, D = 16, 32, 128
 out = open(sys.argv[1], "a") if len(sys.argv) > 1 and sys.argv[1] else None
 
 
-def timed(step, warmup=5, iters=30):
+def timed(step, warmup=3, iters=15):
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -94,14 +94,6 @@ def call(q, k, v, g, beta):
     return chunk_gated_delta_rule(q, k, v, g, beta, scale=1.0, output_final_state=True)
 
 
-def prefill(tokens):
-    key_heads()
-    xs = inputs(tokens, False)
-    with torch.no_grad():
-        med, lo = timed(lambda: call(*xs))
-    emit("prefill", f"prefill T={tokens}", tokens, med, lo)
-
-
 def fwd_bwd(tokens):
     key_heads()
     xs = inputs(tokens, True)
@@ -120,7 +112,7 @@ def fwd_bwd(tokens):
     except Exception as e:
         emit("grad", f"fwd+bwd T={tokens}", tokens, note=f"refused: {type(e).__name__}: {str(e)[:300]}")
         return
-    med, lo = timed(step, warmup=3, iters=15)
+    med, lo = timed(step)
     emit("grad", f"fwd+bwd T={tokens}", tokens, med, lo)
 
 
@@ -129,7 +121,5 @@ if __name__ == "__main__":
 
     print(f"fla chunk peer: torch {torch.__version__}, triton {triton.__version__},"
           f" {torch.cuda.get_device_name()}")
-    for t in (512, 4096, 16384):
-        prefill(t)
     for t in (512, 4096):
         fwd_bwd(t)

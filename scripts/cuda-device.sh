@@ -4,8 +4,9 @@
 #   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide),
 #           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
 #   bench   build/cuda/carry/bench_cuda, the fla peers (benches/peer_fla.py: decode;
-#           benches/peer_fla_chunk.py: chunked prefill, forward + backward) and the chart
-#   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone
+#           benches/peer_fla_chunk.py: chunked forward + backward) and the chart
+#   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone, and fla's chunked forward +
+#           backward beside them (benches/peer_fla_chunk.py)
 #   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
@@ -31,6 +32,10 @@ if [[ " $what " == *" grad "* ]]; then
   status=$((status | PIPESTATUS[0]))
   MLXK_BENCH_ONLY=grad "$carry/bench_cuda" 2>&1 | tee "$out/bench-grad.log"
   status=$((status | PIPESTATUS[0]))
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla-site \
+    "$carry"/wheels/*.whl >/dev/null 2>&1
+  PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla_chunk.py "$out/fla-grad.jsonl" 2>&1 |
+    tee "$out/fla-grad.log"
 fi
 if [[ " $what " == *" pool "* ]]; then
   MLXK_BENCH_ONLY=pool,packed MLXK_BENCH_JSON=$out/bench-pool.jsonl "$carry/bench_cuda" 2>&1 |
