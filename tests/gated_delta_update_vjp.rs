@@ -493,8 +493,11 @@ fn float_of(code: i32) -> Float {
 /// the CPU kernel's, where scale is the largest magnitude of the CPU gradient and u the coarser
 /// unit roundoff of the input dtype and the gradient's dtype (2^-8, 2^-11, 2^-24); for da_log
 /// and ddt_bias, sums over tokens, the scale is that of their terms. 16-bit: bound 8, a few
-/// roundings of intermediate values, each within one unit of the scale. f32: bound 64, f32
-/// sums over up to T·Dk terms in another order, T up to 70.
+/// roundings of intermediate values, each within one unit of the scale. f32: bound 256, f32
+/// sums over up to T·Dk terms in another order, T up to 70: the state's gradient carries one
+/// dot product's reordering per token back through all T tokens (log2(Dk) = 6 roundings each,
+/// 70 · 6 = 420 units at worst); measured up to 77.7 units on an H200 (dstate, the third case,
+/// seed 0x7277bc53c27eaee8), where 64 had held over earlier seeds.
 ///
 /// It runs on an MLX CUDA GPU (`make test-cuda` runs this file too). Elsewhere the call must
 /// reach the backward kernel's launch, which MLX then refuses ("No Metal back-end" / "No CUDA
@@ -562,7 +565,7 @@ fn the_gpu_path_matches_the_cpu_backward() {
             continue;
         }
         let kernels = GpuKernels::Cuda;
-        let bound = if c.dtype == Float::F32 { 64.0 } else { 8.0 };
+        let bound = if c.dtype == Float::F32 { 256.0 } else { 8.0 };
         let (paths, a, dt_bias) = both_paths_with_gates(&mut rng, c, kernels, true);
         // da_log and ddt_bias sum a term per token over B·T: da's for ddt_bias, and
         // da · softplus(x) / sigmoid(x) (x = a + dt_bias) for da_log. Their scale is the
