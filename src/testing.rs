@@ -364,8 +364,8 @@ pub unsafe fn gated_delta_update_vjp_via_gpu(
 }
 
 /// `mlxk_gated_delta_update_chunked_vjp` through its GPU path (see
-/// [`gated_delta_update_vjp_via_gpu`]): the exact update's GPU backward, after the chunk size
-/// is checked.
+/// [`gated_delta_update_vjp_via_gpu`]): the chunked GPU backward's five launches, after the
+/// chunk size is checked.
 ///
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.

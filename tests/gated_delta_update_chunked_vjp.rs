@@ -3,7 +3,7 @@
 //! (`mlxk_gated_delta_update_vjp`) on every entry, on fresh random inputs: GQA 1–4, Dk 32..256,
 //! odd Dv, masks (fully masked rows included), absent state, T not a multiple of the chunk,
 //! chunk sizes 16..128, gates that underflow to 0; its argument checks; and its GPU path (the
-//! exact update's GPU backward) up to that kernel's launch.
+//! chunked GPU backward) up to its first kernel's launch.
 //!
 //! Bounds are relative to the largest magnitude of each gradient (a gradient's entries span
 //! orders of magnitude; float32 rounding is relative to the sums that produce them, which are
@@ -434,9 +434,9 @@ fn arguments_are_checked_and_named() {
     }
 }
 
-/// With a GPU as default device the chunked VJP is the exact update's GPU backward: without a
-/// GPU (MLX's CPU stream) it gets as far as that backward kernel's launch, which MLX refuses,
-/// after checking the chunk size like the CPU path.
+/// With a GPU as default device the chunked VJP is the chunked GPU backward: without a GPU
+/// (MLX's CPU stream) it gets as far as its first kernel's launch, which MLX refuses, after
+/// checking the chunk size like the CPU path.
 #[test]
 fn the_gpu_path_reaches_the_gpu_backward_kernel() {
     let mut rng = Rng::fresh();

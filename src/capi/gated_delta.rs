@@ -372,10 +372,11 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_vjp(
 /// formed without dividing by a gate, so gates that underflow to 0 give finite gradients.
 /// Memory per worker: the state entering each chunk and the chunk's delta-rule residuals,
 /// O((T/C + C) · state), never O(T · state).
-/// Device: with the GPU as default device it returns the GPU backward of
-/// mlxk_gated_delta_update_vjp (the gradient of the same function; the chunk size is checked,
-/// then unused). A host's MLX autograd through mlxk_gated_delta_update_chunked on the CPU
-/// reaches this backward.
+/// Device: with the GPU as default device (Metal, MLX CUDA) it runs the chunked GPU backward
+/// (kernels/metal/gated_delta_chunked_backward.metal: five kernels, chunks of 32 tokens, or 16
+/// where chunk_size is 16), equal to mlxk_gated_delta_update_vjp's GPU gradients up to float32
+/// rounding. A host's MLX autograd through mlxk_gated_delta_update_chunked reaches the same
+/// backward on either device.
 /// Ownership: inputs borrowed; eight new handles.
 /// NULL: `state`, `mask`, `dy`, `dstate_out` may be NULL; nothing else. Errors: those of
 /// mlxk_gated_delta_update_vjp, MLXK_ERR_INVALID_ARGUMENT (chunk_size).

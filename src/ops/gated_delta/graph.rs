@@ -233,8 +233,8 @@ impl MetalInputs {
 /// within every chunk, `metal::gated_delta_chunk_prep_launch`), its five outputs behind MLX's
 /// stop_gradient, then the scan launch (`metal::gated_delta_chunk_scan_launch`) over the chunks,
 /// which makes y and the state. The scan node also takes the exact update's launch inputs, in
-/// that launch's order, and carries the exact update's GPU gradient (`gpu_vjp`: the same
-/// function, so MLX's autograd through it gives the exact backward's gradients). `node`:
+/// that launch's order, and carries the chunked form's GPU gradient (`gpu_vjp`, which takes the
+/// chunked backward for `Form::Chunked`; the prep's outputs get zeros). `node`:
 /// `Form::Chunked`, dense, B ≥ 1, T ≥ 1.
 pub(super) fn build_gpu_chunked(
     node: &Node,

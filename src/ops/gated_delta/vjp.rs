@@ -100,8 +100,8 @@ pub fn update_vjp(
 
 /// The backward pass of the chunked form (`mlxk_gated_delta_update_chunked_vjp`): on the CPU
 /// the chunked form's own backward (`cpu::chunked::chunked_backward`), with chunks of `chunk`
-/// tokens (0 = the default); with a GPU backend the exact update's GPU backward (the gradient
-/// of the same function). Lazy.
+/// tokens (0 = the default); with a GPU backend the chunked GPU backward
+/// (`vjp_chunked`, `kernels/metal/gated_delta_chunked_backward.metal`). Lazy.
 pub fn update_chunked_vjp(
     x: &Inputs,
     chunk: i32,
