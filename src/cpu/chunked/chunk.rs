@@ -636,28 +636,30 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         for _ in 0..panels {
             overlap.step();
         }
-        // H = γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U.
-        K::gemm(Product {
-            m: dk,
-            kc: lp,
-            tri: false,
-            a: s.kd.as_ptr(),
-            a_rs: 1,
-            a_cs: dk,
-            b: up,
-            b_rs: NR,
-            c: hp,
-            c_rs: NR,
-            panels,
-            b_ps: u_ps,
-            c_ps: h_ps,
-            epi: Epi {
-                load: true,
-                c_scale: gamma_last,
-                rs: std::ptr::null(),
-            },
-        });
-        for _ in 0..panels {
+        // H = γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U, a panel at a time (measured faster than two
+        // at a time with AVX-512, where this product's few steps per tile, L, come with the
+        // load and store of its part of H).
+        for q in 0..panels {
+            K::gemm(Product {
+                m: dk,
+                kc: lp,
+                tri: false,
+                a: s.kd.as_ptr(),
+                a_rs: 1,
+                a_cs: dk,
+                b: up.add(q * u_ps),
+                b_rs: NR,
+                c: hp.add(q * h_ps),
+                c_rs: NR,
+                panels: 1,
+                b_ps: 0,
+                c_ps: 0,
+                epi: Epi {
+                    load: true,
+                    c_scale: gamma_last,
+                    rs: std::ptr::null(),
+                },
+            });
             overlap.step();
         }
         pj += panels;
