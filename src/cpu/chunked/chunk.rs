@@ -353,9 +353,6 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
                 }
             }
         }
-        for gi in 0..group {
-            s.vy[vy0 + gi * vy_len + lp * vys..vy0 + (gi + 1) * vy_len].fill(0.0);
-        }
     }
     // [K; Q]ᵀ (Dk is a multiple of 8 in the transposed part; other columns one by one).
     {
@@ -572,27 +569,29 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         let vyp = s.vy.as_mut_ptr().add(vy0 + pj * NR);
         let up = s.u.as_mut_ptr();
         let (h_ps, u_ps) = (dk * NR, lp * NR);
-        // [V - γ K H; γ Q H].
-        K::gemm(Product {
-            m: 2 * lp,
-            kc: dk,
-            tri: false,
-            a: s.kt.as_ptr(),
-            a_rs: 1,
-            a_cs: kts,
-            b: hp,
-            b_rs: NR,
-            c: vyp,
-            c_rs: vys,
-            panels,
-            b_ps: h_ps,
-            c_ps: NR,
-            epi: Epi {
-                load: true,
-                c_scale: 1.0,
-                rs: s.rs.as_ptr(),
-            },
-        });
+        // V - γ K H, then γ Q H (which overwrites its rows).
+        for part in 0..2 {
+            K::gemm(Product {
+                m: lp,
+                kc: dk,
+                tri: false,
+                a: s.kt.as_ptr().add(part * lp),
+                a_rs: 1,
+                a_cs: kts,
+                b: hp,
+                b_rs: NR,
+                c: vyp.add(part * lp * vys),
+                c_rs: vys,
+                panels,
+                b_ps: h_ps,
+                c_ps: NR,
+                epi: Epi {
+                    load: part == 0,
+                    c_scale: 1.0,
+                    rs: s.rs.as_ptr().add(part * lp),
+                },
+            });
+        }
         for _ in 0..panels {
             overlap.step();
         }
