@@ -353,9 +353,6 @@ pub(super) unsafe fn unit_run<K: Kernel, T: Elem>(
                 }
             }
         }
-        for gi in 0..group {
-            s.vy[vy0 + gi * vy_len + lp * vys..vy0 + (gi + 1) * vy_len].fill(0.0);
-        }
     }
     // [K; Q]ᵀ (Dk is a multiple of 8 in the transposed part; other columns one by one).
     {
@@ -458,28 +455,38 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         let an = &mut s.an[..lp * lp];
         let pm = &mut s.pm[..lp * lp];
         let mut gamma = 1.0f32;
+        // decay[j] = Γ(t, j) for j < t; 1 from t on.
+        decay.fill(1.0);
         for t in 0..lp {
             let gt = g[t];
             gamma *= gt;
             s.gamma[t] = gamma;
             s.rs[t] = -gamma;
             s.rs[lp + t] = gamma;
-            for x in &mut decay[..t] {
-                *x *= gt;
-            }
-            decay[t] = 1.0;
             let nb = -beta[t];
             let row = t * lp..(t + 1) * lp;
             let (arow, prow) = (&mut an[row.clone()], &mut pm[row.clone()]);
             let (krow, qrow) = (&gk[row.clone()], &gq[row]);
-            for ((x, &e), &k) in arow[..t].iter_mut().zip(&decay[..t]).zip(&krow[..t]) {
-                *x = nb * e * k;
+            // Whole 16-column groups up to t's (lanes selected by column), zeros past it.
+            let end = (t / NR + 1) * NR;
+            for c0 in (0..end).step_by(NR) {
+                let group = c0..c0 + NR;
+                let (d, a, p) = (
+                    &mut decay[group.clone()],
+                    &mut arow[group.clone()],
+                    &mut prow[group.clone()],
+                );
+                let (k, q) = (&krow[group.clone()], &qrow[group]);
+                for l in 0..NR {
+                    let j = c0 + l;
+                    let e = if j < t { d[l] * gt } else { d[l] };
+                    d[l] = e;
+                    a[l] = if j < t { nb * e * k[l] } else { 0.0 };
+                    p[l] = if j <= t { e * q[l] } else { 0.0 };
+                }
             }
-            arow[t..].fill(0.0);
-            for ((x, &e), &q) in prow[..=t].iter_mut().zip(&decay[..=t]).zip(&qrow[..=t]) {
-                *x = e * q;
-            }
-            prow[t + 1..].fill(0.0);
+            arow[end..].fill(0.0);
+            prow[end..].fill(0.0);
         }
     }
     let gamma_last = s.gamma[lp - 1];
@@ -527,14 +534,19 @@ unsafe fn value_head<K: Kernel, T: Elem>(
             for t in t0..t0 + TB {
                 let row = std::slice::from_raw_parts_mut(tm.add(t * lp), lp);
                 row[t0..].fill(0.0);
-                for si in t0..t {
-                    let x = *an.add(t * lp + si);
-                    // Row si has nonzeros in 0..=si; whole 8-wide groups (zeros past si).
-                    let n = ((si + 8) & !7).min(lp);
-                    let src = std::slice::from_raw_parts(tm.add(si * lp), n);
-                    for (r, &e) in row[..n].iter_mut().zip(src) {
-                        *r += x * e;
+                // Row t's nonzero columns are those of the 16-column groups up to t0's; each
+                // group is summed in registers over the block's rows before t.
+                for c0 in (0..=t0).step_by(16) {
+                    let mut acc = [0f32; 16];
+                    acc.copy_from_slice(&row[c0..c0 + 16]);
+                    for si in t0..t {
+                        let x = *an.add(t * lp + si);
+                        let src = std::slice::from_raw_parts(tm.add(si * lp + c0), 16);
+                        for (r, &e) in acc.iter_mut().zip(src) {
+                            *r += x * e;
+                        }
                     }
+                    row[c0..c0 + 16].copy_from_slice(&acc);
                 }
                 row[t] = 1.0;
             }
@@ -557,27 +569,29 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         let vyp = s.vy.as_mut_ptr().add(vy0 + pj * NR);
         let up = s.u.as_mut_ptr();
         let (h_ps, u_ps) = (dk * NR, lp * NR);
-        // [V - γ K H; γ Q H].
-        K::gemm(Product {
-            m: 2 * lp,
-            kc: dk,
-            tri: false,
-            a: s.kt.as_ptr(),
-            a_rs: 1,
-            a_cs: kts,
-            b: hp,
-            b_rs: NR,
-            c: vyp,
-            c_rs: vys,
-            panels,
-            b_ps: h_ps,
-            c_ps: NR,
-            epi: Epi {
-                load: true,
-                c_scale: 1.0,
-                rs: s.rs.as_ptr(),
-            },
-        });
+        // V - γ K H, then γ Q H (which overwrites its rows).
+        for part in 0..2 {
+            K::gemm(Product {
+                m: lp,
+                kc: dk,
+                tri: false,
+                a: s.kt.as_ptr().add(part * lp),
+                a_rs: 1,
+                a_cs: kts,
+                b: hp,
+                b_rs: NR,
+                c: vyp.add(part * lp * vys),
+                c_rs: vys,
+                panels,
+                b_ps: h_ps,
+                c_ps: NR,
+                epi: Epi {
+                    load: part == 0,
+                    c_scale: 1.0,
+                    rs: s.rs.as_ptr().add(part * lp),
+                },
+            });
+        }
         for _ in 0..panels {
             overlap.step();
         }
@@ -621,28 +635,30 @@ unsafe fn value_head<K: Kernel, T: Elem>(
         for _ in 0..panels {
             overlap.step();
         }
-        // H = γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U.
-        K::gemm(Product {
-            m: dk,
-            kc: lp,
-            tri: false,
-            a: s.kd.as_ptr(),
-            a_rs: 1,
-            a_cs: dk,
-            b: up,
-            b_rs: NR,
-            c: hp,
-            c_rs: NR,
-            panels,
-            b_ps: u_ps,
-            c_ps: h_ps,
-            epi: Epi {
-                load: true,
-                c_scale: gamma_last,
-                rs: std::ptr::null(),
-            },
-        });
-        for _ in 0..panels {
+        // H = γ_{L-1} H + Kᵀ diag(Γ(L-1, ·)) U, a panel at a time (measured faster than two
+        // at a time with AVX-512, where this product's few steps per tile, L, come with the
+        // load and store of its part of H).
+        for q in 0..panels {
+            K::gemm(Product {
+                m: dk,
+                kc: lp,
+                tri: false,
+                a: s.kd.as_ptr(),
+                a_rs: 1,
+                a_cs: dk,
+                b: up.add(q * u_ps),
+                b_rs: NR,
+                c: hp.add(q * h_ps),
+                c_rs: NR,
+                panels: 1,
+                b_ps: 0,
+                c_ps: 0,
+                epi: Epi {
+                    load: true,
+                    c_scale: gamma_last,
+                    rs: std::ptr::null(),
+                },
+            });
             overlap.step();
         }
         pj += panels;

@@ -5,9 +5,8 @@
 //! a step's broadcasts then come from one pointer at fixed offsets).
 //!
 //! The AVX2 and AVX-512 kernels compute the same bits: each element of a product is one chain
-//! of fused multiply-adds over the steps in order from +0, then the same epilogue, whatever the
-//! register tile; a triangular product keeps the AVX2 kernel's 6-row blocks, which decide
-//! where its tile ends and `triangle` (the same code in both) takes over.
+//! of fused multiply-adds over the steps in order from +0 (for a triangular A only the steps
+//! up to the diagonal), then the same epilogue, whatever the register tile.
 
 use crate::cpu::elem::Elem;
 
@@ -42,9 +41,10 @@ impl Epi {
 /// One product `C[m, 16] = epi(C, A[m, kc] · B[kc, 16])`, A addressed as
 /// `a[r · a_rs + p · a_cs]` with one of the two strides 1 (A by rows or by columns), B as
 /// `b[p · b_rs + j]`, C as `c[r · c_rs + j]`; with `panels` = 2 also the same product for a
-/// second panel of 16 columns, B at `b + b_ps`, C at `c + c_ps`. With `tri`, row block
-/// `[r0, r0 + mb)` sums `p <= r0` in the tile and row `r0 + i` adds `r0 < p <= r0 + i` in
-/// `triangle` (A lower triangular: its zeros above the diagonal are never multiplied in).
+/// second panel of 16 columns, B at `b + b_ps`, C at `c + c_ps`. With `tri` (and `kc` ≥ `m`),
+/// row r sums only the steps `p <= r` (A lower triangular: its zeros above the diagonal are
+/// never multiplied in: 0 · NaN or 0 · inf would otherwise reach tokens before the one that
+/// carries the NaN or inf).
 #[derive(Clone, Copy)]
 pub(super) struct Product {
     pub(super) m: usize,
@@ -131,57 +131,7 @@ fn row_blocks(m: usize) -> (usize, [usize; 2]) {
     }
 }
 
-/// The rest of a triangular product's row block after its full steps `p < kc` (`kc` = the
-/// block's first row + 1): row r of the block adds `rs[r] · Σ A[r, p] B[p]` over
-/// `kc <= p <= first row + r` only. The zeros above A's diagonal are skipped, not multiplied:
-/// 0 · NaN or 0 · inf would otherwise reach tokens before the one that carries the NaN or inf.
-/// `block` is the row block (`m` = mb rows): `a`, `c` and `epi.rs` (null: 1) start at its
-/// first row.
-///
-/// # Safety
-/// The pointers address the block's rows and B's rows up to `kc + mb - 1`.
-#[inline(always)]
-unsafe fn triangle(block: Product) {
-    for q in 0..block.panels {
-        triangle_panel(block.panel(q));
-    }
-}
-
-/// `triangle` of one panel.
-#[inline(always)]
-unsafe fn triangle_panel(block: Product) {
-    let Product {
-        m: mb,
-        kc,
-        a,
-        a_rs,
-        a_cs,
-        b,
-        b_rs,
-        c,
-        c_rs,
-        ..
-    } = block;
-    let rs = block.epi.rs;
-    for r in 1..mb {
-        let mut acc = [0f32; NR];
-        for p in kc..kc + r {
-            let x = *a.add(r * a_rs + p * a_cs);
-            let bp = std::slice::from_raw_parts(b.add(p * b_rs), NR);
-            for (acc, &b) in acc.iter_mut().zip(bp) {
-                *acc += x * b;
-            }
-        }
-        let scale = if rs.is_null() { 1.0 } else { *rs.add(r) };
-        let cp = std::slice::from_raw_parts_mut(c.add(r * c_rs), NR);
-        for (c, &x) in cp.iter_mut().zip(&acc) {
-            *c += scale * x;
-        }
-    }
-}
-
-/// Row block `[r0, r0 + mb)` of a product: `tile` on it, then `triangle` for a triangular A
-/// (see `blocks`).
+/// Row block `[r0, r0 + mb)` of a product: `tile` on it (see `blocks`).
 ///
 /// A named function rather than a closure, like everything between a kernel's
 /// `#[target_feature]` function and its loops: a closure is compiled without the features of
@@ -217,15 +167,12 @@ unsafe fn block(p: Product, r0: usize, mb: usize, tile: &mut impl FnMut(Product)
         ..p
     };
     tile(block);
-    if tri {
-        triangle(block);
-    }
 }
 
 /// A product as row blocks (`row_blocks`): `tile(block)` runs the register tile on each block
-/// (`m` its rows; A, C and the row scales moved to its first row; for a triangular A only the
-/// steps up to the block's first diagonal element), then `triangle` adds the rest of a
-/// triangular block.
+/// (`m` its rows; A, C and the row scales moved to its first row; for a triangular A, `kc`
+/// the steps up to the block's first diagonal element: the tile's triangle steps add the
+/// rest).
 #[inline(always)]
 unsafe fn blocks(p: Product, mut tile: impl FnMut(Product)) {
     let (full, tail) = row_blocks(p.m);
@@ -274,6 +221,19 @@ unsafe fn tile_portable<const R: usize>(block: Product) {
             }
         }
     }
+    if block.tri {
+        // Step kc - 1 + j reaches rows j.. of the block (its diagonal and below).
+        for j in 1..R {
+            let p = kc - 1 + j;
+            let bp = std::slice::from_raw_parts(b.add(p * b_rs), NR);
+            for (r, row) in acc.iter_mut().enumerate().skip(j) {
+                let x = *a.add(r * a_rs + p * a_cs);
+                for (acc, b) in row.iter_mut().zip(bp) {
+                    *acc += x * b;
+                }
+            }
+        }
+    }
     for (r, row) in acc.iter().enumerate() {
         let cp = std::slice::from_raw_parts_mut(c.add(r * c_rs), NR);
         let rs = if epi.rs.is_null() {
@@ -318,15 +278,18 @@ mod avx2 {
 
     /// One R×16 register tile: 2·R accumulators; per step two loads of B and R broadcasts of
     /// A (A by columns: from one pointer, moved by a column per step; by rows: one pointer per
-    /// row, indexed by the step); `block.m` = R.
+    /// row, indexed by the step); `block.m` = R. A triangular A (`TRI`, as `block.tri`) is
+    /// read by rows.
     #[inline(always)]
-    unsafe fn tile<const R: usize>(block: Product) {
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tile<const R: usize, const TRI: bool>(block: Product) {
         let (kc, a, a_rs, a_cs, b, b_rs) = (
             block.kc, block.a, block.a_rs, block.a_cs, block.b, block.b_rs,
         );
         let (c, c_rs, epi) = (block.c, block.c_rs, block.epi);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let mut bp = b;
+        debug_assert!(!TRI || a_cs == 1);
         if a_rs == 1 {
             let mut ap = a;
             for _ in 0..kc {
@@ -353,6 +316,25 @@ mod avx2 {
                 }
                 bp = bp.add(b_rs);
             }
+            if TRI {
+                // Step kc - 1 + j reaches rows j.. of the block (A by rows: the triangular
+                // products' A).
+                for j in 1..R {
+                    let p = kc - 1 + j;
+                    let b0 = _mm256_loadu_ps(b.add(p * b_rs));
+                    let b1 = _mm256_loadu_ps(b.add(p * b_rs + 8));
+                    for r in 0..R {
+                        // Rows before j keep their accumulators (the sums with A's zero above
+                        // the diagonal are dropped).
+                        let keep = _mm256_castsi256_ps(_mm256_set1_epi32(-((r >= j) as i32)));
+                        let x = _mm256_broadcast_ss(&*rows[r].add(p));
+                        let s0 = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                        let s1 = _mm256_fmadd_ps(x, b1, acc[r][1]);
+                        acc[r][0] = _mm256_blendv_ps(acc[r][0], s0, keep);
+                        acc[r][1] = _mm256_blendv_ps(acc[r][1], s1, keep);
+                    }
+                }
+            }
         }
         let cs = _mm256_set1_ps(epi.c_scale);
         for (r, acc) in acc.iter().enumerate() {
@@ -373,10 +355,25 @@ mod avx2 {
         }
     }
 
+    /// `tile` of a product that is not triangular.
+    #[inline(always)]
+    unsafe fn tile_full<const R: usize>(block: Product) {
+        tile::<R, false>(block)
+    }
+
+    /// `tile` of a triangular product.
+    #[inline(always)]
+    unsafe fn tile_tri<const R: usize>(block: Product) {
+        tile::<R, true>(block)
+    }
+
     #[target_feature(enable = "avx2,fma")]
     unsafe fn gemm_avx2(p: Product) {
         for q in 0..p.panels {
-            blocks(p.panel(q), |block| dispatch_rows!(block.m, tile, block))
+            blocks(p.panel(q), |block| match block.tri {
+                false => dispatch_rows!(block.m, tile_full, block),
+                true => dispatch_rows!(block.m, tile_tri, block),
+            })
         }
     }
 
@@ -488,22 +485,23 @@ mod avx512 {
 
     pub struct Avx512;
 
-    /// Rows of the register tile of a product that is not triangular.
+    /// Rows of the register tile.
     const MR512: usize = 12;
 
     /// One R×16 register tile per panel (`P` panels): R·P accumulators; per step P loads of
-    /// B and R broadcasts of A (as in `avx2::tile`); `block.m` = R, `block.panels` = P. Per
-    /// element the same chain and epilogue as `avx2::tile`.
+    /// B and R broadcasts of A (as in `avx2::tile`); `block.m` = R, `block.panels` = P, `TRI`
+    /// = `block.tri`. Per element the same chain and epilogue as `avx2::tile`.
     #[inline(always)]
     // Indexed loops: iterators over the nested accumulator array kept it in memory.
     #[allow(clippy::needless_range_loop)]
-    unsafe fn tile<const R: usize, const P: usize>(block: Product) {
+    unsafe fn tile<const R: usize, const P: usize, const TRI: bool>(block: Product) {
         let (kc, a, a_rs, a_cs) = (block.kc, block.a, block.a_rs, block.a_cs);
         let (b, b_rs, b_ps) = (block.b, block.b_rs, block.b_ps);
         let (c, c_rs, c_ps, epi) = (block.c, block.c_rs, block.c_ps, block.epi);
         let mut acc = [[_mm512_setzero_ps(); P]; R];
         let mut bp = b;
         let mut bq = [_mm512_setzero_ps(); P];
+        debug_assert!(!TRI || a_cs == 1);
         if a_rs == 1 {
             let mut ap = a;
             for _ in 0..kc {
@@ -534,6 +532,24 @@ mod avx512 {
                 }
                 bp = bp.add(b_rs);
             }
+            if TRI {
+                // As in `avx2::tile`: step kc - 1 + j reaches rows j.. of the block.
+                for j in 1..R {
+                    let p = kc - 1 + j;
+                    for q in 0..P {
+                        bq[q] = _mm512_loadu_ps(b.add(p * b_rs + q * b_ps));
+                    }
+                    for r in 0..R {
+                        // Rows before j keep their accumulators (A's zero above the diagonal,
+                        // read, is not multiplied in).
+                        let keep = ((r >= j) as u16).wrapping_neg();
+                        let x = _mm512_set1_ps(*rows[r].add(p));
+                        for q in 0..P {
+                            acc[r][q] = _mm512_mask3_fmadd_ps(x, bq[q], acc[r][q], keep);
+                        }
+                    }
+                }
+            }
         }
         let cs = _mm512_set1_ps(epi.c_scale);
         for r in 0..R {
@@ -555,39 +571,41 @@ mod avx512 {
     #[inline(always)]
     unsafe fn tile_any(block: Product) {
         macro_rules! rows {
-            ($p:literal) => {
+            ($p:literal, $t:literal) => {
                 match block.m {
-                    12 => tile::<12, $p>(block),
-                    11 => tile::<11, $p>(block),
-                    10 => tile::<10, $p>(block),
-                    9 => tile::<9, $p>(block),
-                    8 => tile::<8, $p>(block),
-                    7 => tile::<7, $p>(block),
-                    6 => tile::<6, $p>(block),
-                    5 => tile::<5, $p>(block),
-                    4 => tile::<4, $p>(block),
-                    3 => tile::<3, $p>(block),
-                    2 => tile::<2, $p>(block),
-                    _ => tile::<1, $p>(block),
+                    12 => tile::<12, $p, $t>(block),
+                    11 => tile::<11, $p, $t>(block),
+                    10 => tile::<10, $p, $t>(block),
+                    9 => tile::<9, $p, $t>(block),
+                    8 => tile::<8, $p, $t>(block),
+                    7 => tile::<7, $p, $t>(block),
+                    6 => tile::<6, $p, $t>(block),
+                    5 => tile::<5, $p, $t>(block),
+                    4 => tile::<4, $p, $t>(block),
+                    3 => tile::<3, $p, $t>(block),
+                    2 => tile::<2, $p, $t>(block),
+                    _ => tile::<1, $p, $t>(block),
                 }
             };
         }
-        if block.panels == 2 {
-            rows!(2)
-        } else {
-            rows!(1)
+        match (block.panels == 2, block.tri) {
+            (true, false) => rows!(2, false),
+            (false, false) => rows!(1, false),
+            (true, true) => rows!(2, true),
+            (false, true) => rows!(1, true),
         }
     }
 
     #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn gemm_avx512(p: Product) {
         if p.tri {
-            // The AVX2 kernel's blocks: they decide the bits of a triangular product.
+            // The AVX2 kernel's 6-row blocks: a triangular tile's steps past its first row
+            // run on all its rows (masked), so short blocks waste fewer.
             blocks(p, |block| tile_any(block));
             return;
         }
-        // Near-equal blocks of at most MR512 rows (a product that is not triangular has the
-        // same bits whatever its blocks).
+        // Near-equal blocks of at most MR512 rows (a product has the same bits whatever its
+        // blocks).
         let n = p.m.div_ceil(MR512);
         let mut r0 = 0;
         for i in 0..n {
