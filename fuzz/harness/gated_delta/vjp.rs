@@ -1,10 +1,19 @@
-//! Target `gated_delta_vjp`: mlxk_gated_delta_update_vjp
+//! Target `gated_delta_vjp`: mlxk_gated_delta_update_vjp, and (a quarter of the calls, by the
+//! out-parameter byte's top bits) mlxk_gated_delta_update_chunked_vjp with a chunk size from a
+//! list of valid and invalid ones; both have the same rules and results apart from chunk_size
+//! and the chunked backward's kept states (a memory refusal the model allows under a tight
+//! limit).
 
 use std::ptr::null_mut;
 
 use super::*;
 
 const VJP: &str = "mlxk_gated_delta_update_vjp";
+const CHUNKED_VJP: &str = "mlxk_gated_delta_update_chunked_vjp";
+
+/// Chunk sizes the chunked call gets: 0 (the default) and multiples of 16 in [16, 128] are
+/// valid, the rest refused by name.
+const CHUNKS: [i32; 10] = [0, 16, 32, 48, 64, 128, 8, 20, -16, 144];
 const GRADS: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
 
 const ARGS: [&str; 11] = [
@@ -23,9 +32,9 @@ const ARGS: [&str; 11] = [
 
 /// The argument a failure's message names: "function: argument: what" or "function: argument
 /// is NULL (...)".
-fn named_argument(msg: &str) -> &str {
+fn named_argument<'a>(msg: &'a str, function: &str) -> &'a str {
     let rest = msg
-        .strip_prefix(VJP)
+        .strip_prefix(function)
         .unwrap_or(msg)
         .trim_start_matches(": ");
     rest.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -68,6 +77,17 @@ fn update_vjp(ctx: &mut Ctx, input: &mut Input, r: &mut Round, dy: &Arg, ds: &Ar
     let mut named: Vec<(mlxk_status, String)> = Vec::new();
     // Out-parameters: all given, one NULL, or two at the same place.
     let byte = input.u8();
+    let chunk = (byte >= 192).then(|| input.pick(&CHUNKS));
+    let function = if chunk.is_some() { CHUNKED_VJP } else { VJP };
+    if let Some(c) = chunk {
+        if !(c == 0 || (16..=128).contains(&c) && c % 16 == 0) {
+            e.fail(
+                MLXK_ERR_INVALID_ARGUMENT,
+                format!("chunk_size {c} is not 0 or a multiple of 16 in [16, 128]"),
+            );
+            named.push((MLXK_ERR_INVALID_ARGUMENT, "chunk_size".to_string()));
+        }
+    }
     let (null_out, alias) = match byte % 64 {
         o @ 48..=55 => (Some(o as usize - 48), None),
         o @ 56..=63 => {
@@ -85,6 +105,9 @@ fn update_vjp(ctx: &mut Ctx, input: &mut Input, r: &mut Round, dy: &Arg, ds: &Ar
             MLXK_ERR_INVALID_ARGUMENT,
             format!("{} and {} are the same pointer", GRADS[i], GRADS[j]),
         );
+        // The message names the pair, either first.
+        named.push((MLXK_ERR_INVALID_ARGUMENT, GRADS[i].to_string()));
+        named.push((MLXK_ERR_INVALID_ARGUMENT, GRADS[j].to_string()));
     }
     let tight = tight_limit(input);
     let dims = expect_forward(&mut e, r, &[dy, ds], tight);
@@ -130,6 +153,10 @@ fn update_vjp(ctx: &mut Ctx, input: &mut Input, r: &mut Round, dy: &Arg, ds: &Ar
                 );
             }
             expect_sizes(&mut e, &grads, internal * 4, current_limit(tight));
+            if chunk.is_some() && tight.is_some() {
+                // The kept states of the running jobs: the implementation's, not promised.
+                e.maybe(MLXK_ERR_OUT_OF_MEMORY, "the chunked backward's kept states");
+            }
         }
     }
     for (status, why) in e.reasons() {
@@ -152,51 +179,75 @@ fn update_vjp(ctx: &mut Ctx, input: &mut Input, r: &mut Round, dy: &Arg, ds: &Ar
     // SAFETY: handles are tokens (any value is safe to pass); each out-pointer is NULL or
     // points into `slots`.
     let status = unsafe {
-        mlxk_gated_delta_update_vjp(
-            r.q.h,
-            r.k.h,
-            r.v.h,
-            r.a.h,
-            r.b.h,
-            r.a_log.h,
-            r.dt_bias.h,
-            r.state.h,
-            r.mask.h,
-            dy.h,
-            ds.h,
-            ptrs[0],
-            ptrs[1],
-            ptrs[2],
-            ptrs[3],
-            ptrs[4],
-            ptrs[5],
-            ptrs[6],
-            ptrs[7],
-        )
+        match chunk {
+            None => mlxk_gated_delta_update_vjp(
+                r.q.h,
+                r.k.h,
+                r.v.h,
+                r.a.h,
+                r.b.h,
+                r.a_log.h,
+                r.dt_bias.h,
+                r.state.h,
+                r.mask.h,
+                dy.h,
+                ds.h,
+                ptrs[0],
+                ptrs[1],
+                ptrs[2],
+                ptrs[3],
+                ptrs[4],
+                ptrs[5],
+                ptrs[6],
+                ptrs[7],
+            ),
+            Some(c) => mlxk_gated_delta_update_chunked_vjp(
+                r.q.h,
+                r.k.h,
+                r.v.h,
+                r.a.h,
+                r.b.h,
+                r.a_log.h,
+                r.dt_bias.h,
+                r.state.h,
+                r.mask.h,
+                c,
+                dy.h,
+                ds.h,
+                ptrs[0],
+                ptrs[1],
+                ptrs[2],
+                ptrs[3],
+                ptrs[4],
+                ptrs[5],
+                ptrs[6],
+                ptrs[7],
+            ),
+        }
     };
     if tight.is_some() {
         restore_limit();
     }
-    e.check(VJP, status);
+    e.check(function, status);
     if status != MLXK_OK {
         assert!(
             slots.iter().all(|&h| h == sentinel()),
-            "{VJP} wrote an out-parameter on failure"
+            "{function} wrote an out-parameter on failure"
         );
         // The message names an argument whose rule is broken (for the rules that name one,
         // unless a rule the model cannot evaluate allows this status too).
         let msg = last_error();
-        let arg = named_argument(&msg);
+        let arg = named_argument(&msg, function);
         let listed: Vec<&str> = named
             .iter()
             .filter(|(s, _)| *s == status)
             .map(|(_, a)| a.as_str())
             .collect();
-        let known = |a: &str| ARGS.contains(&a) || GRADS.contains(&a);
+        let known = |a: &str| ARGS.contains(&a) || GRADS.contains(&a) || a == "chunk_size";
         if !listed.is_empty() && listed.iter().all(|a| known(a)) {
             assert!(
                 listed.contains(&arg),
-                "{VJP} returned {} naming {arg:?} ({msg}); the broken rules name {listed:?}",
+                "{function} returned {} naming {arg:?} ({msg}); the broken rules name {listed:?}",
                 status_name(status)
             );
         }
