@@ -262,6 +262,34 @@ impl Fixture {
             )
             .optional(&["state", "mask", "dy", "dstate_out"]),
             Entry::new(
+                "mlxk_gated_delta_update_chunked_vjp",
+                &[
+                    ("q", r.q),
+                    ("k", r.k),
+                    ("v", r.v),
+                    ("a", r.a),
+                    ("b", r.b),
+                    ("a_log", r.a_log),
+                    ("dt_bias", r.dt_bias),
+                    ("state", r.state.unwrap()),
+                    ("mask", r.mask.unwrap()),
+                    ("dy", r.v),
+                    ("dstate_out", r.state.unwrap()),
+                ],
+                |h| {
+                    let mut g = [sentinel(); 8];
+                    let [g0, g1, g2, g3, g4, g5, g6, g7] = &mut g;
+                    let st = unsafe {
+                        mlxk_gated_delta_update_chunked_vjp(
+                            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], 16, h[9], h[10],
+                            g0, g1, g2, g3, g4, g5, g6, g7,
+                        )
+                    };
+                    (st, g.to_vec(), g.iter().all(|&x| x == sentinel()))
+                },
+            )
+            .optional(&["state", "mask", "dy", "dstate_out"]),
+            Entry::new(
                 "mlxk_gated_delta_state",
                 &[
                     ("k", r.k),

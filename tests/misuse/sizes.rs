@@ -189,6 +189,7 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
         "mlxk_silu_rms_heads",
         "mlxk_gated_rms_norm",
         "mlxk_gated_delta_update_vjp",
+        "mlxk_gated_delta_update_chunked_vjp",
         "mlxk_silu_rms_heads_vjp",
         "mlxk_gated_rms_norm_vjp",
         "mlxk_gated_delta_update_pool",
