@@ -13,26 +13,13 @@
 //! --nocapture); the bound, 2e-5, leaves a margin of about 30.
 
 mod common;
+#[path = "common/vjp_case.rs"]
+mod vjp_case;
 
 use common::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-
-/// Inputs of one call, f32 on the host side.
-struct Case {
-    dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    state: Option<Vec<f32>>,
-    mask: Option<Vec<bool>>,
-    dy: Vec<f32>,
-    dstate_out: Option<Vec<f32>>,
-}
+use vjp_case::{loss, run, Case};
 
 /// Per head, q with norm Dk^-1/2 and k with norm 1 (mlx-lm's normalization).
 fn heads(rng: &mut Rng, n: usize, dk: usize, norm: f32) -> Vec<f32> {
@@ -67,107 +54,7 @@ fn random_case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool) -> Case
     }
 }
 
-/// The float64 loss sum(dy · y) + sum(dstate_out · state_out), gates included.
-fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
-    let [q, k, v, a, b, a_log, dt_bias, s0] = x;
-    let [bs, t, hk, hv, dk, dv] = c.dims;
-    let mut total = 0.0;
-    for bi in 0..bs {
-        for h in 0..hv {
-            let kh = h / (hv / hk);
-            for row in 0..dv {
-                let base = ((bi * hv + h) * dv + row) * dk;
-                let mut s: Vec<f64> = s0[base..base + dk].to_vec();
-                for ti in 0..t {
-                    if c.mask.as_ref().is_some_and(|m| !m[bi * t + ti]) {
-                        continue;
-                    }
-                    let gi = (bi * t + ti) * hv + h;
-                    let z = a[gi] + dt_bias[h];
-                    let softplus = z.max(0.0) + (-z.abs()).exp().ln_1p();
-                    let g = (-a_log[h].exp() * softplus).exp();
-                    let beta = 1.0 / (1.0 + (-b[gi]).exp());
-                    let kq = ((bi * t + ti) * hk + kh) * dk;
-                    let vi = ((bi * t + ti) * hv + h) * dv + row;
-                    s.iter_mut().for_each(|x| *x *= g);
-                    let kv: f64 = (0..dk).map(|j| s[j] * k[kq + j]).sum();
-                    let delta = (v[vi] - kv) * beta;
-                    (0..dk).for_each(|j| s[j] += k[kq + j] * delta);
-                    let y: f64 = (0..dk).map(|j| s[j] * q[kq + j]).sum();
-                    total += c.dy[vi] as f64 * y;
-                }
-                if let Some(ds) = &c.dstate_out {
-                    total += (0..dk).map(|j| ds[base + j] as f64 * s[j]).sum::<f64>();
-                }
-            }
-        }
-    }
-    total
-}
-
 const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
-
-/// The eight gradients (as f32) of the chunked backward (`chunk` Some) or the exact one.
-fn run(c: &Case, chunk: Option<i32>) -> Vec<Vec<f32>> {
-    let [b, t, hk, hv, dk, dv] = c.dims.map(|x| x as i32);
-    let q = new_f32(&c.q, &[b, t, hk, dk]);
-    let k = new_f32(&c.k, &[b, t, hk, dk]);
-    let v = new_f32(&c.v, &[b, t, hv, dv]);
-    let a = new_f32(&c.a, &[b, t, hv]);
-    let bb = new_f32(&c.b, &[b, t, hv]);
-    let a_log = new_f32(&c.a_log, &[hv]);
-    let dt = new_f32(&c.dt_bias, &[hv]);
-    let state = c
-        .state
-        .as_ref()
-        .map_or(null_mut(), |s| new_f32(s, &[b, hv, dv, dk]));
-    let mask = c.mask.as_ref().map_or(null_mut(), |m| new_bool(m, &[b, t]));
-    let dy = new_f32(&c.dy, &[b, t, hv, dv]);
-    let ds = c
-        .dstate_out
-        .as_ref()
-        .map_or(null_mut(), |s| new_f32(s, &[b, hv, dv, dk]));
-    let mut outs = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-    ok(unsafe {
-        match chunk {
-            Some(chunk) => mlxk_gated_delta_update_chunked_vjp(
-                q, k, v, a, bb, a_log, dt, state, mask, chunk, dy, ds, o0, o1, o2, o3, o4, o5, o6,
-                o7,
-            ),
-            None => mlxk_gated_delta_update_vjp(
-                q, k, v, a, bb, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
-            ),
-        }
-    });
-    let shapes: [Vec<i32>; 8] = [
-        vec![b, t, hk, dk],
-        vec![b, t, hk, dk],
-        vec![b, t, hv, dv],
-        vec![b, t, hv],
-        vec![b, t, hv],
-        vec![hv],
-        vec![hv],
-        vec![b, hv, dv, dk],
-    ];
-    let grads = outs
-        .iter()
-        .zip(&shapes)
-        .map(|(&h, shape)| {
-            assert_eq!(&shape_of(h), shape);
-            assert_eq!(dtype_of(h), MLXK_DTYPE_FLOAT32);
-            let values = read_f32(h);
-            free(h);
-            values
-        })
-        .collect();
-    for h in [q, k, v, a, bb, a_log, dt, state, mask, dy, ds] {
-        if !h.is_null() {
-            free(h);
-        }
-    }
-    grads
-}
 
 /// "name error" for each gradient.
 fn table(worst: &[f64; 8]) -> String {
@@ -213,7 +100,7 @@ fn gradients_match_central_differences_of_a_float64_forward() {
     ];
     for (dims, with_state, with_mask, chunk) in cases {
         let c = random_case(&mut rng, dims, with_state, with_mask);
-        let got = run(&c, Some(chunk));
+        let got = run(&c, Some(chunk), true);
         let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let [bs, _, _, hv, dk, dv] = dims;
         let s0 = c
@@ -275,8 +162,8 @@ fn gradients_match_the_exact_backward() {
     ];
     for (dims, with_state, with_mask, chunk) in cases {
         let c = random_case(&mut rng, dims, with_state, with_mask);
-        let exact = run(&c, None);
-        let chunked = run(&c, Some(chunk));
+        let exact = run(&c, None, true);
+        let chunked = run(&c, Some(chunk), true);
         let what = format!("{dims:?} state {with_state} mask {with_mask} chunk {chunk}");
         let worst = compare(&what, &chunked, &exact, 2e-5);
         println!("{what}: worst error / largest vs exact: {}", table(&worst));
@@ -307,7 +194,7 @@ fn without_cotangents_or_tokens_the_gradients_are_zeros() {
             c.dy.iter_mut().for_each(|x| *x = 0.0);
             c.dstate_out = None;
         }
-        let got = run(&c, Some(16));
+        let got = run(&c, Some(16), true);
         for (i, g) in got.iter().enumerate() {
             if i == 7 && t == 0 {
                 assert_eq!(
@@ -340,8 +227,8 @@ fn gates_that_underflow_give_finite_gradients() {
                 -12.0 + rng.uniform()
             };
         }
-        let exact = run(&c, None);
-        let chunked = run(&c, Some(chunk));
+        let exact = run(&c, None, true);
+        let chunked = run(&c, Some(chunk), true);
         let worst = compare(&format!("{dims:?} tiny gates"), &chunked, &exact, 2e-5);
         println!(
             "{dims:?} underflowing gates: worst error / largest vs exact: {}",

@@ -7,27 +7,14 @@
 mod common;
 #[path = "common/grad.rs"]
 mod grad;
+#[path = "common/vjp_case.rs"]
+mod vjp_case;
 
 use common::*;
 use grad::{check_paths, check_paths_at, Float};
 use mlxkern::testing::{gated_delta_update_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-
-/// Inputs of one call, f32 on the host side.
-struct Case {
-    dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    a: Vec<f32>,
-    b: Vec<f32>,
-    a_log: Vec<f32>,
-    dt_bias: Vec<f32>,
-    state: Option<Vec<f32>>,
-    mask: Option<Vec<bool>>,
-    dy: Vec<f32>,
-    dstate_out: Vec<f32>,
-}
+use vjp_case::{loss, run, Case};
 
 fn random_case(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Case {
     let [b, t, hk, hv, dk, dv] = dims;
@@ -44,108 +31,8 @@ fn random_case(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: boo
         state: with_state.then(|| rng.vec(b * hv * dv * dk, 0.5)),
         mask: with_mask.then(|| (0..b * t).map(|i| i % 4 != 2).collect()),
         dy: rng.vec(b * t * hv * dv, 1.0),
-        dstate_out: rng.vec(b * hv * dv * dk, 0.5),
+        dstate_out: Some(rng.vec(b * hv * dv * dk, 0.5)),
     }
-}
-
-/// The float64 loss sum(dy · y) + sum(dstate_out · state_out), gates included.
-fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
-    let [q, k, v, a, b, a_log, dt_bias, s0] = x;
-    let [bs, t, hk, hv, dk, dv] = c.dims;
-    let mut total = 0.0;
-    for bi in 0..bs {
-        for h in 0..hv {
-            let kh = h / (hv / hk);
-            for row in 0..dv {
-                let base = ((bi * hv + h) * dv + row) * dk;
-                let mut s: Vec<f64> = s0[base..base + dk].to_vec();
-                for ti in 0..t {
-                    if c.mask.as_ref().is_some_and(|m| !m[bi * t + ti]) {
-                        continue;
-                    }
-                    let gi = (bi * t + ti) * hv + h;
-                    let z = a[gi] + dt_bias[h];
-                    let softplus = z.max(0.0) + (-z.abs()).exp().ln_1p();
-                    let g = (-a_log[h].exp() * softplus).exp();
-                    let beta = 1.0 / (1.0 + (-b[gi]).exp());
-                    let kq = ((bi * t + ti) * hk + kh) * dk;
-                    let vi = ((bi * t + ti) * hv + h) * dv + row;
-                    s.iter_mut().for_each(|x| *x *= g);
-                    let kv: f64 = (0..dk).map(|j| s[j] * k[kq + j]).sum();
-                    let delta = (v[vi] - kv) * beta;
-                    (0..dk).for_each(|j| s[j] += k[kq + j] * delta);
-                    let y: f64 = (0..dk).map(|j| s[j] * q[kq + j]).sum();
-                    total += c.dy[vi] as f64 * y;
-                }
-                total += (0..dk)
-                    .map(|j| c.dstate_out[base + j] as f64 * s[j])
-                    .sum::<f64>();
-            }
-        }
-    }
-    total
-}
-
-/// Runs the C function on f32 handles; returns the eight gradients read back as f32.
-fn run(c: &Case, with_cotangents: bool) -> Vec<Vec<f32>> {
-    let [b, t, hk, hv, dk, dv] = c.dims;
-    let (b, t, hk, hv, dk, dv) = (
-        b as i32, t as i32, hk as i32, hv as i32, dk as i32, dv as i32,
-    );
-    let q = new_f32(&c.q, &[b, t, hk, dk]);
-    let k = new_f32(&c.k, &[b, t, hk, dk]);
-    let v = new_f32(&c.v, &[b, t, hv, dv]);
-    let a = new_f32(&c.a, &[b, t, hv]);
-    let bb = new_f32(&c.b, &[b, t, hv]);
-    let a_log = new_f32(&c.a_log, &[hv]);
-    let dt = new_f32(&c.dt_bias, &[hv]);
-    let state = c
-        .state
-        .as_ref()
-        .map_or(null_mut(), |s| new_f32(s, &[b, hv, dv, dk]));
-    let mask = c.mask.as_ref().map_or(null_mut(), |m| new_bool(m, &[b, t]));
-    let (dy, ds) = if with_cotangents {
-        (
-            new_f32(&c.dy, &[b, t, hv, dv]),
-            new_f32(&c.dstate_out, &[b, hv, dv, dk]),
-        )
-    } else {
-        (null_mut(), null_mut())
-    };
-    let mut outs = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-    ok(unsafe {
-        mlxk_gated_delta_update_vjp(
-            q, k, v, a, bb, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
-        )
-    });
-    let expect_shapes: [Vec<i32>; 8] = [
-        vec![b, t, hk, dk],
-        vec![b, t, hk, dk],
-        vec![b, t, hv, dv],
-        vec![b, t, hv],
-        vec![b, t, hv],
-        vec![hv],
-        vec![hv],
-        vec![b, hv, dv, dk],
-    ];
-    let grads = outs
-        .iter()
-        .zip(&expect_shapes)
-        .map(|(&h, shape)| {
-            assert_eq!(&shape_of(h), shape);
-            assert_eq!(dtype_of(h), MLXK_DTYPE_FLOAT32);
-            let values = read_f32(h);
-            free(h);
-            values
-        })
-        .collect();
-    for h in [q, k, v, a, bb, a_log, dt, state, mask, dy, ds] {
-        if !h.is_null() {
-            free(h);
-        }
-    }
-    grads
 }
 
 #[test]
@@ -158,7 +45,7 @@ fn gradients_match_central_differences_of_a_float64_forward() {
     ];
     for (dims, with_state, with_mask) in cases {
         let c = random_case(&mut rng, dims, with_state, with_mask);
-        let got = run(&c, true);
+        let got = run(&c, None, true);
         let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let [bs, _, _, hv, dk, dv] = dims;
         let s0 = c
@@ -203,7 +90,7 @@ fn gradients_match_central_differences_of_a_float64_forward() {
 fn absent_cotangents_give_zero_gradients() {
     let mut rng = Rng::fresh();
     let c = random_case(&mut rng, [1, 4, 1, 2, 32, 4], true, false);
-    for grad in run(&c, false) {
+    for grad in run(&c, None, false) {
         assert!(grad.iter().all(|&x| x == 0.0));
     }
 }
