@@ -2,7 +2,6 @@
 //! among them) with valid host slots, offsets and lengths.
 
 use super::*;
-use mlxkern::capi::gated_delta_pool::*;
 
 /// Every pool entry point on `r` (B = 2, T = 3; its state [2, Hv, Dv, Dk] serves as a pool of
 /// two slots), the packed ones on `p` (B = 1, T = 5), the update from the convolution's output
