@@ -71,6 +71,15 @@ std::string arg_type_name(nb::handle h) {
   return module.empty() || module == "builtins" ? name : module + "." + name;
 }
 
+std::string repr_of(nb::handle h) {
+  nb::object text = nb::steal(PyObject_Str(h.ptr()));
+  if (!text.is_valid()) {
+    PyErr_Clear();
+    return "?";
+  }
+  return nb::cast<std::string>(text);
+}
+
 // The handle sharing the Python argument `name` of function `fn` (an mx.array; None where
 // `optional`, giving an empty handle).
 Handle in(const char* fn, const char* name, nb::handle value, bool optional = false) {
@@ -82,7 +91,14 @@ Handle in(const char* fn, const char* name, nb::handle value, bool optional = fa
                           (optional ? " or None" : "") + " (got " + arg_type_name(value) + ")")
                              .c_str());
   }
-  check(mlxk_array_from_mlx(array, &out.raw), std::string(fn) + ": " + name + ": ");
+  mlxk_status status = mlxk_array_from_mlx(array, &out.raw);
+  if (status != MLXK_OK) {
+    std::string message = mlxk_last_error();
+    std::string dtype = repr_of(value.attr("dtype"));
+    std::string shape = repr_of(value.attr("shape"));
+    throw Failure{status, std::string(fn) + ": " + name + " (" + dtype + ", shape " + shape +
+                              "): " + message};
+  }
   return out;
 }
 
@@ -460,45 +476,45 @@ NB_MODULE(_ext, m) {
   m.def("memory_limit", &memory_limit);
   m.def("set_cache_limit", [](size_t b) { check(mlxk_set_cache_limit(b)); }, "bytes"_a);
 
-  m.def("compute_g", &compute_g, "A_log"_a, "a"_a, "dt_bias"_a);
-  m.def("gated_delta_update", &update, "q"_a, "k"_a, "v"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "state"_a = nb::none(), "mask"_a = nb::none());
-  m.def("gated_delta_update_chunked", &update_chunked, "q"_a, "k"_a, "v"_a, "a"_a, "b"_a,
-        "A_log"_a, "dt_bias"_a, "state"_a = nb::none(), "mask"_a = nb::none(), "chunk_size"_a = 0);
-  m.def("gated_delta_update_vjp", &update_vjp, "q"_a, "k"_a, "v"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "state"_a = nb::none(), "mask"_a = nb::none(), "dy"_a = nb::none(), "dstate"_a = nb::none());
-  m.def("gated_delta_update_chunked_vjp", &update_chunked_vjp, "q"_a, "k"_a, "v"_a, "a"_a,
-        "b"_a, "A_log"_a, "dt_bias"_a, "state"_a = nb::none(), "mask"_a = nb::none(), "chunk_size"_a = 0,
-        "dy"_a = nb::none(), "dstate"_a = nb::none());
-  m.def("gated_delta_state", &state_replay, "k"_a, "v"_a, "a"_a, "b"_a, "A_log"_a, "dt_bias"_a,
-        "state"_a, "accepted_lengths"_a);
-  m.def("gated_delta_update_from_conv", &from_conv, "x"_a, "q_scale"_a, "k_scale"_a,
-        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "state"_a = nb::none(), "mask"_a = nb::none());
-  m.def("gated_delta_update_pool", &update_pool, "q"_a, "k"_a, "v"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "pool"_a, "slots"_a, "fresh"_a = nb::none(), "mask"_a = nb::none());
-  m.def("gated_delta_update_pool_chunked", &update_pool_chunked, "q"_a, "k"_a, "v"_a, "a"_a,
-        "b"_a, "A_log"_a, "dt_bias"_a, "pool"_a, "slots"_a, "fresh"_a = nb::none(), "mask"_a = nb::none(),
+  m.def("compute_g", &compute_g, nb::arg("A_log").none(), nb::arg("a").none(), nb::arg("dt_bias").none());
+  m.def("gated_delta_update", &update, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none());
+  m.def("gated_delta_update_chunked", &update_chunked, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(),
+        nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none(), "chunk_size"_a = 0);
+  m.def("gated_delta_update_vjp", &update_vjp, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none(), nb::arg("dy").none() = nb::none(), nb::arg("dstate").none() = nb::none());
+  m.def("gated_delta_update_chunked_vjp", &update_chunked_vjp, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(),
+        nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none(), "chunk_size"_a = 0,
+        nb::arg("dy").none() = nb::none(), nb::arg("dstate").none() = nb::none());
+  m.def("gated_delta_state", &state_replay, nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
+        nb::arg("state").none(), "accepted_lengths"_a);
+  m.def("gated_delta_update_from_conv", &from_conv, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(),
+        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none());
+  m.def("gated_delta_update_pool", &update_pool, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none());
+  m.def("gated_delta_update_pool_chunked", &update_pool_chunked, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(),
+        nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none(),
         "chunk_size"_a = 0);
-  m.def("gated_delta_verify_pool", &verify_pool, "q"_a, "k"_a, "v"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "pool"_a, "slots"_a, "fresh"_a = nb::none(), "mask"_a = nb::none());
-  m.def("gated_delta_update_packed", &update_packed, "q"_a, "k"_a, "v"_a, "a"_a, "b"_a,
-        "A_log"_a, "dt_bias"_a, "pool"_a, "cu_seqlens"_a, "slots"_a, "fresh"_a = nb::none());
-  m.def("gated_delta_update_packed_chunked", &update_packed_chunked, "q"_a, "k"_a, "v"_a, "a"_a,
-        "b"_a, "A_log"_a, "dt_bias"_a, "pool"_a, "cu_seqlens"_a, "slots"_a, "fresh"_a = nb::none(),
+  m.def("gated_delta_verify_pool", &verify_pool, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none());
+  m.def("gated_delta_update_packed", &update_packed, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(),
+        nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("pool").none(), "cu_seqlens"_a, "slots"_a, "fresh"_a = nb::none());
+  m.def("gated_delta_update_packed_chunked", &update_packed_chunked, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(),
+        nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("pool").none(), "cu_seqlens"_a, "slots"_a, "fresh"_a = nb::none(),
         "chunk_size"_a = 0);
-  m.def("gated_delta_state_pool", &state_pool, "k"_a, "v"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "pool"_a, "slots"_a, "accepted_lengths"_a, "fresh"_a = nb::none());
-  m.def("gated_delta_update_from_conv_pool", &from_conv_pool, "x"_a, "q_scale"_a, "k_scale"_a,
-        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, "a"_a, "b"_a, "A_log"_a,
-        "dt_bias"_a, "pool"_a, "slots"_a, "fresh"_a = nb::none(), "mask"_a = nb::none());
+  m.def("gated_delta_state_pool", &state_pool, nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "accepted_lengths"_a, "fresh"_a = nb::none());
+  m.def("gated_delta_update_from_conv_pool", &from_conv_pool, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(),
+        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
+        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none());
 
-  m.def("silu_rms_heads", &heads, "x"_a, "q_scale"_a, "k_scale"_a, "key_heads"_a,
+  m.def("silu_rms_heads", &heads, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(), "key_heads"_a,
         "value_heads"_a, "value_width"_a, "eps"_a);
-  m.def("silu_rms_heads_vjp", &heads_vjp, "x"_a, "q_scale"_a, "k_scale"_a, "key_heads"_a,
-        "value_heads"_a, "value_width"_a, "eps"_a, "dq"_a = nb::none(), "dk"_a = nb::none(), "dv"_a = nb::none());
-  m.def("gated_rms_norm", &norm, "x"_a, "gate"_a, "weight"_a, "eps"_a);
-  m.def("gated_rms_norm_vjp", &norm_vjp, "x"_a, "gate"_a, "weight"_a, "eps"_a, "dout"_a = nb::none());
+  m.def("silu_rms_heads_vjp", &heads_vjp, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(), "key_heads"_a,
+        "value_heads"_a, "value_width"_a, "eps"_a, nb::arg("dq").none() = nb::none(), nb::arg("dk").none() = nb::none(), nb::arg("dv").none() = nb::none());
+  m.def("gated_rms_norm", &norm, nb::arg("x").none(), nb::arg("gate").none(), nb::arg("weight").none(), "eps"_a);
+  m.def("gated_rms_norm_vjp", &norm_vjp, nb::arg("x").none(), nb::arg("gate").none(), nb::arg("weight").none(), "eps"_a, nb::arg("dout").none() = nb::none());
 
   nb::class_<mlxk_glm52_layout>(m, "GLM52Layout")
       .def(nb::init<>())
