@@ -38,25 +38,28 @@ from ._errors import (
     error_classes,
 )
 
+from ._build_info import MLX_BUILD_VERSION
+
+if mx.__version__ != MLX_BUILD_VERSION and not mx.__version__.startswith(MLX_BUILD_VERSION + ".dev"):
+    raise ImportError(
+        f"mlxkern was built against mlx {MLX_BUILD_VERSION}, but mlx {mx.__version__} is "
+        f"loaded: MLX has no stable C++ ABI, so mlxkern shares arrays only with the MLX it was "
+        f"built against. Install mlx=={MLX_BUILD_VERSION} (pip install "
+        f"'mlx[cpu]=={MLX_BUILD_VERSION}' on Linux) or rebuild mlxkern against mlx {mx.__version__}."
+    )
+
 try:
     from . import _ext
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
-        f"mlxkern: its compiled module failed to load with mlx {mx.__version__} ({exc}). "
-        "mlxkern must run with the MLX it was built against; reinstall mlxkern for this MLX."
+        f"mlxkern: its compiled module failed to load with mlx {mx.__version__} ({exc}); "
+        f"mlxkern was built against mlx {MLX_BUILD_VERSION}."
     ) from exc
 
 __version__ = _ext.version()
-MLX_BUILD_VERSION: str = _ext.MLX_BUILD_VERSION
-"""The MLX version the package was compiled against (the only one it runs with)."""
-
-if mx.__version__ != MLX_BUILD_VERSION and not mx.__version__.startswith(MLX_BUILD_VERSION + ".dev"):
-    raise ImportError(
-        f"mlxkern {__version__} was built against mlx {MLX_BUILD_VERSION}, but mlx "
-        f"{mx.__version__} is loaded: MLX has no stable C++ ABI, so mlxkern shares arrays only "
-        f"with the MLX it was built against. Install mlx=={MLX_BUILD_VERSION} (pip install "
-        f"'mlx[cpu]=={MLX_BUILD_VERSION}' on Linux) or rebuild mlxkern against mlx {mx.__version__}."
-    )
+if _ext.MLX_BUILD_VERSION != MLX_BUILD_VERSION:  # pragma: no cover - a broken installation
+    raise ImportError(f"mlxkern: its compiled module was built against mlx "
+                      f"{_ext.MLX_BUILD_VERSION}, its package against {MLX_BUILD_VERSION}")
 
 _ext._set_error_classes(error_classes())
 
