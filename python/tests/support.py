@@ -30,4 +30,23 @@ def import_mlx_lm():
     return package
 
 
+def import_lora_linear():
+    """mlx_lm.tuner.lora.LoRALinear. mlx_lm/tuner/__init__.py imports the trainer, whose
+    terminal UI needs `rich` (not in the project's environment): without it a bare package is
+    registered over the tuner folder, as for mlx_lm itself."""
+    import_mlx_lm()
+    try:
+        import mlx_lm.tuner  # noqa: F401
+    except ImportError:
+        for name in [n for n in sys.modules if n.startswith("mlx_lm.tuner")]:
+            del sys.modules[name]
+        spec = importlib.util.find_spec("mlx_lm.tuner")
+        package = types.ModuleType("mlx_lm.tuner")
+        package.__path__ = list(spec.submodule_search_locations)
+        sys.modules["mlx_lm.tuner"] = package
+    from mlx_lm.tuner.lora import LoRALinear
+
+    return LoRALinear
+
+
 import_mlx_lm()
