@@ -251,6 +251,44 @@ class Pools(unittest.TestCase):
         same(self, pool, wpool, "pool")
 
 
+def address(array):
+    """The address of an evaluated mx.array's data (through the buffer protocol; the view is
+    dropped at once so that it holds no reference)."""
+    view = np.array(array, copy=False)
+    addr = view.ctypes.data
+    del view
+    return addr
+
+
+class ZeroCopy(unittest.TestCase):
+    """The kernels work on the host's own MLX buffers: a state or pool the caller gives up is
+    updated in place (the new mx.array has the old one's data address), one the caller keeps
+    is left untouched (a new buffer)."""
+
+    def test_state_and_pool_in_place(self):
+        mx.random.seed(SEED + 4)
+        args = inputs(2, 3, 1, 2, 32, 16)
+        a = {k: v for k, v in args.items() if k not in ("state", "mask")}
+        for kind in ("state", "pool"):
+            for give_up in (True, False):
+                if kind == "state":
+                    old = rnd((2, 2, 16, 32))
+                else:
+                    old = rnd((5, 2, 16, 32))
+                mx.eval(old)
+                before, keep = address(old), np.array(old)
+                if kind == "state":
+                    _, new = mk.gated_delta_update(**a, state=old)
+                else:
+                    _, new = mk.gated_delta_update_pool(**a, pool=old, slots=[3, 1])
+                if give_up:
+                    del old
+                mx.eval(new)
+                self.assertEqual(address(new) == before, give_up, f"{kind} give_up={give_up}")
+                if not give_up:
+                    self.assertTrue(np.array_equal(np.array(old), keep), "kept input unchanged")
+
+
 class Gradients(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
