@@ -431,6 +431,10 @@ void validate(const mlxk_glm52_layout& layout, uint32_t bits, uint32_t group_siz
   check(mlxk_glm52_layout_validate(&layout, bits, group_size));
 }
 
+// An array argument (None reaches in(), which names it), and an optional one (None by default).
+auto arr(const char* name) { return nb::arg(name).none(); }
+auto opt(const char* name) { return nb::arg(name).none() = nb::none(); }
+
 }  // namespace
 
 NB_MODULE(_ext, m) {
@@ -476,45 +480,48 @@ NB_MODULE(_ext, m) {
   m.def("memory_limit", &memory_limit);
   m.def("set_cache_limit", [](size_t b) { check(mlxk_set_cache_limit(b)); }, "bytes"_a);
 
-  m.def("compute_g", &compute_g, nb::arg("A_log").none(), nb::arg("a").none(), nb::arg("dt_bias").none());
-  m.def("gated_delta_update", &update, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none());
-  m.def("gated_delta_update_chunked", &update_chunked, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(),
-        nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none(), "chunk_size"_a = 0);
-  m.def("gated_delta_update_vjp", &update_vjp, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none(), nb::arg("dy").none() = nb::none(), nb::arg("dstate").none() = nb::none());
-  m.def("gated_delta_update_chunked_vjp", &update_chunked_vjp, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(),
-        nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none(), "chunk_size"_a = 0,
-        nb::arg("dy").none() = nb::none(), nb::arg("dstate").none() = nb::none());
-  m.def("gated_delta_state", &state_replay, nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(),
-        nb::arg("state").none(), "accepted_lengths"_a);
-  m.def("gated_delta_update_from_conv", &from_conv, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(),
-        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("state").none() = nb::none(), nb::arg("mask").none() = nb::none());
-  m.def("gated_delta_update_pool", &update_pool, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none());
-  m.def("gated_delta_update_pool_chunked", &update_pool_chunked, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(),
-        nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none(),
-        "chunk_size"_a = 0);
-  m.def("gated_delta_verify_pool", &verify_pool, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none());
-  m.def("gated_delta_update_packed", &update_packed, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(),
-        nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("pool").none(), "cu_seqlens"_a, "slots"_a, "fresh"_a = nb::none());
-  m.def("gated_delta_update_packed_chunked", &update_packed_chunked, nb::arg("q").none(), nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(),
-        nb::arg("b").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("pool").none(), "cu_seqlens"_a, "slots"_a, "fresh"_a = nb::none(),
-        "chunk_size"_a = 0);
-  m.def("gated_delta_state_pool", &state_pool, nb::arg("k").none(), nb::arg("v").none(), nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "accepted_lengths"_a, "fresh"_a = nb::none());
-  m.def("gated_delta_update_from_conv_pool", &from_conv_pool, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(),
-        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, nb::arg("a").none(), nb::arg("b").none(), nb::arg("A_log").none(),
-        nb::arg("dt_bias").none(), nb::arg("pool").none(), "slots"_a, "fresh"_a = nb::none(), nb::arg("mask").none() = nb::none());
+  m.def("compute_g", &compute_g, arr("A_log"), arr("a"), arr("dt_bias"));
+  m.def("gated_delta_update", &update, arr("q"), arr("k"), arr("v"), arr("a"), arr("b"),
+        arr("A_log"), arr("dt_bias"), opt("state"), opt("mask"));
+  m.def("gated_delta_update_chunked", &update_chunked, arr("q"), arr("k"), arr("v"), arr("a"),
+        arr("b"), arr("A_log"), arr("dt_bias"), opt("state"), opt("mask"), "chunk_size"_a = 0);
+  m.def("gated_delta_update_vjp", &update_vjp, arr("q"), arr("k"), arr("v"), arr("a"), arr("b"),
+        arr("A_log"), arr("dt_bias"), opt("state"), opt("mask"), opt("dy"), opt("dstate"));
+  m.def("gated_delta_update_chunked_vjp", &update_chunked_vjp, arr("q"), arr("k"), arr("v"),
+        arr("a"), arr("b"), arr("A_log"), arr("dt_bias"), opt("state"), opt("mask"),
+        "chunk_size"_a = 0, opt("dy"), opt("dstate"));
+  m.def("gated_delta_state", &state_replay, arr("k"), arr("v"), arr("a"), arr("b"), arr("A_log"),
+        arr("dt_bias"), arr("state"), "accepted_lengths"_a);
+  m.def("gated_delta_update_from_conv", &from_conv, arr("x"), arr("q_scale"), arr("k_scale"),
+        "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, arr("a"), arr("b"), arr("A_log"),
+        arr("dt_bias"), opt("state"), opt("mask"));
+  m.def("gated_delta_update_pool", &update_pool, arr("q"), arr("k"), arr("v"), arr("a"), arr("b"),
+        arr("A_log"), arr("dt_bias"), arr("pool"), "slots"_a, "fresh"_a = nb::none(), opt("mask"));
+  m.def("gated_delta_update_pool_chunked", &update_pool_chunked, arr("q"), arr("k"), arr("v"),
+        arr("a"), arr("b"), arr("A_log"), arr("dt_bias"), arr("pool"), "slots"_a,
+        "fresh"_a = nb::none(), opt("mask"), "chunk_size"_a = 0);
+  m.def("gated_delta_verify_pool", &verify_pool, arr("q"), arr("k"), arr("v"), arr("a"), arr("b"),
+        arr("A_log"), arr("dt_bias"), arr("pool"), "slots"_a, "fresh"_a = nb::none(), opt("mask"));
+  m.def("gated_delta_update_packed", &update_packed, arr("q"), arr("k"), arr("v"), arr("a"),
+        arr("b"), arr("A_log"), arr("dt_bias"), arr("pool"), "cu_seqlens"_a, "slots"_a,
+        "fresh"_a = nb::none());
+  m.def("gated_delta_update_packed_chunked", &update_packed_chunked, arr("q"), arr("k"), arr("v"),
+        arr("a"), arr("b"), arr("A_log"), arr("dt_bias"), arr("pool"), "cu_seqlens"_a, "slots"_a,
+        "fresh"_a = nb::none(), "chunk_size"_a = 0);
+  m.def("gated_delta_state_pool", &state_pool, arr("k"), arr("v"), arr("a"), arr("b"), arr("A_log"),
+        arr("dt_bias"), arr("pool"), "slots"_a, "accepted_lengths"_a, "fresh"_a = nb::none());
+  m.def("gated_delta_update_from_conv_pool", &from_conv_pool, arr("x"), arr("q_scale"),
+        arr("k_scale"), "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, arr("a"),
+        arr("b"), arr("A_log"), arr("dt_bias"), arr("pool"), "slots"_a, "fresh"_a = nb::none(),
+        opt("mask"));
 
-  m.def("silu_rms_heads", &heads, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(), "key_heads"_a,
+  m.def("silu_rms_heads", &heads, arr("x"), arr("q_scale"), arr("k_scale"), "key_heads"_a,
         "value_heads"_a, "value_width"_a, "eps"_a);
-  m.def("silu_rms_heads_vjp", &heads_vjp, nb::arg("x").none(), nb::arg("q_scale").none(), nb::arg("k_scale").none(), "key_heads"_a,
-        "value_heads"_a, "value_width"_a, "eps"_a, nb::arg("dq").none() = nb::none(), nb::arg("dk").none() = nb::none(), nb::arg("dv").none() = nb::none());
-  m.def("gated_rms_norm", &norm, nb::arg("x").none(), nb::arg("gate").none(), nb::arg("weight").none(), "eps"_a);
-  m.def("gated_rms_norm_vjp", &norm_vjp, nb::arg("x").none(), nb::arg("gate").none(), nb::arg("weight").none(), "eps"_a, nb::arg("dout").none() = nb::none());
+  m.def("silu_rms_heads_vjp", &heads_vjp, arr("x"), arr("q_scale"), arr("k_scale"), "key_heads"_a,
+        "value_heads"_a, "value_width"_a, "eps"_a, opt("dq"), opt("dk"), opt("dv"));
+  m.def("gated_rms_norm", &norm, arr("x"), arr("gate"), arr("weight"), "eps"_a);
+  m.def("gated_rms_norm_vjp", &norm_vjp, arr("x"), arr("gate"), arr("weight"), "eps"_a,
+        opt("dout"));
 
   nb::class_<mlxk_glm52_layout>(m, "GLM52Layout")
       .def(nb::init<>())
