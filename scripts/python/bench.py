@@ -10,6 +10,10 @@ mlxkern's GPU kernels); here, the CPU.
 
     PYTHONPATH=build/py-site .venv/bin/python3 scripts/python/bench.py [out.json]
 
+On Linux, mlx[cpu]'s matrix products use the reference BLAS it ships (libblas 3.10), so the
+model's projections take most of the time there and the whole-model rows change little; the
+last rows time one layer's update alone, mlx-lm's against the patched one.
+
 MLXK_BENCH_QUICK=1: a 128-token prompt, 16 generated tokens, 1 repeat.
 """
 
@@ -81,6 +85,33 @@ def measure(model, prompt):
     return PROMPT / statistics.median(pre), GEN / statistics.median(gen)
 
 
+def update_alone(T):
+    """One layer's update alone, as a linear-attention layer calls it (mlx-lm's function and the
+    patched one on the same inputs): seconds per call, median of 3 after a warm-up."""
+    from mlx_lm.models import gated_delta
+
+    Hk, Hv = TEXT["linear_num_key_heads"], TEXT["linear_num_value_heads"]
+    Dk, Dv = TEXT["linear_key_head_dim"], TEXT["linear_value_head_dim"]
+    q, k = (mx.random.normal((1, T, Hk, Dk)).astype(DTYPE) * Dk**-0.5 for _ in range(2))
+    v = mx.random.normal((1, T, Hv, Dv)).astype(DTYPE)
+    a, b = (mx.random.normal((1, T, Hv)).astype(DTYPE) for _ in range(2))
+    A_log, dt_bias = mx.random.uniform(-1, 1, (Hv,)), mx.random.normal((Hv,)).astype(DTYPE)
+    state = mx.zeros((1, Hv, Dv, Dk))
+    mx.eval(q, k, v, a, b, A_log, dt_bias, state)
+    out = []
+    for fn in (gated_delta.gated_delta_update, mkl.gated_delta_update):
+        def call():
+            mx.eval(*fn(q, k, v, a, b, A_log, dt_bias, state))
+        call()
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        out.append(statistics.median(times))
+    return out
+
+
 def machine():
     info = {"device": str(mx.default_device()), "gpu_backend": mxkern_backend(),
             "mlx": mx.__version__, "mlxkern": mlxkern.__version__, "python": platform.python_version()}
@@ -105,6 +136,7 @@ def main():
     mkl.patch()
     fast = measure(model, prompt)
     mkl.unpatch()
+    alone = {T: update_alone(T) for T in (1, PROMPT)}
     info = machine()
     rows = {"mlx-lm": base, "mlx-lm + mlxkern.mlx_lm.patch()": fast}
     print(f"mlx-lm {TEXT['num_hidden_layers']}-layer Qwen3.5 (3 linear-attention + 1 attention, "
@@ -114,11 +146,18 @@ def main():
     for name, (p, g) in rows.items():
         print(f"{name:34s} {p:20.1f} {g:16.1f}")
     print(f"{'speed-up':34s} {fast[0] / base[0]:19.2f}x {fast[1] / base[1]:15.2f}x")
+    print("one layer's gated_delta_update alone (ms per call):")
+    for T, (ref, ours) in alone.items():
+        form = "exact" if T < mkl._settings["chunked_min_tokens"] else "chunked"
+        print(f"  T {T:5d}: mlx-lm {ref * 1e3:9.2f}   mlxkern ({form}) {ours * 1e3:9.2f}   "
+              f"{ref / ours:6.1f}x")
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump({"machine": info, "dtype": str(DTYPE), "prompt": PROMPT, "generated": GEN, "repeats": REPEATS,
                        "rows": {k: {"prefill_tok_s": v[0], "generate_tok_s": v[1]}
-                                for k, v in rows.items()}}, f, indent=1)
+                                for k, v in rows.items()},
+                       "update_alone_ms": {str(T): {"mlx-lm": r * 1e3, "mlxkern": o * 1e3}
+                                           for T, (r, o) in alone.items()}}, f, indent=1)
 
 
 if __name__ == "__main__":
