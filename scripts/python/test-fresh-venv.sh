@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Installs the built wheel (build/wheel/, scripts/python/dev-build.sh) as a user would: a new
-# virtual environment outside the repository ($TMPDIR), mlx[cpu]==0.32.4 from the package index,
-# then the wheel; runs python/tests/smoke.py there from outside the checkout (no repository
-# path on sys.path). Then the refusal: the same environment with another MLX version must fail
-# at import with the message naming both versions (MLXK_PY_OTHER_MLX, default 0.31.1; skipped
-# with MLXK_PY_OTHER_MLX=none).
+# Installs the built wheel (build/wheel/ from scripts/python/dev-build.sh, or MLXK_PY_WHEEL) as
+# a user would: a new virtual environment outside the repository ($TMPDIR), mlx[cpu]==0.32.4
+# from the package index, then the wheel; runs python/tests/smoke.py there from outside the
+# checkout (no repository path on sys.path). Then the refusal: the same environment with another
+# MLX version must fail at import with the message naming both versions (MLXK_PY_OTHER_MLX,
+# default 0.31.1; skipped with MLXK_PY_OTHER_MLX=none).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-WHEEL=$(ls "$ROOT"/build/wheel/mlxkern-*.whl | head -1)
+WHEEL=${MLXK_PY_WHEEL:-$(ls "$ROOT"/build/wheel/mlxkern-*.whl | head -1)}
 PY=${PYTHON:-$(command -v python3)}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/mlxkern-venv.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
