@@ -35,7 +35,7 @@ header: bootstrap
 # eval per step), compiled against the MLX in .venv (or MLX_DIR), the libmlx mlxkern links.
 demo: build
 	@mkdir -p $(BUILD)
-	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -Itests/common examples/c/demo.c \
+	$(CC) -O2 -std=c11 -Wall -Wextra -Werror -Iinclude -Iexamples/common examples/c/demo.c \
 	  $(LINK) -lm -o $(BUILD)/demo
 	$(BUILD)/demo
 	@echo

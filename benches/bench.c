@@ -24,7 +24,7 @@
  * both sides of each ratio are measured close together. Writes every figure to OUTPUT.json.
  * Environment: MLXK_BENCH_QUICK=1 for a short run (smaller time budget per case).
  *
- * Uses only include/mlxkern.h, the helpers the C programs share (tests/common/mlxk_test_util.h),
+ * Uses only include/mlxkern.h, the helpers the C programs share (examples/common/mlxk_test_util.h),
  * the timing and host description the C bench drivers share (benches/harness.h) and libc,
  * pthreads. Built and run by scripts/bench.sh.
  */

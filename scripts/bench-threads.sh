@@ -16,7 +16,7 @@ PY=$ROOT/.venv/bin/python3
 [ -x "$PY" ] || PY=python3
 rm -rf "$OUT"
 mkdir -p "$OUT"
-"$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/tests/common" \
+"$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/examples/common" \
   "$ROOT/benches/bench.c" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -o "$OUT/bench"
 lscpu | grep -E 'Model name' | sed 's/^/cpu: /; s/  */ /g'
 echo "cpus online: $(nproc)"

@@ -73,16 +73,16 @@ if ! "$PY" -c "import matplotlib" 2>/dev/null; then
 fi
 
 mkdir -p "$OUT"
-"$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/tests/common" \
+"$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/examples/common" \
   "$ROOT/benches/bench.c" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -o "$OUT/bench"
 MLX=$("$PY" -m mlx --cmake-dir)
 "$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/examples/cpp" \
   -isystem "$MLX/include" "$ROOT/benches/engine.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
   -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/engine"
-"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/common" \
+"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/examples/common" \
   -isystem "$MLX/include" "$ROOT/benches/grad.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
   -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/grad"
-"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/tests/common" \
+"$CXX" -O2 -std=c++20 -Wall -Wextra -Werror -I"$ROOT/include" -I"$ROOT/examples/common" \
   -isystem "$MLX/include" "$ROOT/benches/pool.cpp" -L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" \
   -L"$MLX/lib" -lmlx -Wl,-rpath,"$MLX/lib" -o "$OUT/pool"
 "$CXX" -O2 -std=c++17 -Wall -Wextra -Werror -pthread "$ROOT/benches/fma_peak.cpp" -o "$OUT/fma_peak"

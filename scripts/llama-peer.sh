@@ -107,7 +107,7 @@ esac
 [ -f "$KERN" ] || skip "$KERN not found (cargo build --lib)"
 mkdir -p "$ROOT/build/bench"
 # ggml's headers are third-party: -isystem keeps their warnings out of -Werror.
-if ! "$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/tests/common" \
+if ! "$CC" -O2 -std=c11 -Wall -Wextra -Werror -pthread -I"$ROOT/include" -I"$ROOT/examples/common" \
     -isystem "$SRC/ggml/include" -DLLAMA_SOURCE="\"llama.cpp vendored by the llama-cpp-python $VERSION sdist\"" \
     "$ROOT/benches/llama_peer.c" \
     -L"$GGML_LIBDIR" -lggml -lggml-base -lggml-cpu -Wl,-rpath,"$GGML_LIBDIR" \

@@ -79,7 +79,7 @@ if [ ! -f "$MLXC_BUILD/libmlxc.a" ]; then
   "$CMAKE" --build "$MLXC_BUILD" -j2 >"$OUT/mlx-c-build.log" 2>&1 ||
     fail "mlx-c build (see $OUT/mlx-c-build.log)"
 fi
-"$CC" -std=c11 -Wall -Wextra -Werror "${SAN[@]}" -I"$ROOT/include" -I"$ROOT/tests/common" \
+"$CC" -std=c11 -Wall -Wextra -Werror "${SAN[@]}" -I"$ROOT/include" -I"$ROOT/examples/common" \
   -isystem "$MLXC_SRC" -c "$ROOT/tests/interop/host_mlxc.c" -o "$OUT/host_mlxc.o" ||
   fail "host_mlxc does not build"
 "$CXX" "${SAN[@]}" "$OUT/host_mlxc.o" "$MLXC_BUILD/libmlxc.a" "${LINK[@]}" -o "$OUT/host_mlxc" ||

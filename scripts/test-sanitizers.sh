@@ -37,7 +37,7 @@ fail() {
 now_ms() { date +%s%3N; }
 elapsed() { local ms=$(($(now_ms) - $1)); printf '%d.%d s' $((ms / 1000)) $((ms % 1000 / 100)); }
 
-INCLUDE=(-I"$ROOT/include" -I"$ROOT/tests/common")
+INCLUDE=(-I"$ROOT/include" -I"$ROOT/examples/common")
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR" -lm -pthread)
 WARN=(-std=c11 -Wall -Wextra -Werror -pedantic)
 # The client test's files (tests/c/client.c runs the checks of the others).

@@ -1,6 +1,6 @@
 /*
- * Helpers shared by the C programs of mlxkern: tests/c/client.c, tests/c/stress.c,
- * benches/bench.c (with benches/inputs.h) and examples/c/demo.c.
+ * Helpers shared by the C programs of mlxkern (examples, benches and tests): examples/c/demo.c,
+ * benches/bench.c (with benches/inputs.h), tests/c/client.c and tests/c/stress.c.
  *
  *   bfloat16        mlxkt_bf16_from_float (round to nearest even; a NaN stays a quiet NaN of
  *                   the same sign), mlxkt_bf16_to_float, mlxkt_bf16_round
