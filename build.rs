@@ -95,7 +95,7 @@ fn main() {
 /// (`libmlxkern.so.<abi>`), so programs linked against it record that name and a library with
 /// an incompatible ABI is never picked up in its place. In the build tree a link of that name
 /// next to the built `libmlxkern.so` (in `target/<profile>/`) lets such programs run from
-/// there, as installed copies do (`scripts/install.sh` installs the file under the SONAME).
+/// there, as installed copies do (`scripts/package/install.sh` installs the file under the SONAME).
 fn set_soname(manifest_dir: &Path, out_dir: &Path) {
     let soname = format!("libmlxkern.so.{}", abi_version(manifest_dir));
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cargo consumer (scripts/test-consumers.sh cargo): a new cargo project in $WORK that
+# The cargo consumer (scripts/test/consumers.sh cargo): a new cargo project in $WORK that
 # depends on mlxkern by path as the README's "Rust" section says (the dependency and the
 # one-line build.rs giving the binary libmlx's rpath), whose main.rs uses only the safe Rust
 # API: reference.c's inputs, one decode step and one gated norm, printed in reference.c's

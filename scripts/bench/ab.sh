@@ -3,12 +3,12 @@
 # benches/ab.c loads both into one process and times them call by call in alternation, so
 # both see the same machine load (a shared machine's load swings more than a refactor moves).
 #
-#   scripts/bench-ab.sh LIBDIR_A LIBDIR_B [ROUNDS]
+#   scripts/bench/ab.sh LIBDIR_A LIBDIR_B [ROUNDS]
 #
 # LIBDIR_*: folders holding libmlxkern.so (e.g. a copy of target/debug made before a change, and
 # target/debug). ROUNDS defaults to 15. Prints best and median per side and the median ratio.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 [ $# -ge 2 ] || { sed -n 2,9p "$0"; exit 2; }
 A=$(cd "$1" && pwd)/libmlxkern.so
 B=$(cd "$2" && pwd)/libmlxkern.so

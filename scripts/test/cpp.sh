@@ -14,7 +14,7 @@
 #      trained from C++ through the kernels' gradients against the same training in mlx-lm, the
 #      loss curves equal within tolerance and decreasing (`make train-example` runs it long and
 #      plots it);
-#   4. scripts/install.sh into a temporary PREFIX;
+#   4. scripts/package/install.sh into a temporary PREFIX;
 #   5. the example rebuilt from a copy of its sources with only
 #      `pkg-config --cflags --libs mlxkern-mlx` (PKG_CONFIG_PATH=PREFIX/lib/pkgconfig: mlxkern
 #      plus the MLX headers and libmlx installed with it), checked to read every header and
@@ -29,7 +29,7 @@
 # pkg-config and binutils (Debian: apt-get install g++ pkg-config binutils).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CXX=${CXX:-c++}
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 BUILD=${BUILD:-$ROOT/build}
@@ -44,7 +44,7 @@ fail() {
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
 
-[ "$(uname -s)" = Linux ] || fail "scripts/test-cpp.sh runs on Linux (the install step is Linux-only)"
+[ "$(uname -s)" = Linux ] || fail "scripts/test/cpp.sh runs on Linux (the install step is Linux-only)"
 for tool in "$CXX" pkg-config readelf ldd cmp; do
   command -v "$tool" >/dev/null || case "$tool" in
     pkg-config) fail "pkg-config not found: apt-get install pkg-config" ;;
@@ -147,7 +147,7 @@ if [ "${KEEP_PREFIX:-0}" = 1 ]; then
 else
   trap 'rm -rf "$PREFIX"' EXIT
 fi
-LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$PREFIX" >/dev/null || fail "scripts/install.sh $PREFIX"
+LIBDIR=$LIBDIR "$ROOT/scripts/package/install.sh" "$PREFIX" >/dev/null || fail "scripts/package/install.sh $PREFIX"
 for file in include/mlxkern.h include/mlxkern.hpp include/mlxkern_pool.hpp include/mlxkern_mlxc.h lib/libmlxkern.so \
   lib/pkgconfig/mlxkern.pc lib/pkgconfig/mlxkern-mlx.pc lib/mlxkern/mlx/lib/libmlx.so \
   lib/mlxkern/mlx/include/mlx/mlx.h; do
@@ -160,7 +160,7 @@ abi=$(sed -n 's/^#define MLXK_ABI_VERSION \([0-9][0-9]*\)$/\1/p' "$ROOT/include/
   || fail "install: lib/libmlxkern.so is not a link to libmlxkern.so.$abi"
 soname=$(readelf -d "$PREFIX/lib/libmlxkern.so.$abi" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')
 [ "$soname" = "libmlxkern.so.$abi" ] || fail "install: SONAME is '$soname', expected libmlxkern.so.$abi"
-echo "PASS: scripts/install.sh: headers, lib (SONAME $soname), private MLX copy and pkg-config file" \
+echo "PASS: scripts/package/install.sh: headers, lib (SONAME $soname), private MLX copy and pkg-config file" \
   "in PREFIX [$(since "$start")]"
 
 # 5. Build and run the example against the installed copy, with pkg-config alone. The example
@@ -211,4 +211,4 @@ done
 echo "PASS: the installed-copy build runs without LD_LIBRARY_PATH (libmlxkern, libmlx, BLAS from" \
   "PREFIX); outputs byte-identical to the in-tree build's [$(since "$start")]"
 
-echo "PASS: scripts/test-cpp.sh [$(since "$total_start") total]"
+echo "PASS: scripts/test/cpp.sh [$(since "$total_start") total]"

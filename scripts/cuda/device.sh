@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On a CUDA machine (H100/H200, no Rust needed), from the repository root with build/cuda/carry
-# made by scripts/cuda-build.sh: stages MLX CUDA, then runs
+# made by scripts/cuda/build.sh: stages MLX CUDA, then runs
 #   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide),
 #           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
 #   bench   build/cuda/carry/bench_cuda, the fla peers (benches/peer_fla.py: decode;
@@ -10,11 +10,11 @@
 #   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
-# Usage: scripts/cuda-device.sh [test] [bench] [grad] [pool] [chunked] (test and bench by
+# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [chunked] (test and bench by
 # default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-$PWD/build/cuda/out}
 mkdir -p "$out"
 what=${*:-test bench}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mlxkern inside an mlx-swift program, on the program's one MLX (swift/MLXKernMLX):
 #   1. libmlxkern.a built in host-MLX mode against the MLX sources mlx-swift compiles in
-#      (scripts/swift-mlx-lib.sh: target/mlx-swift/debug, plus the mlxkern.pc SwiftPM links it
+#      (scripts/swift/mlx-lib.sh: target/mlx-swift/debug, plus the mlxkern.pc SwiftPM links it
 #      through);
 #   2. the references the tests compare with, from the bundled library (target/debug, on the
 #      pip MLX): tests/consumers/reference.c's output, and the C++ engine layer
@@ -9,7 +9,7 @@
 #      configuration (MLXKERN_TEST_QWEN35_CONFIG=35b: Qwen3.5-35B-A3B's shapes), which leaves
 #      the weights, the token stream and the engine's outputs;
 #   3. the package's XCTest suite (swift/MLXKernMLX/Tests) built against mlx-swift and that
-#      archive, in the Swift root of scripts/swift-env.sh: MLXArrays into the kernels and back
+#      archive, in the Swift root of scripts/swift/env.sh: MLXArrays into the kernels and back
 #      (zero copy, laziness, views, decode loop), the kernels bit-identical to the bundled
 #      library's, the Qwen3.5 Gated DeltaNet layer against the C++ engine; then, in a process of
 #      its own, the guard: the bundled library (its own libmlx) loaded beside mlx-swift's MLX
@@ -26,7 +26,7 @@
 # Linux needs root (the Swift root). macOS: not run here; see swift/README.md.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
 MLX_SWIFT=${MLX_SWIFT_PATH:-$ROOT/../shared/vendor/mlx-swift}
 LIBDIR=$(cd "${LIBDIR:-$ROOT/target/debug}" && pwd -P)
 BUILD=${BUILD:-$ROOT/build}
@@ -58,7 +58,7 @@ case "$QWEN35" in small|35b) ;; *) die "MLXKERN_TEST_QWEN35_CONFIG=$QWEN35: expe
 
 # 1. The static library against mlx-swift's MLX.
 t=$(now)
-PCDIR=$("$ROOT/scripts/swift-mlx-lib.sh" "$MLX_SWIFT")
+PCDIR=$("$ROOT/scripts/swift/mlx-lib.sh" "$MLX_SWIFT")
 say "libmlxkern.a against mlx-swift's MLX: $(since "$t") s"
 
 # 2. The references, from the bundled library on the pip MLX.
@@ -82,7 +82,7 @@ say "references (reference.c, the C++ engine layer): $(since "$t") s"
 # 3. The Swift tests, in the Swift root.
 t=$(now)
 SWIFT_CHROOT_PACKAGES="libstdc++-14-dev libblas-dev liblapack-dev liblapacke-dev libopenblas-dev gfortran" \
-  "$ROOT/scripts/swift-env.sh"
+  "$ROOT/scripts/swift/env.sh"
 MLXLIB=$(ldd "$LIBDIR/libmlxkern.so" | awk '$1 == "libmlx.so" { print $3 }')
 [ -n "$MLXLIB" ] || die "$LIBDIR/libmlxkern.so does not find libmlx.so"
 binds=()
@@ -99,7 +99,7 @@ export MLXKERN_TEST_REFERENCE=$OUT/reference.txt MLXKERN_TEST_QWEN35_DIR=$OUT/qw
 export SWIFT_RUN_ENV="MLX_SWIFT_PATH PKG_CONFIG_PATH MLXKERN_TEST_REFERENCE MLXKERN_TEST_QWEN35_DIR
   MLXKERN_TEST_QWEN35_CONFIG MLXKERN_TEST_SEED MLXKERN_TEST_BUNDLED_LIB"
 say "Swift root ready: $(since "$t") s"
-run() { "$ROOT/scripts/swift-run.sh" "$ROOT" "$@"; }
+run() { "$ROOT/scripts/swift/run.sh" "$ROOT" "$@"; }
 
 t=$(now)
 run sh -c 'cd swift/MLXKernMLX && swift build --build-tests' >"$LOG" 2>&1 ||

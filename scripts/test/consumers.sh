@@ -2,7 +2,7 @@
 # Consumers of each kind, built the way a user builds them, in fresh folders outside the
 # repository (README, "Using mlxkern from another project"):
 #
-#   scripts/test-consumers.sh [KIND...]      KIND: cmake cargo bun swift (default: all)
+#   scripts/test/consumers.sh [KIND...]      KIND: cmake cargo bun swift (default: all)
 #
 # Each tests/consumers/<kind>/run.sh is run with ROOT (this repository), WORK (an empty folder
 # of its own under a fresh temporary folder) and LIBDIR (the built library's folder). It builds
@@ -12,7 +12,7 @@
 # the C ABI. Its progress goes to stderr. Exit status 3 means "skipped" (the reason on stderr).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 CC=${CC:-cc}
 kinds=("$@")

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # mlx-c (MLX's C API) as a shared library, for the binding tests that load a real mlx-c host in
-# the same process as mlxkern (scripts/test-bun.sh, scripts/test-swift.sh). mlx-c is a test
+# the same process as mlxkern (scripts/test/bun.sh, scripts/test/swift.sh). mlx-c is a test
 # fixture: built here from ../shared/vendor/mlx-c (the development checkout's vendored tree,
 # never copied into the repository) against the .venv's MLX, once, into build/mlx-c-shared.
 #
-#   scripts/mlxc-shared.sh        prints the path of libmlxc.so (built on the first call)
+#   scripts/setup/mlx-c.sh        prints the path of libmlxc.so (built on the first call)
 #
 # Exit status: 0 with the path on stdout; 3 when the mlx-c sources are absent (the reason on
 # stdout: callers skip those tests and say why); 1 on any other failure (logs under
@@ -12,7 +12,7 @@
 # BUILD (default build).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
 MLXC_SRC=${MLXC_SRC:-$ROOT/../shared/vendor/mlx-c}
 BUILD=${BUILD:-$ROOT/build}
 OUT=$BUILD/mlx-c-shared

@@ -18,8 +18,8 @@
 set -euo pipefail
 
 start=$SECONDS
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-SCRIPT=$ROOT/scripts/test-metal-emu.sh
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+SCRIPT=$ROOT/scripts/test/metal-emu.sh
 cd "$ROOT"
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 BUILD=${BUILD:-$ROOT/build}
@@ -141,4 +141,4 @@ done
 # makes the head split bit-identical in every dtype.
 "$OUT/harness_variant" --kind head_split
 
-echo "PASS: scripts/test-metal-emu.sh ($((SECONDS - start)) s)"
+echo "PASS: scripts/test/metal-emu.sh ($((SECONDS - start)) s)"

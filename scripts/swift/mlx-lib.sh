@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# swift-mlx-lib.sh MLX_SWIFT_DIR
+# scripts/swift/mlx-lib.sh MLX_SWIFT_DIR
 #
 # libmlxkern for an mlx-swift app: builds the static library in host-MLX mode against the MLX
 # sources that mlx-swift compiles into the app (MLX_SWIFT_DIR/Source/Cmlx/mlx, a checkout with
@@ -18,11 +18,11 @@
 # CARGO_TARGET_DIR/<profile>/swiftpm), CARGO (default cargo).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
 die() { printf 'swift-mlx-lib: error: %s\n' "$*" >&2; exit 1; }
 say() { printf 'swift-mlx-lib: %s\n' "$*" >&2; }
 
-[ $# -eq 1 ] || die "usage: swift-mlx-lib.sh MLX_SWIFT_DIR (an mlx-swift checkout with its submodules)"
+[ $# -eq 1 ] || die "usage: scripts/swift/mlx-lib.sh MLX_SWIFT_DIR (an mlx-swift checkout with its submodules)"
 MLX_SWIFT=$(cd "$1" 2>/dev/null && pwd -P) || die "no such folder: $1"
 MLX_SRC=$MLX_SWIFT/Source/Cmlx/mlx
 [ -f "$MLX_SRC/mlx/mlx.h" ] ||
@@ -55,7 +55,7 @@ ln -sfn "$ARCHIVE" "$OUT/libmlxkern.a"
 cat >"$OUT/mlxkern.pc" <<PC
 # libmlxkern's static archive built against MLX $version from $MLX_SRC
 # (host-MLX mode: MLX's symbols come from the app, which compiles that MLX in). Written by
-# scripts/swift-mlx-lib.sh.
+# scripts/swift/mlx-lib.sh.
 libdir=$OUT
 includedir=$ROOT/include
 

@@ -8,7 +8,7 @@
 #
 # Writes build/bench/train_loss.png (both curves and their relative difference, next to the
 # bench chart) and build/bench/train_loss.csv / .json (both curves, configuration, timings).
-# `make test` runs a short version (scripts/test-cpp.sh).
+# `make test` runs a short version (scripts/test/cpp.sh).
 #
 # Expects the library built (`cargo build --lib`; the Makefile target does it) and .venv made
 # by scripts/bootstrap.sh. matplotlib (for the plot only) is installed into .venv on first use,
@@ -16,7 +16,7 @@
 # target/debug); MLXK_TRAIN_STEPS (default 300); MLXK_TRAIN_SEED (replay a run's data).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CXX=${CXX:-c++}
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 BUILD=${BUILD:-$ROOT/build}

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# swift-run.sh DIR CMD [ARGS...]
+# scripts/swift/run.sh DIR CMD [ARGS...]
 #
 # Swift 6 toolchain in a Debian trixie chroot. Runs CMD inside the Swift root made by
-# scripts/swift-env.sh, with DIR bind-mounted
+# scripts/swift/env.sh, with DIR bind-mounted
 # at the same absolute path it has on the host (so absolute paths, .build
 # caches, #filePath and -rpath values mean the same inside and outside).
 # The working directory is the current one if it lies inside DIR, else DIR.
 # The exit status is CMD's.
 #
-#   swift-run.sh "$PWD" swift test
-#   swift-run.sh /src/proj sh -c 'cd swift && swift build -c release'
+#   scripts/swift/run.sh "$PWD" swift test
+#   scripts/swift/run.sh /src/proj sh -c 'cd swift && swift build -c release'
 #
 # Settings (environment):
 #   SWIFT_CHROOT        the root (default /var/cache/swift-chroot/trixie);
-#                       made by swift-env.sh first if it is missing
+#                       made by scripts/swift/env.sh first if it is missing
 #   SWIFT_RUN_BINDS     more host paths to bind at the same path, ':'-separated
 #                       (e.g. a C library's build folder outside DIR)
 #   SWIFT_RUN_ENV       names of host variables to pass in, space-separated
@@ -28,7 +28,7 @@ set -euo pipefail
 
 die() { printf 'swift-run: error: %s\n' "$*" >&2; exit 125; }
 
-[ $# -ge 2 ] || die "usage: swift-run.sh DIR CMD [ARGS...]"
+[ $# -ge 2 ] || die "usage: scripts/swift/run.sh DIR CMD [ARGS...]"
 [ "$(id -u)" = 0 ] || die "must run as root (chroot, mount)"
 ROOT=${SWIFT_CHROOT:-/var/cache/swift-chroot/trixie}
 ROOT=${ROOT%/}
@@ -48,8 +48,8 @@ case "$DIR" in
 esac
 
 if [ ! -f "$ROOT/.swift-env-stamp" ]; then
-  printf 'swift-run: %s is not set up; running swift-env.sh\n' "$ROOT" >&2
-  "$(dirname -- "$(realpath -e -- "$0")")/swift-env.sh" "$ROOT" || die "swift-env.sh failed"
+  printf 'swift-run: %s is not set up; running scripts/swift/env.sh\n' "$ROOT" >&2
+  "$(dirname -- "$(realpath -e -- "$0")")/env.sh" "$ROOT" || die "scripts/swift/env.sh failed"
 fi
 
 # Working directory: keep the caller's if it is inside DIR.

@@ -3,10 +3,10 @@
 # modes"), run by `make test-host-mlx` (part of `make test`):
 #   1. .venv-mlx-0.31.1 with mlx[cpu]==0.31.1 (scripts/bootstrap.sh --mlx 0.31.1);
 #   2. the library built against it (CARGO_TARGET_DIR=target/mlx031);
-#   3. the C ABI suite (tests/c/run.sh) and the interop suites (scripts/test-interop.sh: the C++
+#   3. the C ABI suite (tests/c/run.sh) and the interop suites (scripts/test/interop.sh: the C++
 #      host under ASan, dlclose and a second libmlx, mlx-c where its sources are) on MLX 0.31.1;
 #   4. engines that bring their own MLX through CMake, for MLX 0.31.1 and 0.32.4 (pip wheels):
-#      `install.sh` in host-MLX mode (MLXKERN_MLX=host: no MLX copied), then tests/interop/cmake
+#      `scripts/package/install.sh` in host-MLX mode (MLXKERN_MLX=host: no MLX copied), then tests/interop/cmake
 #      (find_package(MLX), find_package(mlxkern)) builds the C++ interop host twice, on
 #      mlxkern::shared (libmlxkern.so linking the wheel's libmlx) and on mlxkern::static
 #      (libmlxkern.a), both under ASan; each checked to load one libmlx, the wheel's; and
@@ -27,7 +27,7 @@
 # Needs: cargo, g++, python3 (venv, pip), binutils, cmake (else pip's, into .venv).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CC=${CC:-cc}
 CXX=${CXX:-c++}
 CARGO=${CARGO:-cargo}
@@ -44,7 +44,7 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
 [ "$(uname -s)" = Linux ] || fail "runs on Linux"
 [ -x "$ROOT/.venv/bin/python3" ] || fail ".venv not found: make bootstrap"
 mkdir -p "$OUT"
-CMAKE=$("$ROOT/scripts/find-cmake.sh") || fail "no cmake"
+CMAKE=$("$ROOT/scripts/setup/cmake.sh") || fail "no cmake"
 total=$(now)
 
 # Builds the library against MLX_DIR=$2 into target folder $1 (extra environment after);
@@ -129,8 +129,8 @@ start=$(now)
 # newer, for MLX 0.32).
 LD_LIBRARY_PATH=$CPU_LIBS CC=$CC CXX=$CXX LIBDIR=$LIB031 MLX_DIR=$MLX031 BUILD=$OUT/0.31.1 \
   MLXC_SRC=${MLXC031_SRC:-$ROOT/../shared/vendor/mlx-swift/Source/Cmlx/mlx-c} \
-  "$ROOT/scripts/test-interop.sh" || fail "scripts/test-interop.sh on MLX 0.31.1"
-echo "PASS: scripts/test-interop.sh on MLX 0.31.1 [$(since "$start")]"
+  "$ROOT/scripts/test/interop.sh" || fail "scripts/test/interop.sh on MLX 0.31.1"
+echo "PASS: scripts/test/interop.sh on MLX 0.31.1 [$(since "$start")]"
 
 # 4. Engines with their own MLX (pip wheels) through CMake, host-MLX installs.
 for pair in "0.31.1 $MLX031 $LIB031" "0.32.4 $MLX032 $ROOT/target/debug"; do
@@ -139,8 +139,8 @@ for pair in "0.31.1 $MLX031 $LIB031" "0.32.4 $MLX032 $ROOT/target/debug"; do
   [ -f "$libdir/libmlxkern.a" ] || fail "$libdir/libmlxkern.a not found (cargo build --lib)"
   prefix=$OUT/$version/prefix
   rm -rf "$prefix"
-  MLXKERN_MLX=host MLX_DIR=$mlx LIBDIR=$libdir "$ROOT/scripts/install.sh" "$prefix" >/dev/null ||
-    fail "install.sh in host-MLX mode against MLX $version"
+  MLXKERN_MLX=host MLX_DIR=$mlx LIBDIR=$libdir "$ROOT/scripts/package/install.sh" "$prefix" >/dev/null ||
+    fail "scripts/package/install.sh in host-MLX mode against MLX $version"
   [ ! -e "$prefix/lib/mlxkern" ] || fail "the host-MLX install copied an MLX"
   cmake_hosts "$mlx/share/cmake/MLX" "$prefix" "$OUT/$version/cmake-hosts" "$mlx/lib"
   echo "PASS: MLX $version engines (pip, shared libmlx) on host-MLX mlxkern, shared and static [$(since "$start")]"
@@ -201,7 +201,7 @@ else
   prefix=$OUT/static/prefix
   rm -rf "$prefix"
   MLXKERN_MLX=host MLX_DIR=$STATIC/prefix LIBDIR=$ROOT/target/mlx031-static/debug \
-    "$ROOT/scripts/install.sh" "$prefix" >/dev/null 2>&1 || fail "install.sh in host-MLX mode against the static MLX"
+    "$ROOT/scripts/package/install.sh" "$prefix" >/dev/null 2>&1 || fail "scripts/package/install.sh in host-MLX mode against the static MLX"
   [ -f "$prefix/lib/libmlxkern.a" ] && [ ! -e "$prefix/lib/libmlxkern.so" ] ||
     fail "the install against a static MLX should hold libmlxkern.a only"
   # With mlx-c (v0.6.0, mlx-swift's, for MLX 0.31.1) where its sources are: the C hosts too.
@@ -233,4 +233,4 @@ else
     "results bit-identical to reference.c's on MLX 0.32.4"
   echo "PASS: MLX 0.31.1 built from source (static) engine on host-MLX mlxkern (libmlxkern.a) [$(since "$start")]"
 fi
-echo "PASS: scripts/test-host-mlx.sh [$(since "$total") total]"
+echo "PASS: scripts/test/host-mlx.sh [$(since "$total") total]"

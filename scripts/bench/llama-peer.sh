@@ -2,7 +2,7 @@
 # The llama.cpp peer of `make bench`: ggml's CPU GGML_OP_GATED_DELTA_NET, timed by
 # benches/llama_peer.c on the same cases and inputs as benches/bench.c.
 #
-#   scripts/llama-peer.sh            fetch + build ggml once (cached), then build the driver
+#   scripts/bench/llama-peer.sh            fetch + build ggml once (cached), then build the driver
 #                                    $BUILD/bench/llama_peer; exit 0 when it is ready
 #
 # Sources: the llama-cpp-python 0.3.36 sdist from PyPI, which vendors llama.cpp (ggml 0.25.3),
@@ -13,12 +13,12 @@
 # stamp (version + options) matches; delete build/llama.cpp/ to rebuild.
 #
 # Without network (the download fails), cmake or a C/C++ compiler, it prints one line starting
-# with "bench: llama.cpp peer skipped:" and exits 1; scripts/bench.sh then runs without it.
+# with "bench: llama.cpp peer skipped:" and exits 1; scripts/bench/run.sh then runs without it.
 # Environment: CC, CXX; LIBDIR (folder holding libmlxkern, for the driver's agreement check);
 # JOBS (parallel compile jobs for ggml, default 2).
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 CC=${CC:-cc}
 CXX=${CXX:-c++}

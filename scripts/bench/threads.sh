@@ -4,10 +4,10 @@
 # (MLXK_NUM_THREADS), on a quiet machine and with 1 and 2 competing CPU-bound processes (busy
 # loops started here). Prints the medians and the 2-thread / 1-thread speed-up per setting.
 #
-#   scripts/bench-threads.sh [ROUNDS]      (default 3; results in build/bench-threads/)
+#   scripts/bench/threads.sh [ROUNDS]      (default 3; results in build/bench-threads/)
 # BENCH_GROUPS (default "decode1 prefill") picks the benches/bench.c groups.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 ROUNDS=${1:-3}
 CC=${CC:-cc}

@@ -2,7 +2,7 @@
 # The native CPU training peer of `make bench`'s gradient section: bitsandbytes-cpu-fork's Gated
 # DeltaNet kernels (gdn_fwd_cpu / gdn_bwd_cpu), timed by benches/grad_bnb.py through ctypes.
 #
-#   scripts/bnb-peer.sh          fetch the wheel once (cached) into build/bnb/ and extract it;
+#   scripts/bench/bnb-peer.sh          fetch the wheel once (cached) into build/bnb/ and extract it;
 #                                prints the extracted folder (benches/grad_bnb.py's LIBDIR) and
 #                                exits 0 when it is ready
 #
@@ -10,10 +10,10 @@
 # prebuilt: AVX2 and AVX-512 variants, with a bundled libgomp found by $ORIGIN), fetched with
 # `pip download --no-deps` (no torch: only the shared libraries are used). Without network it
 # prints one line starting with "bench: bitsandbytes-cpu-fork peer skipped:" and exits 1;
-# scripts/bench.sh then runs the gradient section without it.
+# scripts/bench/run.sh then runs the gradient section without it.
 set -uo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 VERSION=0.50.2.dev9
 DIR=$ROOT/build/bnb
 PKG=$DIR/pkg-$VERSION

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the Bun binding as npm packages (Linux x86-64, glibc):
 #
-#   scripts/bun-pack.sh [--if-changed]
+#   scripts/package/bun-pack.sh [--if-changed]
 #
 #   build/npm/mlxkern-<version>.tgz                the bindings (TypeScript, run by Bun as they
 #                                                  are), with mlxkern-linux-x64-gnu as an
@@ -16,16 +16,16 @@
 # The platform package is chosen by the package manager from its os/cpu/libc fields, like the
 # platform packages of Bun itself; the bindings find it by resolving its package.json, whose
 # field "mlxkern": { "library": ... } names the library file (bun/src/library.ts). Its lib/ is
-# what scripts/install.sh installs into PREFIX/lib (run here into a staging prefix), less the
+# what scripts/package/install.sh installs into PREFIX/lib (run here into a staging prefix), less the
 # headers and pkg-config files.
 #
 # --if-changed: do nothing when build/npm holds tarballs packed from the same library and the
 # same bindings (a stamp records their checksums).
 # Environment: LIBDIR (the folder holding the built libmlxkern.so; default target/debug), OUT
-# (default build/npm). Needs: npm, readelf and objcopy (binutils), python3 (for install.sh).
+# (default build/npm). Needs: npm, readelf and objcopy (binutils), python3 (for scripts/package/install.sh).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 OUT=${OUT:-$ROOT/build/npm}
 PKG=$ROOT/bun
@@ -58,7 +58,7 @@ PLATFORM_TGZ=$OUT/$PLATFORM-$version.tgz
 
 # What the tarballs are made of: the library, the bindings' sources and manifest, this script.
 stamp=$( (sha256sum <"$LIBDIR/libmlxkern.so"
-  cd "$ROOT" && sha256sum bun/package.json bun/README.md LICENSE scripts/bun-pack.sh scripts/install.sh
+  cd "$ROOT" && sha256sum bun/package.json bun/README.md LICENSE scripts/package/bun-pack.sh scripts/package/install.sh
   find bun/src -type f -print0 | sort -z | xargs -0 sha256sum) | sha256sum | cut -d' ' -f1)
 if [ "$if_changed" = 1 ] && [ -f "$MAIN_TGZ" ] && [ -f "$PLATFORM_TGZ" ] &&
   [ "$(cat "$OUT/.stamp" 2>/dev/null)" = "$stamp" ]; then
@@ -71,7 +71,7 @@ STAGE=$(mktemp -d "$OUT/.stage.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
 
 # --- the platform package ---------------------------------------------------------------------
-LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$STAGE/prefix" >&2
+LIBDIR=$LIBDIR "$ROOT/scripts/package/install.sh" "$STAGE/prefix" >&2
 P=$STAGE/$PLATFORM
 mkdir -p "$P/lib/mlxkern/mlx/lib" "$P/licenses"
 soname=$(readelf -d "$STAGE/prefix/lib/libmlxkern.so" | sed -n 's/.*(SONAME).*\[\(.*\)\]$/\1/p')

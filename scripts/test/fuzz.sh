@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes every C ABI target under AddressSanitizer (libFuzzer's LeakSanitizer on), `make fuzz`.
 #
-#   scripts/fuzz.sh [seconds per target] [target ...]     (default: 600 s, every target)
+#   scripts/test/fuzz.sh [seconds per target] [target ...]     (default: 600 s, every target)
 #
 # Targets (fuzz/fuzz_targets/): array, gated_delta, norms, norms_vjp, gated_delta_vjp,
 # glm52, pool. Each decodes its input into C
@@ -22,7 +22,7 @@
 # are tracked through the intercepted malloc.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 
 CARGO_FUZZ_VERSION=0.13.2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The pinned Bun, for the repository's tests (Bun is no dependency of the mlxkern package):
 #
-#   scripts/bun-tool.sh        prints the path of the bun binary (fetched on the first call)
+#   scripts/setup/bun.sh        prints the path of the bun binary (fetched on the first call)
 #
 # Fetches Bun BUN_VERSION (below) from its npm platform package @oven/bun-linux-x64 (`npm pack`,
 # no install script; checked against the pinned sha512) into build/tools/bun-<version>/bin/bun,
@@ -9,7 +9,7 @@
 # without AVX2). Progress and errors on stderr. Needs node and npm.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
 BUN_VERSION=1.4.5
 BUN_INTEGRITY=sha512-IWX9BELoGHAUtMonkeSaNaZwXzRk+oDw6Mk+HBFXd3KHYIBNBsIGRupMZPcgNoDbJpLu6gAJjIoIVPZtt1aJ1g==
 

@@ -11,7 +11,7 @@
 # valgrind, default STRESS_CALLS), MLXK_VALGRIND=0 skips the valgrind part.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CC=${CC:-cc}
 LIBDIR=${LIBDIR:-$ROOT/target/debug}
 BUILD=${BUILD:-$ROOT/build}

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# swift-env.sh [CHROOT_DIR]
+# scripts/swift/env.sh [CHROOT_DIR]
 #
-# Swift 6 toolchain in a Debian trixie chroot: the root used by scripts/swift-run.sh and
-# scripts/test-swift.sh. Creates, once, a minimal Debian trixie root with Debian's Swift toolchain
+# Swift 6 toolchain in a Debian trixie chroot: the root used by scripts/swift/run.sh and
+# scripts/test/swift.sh. Creates, once, a minimal Debian trixie root with Debian's Swift toolchain
 # (package swiftlang, Swift 6.0.x) on a Debian bookworm host, whose glibc
 # (2.36) is too old for trixie's swiftlang (needs >= 2.38). Idempotent: a
 # second call finds the stamp and returns at once. Needs root.
@@ -94,7 +94,7 @@ flock -w 3600 9 || die "timed out waiting for $ROOT.lock"
 
 # --- fast path: already there --------------------------------------------
 # Whether every wanted package is among those the stamp records (a root made with more
-# packages serves callers that want fewer: test-swift.sh and test-mlx-swift.sh share one).
+# packages serves callers that want fewer: scripts/test/swift.sh and scripts/test/mlx-swift.sh share one).
 has_packages() {
   local have p
   have=" $(sed -n 's/^packages=//p' "$STAMP") "

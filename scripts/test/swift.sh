@@ -3,14 +3,14 @@
 # already built (target/debug, or MLXKERN_LIB_DIR).
 #
 #   macOS: `swift test` in swift/ with the Xcode toolchain.
-#   Linux: the same inside a Debian trixie root holding Swift 6 (scripts/swift-env.sh makes
+#   Linux: the same inside a Debian trixie root holding Swift 6 (scripts/swift/env.sh makes
 #          it once per machine: about 90-120 s and 550 MB of downloads from the Debian mirror
 #          the host's apt uses; later runs find it at once). Needs root (chroot, mounts).
 #          The repository is bind-mounted at its own path, so the rpaths baked into the test
 #          binary (the library folder) and into libmlxkern (the .venv's libmlx) hold inside.
 #
 # The tests of arrays shared with a host's MLX (Tests/MLXKernTests/HostMLXTests.swift) dlopen a
-# real mlx-c in the test process: scripts/mlxc-shared.sh builds it, once, from
+# real mlx-c in the test process: scripts/setup/mlx-c.sh builds it, once, from
 # ../shared/vendor/mlx-c into build/mlx-c-shared, and its path goes to the tests in
 # MLXKERN_TEST_MLXC. Where those sources are absent (a checkout without ../shared, as in CI)
 # those tests are skipped, and this script says so; the rest run.
@@ -20,8 +20,8 @@
 # (another mlx-c shared library to test with).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
-LIBDIR=${MLXKERN_LIB_DIR:-$ROOT/target/debug}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
+LIBDIR=${MLXKERN_LIB_DIR:-${LIBDIR:-$ROOT/target/debug}}
 PACKAGE=$ROOT/swift
 LOG=$PACKAGE/.build/test-swift.log
 
@@ -47,7 +47,7 @@ export MLXKERN_LIB_DIR=$LIBDIR
 PCDIR=$PACKAGE/.build/pkgconfig
 mkdir -p "$PCDIR"
 cat >"$PCDIR/mlxkern.pc" <<PC
-# Written by scripts/test-swift.sh: the library built in $LIBDIR.
+# Written by scripts/test/swift.sh: the library built in $LIBDIR.
 libdir=$LIBDIR
 Name: mlxkern
 Description: mlxkern built in this repository
@@ -68,7 +68,7 @@ if [ -n "${MLXKERN_TEST_MLXC:-}" ]; then
   say "mlx-c $MLXKERN_TEST_MLXC (MLXKERN_TEST_MLXC)"
 else
   status=0
-  out=$("$ROOT/scripts/mlxc-shared.sh") || status=$?
+  out=$("$ROOT/scripts/setup/mlx-c.sh") || status=$?
   case $status in
     0) MLXKERN_TEST_MLXC=$out; say "mlx-c $MLXKERN_TEST_MLXC" ;;
     3) say "SKIP the interop tests with mlx-c: $(echo $out)" ;;
@@ -118,10 +118,10 @@ SWIFT_RUN_BINDS=$(IFS=:; echo "${binds[*]-}")
 export SWIFT_RUN_ENV="MLXKERN_LIB_DIR MLXKERN_TEST_MLXC PKG_CONFIG_PATH"
 
 t=$(now)
-"$ROOT/scripts/swift-env.sh"
+"$ROOT/scripts/swift/env.sh"
 say "Swift chroot ready: $(since "$t") s"
 
-run() { "$ROOT/scripts/swift-run.sh" "$ROOT" "$@"; }
+run() { "$ROOT/scripts/swift/run.sh" "$ROOT" "$@"; }
 
 # Both libraries must resolve inside the root through their rpaths alone.
 unresolved=$(run ldd "$LIB" | grep 'not found' || true)

@@ -20,7 +20,7 @@
 # With them, the chunked form's forward + backward (mlxk_gated_delta_update_chunked and
 # mlxk_gated_delta_update_chunked_vjp, benches/grad.cpp's cfwd / cbwd phases) beside
 # bitsandbytes-cpu-fork's native CPU kernels (benches/grad_bnb.py through ctypes, its wheel fetched
-# once by scripts/bnb-peer.sh; skipped with one line without network), and the machine's float32
+# once by scripts/bench/bnb-peer.sh; skipped with one line without network), and the machine's float32
 # multiply-add peak (benches/fma_peak.cpp), the yardstick of the chunked forward's efficiency.
 #
 # Then the pool section (benches/pool.cpp, C++ on the .venv's MLX; cases in benches/pool_cases.h):
@@ -31,7 +31,7 @@
 # padded and one call per prompt, exact and chunked. Its table and results.json's "pool".
 #
 # The llama.cpp peer needs ggml, fetched and built once into build/llama.cpp/ by
-# scripts/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
+# scripts/bench/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
 # them it is skipped with one line and the rest runs. A disagreement of its outputs with
 # mlxkern's (checked before timing) drops its figures for that group, loudly.
 #
@@ -45,7 +45,7 @@
 # MLXK_BENCH_GRAD_PEER_MEM_GIB (benches/grad_peer.py's limits).
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 CC=${CC:-cc}
 CXX=${CXX:-c++}
@@ -88,7 +88,7 @@ MLX=$("$PY" -m mlx --cmake-dir)
 "$CXX" -O2 -std=c++17 -Wall -Wextra -Werror -pthread "$ROOT/benches/fma_peak.cpp" -o "$OUT/fma_peak"
 
 llama=0
-if [ -z "$ONLY" ] && CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/llama-peer.sh"; then
+if [ -z "$ONLY" ] && CC=$CC LIBDIR=$LIBDIR "$ROOT/scripts/bench/llama-peer.sh"; then
   llama=1
 fi
 
@@ -177,7 +177,7 @@ grad_peer_parts=()
 native_parts=()
 bnb=""
 if [ "${#grad_lengths[@]}" -gt 0 ]; then
-  bnb=$("$ROOT/scripts/bnb-peer.sh") || bnb=""
+  bnb=$("$ROOT/scripts/bench/bnb-peer.sh") || bnb=""
   echo "== float32 multiply-add peak =="
   "$OUT/fma_peak" "$PARTS/fma-peak.json" && native_parts+=("$PARTS/fma-peak.json")
 fi

@@ -3,7 +3,7 @@
 # the one on PATH, else the project's .venv/bin/cmake, installed there from PyPI
 # (pip's `cmake` package) when absent. Progress goes to stderr.
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 new_enough() {
   local v
   v=$("$1" --version 2>/dev/null | sed -n 's/^cmake version \([0-9]*\.[0-9]*\).*/\1/p')

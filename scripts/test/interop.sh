@@ -15,12 +15,12 @@
 #
 # Environment: CXX, CC, LIBDIR (folder of libmlxkern.so; default target/debug), BUILD (default
 # build), MLX_DIR (the MLX pip package folder the library in LIBDIR was built against; default
-# the .venv's: scripts/test-host-mlx.sh runs this suite against a second MLX), MLXK_INTEROP_SEED
+# the .venv's: scripts/test/host-mlx.sh runs this suite against a second MLX), MLXK_INTEROP_SEED
 # (replay the random inputs), MLXC_SRC (mlx-c sources; default ../shared/vendor/mlx-c). Needs
 # the library built, the .venv (make bootstrap), g++ >= 10.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 CXX=${CXX:-c++}
 CC=${CC:-cc}
 LIBDIR=$(cd "${LIBDIR:-$ROOT/target/debug}" && pwd)
@@ -92,4 +92,4 @@ echo "== interop: examples/c/mlxc_decode.c (a layer's decode loop on mlx-c)"
 "$CXX" "${SAN[@]}" "$OUT/mlxc_decode.o" "$MLXC_BUILD/libmlxc.a" "${LINK[@]}" -lm -o "$OUT/mlxc_decode" ||
   fail "mlxc_decode does not link"
 "$OUT/mlxc_decode" 8 || fail "mlxc_decode"
-echo "PASS: scripts/test-interop.sh"
+echo "PASS: scripts/test/interop.sh"

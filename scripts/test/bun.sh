@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Runs the Bun bindings' tests (bun/test/*.test.ts) against the built library.
 #
-#   scripts/test-bun.sh [bun test arguments...]
+#   scripts/test/bun.sh [bun test arguments...]
 #
 # Needs node/npm and the library built by `make build` (target/debug/libmlxkern.so), or
 # MLXKERN_LIB pointing at one; it builds nothing. Bun is no dependency of the package:
-# scripts/bun-tool.sh fetches the pinned one from the npm registry into build/tools/, once
+# scripts/setup/bun.sh fetches the pinned one from the npm registry into build/tools/, once
 # (BUN=/path/to/bun uses another, e.g. on macOS or on a CPU without AVX2).
 # The type check runs first: `bun check` and `tsc --noEmit` over src/, test/, examples/ and
 # scripts/ with Bun's types (@types/bun and typescript, bun/package.json's devDependencies,
 # installed by `npm ci` in bun/ when node_modules is missing or older than the lockfile).
 # The tests of arrays shared with a host's MLX (bun/test/mlx-interop.test.ts) load a real mlx-c
-# into the Bun process: scripts/mlxc-shared.sh builds it, once, from ../shared/vendor/mlx-c
+# into the Bun process: scripts/setup/mlx-c.sh builds it, once, from ../shared/vendor/mlx-c
 # into build/mlx-c-shared (MLXKERN_TEST_MLXC=/path/libmlxc.so uses another). Where those
 # sources are absent (a checkout without ../shared, as in CI) those tests are skipped, and this
 # script says so; the rest run.
@@ -19,7 +19,7 @@
 # STATS=1 (print the measured numeric errors).
 set -euo pipefail
 
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 PKG=$ROOT/bun
 
@@ -45,7 +45,7 @@ else
 fi
 
 # --- Bun -------------------------------------------------------------------------------------
-BUN=$("$ROOT/scripts/bun-tool.sh")
+BUN=$("$ROOT/scripts/setup/bun.sh")
 echo "test-bun: bun $("$BUN" --version) ($BUN)"
 
 # --- the type check ----------------------------------------------------------------------------
@@ -71,7 +71,7 @@ if [[ -n "${MLXKERN_TEST_MLXC:-}" ]]; then
   echo "test-bun: mlx-c $MLXKERN_TEST_MLXC (MLXKERN_TEST_MLXC)"
 else
   set +e
-  MLXC_OUT=$("$ROOT/scripts/mlxc-shared.sh")
+  MLXC_OUT=$("$ROOT/scripts/setup/mlx-c.sh")
   MLXC_STATUS=$?
   set -e
   case $MLXC_STATUS in

@@ -2,8 +2,8 @@
 # Installs mlxkern into PREFIX (Linux), in one of two link modes (docs/DESIGN.md §2.2, "Link
 # modes"):
 #
-#   scripts/install.sh PREFIX                                     bundled (default)
-#   MLXKERN_MLX=host MLX_DIR=... LIBDIR=... scripts/install.sh PREFIX    host MLX
+#   scripts/package/install.sh PREFIX                                     bundled (default)
+#   MLXKERN_MLX=host MLX_DIR=... LIBDIR=... scripts/package/install.sh PREFIX    host MLX
 #
 # Both modes install:
 #   PREFIX/include/mlxkern.h, mlxkern.hpp       the C header, the C++ RAII layer (with its
@@ -58,7 +58,7 @@
 # Needs: bash, coreutils, readelf (binutils), python3. Idempotent: re-running overwrites.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 if [ $# -ne 1 ] || [ -z "$1" ]; then
   echo "usage: $0 PREFIX   (environment: LIBDIR, MLXKERN_MLX=bundled|host, MLX_DIR)" >&2
   exit 2

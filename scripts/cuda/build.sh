@@ -8,12 +8,12 @@
 #   gpu_autograd     tests/cpp/gpu_autograd.cc (MLX autograd through the GPU kernels)
 #   bench_cuda       benches/bench_cuda.cc (with bench_cuda_layers.cc, _dispatch.cc, _pool.cc)
 #   wheels/          fla-core 0.6.0, the peer of benches/peer_fla.py
-# Then, on the device: `bash scripts/cuda-device.sh` (from the repository root, with
+# Then, on the device: `bash scripts/cuda/device.sh` (from the repository root, with
 # build/cuda/carry beside it) runs the tests, the benchmark and the chart.
 # MLX CUDA's own CUDA libraries are not needed here: executables link with
 # --allow-shlib-undefined, and the device provides them (scripts/cuda/stage.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 carry=build/cuda/carry work=build/cuda/work
 mkdir -p "$carry/wheels" "$work"
 if [ ! -f "$carry/payload.tar.xz" ] || [ ! -f "$work/x/mlx/lib/libmlx.so" ]; then
