@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Consumers of each kind, built the way a user builds them, in fresh folders outside the
-# repository (README, "Using mlxkern from another project"):
+# repository (docs/install.md):
 #
 #   scripts/test/consumers.sh [KIND...]      KIND: cmake cargo bun swift (default: all)
 #

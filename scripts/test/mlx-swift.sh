@@ -23,7 +23,7 @@
 # ../shared/vendor/mlx-swift), LIBDIR (the bundled library; default target/debug), BUILD
 # (default build), CC, CXX (default cc, c++), SWIFT_CHROOT, MLXKERN_TEST_SEED,
 # MLXKERN_TEST_QWEN35_CONFIG (small or 35b; default small).
-# Linux needs root (the Swift root). macOS: not run here; see swift/README.md.
+# Linux needs root (the Swift root). macOS: not run here; see docs/hosts/swift.md.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd -P)
@@ -47,7 +47,7 @@ if [ ! -f "$MLX_SWIFT/Package.swift" ]; then
   exit 0
 fi
 MLX_SWIFT=$(cd "$MLX_SWIFT" && pwd -P)
-[ "$(uname -s)" = Linux ] || die "this script runs the Swift root of Linux; on macOS follow swift/README.md"
+[ "$(uname -s)" = Linux ] || die "this script runs the Swift root of Linux; on macOS follow docs/hosts/swift.md"
 [ "$(id -u)" = 0 ] || die "the Swift root needs root (chroot, mount namespaces)"
 [ -f "$LIBDIR/libmlxkern.so" ] || die "$LIBDIR/libmlxkern.so not found: build it first (make build)"
 [ -x "$PY" ] || die "$PY not found: run make bootstrap"
