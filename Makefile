@@ -184,6 +184,7 @@ bench-cuda:
 	-python3 benches/peer_fla.py $(BUILD)/bench/fla.jsonl
 	-python3 benches/peer_fla_chunk.py $(BUILD)/bench/fla.jsonl
 	python3 benches/chart_cuda.py $(BUILD)/bench/bench-cuda.png $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl
+	python3 benches/tables.py $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl > $(BUILD)/bench/tables-cuda.md
 
 cuda-carry:
 	./scripts/cuda/build.sh

@@ -4,6 +4,7 @@
 # decode and prefill groups) on the same cases and inputs, all in this one invocation, group by
 # group; then the merged table (stdout), build/bench/results.json and build/bench/chart.png
 # (benches/report.py). Each side's raw figures stay in build/bench/parts/.
+# build/bench/tables.md holds the same figures as markdown tables (benches/tables.py).
 #
 # Last, the engine layer: a whole Qwen3.5 layer (examples/cpp/qwen35_gdn.hpp) at 35B-A3B dims,
 # decode and a 512-token prefill: (a) MLX ops + mlxkern kernels with zero-copy exchange, (b) the
@@ -236,6 +237,10 @@ with open(path, "w") as f:
     json.dump(results, f, indent=1)
 print(f"bench: results.json's \"pool\" from {part}")
 EOF
+fi
+# The same figures as markdown tables in docs/performance-cpu.md's layout, with the run's context.
+if [ -f "$OUT/results.json" ]; then
+  "$PY" "$ROOT/benches/tables.py" "$OUT/results.json" >"$OUT/tables.md" && echo "bench: wrote $OUT/tables.md"
 fi
 echo "bench: total $(( $(date +%s) - start )) s"
 exit "$pool_rc"
