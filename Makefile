@@ -5,7 +5,7 @@
 # (target/debug), the build folder (build/) and the compilers (CC, CXX) itself:
 #   scripts/test/     a suite each (make test-*, fuzz)     scripts/bench/    make bench, train-example
 #   scripts/package/  make install, bun-pack               scripts/setup/    tools the suites fetch
-#   scripts/swift/    the Swift toolchain (Linux chroot)   scripts/cuda/     a CUDA machine's runs
+#   scripts/swift/    the Swift toolchain (Linux chroot)   scripts/cuda/     test-cuda, bench-cuda, cuda-carry
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := demo
@@ -158,33 +158,14 @@ clean:
 # on the GPU against the CPU kernels (tests/cuda.rs), the GPU backward against the CPU's
 # (tests/gated_delta_update_vjp.rs) and MLX autograd through the GPU kernels
 # (tests/cpp/gpu_autograd.cc), `make bench-cuda` the GPU benchmark beside
-# MLX's own paths and fla (build/bench/bench-cuda.{log,jsonl,png}). Where the GPU machine has no
-# Rust, `make cuda-carry` builds the same programs here into build/cuda/carry and
-# scripts/cuda/device.sh runs them there.
-CUDA_TARGET := target/cuda
+# MLX's own paths and fla (build/bench/bench-cuda.{log,jsonl,png}, tables-cuda.md). Where the
+# GPU machine has no Rust, `make cuda-carry` builds the same programs here into build/cuda/carry
+# and scripts/cuda/device.sh runs them there.
 test-cuda:
-	@test -n "$$MLX_DIR" || { echo "test-cuda: set MLX_DIR to an MLX CUDA install's mlx folder"; exit 2; }
-	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test cuda -- --test-threads=1 --nocapture
-	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test gated_delta_update_vjp -- --test-threads=1
-	@mkdir -p $(BUILD)/cuda
-	$(CXX) -O2 -std=c++20 -Iinclude -isystem "$$MLX_DIR/include" tests/cpp/gpu_autograd.cc \
-	  -L$(CUDA_TARGET)/debug -lmlxkern -Wl,-rpath,$(abspath $(CUDA_TARGET)/debug) \
-	  -L"$$MLX_DIR/lib" -lmlx -Wl,-rpath,"$$MLX_DIR/lib" -o $(BUILD)/cuda/gpu_autograd
-	$(BUILD)/cuda/gpu_autograd
+	./scripts/cuda/test.sh
 
 bench-cuda:
-	@test -n "$$MLX_DIR" || { echo "bench-cuda: set MLX_DIR to an MLX CUDA install's mlx folder"; exit 2; }
-	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) build --lib
-	@mkdir -p $(BUILD)/bench
-	$(CXX) -O2 -std=c++20 -Iinclude -isystem "$$MLX_DIR/include" benches/bench_cuda{,_layers,_dispatch,_pool}.cc \
-	  -L$(CUDA_TARGET)/debug -lmlxkern -Wl,-rpath,$(abspath $(CUDA_TARGET)/debug) \
-	  -L"$$MLX_DIR/lib" -lmlx -Wl,-rpath,"$$MLX_DIR/lib" -o $(BUILD)/bench/bench_cuda
-	MLXK_BENCH_JSON=$(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/bench_cuda | tee $(BUILD)/bench/bench-cuda.log
-	rm -f $(BUILD)/bench/fla.jsonl
-	-python3 benches/peer_fla.py $(BUILD)/bench/fla.jsonl
-	-python3 benches/peer_fla_chunk.py $(BUILD)/bench/fla.jsonl
-	python3 benches/chart_cuda.py $(BUILD)/bench/bench-cuda.png $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl
-	python3 benches/tables.py $(BUILD)/bench/bench-cuda.jsonl $(BUILD)/bench/fla.jsonl > $(BUILD)/bench/tables-cuda.md
+	./scripts/cuda/bench.sh
 
 cuda-carry:
 	./scripts/cuda/build.sh

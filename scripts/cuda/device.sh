@@ -77,5 +77,6 @@ if [[ " $what " == *" bench "* ]]; then
   PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla_chunk.py "$out/fla.jsonl" 2>&1 |
     tee -a "$out/fla.log"
   python3 benches/chart_cuda.py "$out/bench-cuda.png" "$out/bench-cuda.jsonl" "$out/fla.jsonl"
+  python3 benches/tables.py "$out/bench-cuda.jsonl" "$out/fla.jsonl" >"$out/tables-cuda.md"
 fi
 exit $status
