@@ -30,7 +30,7 @@ fn main() {
             println!("cargo:rustc-link-lib=dylib=mlx");
             // Every artifact of this package (cdylib, tests, examples) finds libmlx without
             // LD_LIBRARY_PATH; a copy of the library shipped next to libmlx finds it too.
-            // Dependents get the folder as DEP_MLX_LIB_DIR (README, "Rust").
+            // Dependents get the folder as DEP_MLX_LIB_DIR (docs/hosts/rust.md).
             println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
             println!("cargo:lib_dir={}", lib.display());
         }
@@ -67,7 +67,7 @@ fn main() {
     if env::var("OPT_LEVEL").as_deref() == Ok("0") {
         // The kernels are loops over every state element: unoptimized they run about 100x
         // slower. A dependent's dev profile compiles its dependencies at opt-level 0 unless
-        // told otherwise (README, "Rust").
+        // told otherwise (docs/hosts/rust.md).
         println!(
             "cargo:warning=mlxkern is being compiled at opt-level 0, which makes its kernels about \
              100x slower; add to your Cargo.toml: [profile.dev.package.mlxkern] opt-level = 3"
@@ -95,7 +95,7 @@ fn main() {
 /// (`libmlxkern.so.<abi>`), so programs linked against it record that name and a library with
 /// an incompatible ABI is never picked up in its place. In the build tree a link of that name
 /// next to the built `libmlxkern.so` (in `target/<profile>/`) lets such programs run from
-/// there, as installed copies do (`scripts/install.sh` installs the file under the SONAME).
+/// there, as installed copies do (`scripts/package/install.sh` installs the file under the SONAME).
 fn set_soname(manifest_dir: &Path, out_dir: &Path) {
     let soname = format!("libmlxkern.so.{}", abi_version(manifest_dir));
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,{soname}");

@@ -5,7 +5,7 @@
  * registry and worker pool, one libmlx); every case runs A then B (then B then A) N times with
  * a pause between calls, so one build's idle workers are parked when the other runs.
  *
- *   ab LIB_A LIB_B [ROUNDS]      (scripts/bench-ab.sh builds and runs it)
+ *   ab LIB_A LIB_B [ROUNDS]      (scripts/bench/ab.sh builds and runs it)
  *
  * Prints, per case: the best and the median time of each side and the median of the per-round
  * ratios B/A.

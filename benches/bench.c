@@ -20,13 +20,13 @@
  *
  * Every output handle of a call is evaluated (sibling outputs are no-op evals) and freed.
  * Usage: bench OUTPUT.json [GROUP...] with groups decode1 decode4 decode16 prefill replay small
- * (default: all); scripts/bench.sh runs one group at a time, alternating with peer.py, so that
+ * (default: all); scripts/bench/run.sh runs one group at a time, alternating with peer.py, so that
  * both sides of each ratio are measured close together. Writes every figure to OUTPUT.json.
  * Environment: MLXK_BENCH_QUICK=1 for a short run (smaller time budget per case).
  *
- * Uses only include/mlxkern.h, the helpers the C programs share (tests/common/mlxk_test_util.h),
+ * Uses only include/mlxkern.h, the helpers the C programs share (examples/common/mlxk_test_util.h),
  * the timing and host description the C bench drivers share (benches/harness.h) and libc,
- * pthreads. Built and run by scripts/bench.sh.
+ * pthreads. Built and run by scripts/bench/run.sh.
  */
 
 #define _POSIX_C_SOURCE 200809L

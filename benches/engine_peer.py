@@ -1,6 +1,6 @@
 """(c) of the engine-layer benchmark: mlx-lm 0.32.2's Qwen3.5 GatedDeltaNet module on MLX's CPU.
 
-Run by scripts/bench.sh right after benches/engine.cpp, on the same case: one layer at
+Run by scripts/bench/run.sh right after benches/engine.cpp, on the same case: one layer at
 Qwen3.5-35B-A3B's dims (hidden 2048, Hk 16, Hv 32, Dk = Dv = 128, conv kernel 4), B = 1,
 random weights cast like a converted bfloat16 checkpoint (A_log float32), eval mode, an
 ArraysCache carrying the conv and recurrent states: a decode step (T = 1; samples of 8 steps)

@@ -18,13 +18,13 @@
 //   mlx        MLX's allocator: mx::get_peak_memory() after mx::reset_peak_memory(), minus
 //              mx::get_active_memory() at the start (the results' buffers; not the kernels'
 //              working memory, which Rust allocates).
-// Benches/grad_peer.py measures MLX's two paths the same way; scripts/bench.sh runs both per T.
+// Benches/grad_peer.py measures MLX's two paths the same way; scripts/bench/run.sh runs both per T.
 // Inputs come from benches/inputs.h's generator (the prefill case's seeds, so q, k, v, a, b
 // are bench.c's prefill inputs; dy and dstate_out have tags of their own), as in the peer.
 // MLXK_BENCH_QUICK=1: the short timing budget.
 //
 // C++ for MLX's memory counters (mlx/memory.h); otherwise only include/mlxkern.h and the C
-// bench helpers. Built by scripts/bench.sh against the .venv's MLX (the libmlx mlxkern links).
+// bench helpers. Built by scripts/bench/run.sh against the .venv's MLX (the libmlx mlxkern links).
 #include <mlx/memory.h>
 
 #include <cstdint>

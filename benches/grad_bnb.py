@@ -7,7 +7,7 @@ prefill case's seeds, dy and dstate_out from their own tags).
 
     .venv/bin/python3 benches/grad_bnb.py LIBDIR OUTPUT.json T
 
-LIBDIR holds the extracted wheel (scripts/bnb-peer.sh): bitsandbytes/libbitsandbytes_cpu*.so and
+LIBDIR holds the extracted wheel (scripts/bench/bnb-peer.sh): bitsandbytes/libbitsandbytes_cpu*.so and
 the libgomp it loads by $ORIGIN. The library is picked as the package picks it: the AVX-512 one
 where /proc/cpuinfo has avx512f, bw, dq, vl and avx512_bf16, else the AVX2 one.
 
@@ -21,7 +21,7 @@ interval C is 32, its fastest here: the package's own default (bitsandbytes/gdn_
 C = 512, whose backward was 4.8x slower at T = 512 on an AMD EPYC (Zen 4, 2 threads; forward +
 backward 1109 ms at C = 512, 289 at 64, 277 at 128, 260 at 16, 231 at 32). GDN_CPU_CHUNK pins
 another C.
-Threads: OpenMP's, OMP_NUM_THREADS (scripts/bench.sh sets it to mlxkern's thread count).
+Threads: OpenMP's, OMP_NUM_THREADS (scripts/bench/run.sh sets it to mlxkern's thread count).
 
 Timed (benches/peer.py's measure): the forward alone (with checkpoints, as for training) and the
 forward + backward (one call each). The setup above (repeat, gates, transposes) is outside the

@@ -2,8 +2,8 @@
  * The llama.cpp peer of the mlxkern benchmark: ggml's CPU GGML_OP_GATED_DELTA_NET (ggml 0.25.3,
  * as vendored by the llama-cpp-python 0.3.36 sdist) on the same cases and inputs as
  * benches/bench.c, timed the same way (benches/harness.h), records shaped like bench.c's with
- * impl "llama_cpp". Built against a CPU-only ggml and run by scripts/llama-peer.sh and
- * scripts/bench.sh, one case group at a time, right after bench.c and peer.py ran the group.
+ * impl "llama_cpp". Built against a CPU-only ggml and run by scripts/bench/llama-peer.sh and
+ * scripts/bench/run.sh, one case group at a time, right after bench.c and peer.py ran the group.
  *
  *   llama_peer OUTPUT.json [GROUP...]    groups: decode1 decode4 decode16 prefill (default: all)
  *
@@ -38,7 +38,7 @@
  * Before any case is timed, its outputs are compared with mlxkern's on the same inputs (through
  * the C ABI): the largest |difference| of y and of the state, relative to mlxkern's largest
  * magnitude, must stay within Y_TOL and STATE_TOL (see there); otherwise the program prints
- * the failure, writes the JSON with the check and exits 3 (scripts/bench.sh then reports the
+ * the failure, writes the JSON with the check and exits 3 (scripts/bench/run.sh then reports the
  * peer as failed and goes on).
  *
  * Environment: MLXK_BENCH_QUICK=1 (short run), MLXK_BENCH_LLAMA_THREADS.

@@ -1,6 +1,6 @@
 """The peer side of the mlxkern benchmark: MLX's own CPU path on the same cases and inputs.
 
-Run by scripts/bench.sh in the same run as benches/bench.c, one case group at a time, each
+Run by scripts/bench/run.sh in the same run as benches/bench.c, one case group at a time, each
 right after bench.c's run of the same group, so both sides of each ratio are measured close
 together:
 

@@ -20,7 +20,7 @@
 //
 //   pool OUTPUT.json       (MLXK_BENCH_QUICK=1: fewer rounds)
 //
-// Built by scripts/bench.sh against the .venv's MLX (the libmlx mlxkern links).
+// Built by scripts/bench/run.sh against the .venv's MLX (the libmlx mlxkern links).
 #include "pool_cases.h"
 
 #include <cstdlib>

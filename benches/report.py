@@ -5,9 +5,9 @@
         --peer PART.json... [--llama PART.json...] [--engine PART.json...]]
         [--grad PART.json... [--grad-peer PART.json...]]
 
-Each side may come in parts (scripts/bench.sh runs one case group at a time, alternating the
+Each side may come in parts (scripts/bench/run.sh runs one case group at a time, alternating the
 sides); the parts of a side are concatenated in the order given. RUN.json (written by
-scripts/bench.sh) holds the 1-minute load average at the start and end of the whole run.
+scripts/bench/run.sh) holds the 1-minute load average at the start and end of the whole run.
 
 Writes OUT_DIR/results.json (the machine, all inputs, one merged row per case, the targets,
 the llama.cpp agreement checks) and OUT_DIR/chart.png (tokens/s per op and size, mlxkern vs

@@ -1,7 +1,7 @@
 /*
  * mlxkern: Gated DeltaNet (Qwen3.5 linear attention) and GLM-5.2 expert-slot kernels on MLX.
  *
- * Conventions (the whole contract is in README.md, "API conventions"):
+ * Conventions (the whole contract is in docs/hosts/c.md, "API conventions"):
  * - Every fallible function returns an mlxk_status; MLXK_OK (0) is success. Results are written
  *   through out-parameters, and only on success.
  * - On failure, mlxk_last_error() returns this thread's message naming the argument at fault.

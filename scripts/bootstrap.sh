@@ -5,7 +5,7 @@
 #
 #   scripts/bootstrap.sh --mlx VERSION   instead makes .venv-mlx-VERSION with MLX VERSION alone
 #                                        (mlx[cpu] on Linux), a second MLX for the host-MLX tests
-#                                        (scripts/test-host-mlx.sh); prints its MLX folder.
+#                                        (scripts/test/host-mlx.sh); prints its MLX folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -7,12 +7,12 @@ import PackageDescription
 // (SwiftPM refuses `unsafeFlags` in a dependency pinned to a version). How the linker finds
 // libmlxkern (the module map links `mlxkern`):
 //   - pkg-config: the `mlxkern.pc` SwiftPM finds on PKG_CONFIG_PATH or in the default folders
-//     (scripts/install.sh installs one in PREFIX/lib/pkgconfig) gives `-L<libdir> -lmlxkern`.
+//     (scripts/package/install.sh installs one in PREFIX/lib/pkgconfig) gives `-L<libdir> -lmlxkern`.
 //     SwiftPM drops the file's rpath flag ("prohibited flag(s)", a warning): at run time the
 //     program finds the library through an rpath it sets itself, the system's library path or
 //     LD_LIBRARY_PATH / DYLD_LIBRARY_PATH;
 //   - or the command line: `swift build -Xlinker -L<dir> -Xlinker -rpath -Xlinker <dir>`
-//     (scripts/test-swift.sh does so with the repository's target/debug);
+//     (scripts/test/swift.sh does so with the repository's target/debug);
 //   - Xcode: "Library Search Paths" and "Runpath Search Paths" of the app target.
 // See README.md, "Adding the package to an app".
 //

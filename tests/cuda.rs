@@ -569,7 +569,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
     }
     let mut rng = Rng::fresh();
     if std::env::var("MLXK_CUDA_ONLY").as_deref() == Ok("chunked") {
-        // scripts/cuda-device.sh chunked: the chunked form's cases alone.
+        // scripts/cuda/device.sh chunked: the chunked form's cases alone.
         cuda_chunked::chunked_within_bounds(&mut rng);
         println!("PASS: test-cuda (chunked only): the chunked form within its bounds");
         return;

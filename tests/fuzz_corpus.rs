@@ -52,7 +52,7 @@ fn replay(target: Target, min_corpus: usize) {
     let regressions = files(&root.join("regressions").join(target.name()));
     assert!(
         corpus.len() >= min_corpus,
-        "fuzz/corpus/{} holds {} files; expected at least {min_corpus} (scripts/fuzz.sh grows it)",
+        "fuzz/corpus/{} holds {} files; expected at least {min_corpus} (scripts/test/fuzz.sh grows it)",
         target.name(),
         corpus.len()
     );

@@ -178,7 +178,7 @@ export class MlxArray {
    *
    * Only with the libmlx mlxkern was built against, loaded once in the process (mlxVersion()
    * names it): a second libmlx file, an MLX compiled into another binary (found on Linux
-   * through its ELF symbol table unless stripped; see README.md) or another version throws
+   * through its ELF symbol table unless stripped; see docs/hosts/bun.md) or another version throws
    * UnsupportedError. An address that is not an
    * `mlx::core::array` cannot be detected (undefined behaviour, as for any raw pointer).
    * Throws NullPointerError for null or 0, DtypeError for dtypes without an mlxkern dtype

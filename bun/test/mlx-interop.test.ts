@@ -1,6 +1,6 @@
 // Arrays shared with a host's MLX: MlxArray.fromMlx / toMlx, mlxArrayFree, mlxVersion and
 // withMlxLock. The host is a real mlx-c (MLX's C API) loaded into this process with bun:ffi:
-// MLXKERN_TEST_MLXC names its shared library (scripts/test-bun.sh builds it from
+// MLXKERN_TEST_MLXC names its shared library (scripts/test/bun.sh builds it from
 // ../shared/vendor/mlx-c; without it those tests are skipped and the reason printed). mlx-c
 // makes the inputs, mlxkern's kernels run on them without a copy, mlx-c evaluates and reads the
 // results, and the same kernels through the binding's own copying path must give the same bits.
@@ -157,7 +157,7 @@ describe("a second libmlx in the process", () => {
 
 const MLXC_PATH = process.env.MLXKERN_TEST_MLXC ?? "";
 const SKIP_REASON = MLXC_PATH === ""
-  ? "MLXKERN_TEST_MLXC is not set (scripts/test-bun.sh sets it to an mlx-c built from ../shared/vendor/mlx-c)"
+  ? "MLXKERN_TEST_MLXC is not set (scripts/test/bun.sh sets it to an mlx-c built from ../shared/vendor/mlx-c)"
   : null;
 if (SKIP_REASON) console.log(`mlx-interop: SKIP the tests with mlx-c: ${SKIP_REASON}`);
 

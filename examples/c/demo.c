@@ -10,8 +10,8 @@
  *
  * The library is used through include/mlxkern.h alone. The few helpers that are not about the
  * library (CHECK_OK, bfloat16 conversion, a seeded random stream, xmalloc, a clock) come from
- * tests/common/mlxk_test_util.h, which the C tests and the bench share: see "Helpers" below.
- * Build and run: `make demo` (it compiles with -Iinclude -Itests/common and links -lmlxkern -lm).
+ * examples/common/mlxk_test_util.h, which the C tests and the bench share: see "Helpers" below.
+ * Build and run: `make demo` (it compiles with -Iinclude -Iexamples/common and links -lmlxkern -lm).
  */
 
 #define _POSIX_C_SOURCE 199309L
@@ -48,7 +48,7 @@ enum {
 /* ---------------------------------------------------------------------------------------- */
 /* Helpers                                                                                  */
 
-/* tests/common/mlxk_test_util.h provides:
+/* examples/common/mlxk_test_util.h provides:
  *   CHECK_OK(call)      the call must return MLXK_OK, else the demo stops, printing the status
  *                       and the library's message (mlxk_last_error())
  *   mlxkt_bf16_*        float <-> bfloat16 bits (round to nearest even)

@@ -23,7 +23,7 @@
  *
  *   mlxc_decode [N]        (default 16 tokens)
  *
- * Build (scripts/test-interop.sh does, against a static mlx-c): a C11 compiler with mlx-c's
+ * Build (scripts/test/interop.sh does, against a static mlx-c): a C11 compiler with mlx-c's
  * and mlxkern's headers, linked with libmlxc, libmlxkern and libmlx (the one mlxkern runs on).
  */
 #define _POSIX_C_SOURCE 200809L

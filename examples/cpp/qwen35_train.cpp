@@ -9,7 +9,7 @@
 //
 // The layer's own weights stay fixed; each step is one graph (forward, backward, optimizer) and
 // one mx::eval. tests/cpp/test_qwen35_train.py trains the same model in mlx-lm 0.32.2 on the
-// same data and compares the two loss curves (scripts/train-example.sh, make train-example).
+// same data and compares the two loss curves (scripts/bench/train-example.sh, make train-example).
 //
 //   qwen35_train WEIGHTS.safetensors DATA.safetensors OUT.safetensors [--quiet]
 //

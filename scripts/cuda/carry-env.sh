@@ -1,5 +1,5 @@
 # Device side, sourced from the repository root by the scripts that run the carry
-# (scripts/cuda-device.sh, scripts/cuda/probe.sh, scripts/cuda/ncu.sh): stages MLX CUDA from
+# (scripts/cuda/device.sh, scripts/cuda/probe.sh, scripts/cuda/ncu.sh): stages MLX CUDA from
 # build/cuda/carry's payload (scripts/cuda/stage.sh) and puts the carried libraries on the
 # loader's path. Sets `carry`.
 carry=$PWD/build/cuda/carry

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the CUDA machine, after scripts/cuda-device.sh has staged MLX (or with MLX_DIR set): where
+# On the CUDA machine, after scripts/cuda/device.sh has staged MLX (or with MLX_DIR set): where
 # decode's time goes. Runs bench_cuda's decode and dispatch rows, and, where Nsight Compute is
 # installed, profiles one recurrence launch at B = 32 (memory throughput, occupancy).
 # Usage: scripts/cuda/probe.sh OUT_DIR

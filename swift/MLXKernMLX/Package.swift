@@ -7,8 +7,8 @@ import PackageDescription
 //
 // The app's MLX is the one mlx-swift compiles into it (target Cmlx), so the library linked
 // here is libmlxkern's static archive built against that MLX's sources ("host MLX" mode:
-// scripts/swift-mlx-lib.sh builds it and writes the mlxkern.pc that points SwiftPM at it; see
-// ../README.md, "One MLX in an mlx-swift app"). Linking the bundled shared library (with its
+// scripts/swift/mlx-lib.sh builds it and writes the mlxkern.pc that points SwiftPM at it; see
+// ../../docs/hosts/swift.md, "One MLX in an mlx-swift app"). Linking the bundled shared library (with its
 // own libmlx) instead gives two MLXs in one process, and the library then refuses every
 // exchange.
 //

@@ -1,6 +1,6 @@
 /*
  * C client test of the mlxkern C ABI: compiled against include/mlxkern.h only (and the helpers
- * the C programs share, tests/common/mlxk_test_util.h), linked to the cdylib, run under
+ * the C programs share, examples/common/mlxk_test_util.h), linked to the cdylib, run under
  * AddressSanitizer with LeakSanitizer (tests/c/run.sh, `make test-c`).
  *
  * It calls every function of the header (run.sh checks that none is missed) on small random

@@ -2,7 +2,7 @@
  * What the files of the C client test share (client.c runs the checks; client_util.c holds the
  * helpers; client_arrays.c, client_gated_delta.c, client_pool.c, client_norms.c and
  * client_host.c the checks, by the surface they cover). The check macros (CHECK, CHECK_OK, EXPECT_ERROR), bfloat16 and
- * random numbers come from tests/common/mlxk_test_util.h.
+ * random numbers come from examples/common/mlxk_test_util.h.
  */
 
 #ifndef MLXK_CLIENT_H

@@ -2,7 +2,7 @@
  * The C client test's helpers (declared in client.h): handles from host data, result shape
  * checks, the float64 reference of the gate and the recurrence, random recurrence inputs and
  * their upload. The checks themselves (CHECK, CHECK_OK, EXPECT_ERROR) are in
- * tests/common/mlxk_test_util.h.
+ * examples/common/mlxk_test_util.h.
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -17,7 +17,7 @@
 #include "client.h"
 
 /* ---------------------------------------------------------------------------------------- */
-/* Helpers (CHECK, CHECK_OK, EXPECT_ERROR, bfloat16, random numbers: tests/common/)         */
+/* Helpers (CHECK, CHECK_OK, EXPECT_ERROR, bfloat16, random numbers: examples/common/)      */
 
 /* The checks of all the files count here (client.h defines MLXKT_SHARED_TALLY). */
 mlxkt_tally *mlxkt_checks(void) {

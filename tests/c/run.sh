@@ -27,7 +27,7 @@ if [ ! -f "$LIB" ]; then
   exit 1
 fi
 
-INCLUDE=(-I"$ROOT/include" -I"$ROOT/tests/common")
+INCLUDE=(-I"$ROOT/include" -I"$ROOT/examples/common")
 LINK=(-L"$LIBDIR" -lmlxkern -Wl,-rpath,"$LIBDIR")
 WARN=(-Wall -Wextra -Werror -pedantic -Wredundant-decls)
 CLIENT=("$SRC/client.c" "$SRC/client_util.c" "$SRC/client_arrays.c" "$SRC/client_gated_delta.c"

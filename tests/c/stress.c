@@ -1,7 +1,7 @@
 /*
  * Stress client of the mlxkern C ABI: a long loop of mixed calls, successes and failures, over
  * every function of the header, freeing everything it makes. Built and run by
- * scripts/test-sanitizers.sh: plain (resident memory checked), under AddressSanitizer with
+ * scripts/test/sanitizers.sh: plain (resident memory checked), under AddressSanitizer with
  * LeakSanitizer, and under valgrind memcheck.
  *
  *   stress [calls] [--rss-check]          (default: 10000 calls)

@@ -4,7 +4,7 @@
 // the dense wrappers bit for bit) and the GLM-5.2 layout helpers.
 //
 // Whether a handle was freed is observed through the library's registry: a freed handle gives
-// MLXK_ERR_INVALID_HANDLE. Built by scripts/test-cpp.sh with -Werror and strict warnings, and
+// MLXK_ERR_INVALID_HANDLE. Built by scripts/test/cpp.sh with -Werror and strict warnings, and
 // run under AddressSanitizer + UndefinedBehaviorSanitizer.
 #include "mlxkern.hpp"
 #include "mlxkern.hpp"  // the include guard makes a second include a no-op

@@ -5,7 +5,7 @@
 // ownership (either side may outlive the other; the heap copy to_mlx receives is deleted),
 // and the errors. Fresh random inputs every run (the seed is printed; MLXK_CPP_SEED replays).
 //
-// Built by scripts/test-cpp.sh against libmlx (MLX's headers as -isystem) with the same strict
+// Built by scripts/test/cpp.sh against libmlx (MLX's headers as -isystem) with the same strict
 // warnings as test_mlxkern_hpp.cpp, and run under ASan + LSan + UBSan.
 #define MLXKERN_WITH_MLX
 #include "mlxkern.hpp"

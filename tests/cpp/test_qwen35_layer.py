@@ -15,7 +15,7 @@ tolerance below; per-step differences are printed.
 
 Exit status 0 when every comparison passes. The inputs and the engine's outputs stay in
 --workdir (default: a temporary folder, removed afterwards), so another build of the engine can
-be checked against the same files (scripts/test-cpp.sh does so for the installed copy).
+be checked against the same files (scripts/test/cpp.sh does so for the installed copy).
 
 Tolerance (why the two paths are not bit-identical, and by how much they may differ):
   - The input projections, the depthwise conv and out_proj are the same MLX ops on the same

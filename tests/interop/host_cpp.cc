@@ -4,7 +4,7 @@
 // cases, the MLX lock with a host thread using MLX concurrently, and MLX's autograd through the
 // kernels (mx::vjp and mx::value_and_grad against the explicit backward calls, bit for bit; jvp,
 // vmap and second derivatives refused by name). Fresh random inputs every run (the seed is
-// printed). Built and run by scripts/test-interop.sh under ASan + LSan.
+// printed). Built and run by scripts/test/interop.sh under ASan + LSan.
 #include <mlx/mlx.h>
 
 #include <atomic>

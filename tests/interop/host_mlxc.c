@@ -3,7 +3,7 @@
  * whose recurrent state stays an mlx-c array from step to step (no copy across the boundary),
  * one mlx-c evaluation per step, the results consumed by mlx-c ops, and the same steps through
  * mlxkern's own host-memory constructors as the reference (bit for bit). Fresh random inputs
- * every run (the seed is printed). Built and run by scripts/test-interop.sh under ASan + LSan.
+ * every run (the seed is printed). Built and run by scripts/test/interop.sh under ASan + LSan.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>

@@ -92,7 +92,7 @@ void numerics_self_test() {
 // ------------------------------------------------------------------------------------------
 // Known differences: findings of the emulation, each documented in README.md with the side
 // that is wrong. A known case must still differ (else the entry is stale: remove it), and the
-// diagnostic variant build must make it bit-identical (scripts/test-metal-emu.sh runs it).
+// diagnostic variant build must make it bit-identical (scripts/test/metal-emu.sh runs it).
 
 struct KnownDifference {
   const char* kind;

@@ -1,7 +1,7 @@
 //! The Metal launch descriptions the library would hand to `mx::fast::metal_kernel`, for each
 //! case of the Metal-text emulation (tests/metal_emu/README.md).
 //!
-//! Built with plain `rustc` (no Cargo, no dependencies) by scripts/test-metal-emu.sh. It compiles
+//! Built with plain `rustc` (no Cargo, no dependencies) by scripts/test/metal-emu.sh. It compiles
 //! the library's own `src/metal.rs` and `src/dtype.rs` through `#[path]`, so the names, template
 //! arguments, grid and threadgroup come from the functions the library calls, not from a
 //! restatement; the launches are built from the library's own typed nodes (`src/node/`, also

@@ -1,7 +1,7 @@
 // The Metal Shading Language surface that kernels/metal/*.metal use, for compiling those files
 // unchanged as C++17 (with MLX's preamble, `metal::utils()`, in mind: `using namespace metal`,
 // bfloat16_t, float16_t). Include after every other header: it defines the address-space
-// qualifiers as macros. See README.md for the decisions; in short:
+// qualifiers as macros. See docs/metal-emulator.md for the decisions; in short:
 //
 // * Address spaces: `device`, `constant`, `thread` are empty. `threadgroup` makes a variable
 //   `static`, so all fibers (threads) of the running threadgroup share it; the executor runs

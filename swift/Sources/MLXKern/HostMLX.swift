@@ -3,7 +3,7 @@ import CMLXKern
 // Arrays shared with the host's MLX, without a copy. The currency is the address of an
 // `mlx::core::array`: what an mlx-c `mlx_array` keeps in its `ctx` (mlx-swift's `MLXArray`
 // holds such an `mlx_array` in its `ctx` property). Only with the one libmlx this library was
-// built against, loaded once in the process: see README.md, "One MLX in an mlx-swift app".
+// built against, loaded once in the process: see docs/hosts/swift.md, "One MLX in an mlx-swift app".
 
 extension MLXKArray {
     /// An array sharing the host's MLX array at `mlxArray`: the address of an
@@ -18,7 +18,7 @@ extension MLXKArray {
     /// - Throws: `MLXKError` `.nullPointer` for nil; `.unsupported` when the loaded libmlx is
     ///   not the one this library was built against, or a second libmlx file is loaded (the
     ///   message names the versions or both files; an MLX compiled into the app binary counts
-    ///   too, found on Linux through its symbol table unless stripped: see README.md); `.dtype` for dtypes without a `DType` (float64, int64, ...); `.shape`
+    ///   too, found on Linux through its symbol table unless stripped: see docs/hosts/swift.md); `.dtype` for dtypes without a `DType` (float64, int64, ...); `.shape`
     ///   past `MLXK_MAX_NDIM` dimensions.
     public convenience init(sharingMLXArray mlxArray: UnsafeRawPointer?) throws {
         try MLXKern.requireCompatibleLibrary()

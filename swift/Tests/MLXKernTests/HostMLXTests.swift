@@ -9,7 +9,7 @@ import MLXKern
 // Arrays shared with a host's MLX: `MLXKArray(sharingMLXArray:)`, `sharedMLXArray()`,
 // `freeMLXArray(_:)`, `MLXKern.mlxVersion` and `withMLXLock`. The host is a real mlx-c (MLX's
 // C API) loaded into the test process with dlopen: MLXKERN_TEST_MLXC names its shared library
-// (scripts/test-swift.sh builds it from ../shared/vendor/mlx-c; without it the tests that need
+// (scripts/test/swift.sh builds it from ../shared/vendor/mlx-c; without it the tests that need
 // it are skipped, with the reason). mlx-c makes the inputs, the kernels run on them without a
 // copy, mlx-c evaluates and reads the results, and the same kernels on copies must give the
 // same bits.
@@ -44,7 +44,7 @@ final class MLXC {
     /// The mlx-c of MLXKERN_TEST_MLXC, or a skip saying why there is none.
     static let shared: Result<MLXC, XCTSkip> = {
         guard let path = ProcessInfo.processInfo.environment["MLXKERN_TEST_MLXC"], !path.isEmpty else {
-            let reason = "MLXKERN_TEST_MLXC is not set (scripts/test-swift.sh sets it to an mlx-c "
+            let reason = "MLXKERN_TEST_MLXC is not set (scripts/test/swift.sh sets it to an mlx-c "
                 + "built from ../shared/vendor/mlx-c)"
             print("HostMLXTests: SKIP the tests with mlx-c: \(reason)")
             return .failure(XCTSkip(reason))

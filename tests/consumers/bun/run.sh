@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The Bun consumer (scripts/test-consumers.sh bun): a new Bun project outside the repository
+# The Bun consumer (scripts/test/consumers.sh bun): a new Bun project outside the repository
 # installs the packed npm tarballs the way bun/README.md ("Installing") tells a user to, then
 # runs consumer.ts, which uses only the package's public API, with no MLXKERN_LIB: the library
 # must come from the platform package. Results on stdout in tests/consumers/reference.c's format.
 #
-# Environment (from scripts/test-consumers.sh): ROOT (the repository), WORK (an empty folder of
+# Environment (from scripts/test/consumers.sh): ROOT (the repository), WORK (an empty folder of
 # its own), LIBDIR (the built library's folder). The tarballs are build/npm's, packed from
-# LIBDIR by scripts/bun-pack.sh when missing or stale; Bun is scripts/bun-tool.sh's (BUN=...
+# LIBDIR by scripts/package/bun-pack.sh when missing or stale; Bun is scripts/setup/bun.sh's (BUN=...
 # uses another). The install is made with an unreachable registry and an empty package cache:
 # the two local tarballs must be all it needs. Exit 3 (skip) where the platform package is not
 # built (anything but Linux x86-64), node/npm are missing, or the CPU cannot run the pinned Bun.
@@ -28,12 +28,12 @@ if [ -z "${BUN:-}" ] && [ -r /proc/cpuinfo ] && ! grep -qw avx2 /proc/cpuinfo; t
   say "SKIP: this CPU lacks AVX2, which the pinned Bun needs (set BUN to a -baseline build)"
   exit 3
 fi
-BUN=$("$ROOT/scripts/bun-tool.sh")
+BUN=$("$ROOT/scripts/setup/bun.sh")
 say "bun $("$BUN" --version) ($BUN)"
 
 # The tarballs, as `make bun-pack` makes them.
 t=$(now)
-LIBDIR=$LIBDIR OUT=$ROOT/build/npm "$ROOT/scripts/bun-pack.sh" --if-changed >&2 2>&1
+LIBDIR=$LIBDIR OUT=$ROOT/build/npm "$ROOT/scripts/package/bun-pack.sh" --if-changed >&2 2>&1
 version=$(node -p 'require(process.argv[1]).version' "$ROOT/bun/package.json")
 MAIN=mlxkern-$version.tgz
 PLATFORM=mlxkern-linux-x64-gnu-$version.tgz

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The cargo consumer (scripts/test-consumers.sh cargo): a new cargo project in $WORK that
-# depends on mlxkern by path as the README's "Rust" section says (the dependency and the
+# The cargo consumer (scripts/test/consumers.sh cargo): a new cargo project in $WORK that
+# depends on mlxkern by path as docs/hosts/rust.md says (the dependency and the
 # one-line build.rs giving the binary libmlx's rpath), whose main.rs uses only the safe Rust
 # API: reference.c's inputs, one decode step and one gated norm, printed in reference.c's
 # format. The binary runs without LD_LIBRARY_PATH.
 #
-# It leaves out the README's `[profile.dev.package.mlxkern] opt-level = 3`: its one small step
+# It leaves out docs/hosts/rust.md's `[profile.dev.package.mlxkern] opt-level = 3`: its one small step
 # needs no speed, and compiling mlxkern (its build script and C++ bridge included) optimized
 # more than doubles this build (two cores: 71 s, 167 s with the line). The build (quiet) would
-# print mlxkern's opt-level 0 warning. MLXKERN_CONSUMER_OPT=3 builds it as the README says.
+# print mlxkern's opt-level 0 warning. MLXKERN_CONSUMER_OPT=3 builds it as docs/hosts/rust.md says.
 set -euo pipefail
 : "${ROOT:?}" "${WORK:?}"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CMake consumer (scripts/test-consumers.sh cmake): in WORK, outside the repository,
+# The CMake consumer (scripts/test/consumers.sh cmake): in WORK, outside the repository,
 #   1. `make install PREFIX=WORK/prefix` (the bundled install: the library and its private MLX);
 #   2. a fresh CMake project (project/: a C++ engine on MLX) with find_package(mlxkern) and
 #      target mlxkern::mlx, nothing else: it makes reference.c's inputs as MLX arrays, hands them
@@ -18,7 +18,7 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f s", b - a }'; }
 
 [ "$(uname -s)" = Linux ] || { say "SKIP: the install script is Linux-only"; exit 3; }
-CMAKE=$("$ROOT/scripts/find-cmake.sh") || fail "no cmake"
+CMAKE=$("$ROOT/scripts/setup/cmake.sh") || fail "no cmake"
 PY=$ROOT/.venv/bin/python3
 [ -x "$PY" ] || fail "$PY not found: make bootstrap"
 case "$WORK/" in "$ROOT"/*) fail "WORK ($WORK) is inside the repository" ;; esac

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The Swift consumer (scripts/test-consumers.sh swift): a new SwiftPM package in WORK that
+# The Swift consumer (scripts/test/consumers.sh swift): a new SwiftPM package in WORK that
 # depends on the repository's Swift package the way a published dependency is taken, pinned to
 # a version (SwiftPM refuses unsafe flags in such a dependency), and links the library
-# installed by scripts/install.sh through the mlxkern.pc it installs. It prints
+# installed by scripts/package/install.sh through the mlxkern.pc it installs. It prints
 # tests/consumers/reference.c's results (y, state, norm) made with the package's API.
 #
-#   1. scripts/install.sh WORK/prefix                the library, its header and mlxkern.pc
+#   1. scripts/package/install.sh WORK/prefix                the library, its header and mlxkern.pc
 #   2. WORK/pkg/mlxkern-swift: a git repository holding a copy of swift/ (Package.swift,
 #      Sources, Tests), tagged 0.1.0; with the repository's header out of reach, the package
 #      reads the installed <mlxkern.h> (pkg-config's include folder)
@@ -16,7 +16,7 @@
 #   4. the control: the same dependency with an unsafe linker flag added (tag 0.1.1) must be
 #      refused by SwiftPM, so step 3 shows what it claims
 #
-# Linux: Swift 6 runs in the Debian trixie root of scripts/swift-env.sh (needs root; git is
+# Linux: Swift 6 runs in the Debian trixie root of scripts/swift/env.sh (needs root; git is
 # added to the root for SwiftPM's clones), with WORK bound at its own path. macOS: the
 # toolchain's swift. Exit status 3 (skipped) where neither is possible.
 set -euo pipefail
@@ -31,11 +31,11 @@ case "$(uname -s)" in
     command -v git >/dev/null || { say "SKIP: git not found (apt-get install git)"; exit 3; }
     export SWIFT_CHROOT_PACKAGES="${SWIFT_CHROOT_PACKAGES:+$SWIFT_CHROOT_PACKAGES }git"
     t=$(now)
-    "$ROOT/scripts/swift-env.sh" >"$WORK/swift-env.log" 2>&1 ||
-      { cat "$WORK/swift-env.log" >&2; say "error: scripts/swift-env.sh failed"; exit 1; }
+    "$ROOT/scripts/swift/env.sh" >"$WORK/swift-env.log" 2>&1 ||
+      { cat "$WORK/swift-env.log" >&2; say "error: scripts/swift/env.sh failed"; exit 1; }
     say "Swift root ready ($(since "$t"))"
     export SWIFT_RUN_ENV="PKG_CONFIG_PATH"
-    swift_in() { local dir=$1; shift; (cd "$dir" && "$ROOT/scripts/swift-run.sh" "$WORK" "$@"); }
+    swift_in() { local dir=$1; shift; (cd "$dir" && "$ROOT/scripts/swift/run.sh" "$WORK" "$@"); }
     ;;
   Darwin)
     command -v swift >/dev/null || { say "SKIP: swift not found (install Xcode)"; exit 3; }
@@ -46,7 +46,7 @@ esac
 
 # 1. The installed library.
 t=$(now)
-LIBDIR=$LIBDIR "$ROOT/scripts/install.sh" "$WORK/prefix" >&2
+LIBDIR=$LIBDIR "$ROOT/scripts/package/install.sh" "$WORK/prefix" >&2
 export PKG_CONFIG_PATH=$WORK/prefix/lib/pkgconfig
 say "installed into $WORK/prefix ($(since "$t"))"
 

@@ -9,7 +9,7 @@ import XCTest
 // The bundled libmlxkern (a shared library carrying its own libmlx, the pip MLX 0.32.4) loaded
 // into an mlx-swift program, whose MLX (0.31.1) is compiled in with its symbols not exported:
 // two MLXs in one process, so both libraries must refuse every exchange, naming both copies.
-// MLXKERN_TEST_BUNDLED_LIB names that library (scripts/test-mlx-swift.sh: target/debug's
+// MLXKERN_TEST_BUNDLED_LIB names that library (scripts/test/mlx-swift.sh: target/debug's
 // libmlxkern.so, in a test process of its own, since loading it leaves the process with two
 // MLXs for good).
 
@@ -21,7 +21,7 @@ final class GuardTests: XCTestCase {
 
     func testBundledLibraryRefusesBesideMLXSwift() throws {
         guard let path = ProcessInfo.processInfo.environment["MLXKERN_TEST_BUNDLED_LIB"], !path.isEmpty else {
-            throw XCTSkip("MLXKERN_TEST_BUNDLED_LIB is not set (scripts/test-mlx-swift.sh sets it to "
+            throw XCTSkip("MLXKERN_TEST_BUNDLED_LIB is not set (scripts/test/mlx-swift.sh sets it to "
                           + "target/debug/libmlxkern.so and runs this test in a process of its own)")
         }
         let program = try XCTUnwrap(realpath("/proc/self/exe", nil).map { p in defer { free(p) }; return String(cString: p) })

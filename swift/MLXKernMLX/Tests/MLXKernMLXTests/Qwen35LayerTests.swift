@@ -7,7 +7,7 @@ import XCTest
 // in) against the C++ engine layer (examples/cpp/qwen35_layer: MLX's C++ ops + the same
 // kernels, on the pip MLX 0.32.4) on the same weights and token stream: the files
 // tests/cpp/test_qwen35_layer.py writes (weights, inputs with the plan, and the engine's
-// outputs), in the folder MLXKERN_TEST_QWEN35_DIR (scripts/test-mlx-swift.sh makes them).
+// outputs), in the folder MLXKERN_TEST_QWEN35_DIR (scripts/test/mlx-swift.sh makes them).
 //
 // Tolerance: the kernels are the same code, so given the same inputs they give the same bits;
 // what may differ are the MLX ops of the two MLX versions (matmul through each build's BLAS,
@@ -25,7 +25,7 @@ final class Qwen35LayerTests: XCTestCase {
 
     func testLayerMatchesTheCppEngine() throws {
         guard let dir = ProcessInfo.processInfo.environment["MLXKERN_TEST_QWEN35_DIR"], !dir.isEmpty else {
-            throw XCTSkip("MLXKERN_TEST_QWEN35_DIR is not set (scripts/test-mlx-swift.sh writes the C++ engine's "
+            throw XCTSkip("MLXKERN_TEST_QWEN35_DIR is not set (scripts/test/mlx-swift.sh writes the C++ engine's "
                           + "weights, inputs and outputs there)")
         }
         let name = ProcessInfo.processInfo.environment["MLXKERN_TEST_QWEN35_CONFIG"] ?? "small"

@@ -7,7 +7,7 @@ import XCTest
 // MLX (0.32.4): tests/consumers/reference.c's decode step and gated norm, on that file's
 // generated inputs, made here as MLXArrays and shared with the kernels. The kernels are the
 // same code, so given the same inputs they must give the same bits under either MLX.
-// MLXKERN_TEST_REFERENCE names reference.c's output (scripts/test-mlx-swift.sh writes it).
+// MLXKERN_TEST_REFERENCE names reference.c's output (scripts/test/mlx-swift.sh writes it).
 
 final class ReferenceTests: XCTestCase {
     override func setUp() {
@@ -17,7 +17,7 @@ final class ReferenceTests: XCTestCase {
 
     func testKernelsBitIdenticalToTheBundledLibrary() throws {
         guard let path = ProcessInfo.processInfo.environment["MLXKERN_TEST_REFERENCE"], !path.isEmpty else {
-            throw XCTSkip("MLXKERN_TEST_REFERENCE is not set (scripts/test-mlx-swift.sh writes "
+            throw XCTSkip("MLXKERN_TEST_REFERENCE is not set (scripts/test/mlx-swift.sh writes "
                           + "tests/consumers/reference.c's output there)")
         }
         let expected = try String(contentsOfFile: path, encoding: .utf8)
