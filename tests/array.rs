@@ -1,8 +1,9 @@
 //! The array, status, version, device and memory functions of the C ABI, including every
 //! error path.
 
-mod common;
-use common::*;
+mod support;
+
+use crate::support::*;
 use std::ffi::CStr;
 use std::ptr::{null, null_mut};
 

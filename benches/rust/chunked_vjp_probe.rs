@@ -3,13 +3,15 @@
 //! inputs) for the chunked path (mlxk_gated_delta_update_chunked, then
 //! mlxk_gated_delta_update_chunked_vjp) and the exact path (mlxk_gated_delta_update, then
 //! mlxk_gated_delta_update_vjp). Run with
-//! `cargo test --release --test chunked_vjp_probe -- --ignored --nocapture`; PROBE_T (lengths,
+//! `cargo bench --bench chunked_vjp_probe [-- NAME...]` (chunked_and_exact_forward_plus_backward,
+//! chunked_against_exact_at_qwen_dims; both without a name); PROBE_T (lengths,
 //! comma-separated), PROBE_CHUNK, PROBE_NO_EXACT and PROBE_AVX2 vary it.
 
-mod common;
-use common::*;
+#[path = "../../tests/support/mod.rs"]
+mod support;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
+use support::*;
 
 fn first_line(path: &str, key: &str) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -112,8 +114,6 @@ fn time_path(r: &Recurrence, dy: H, chunked: bool) -> (f64, f64, f64) {
     (fwd, bwd, cpu)
 }
 
-#[test]
-#[ignore]
 fn chunked_and_exact_forward_plus_backward() {
     println!(
         "cpu: {}; threads: {}; load before: {}",
@@ -165,8 +165,6 @@ fn chunked_and_exact_forward_plus_backward() {
 /// The chunked backward's gradients against the exact backward's at the same dims (float32
 /// inputs, an initial state, gates from random a, b), for T = 512 and 4096: the largest
 /// difference of each gradient relative to its largest magnitude.
-#[test]
-#[ignore]
 fn chunked_against_exact_at_qwen_dims() {
     let mut rng = Rng::fresh();
     let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
@@ -233,6 +231,31 @@ fn chunked_against_exact_at_qwen_dims() {
         );
         for h in [q, k, v, a, b, al, dt, s, dy, ds] {
             free(h);
+        }
+    }
+}
+
+/// Runs the probes whose names contain one of the arguments (all without one); `cargo bench`
+/// passes `--bench`, which is not a name.
+fn main() {
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let probes: [(&str, fn()); 2] = [
+        (
+            "chunked_and_exact_forward_plus_backward",
+            chunked_and_exact_forward_plus_backward,
+        ),
+        (
+            "chunked_against_exact_at_qwen_dims",
+            chunked_against_exact_at_qwen_dims,
+        ),
+    ];
+    for (name, probe) in probes {
+        if names.is_empty() || names.iter().any(|n| name.contains(n.as_str())) {
+            println!("== {name}");
+            probe();
         }
     }
 }

@@ -1,10 +1,12 @@
 //! Quick timing probe (not a benchmark: `make bench` is). Run with
-//! `cargo test --test perf_probe -- --ignored --nocapture`.
+//! `cargo bench --bench perf_probe [-- NAME...]` (probe, subnormals_in_probe_state,
+//! prefill_only; all without a name).
 
-mod common;
-use common::*;
+#[path = "../../tests/support/mod.rs"]
+mod support;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
+use support::*;
 
 fn cpu_seconds() -> f64 {
     let mut ts = libc::timespec {
@@ -15,8 +17,6 @@ fn cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-#[test]
-#[ignore]
 fn probe() {
     let mut rng = Rng::seeded(7);
     let dims = [1, 1, 16, 32, 128, 128];
@@ -77,8 +77,6 @@ fn probe() {
     }
 }
 
-#[test]
-#[ignore]
 fn subnormals_in_probe_state() {
     let mut rng = Rng::seeded(7);
     let r = Recurrence::random(&mut rng, [1, 64, 16, 32, 128, 128], false, false);
@@ -96,8 +94,6 @@ fn subnormals_in_probe_state() {
     free(s);
 }
 
-#[test]
-#[ignore]
 fn prefill_only() {
     let mut rng = Rng::seeded(9);
     let t: usize = std::env::var("PROBE_T")
@@ -110,4 +106,24 @@ fn prefill_only() {
     ok(mlxk_array_eval(s));
     free(y);
     free(s);
+}
+
+/// Runs the probes whose names contain one of the arguments (all without one); `cargo bench`
+/// passes `--bench`, which is not a name.
+fn main() {
+    let names: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let probes: [(&str, fn()); 3] = [
+        ("probe", probe),
+        ("subnormals_in_probe_state", subnormals_in_probe_state),
+        ("prefill_only", prefill_only),
+    ];
+    for (name, probe) in probes {
+        if names.is_empty() || names.iter().any(|n| name.contains(n.as_str())) {
+            println!("== {name}");
+            probe();
+        }
+    }
 }

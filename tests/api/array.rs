@@ -2,11 +2,11 @@
 //! every element type, reads, conversions, errors naming the argument, and agreement with the
 //! C ABI on the same data.
 
-mod api_common;
-mod common;
+#[path = "../support/mod.rs"]
+mod support;
 
-use api_common::*;
-use common::*;
+use crate::support::api::*;
+use crate::support::*;
 use mlxkern::half::{bf16, f16};
 use mlxkern::{Array, Device, Dtype, Element, Error};
 

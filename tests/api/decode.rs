@@ -3,34 +3,15 @@
 //! give the bits of one call over the whole sequence. Alone in its binary: it counts the
 //! process's in-place updates.
 
+#[path = "../support/mod.rs"]
+mod support;
+
 use mlxkern::{Array, GatedDelta};
-
-struct Rng(u64);
-
-impl Rng {
-    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                self.0 ^= self.0 >> 12;
-                self.0 ^= self.0 << 25;
-                self.0 ^= self.0 >> 27;
-                let u =
-                    (self.0.wrapping_mul(0x2545F4914F6CDD1D) >> 40) as f32 / (1u64 << 24) as f32;
-                (u * 2.0 - 1.0) * scale
-            })
-            .collect()
-    }
-}
+use support::Rng;
 
 #[test]
 fn decode_steps_carry_the_state_in_place() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-        | 1;
-    eprintln!("rng seed {seed:#x}");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::fresh();
     let (b, t, hk, hv, dk, dv) = (2, 9, 2, 4, 64, 16);
     let window = |x: &[f32], inner: usize, t0: usize, t1: usize| -> Vec<f32> {
         (0..b)

@@ -2,20 +2,14 @@
 //! bit, with and without cotangents, errors naming the cotangent as the C ABI does; and the
 //! recurrence's gradient against central differences of its loss.
 
-mod api_common;
-mod common;
+use std::ptr::{null, null_mut};
 
-use std::ptr::null_mut;
-
-use api_common::*;
-use common::*;
+use crate::support::api::*;
+use crate::support::vjp_case::vjp;
+use crate::support::*;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm_vjp;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads_vjp;
 use mlxkern::{Array, Dtype, GatedDelta, GatedRmsNorm, SiluRmsHeads};
-
-fn pick<T: Copy>(rng: &mut Rng, from: &[T]) -> T {
-    from[rng.below(from.len() as u64) as usize]
-}
 
 fn norm_qk(rng: &mut Rng, n: usize, dk: usize, scale: f32) -> Vec<f32> {
     let mut x = rng.vec(n, 1.0);
@@ -35,11 +29,11 @@ fn gated_delta_vjp_matches_the_c_abi() {
             1 + rng.below(2) as usize,
             1 + rng.below(if case == 0 { 1 } else { 80 }) as usize,
             hk * (1 + rng.below(2) as usize),
-            pick(&mut rng, &[32, 64]),
+            rng.pick(&[32, 64]),
             1 + rng.below(24) as usize,
         ];
-        let dtype = pick(&mut rng, &FLOATS);
-        let gate = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
+        let gate = rng.pick(&FLOATS);
         let q = Twin::new(
             &norm_qk(&mut rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)),
             &[b, t, hk, dk],
@@ -61,13 +55,12 @@ fn gated_delta_vjp_matches_the_c_abi() {
             let m: Vec<bool> = (0..b * t).map(|_| rng.below(3) != 0).collect();
             Twin::bools(&m, &[b, t])
         });
-        let dy_dtype = pick(&mut rng, &FLOATS);
+        let dy_dtype = rng.pick(&FLOATS);
         let dy = (case != 2).then(|| Twin::random(&mut rng, &[b, t, hv, dv], 1.0, dy_dtype));
         let ds = (case != 3).then(|| Twin::random(&mut rng, &[b, hv, dv, dk], 1.0, Dtype::Float32));
         let mut outs = [null_mut(); 8];
-        let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-        let status = unsafe {
-            mlxk_gated_delta_update_vjp(
+        let status = vjp(
+            [
                 q.c,
                 k.c,
                 v.c,
@@ -79,16 +72,10 @@ fn gated_delta_vjp_matches_the_c_abi() {
                 c_opt(&mask),
                 c_opt(&dy),
                 c_opt(&ds),
-                o0,
-                o1,
-                o2,
-                o3,
-                o4,
-                o5,
-                o6,
-                o7,
-            )
-        };
+            ],
+            None,
+            &mut outs,
+        );
         ok(status);
         let g = GatedDelta {
             q: &q.r,
@@ -103,16 +90,7 @@ fn gated_delta_vjp_matches_the_c_abi() {
         }
         .vjp(r_opt(&dy), r_opt(&ds))
         .unwrap();
-        let r = [
-            &g.dq,
-            &g.dk,
-            &g.dv,
-            &g.da,
-            &g.db,
-            &g.da_log,
-            &g.ddt_bias,
-            &g.dstate,
-        ];
+        let r = grads(&g);
         same_results("mlxk_gated_delta_update_vjp", &outs, &r);
         assert_eq!(g.dq.dtype().unwrap(), dtype);
         assert_eq!(g.da.dtype().unwrap(), gate);
@@ -136,10 +114,9 @@ fn gated_delta_vjp_errors_name_the_cotangent() {
         (None, Some(&bad_ds), "dstate_out: "),
     ] {
         let mut outs = [null_mut(); 8];
-        let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
         let c = |t: Option<&Twin>| t.map_or(null_mut(), |t| t.c) as *const mlxk_array;
-        let status = unsafe {
-            mlxk_gated_delta_update_vjp(
+        let status = vjp(
+            [
                 q.c,
                 q.c,
                 v.c,
@@ -147,20 +124,14 @@ fn gated_delta_vjp_errors_name_the_cotangent() {
                 a.c,
                 hv.c,
                 hv.c,
-                null_mut(),
-                null_mut(),
+                null(),
+                null(),
                 c(dy),
                 c(ds),
-                o0,
-                o1,
-                o2,
-                o3,
-                o4,
-                o5,
-                o6,
-                o7,
-            )
-        };
+            ],
+            None,
+            &mut outs,
+        );
         let err = GatedDelta {
             q: &q.r,
             k: &q.r,
@@ -307,12 +278,12 @@ fn head_split_vjp_matches_the_c_abi() {
             1 + rng.below(128) as usize,
             1 + rng.below(64) as usize,
         ];
-        let dtype = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
         let x = Twin::random(&mut rng, &[b, s, 2 * hk * dk + hv * dv], 3.0, dtype);
         let qs = Twin::random(&mut rng, &[dk], 1.0, dtype);
         let ks = Twin::random(&mut rng, &[dk], 1.0, dtype);
         let cot = |rng: &mut Rng, shape: &[usize], on: bool| {
-            let dtype = pick(rng, &FLOATS);
+            let dtype = rng.pick(&FLOATS);
             on.then(|| Twin::random(rng, shape, 1.0, dtype))
         };
         let dq = cot(&mut rng, &[b, s, hk, dk], case != 1);
@@ -386,16 +357,13 @@ fn head_split_vjp_matches_the_c_abi() {
 fn gated_norm_vjp_matches_the_c_abi() {
     let mut rng = Rng::fresh();
     for case in 0..6 {
-        let mut shape: Vec<usize> = (0..rng.below(3))
-            .map(|_| 1 + rng.below(4) as usize)
-            .collect();
-        shape.push(1 + rng.below(200) as usize);
-        let dtype = pick(&mut rng, &FLOATS);
+        let shape = random_shape(&mut rng, 3, 4, 200);
+        let dtype = rng.pick(&FLOATS);
         let x = Twin::random(&mut rng, &shape, 2.0, dtype);
-        let gate_dtype = pick(&mut rng, &FLOATS);
+        let gate_dtype = rng.pick(&FLOATS);
         let gate = Twin::random(&mut rng, &shape, 3.0, gate_dtype);
         let w = Twin::random(&mut rng, &[*shape.last().unwrap()], 1.0, dtype);
-        let dout_dtype = pick(&mut rng, &FLOATS);
+        let dout_dtype = rng.pick(&FLOATS);
         let dout = (case != 0).then(|| Twin::random(&mut rng, &shape, 1.0, dout_dtype));
         let mut outs = [null_mut(); 3];
         let [o0, o1, o2] = &mut outs;

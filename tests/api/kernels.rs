@@ -3,46 +3,15 @@
 //! status and message (the C message is the safe one behind the C function's name), naming the
 //! argument.
 
-mod api_common;
-mod common;
-
 use std::ptr::null_mut;
 
-use api_common::*;
-use common::*;
+use crate::support::api::*;
+use crate::support::*;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
 use mlxkern::{
-    Array, Dtype, Error, GatedDelta, GatedDeltaFromConv, GatedRmsNorm, SiluRmsHeads, StateReplay,
+    Dtype, Error, GatedDelta, GatedDeltaFromConv, GatedRmsNorm, SiluRmsHeads, StateReplay,
 };
-
-fn pick<T: Copy>(rng: &mut Rng, from: &[T]) -> T {
-    from[rng.below(from.len() as u64) as usize]
-}
-
-/// A safe call and the C call on the same inputs agree: both succeed with the same bits, or
-/// both fail with the same status and message. Returns the error message, if any.
-#[track_caller]
-fn agree(
-    function: &str,
-    status: mlxk_status,
-    c: &[H],
-    r: mlxkern::Result<Vec<Array>>,
-) -> Option<String> {
-    match r {
-        Ok(arrays) => {
-            assert_eq!(
-                status,
-                MLXK_OK,
-                "{function}: C failed ({}), the safe call did not",
-                last_error()
-            );
-            same_results(function, c, &arrays.iter().collect::<Vec<_>>());
-            None
-        }
-        Err(err) => Some(same_error(function, status, err)),
-    }
-}
 
 /// The update's inputs as twins. `dims` = [B, T, Hk, Hv, Dk, Dv].
 struct Rec {
@@ -60,9 +29,9 @@ struct Rec {
 impl Rec {
     fn random(rng: &mut Rng, dims: [usize; 6], dtype: Dtype, state: bool, mask: bool) -> Rec {
         let [b, t, hk, hv, dk, dv] = dims;
-        let gate = pick(rng, &FLOATS);
-        let a_log_dtype = pick(rng, &[Dtype::Float32, Dtype::Bfloat16]);
-        let dt_dtype = pick(rng, &FLOATS);
+        let gate = rng.pick(&FLOATS);
+        let a_log_dtype = rng.pick(&[Dtype::Float32, Dtype::Bfloat16]);
+        let dt_dtype = rng.pick(&FLOATS);
         let qk = |rng: &mut Rng, scale: f32| {
             let mut x = rng.vec(b * t * hk * dk, 1.0);
             for head in x.chunks_mut(dk) {
@@ -158,7 +127,7 @@ fn random_dims(rng: &mut Rng, max_t: u64) -> [usize; 6] {
         1 + rng.below(max_t) as usize,
         hk,
         hk * (1 + rng.below(2) as usize),
-        pick(rng, &[32, 64, 128]),
+        rng.pick(&[32, 64, 128]),
         1 + rng.below(40) as usize,
     ]
 }
@@ -168,7 +137,7 @@ fn update_matches_the_c_abi() {
     let mut rng = Rng::fresh();
     for case in 0..10 {
         let dims = random_dims(&mut rng, if case < 3 { 1 } else { 24 });
-        let dtype = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
         let rec = Rec::random(&mut rng, dims, dtype, case % 2 == 0, case % 3 == 0);
         assert_eq!(rec.update(None), None, "dims {dims:?} {dtype:?}");
         let y = rec.safe(None).update().unwrap().y;
@@ -187,9 +156,9 @@ fn chunked_update_matches_the_c_abi() {
     let mut rng = Rng::fresh();
     for case in 0..6 {
         let dims = random_dims(&mut rng, 70);
-        let dtype = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
         let rec = Rec::random(&mut rng, dims, dtype, case % 2 == 1, case == 2);
-        let chunk = pick(&mut rng, &[0, 16, 32, 64, 128]);
+        let chunk = rng.pick(&[0, 16, 32, 64, 128]);
         assert_eq!(rec.chunked(chunk), None, "dims {dims:?} chunk {chunk}");
     }
     // Bad chunk sizes: the same refusal as the C ABI's for the same number.
@@ -279,11 +248,11 @@ fn compute_g_matches_the_c_abi() {
             .map(|_| 1 + rng.below(4) as usize)
             .collect();
         shape.push(hv);
-        let a_log_dtype = pick(&mut rng, &[Dtype::Float32, Dtype::Bfloat16]);
+        let a_log_dtype = rng.pick(&[Dtype::Float32, Dtype::Bfloat16]);
         let a_log = Twin::random(&mut rng, &[hv], 1.0, a_log_dtype);
-        let a_dtype = pick(&mut rng, &FLOATS);
+        let a_dtype = rng.pick(&FLOATS);
         let a = Twin::random(&mut rng, &shape, 3.0, a_dtype);
-        let dt_dtype = pick(&mut rng, &FLOATS);
+        let dt_dtype = rng.pick(&FLOATS);
         let dt = Twin::random(&mut rng, &[hv], 1.0, dt_dtype);
         let bad = Twin::random(&mut rng, &[hv + 1], 1.0, Dtype::Float32);
         let dt = if case == 7 { &bad } else { &dt };
@@ -336,7 +305,7 @@ fn head_split_matches_the_c_abi() {
             1 + rng.below(128) as usize,
             1 + rng.below(128) as usize,
         ];
-        let dtype = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
         let x = split_inputs(&mut rng, dims, dtype);
         let eps = 1e-6 / dims[4] as f32;
         let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
@@ -417,11 +386,11 @@ fn from_conv_update_matches_the_c_abi() {
             1 + rng.below(if case < 2 { 1 } else { 9 }) as usize,
             hk,
             hk * (1 + rng.below(2) as usize),
-            pick(&mut rng, &[32, 64, 128]),
+            rng.pick(&[32, 64, 128]),
             1 + rng.below(64) as usize,
         ];
         let [b, t, _, hv, dk, dv] = dims;
-        let dtype = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
         let x = split_inputs(&mut rng, dims, dtype);
         let a = Twin::random(&mut rng, &[b, t, hv], 3.0, dtype);
         let bb = Twin::random(&mut rng, &[b, t, hv], 3.0, dtype);
@@ -519,7 +488,7 @@ fn state_replay_matches_the_c_abi_and_the_update() {
     for case in 0..5 {
         let dims = random_dims(&mut rng, 10);
         let [b, t, ..] = dims;
-        let dtype = pick(&mut rng, &FLOATS);
+        let dtype = rng.pick(&FLOATS);
         let rec = Rec::random(&mut rng, dims, dtype, case != 1, false);
         let lengths: Vec<usize> = (0..b).map(|_| rng.below(t as u64 + 1) as usize).collect();
         let lengths32: Vec<i32> = lengths.iter().map(|&n| n as i32).collect();
@@ -588,16 +557,13 @@ fn state_replay_matches_the_c_abi_and_the_update() {
 fn gated_norm_matches_the_c_abi() {
     let mut rng = Rng::fresh();
     for _ in 0..8 {
-        let mut shape: Vec<usize> = (0..rng.below(3))
-            .map(|_| 1 + rng.below(5) as usize)
-            .collect();
-        shape.push(1 + rng.below(300) as usize);
-        let dtype = pick(&mut rng, &FLOATS);
+        let shape = random_shape(&mut rng, 3, 5, 300);
+        let dtype = rng.pick(&FLOATS);
         let x = Twin::random(&mut rng, &shape, 3.0, dtype);
-        let gate_dtype = pick(&mut rng, &FLOATS);
+        let gate_dtype = rng.pick(&FLOATS);
         let gate = Twin::random(&mut rng, &shape, 3.0, gate_dtype);
         let w = Twin::random(&mut rng, &[*shape.last().unwrap()], 1.5, dtype);
-        let eps = pick(&mut rng, &[0.0, 1e-6, 1e-3]);
+        let eps = rng.pick(&[0.0, 1e-6, 1e-3]);
         let mut out = null_mut();
         let status = unsafe { mlxk_gated_rms_norm(x.c, gate.c, w.c, eps, &mut out) };
         let r = mlxkern::gated_rms_norm(&x.r, &gate.r, &w.r, eps).map(|o| vec![o]);

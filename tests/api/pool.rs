@@ -4,49 +4,17 @@
 //! bit, errors with the same status and message naming the argument; the pool updated in
 //! place (the same buffer) when the caller drops the old one.
 
-mod api_common;
-mod common;
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::ptr::{null, null_mut};
-use std::sync::{Mutex, MutexGuard};
 
-use api_common::*;
-use common::*;
+use crate::support::api::*;
+use crate::support::*;
 use mlxkern::testing::{array_data_address, in_place_updates};
 use mlxkern::{
     Array, Dtype, Error, GatedDelta, GatedDeltaFromConv, PoolSlots, SiluRmsHeads, StateReplay,
 };
-
-/// The in-place count is process-wide: the tests of this file run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A safe call and the C call agree: both succeed with the same bits, or both fail with the
-/// same status and message. Returns the error message, if any.
-#[track_caller]
-fn agree(
-    function: &str,
-    status: mlxk_status,
-    c: &[H],
-    r: mlxkern::Result<Vec<Array>>,
-) -> Option<String> {
-    match r {
-        Ok(arrays) => {
-            assert_eq!(
-                status,
-                MLXK_OK,
-                "{function}: C failed ({}), the safe call did not",
-                last_error()
-            );
-            same_results(function, c, &arrays.iter().collect::<Vec<_>>());
-            None
-        }
-        Err(err) => Some(same_error(function, status, err)),
-    }
-}
 
 /// One call's q, k, v, a, b, a_log, dt_bias (and mask) as twins; B rows of T tokens.
 struct Inputs {

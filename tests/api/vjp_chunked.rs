@@ -2,13 +2,11 @@
 //! same inputs, bit for bit (bf16, f16 and f32 inputs, masks, state or none, cotangents or
 //! none), and its chunk-size errors as the C ABI reports them.
 
-mod api_common;
-mod common;
-
 use std::ptr::null_mut;
 
-use api_common::*;
-use common::*;
+use crate::support::api::*;
+use crate::support::vjp_case::vjp;
+use crate::support::*;
 use mlxkern::{Dtype, GatedDelta};
 
 #[test]
@@ -41,9 +39,8 @@ fn vjp_chunked_matches_the_c_abi() {
         let dy = (case != 1).then(|| Twin::random(&mut rng, &[b, t, hv, dv], 1.0, dtype));
         let ds = (case != 2).then(|| Twin::random(&mut rng, &[b, hv, dv, dk], 1.0, Dtype::Float32));
         let mut outs = [null_mut(); 8];
-        let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-        ok(unsafe {
-            mlxk_gated_delta_update_chunked_vjp(
+        ok(vjp(
+            [
                 q.c,
                 k.c,
                 v.c,
@@ -53,19 +50,12 @@ fn vjp_chunked_matches_the_c_abi() {
                 dt.c,
                 c_opt(&state),
                 c_opt(&mask),
-                chunk.unwrap_or(0) as i32,
                 c_opt(&dy),
                 c_opt(&ds),
-                o0,
-                o1,
-                o2,
-                o3,
-                o4,
-                o5,
-                o6,
-                o7,
-            )
-        });
+            ],
+            Some(chunk.unwrap_or(0) as i32),
+            &mut outs,
+        ));
         let gd = GatedDelta {
             q: &q.r,
             k: &k.r,
@@ -78,16 +68,7 @@ fn vjp_chunked_matches_the_c_abi() {
             mask: r_opt(&mask),
         };
         let g = gd.vjp_chunked(chunk, r_opt(&dy), r_opt(&ds)).unwrap();
-        let r = [
-            &g.dq,
-            &g.dk,
-            &g.dv,
-            &g.da,
-            &g.db,
-            &g.da_log,
-            &g.ddt_bias,
-            &g.dstate,
-        ];
+        let r = grads(&g);
         same_results("mlxk_gated_delta_update_chunked_vjp", &outs, &r);
         assert_eq!(g.dq.dtype().unwrap(), dtype);
         assert_eq!(g.db.dtype().unwrap(), Dtype::Float32);
@@ -97,9 +78,8 @@ fn vjp_chunked_matches_the_c_abi() {
                 .vjp_chunked(Some(bad), r_opt(&dy), r_opt(&ds))
                 .unwrap_err();
             let mut outs = [null_mut(); 8];
-            let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-            let status = unsafe {
-                mlxk_gated_delta_update_chunked_vjp(
+            let status = vjp(
+                [
                     q.c,
                     k.c,
                     v.c,
@@ -109,19 +89,12 @@ fn vjp_chunked_matches_the_c_abi() {
                     dt.c,
                     c_opt(&state),
                     c_opt(&mask),
-                    bad as i32,
                     c_opt(&dy),
                     c_opt(&ds),
-                    o0,
-                    o1,
-                    o2,
-                    o3,
-                    o4,
-                    o5,
-                    o6,
-                    o7,
-                )
-            };
+                ],
+                Some(bad as i32),
+                &mut outs,
+            );
             let msg = same_error("mlxk_gated_delta_update_chunked_vjp", status, err);
             assert!(msg.contains("chunk_size"), "{msg}");
         }

@@ -14,7 +14,7 @@
 use super::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 
-const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+const NAMES: [&str; 8] = crate::support::vjp_case::GRADS;
 
 /// `Recurrence::random`'s inputs with a, b and dt_bias in float32, so that g and beta (MLX ops
 /// on the GPU, the CPU kernel's own on the CPU) agree to float32 rounding on both sides (in

@@ -11,23 +11,27 @@
 //!   except CUDA's log1pf for glibc's), only gates whose log1p rounds differently can differ;
 //!   the bound is `gate_bound` below, and every case prints how many outputs differ;
 //! - replay over the whole window equals the update's state, bit for bit, on the GPU;
-//! - the pool calls (update, packed, verify then commit, replay: tests/cuda_pool/) the same
+//! - the pool calls (update, packed, verify then commit, replay: tests/cuda/pool.rs) the same
 //!   way against the CPU pool calls, every slot of the new pool compared;
-//! - the chunked form's GPU backward (tests/cuda_chunked_grad/) within bounds of the CPU
+//! - the chunked form's GPU backward (tests/cuda/chunked_grad.rs) within bounds of the CPU
 //!   backward and of a float64 backward, T up to 4096;
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
-//! - the chunked form (tests/cuda_chunked/) within docs/DESIGN.md §4's chunked bounds of the
+//! - the chunked form (tests/cuda/chunked.rs) within docs/DESIGN.md §4's chunked bounds of the
 //!   exact update, of the CPU chunked form and of a float64 recurrence;
 //! - argument errors (the chunk size's too) and the memory limit are unchanged with the GPU as
 //!   default device.
 //!
 //! Run it alone (`--test-threads=1`): the default device is process-wide.
 
-mod common;
-mod cuda_chunked;
-mod cuda_chunked_grad;
-mod cuda_pool;
-use common::*;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod chunked;
+mod chunked_grad;
+mod pool;
+mod syntax;
+mod text;
+use crate::support::*;
 use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
@@ -570,7 +574,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
     let mut rng = Rng::fresh();
     if std::env::var("MLXK_CUDA_ONLY").as_deref() == Ok("chunked") {
         // scripts/cuda-device.sh chunked: the chunked form's cases alone.
-        cuda_chunked::chunked_within_bounds(&mut rng);
+        chunked::chunked_within_bounds(&mut rng);
         println!("PASS: test-cuda (chunked only): the chunked form within its bounds");
         return;
     }
@@ -630,9 +634,9 @@ fn cuda_kernels_match_the_cpu_kernels() {
     ] {
         gated_norm(&mut rng, rows, d, dtype, gate);
     }
-    cuda_pool::pool_calls_match_the_cpu(&mut rng);
-    cuda_chunked_grad::chunked_backward_matches(&mut rng);
-    cuda_chunked::chunked_within_bounds(&mut rng);
+    pool::pool_calls_match_the_cpu(&mut rng);
+    chunked_grad::chunked_backward_matches(&mut rng);
+    chunked::chunked_within_bounds(&mut rng);
     decode_loop(&mut rng);
     errors_on_the_gpu(&mut rng);
     println!("PASS: test-cuda: every kernel on MLX CUDA matches the CPU kernels");

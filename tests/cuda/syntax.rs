@@ -2,7 +2,7 @@
 //! header and source put together the way `mx::fast::cuda_kernel` does (MLX's header, then the
 //! library's, then `namespace mlx::core::cu { __global__ void <name>(<inputs, their _shape
 //! parameters where the source names them, outputs>) { <template constants> <source> } }`),
-//! checked with `-fsyntax-only` against `tests/cuda_mock/nvrtc_mock.h`, compile-only stand-ins
+//! checked with `-fsyntax-only` against `tests/cuda/mock/nvrtc_mock.h`, compile-only stand-ins
 //! for NVRTC's and MLX's names. A name CUDA lacks, a typo or a type error in a kernel text or in
 //! `kernels/cuda/` fails here, on any machine, instead of on the GPU machine (docs/DESIGN.md §6).
 //! Whether NVRTC accepts the text is still `make test-cuda`'s to say.
@@ -83,7 +83,7 @@ fn kernel_text(l: &MetalLaunch, inputs: &[Dtype]) -> String {
 /// Compiles `text` with `-fsyntax-only`; the compiler's messages on failure.
 fn syntax_check(text: &str) -> Result<(), String> {
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let mock = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_mock/nvrtc_mock.h");
+    let mock = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda/mock/nvrtc_mock.h");
     let mut child = Command::new(&cxx)
         .args([
             "-std=c++17",

@@ -2,8 +2,7 @@
 //! shapes, dtypes, masks, states and chunk sizes; masked rows; continuing a prefill across
 //! calls; the in-place state update; every argument check.
 
-mod common;
-use common::*;
+use crate::support::*;
 use std::ptr::null_mut;
 
 fn run_chunked(r: &Recurrence, chunk: i32) -> (mlxk_status, H, H) {

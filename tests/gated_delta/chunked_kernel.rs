@@ -3,7 +3,7 @@
 //! masks, initial states and element types; plus its error as a function of T and (ignored) its
 //! throughput at Qwen3.5 dims.
 //!
-//! Inputs are fresh random values each run; the seed is printed (set `CHUNKED_SEED` to repeat).
+//! Inputs are fresh random values each run; the seed is printed (set `MLXK_TEST_SEED` to repeat).
 //!
 //! Error measure: `max |Δ| / max |ref|` over a whole output (y or the final state), the
 //! reference being the float64 recurrence on the same (rounded) inputs; "exact" is the exact
@@ -35,6 +35,7 @@
 //! `y = β v (k·q)`, defeats any relative measure over y, the exact kernel's as much; it has
 //! its own check.)
 
+use crate::support::Rng;
 use half::{bf16, f16};
 use mlxkern::cpu::chunked::{
     chunked_recurrence, chunked_recurrence_with, ChunkedOptions, Products,
@@ -46,43 +47,6 @@ use std::time::Instant;
 
 /// Relative error bound (see the module comment) for y and the state against float64.
 const CHUNKED_BOUND: f64 = 2e-5;
-
-struct Rng(u64);
-
-impl Rng {
-    fn fresh(salt: u64) -> Rng {
-        let seed = std::env::var("CHUNKED_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_nanos() as u64
-            });
-        println!("seed {seed} (salt {salt})");
-        Rng(seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-    }
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn range(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.uniform()
-    }
-    fn normal(&mut self) -> f64 {
-        let u = self.uniform().max(1e-300);
-        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
-    }
-}
 
 /// How the gates are drawn.
 #[derive(Clone, Copy, Debug)]
@@ -131,7 +95,7 @@ fn make<T: Elem>(rng: &mut Rng, d: Dims, gates: Gates, mask: Mask, with_state: b
     let n = d.b * d.t * d.hv;
     let g = (0..n)
         .map(|_| match gates {
-            Gates::Mixed => match rng.next() % 50 {
+            Gates::Mixed => match rng.next_u64() % 50 {
                 0 => 1e-30,
                 1 => 1e-40, // subnormal
                 2 => rng.range(1e-12, 1e-3) as f32,
@@ -141,7 +105,7 @@ fn make<T: Elem>(rng: &mut Rng, d: Dims, gates: Gates, mask: Mask, with_state: b
             Gates::Range(lo) => rng.range(lo, 1.0) as f32,
         })
         .collect();
-    let beta = (0..n).map(|_| rng.uniform() as f32).collect();
+    let beta = (0..n).map(|_| rng.unit() as f32).collect();
     let state = with_state.then(|| {
         (0..d.b * d.hv * d.dv * d.dk)
             .map(|_| rng.range(-0.5, 0.5) as f32)
@@ -160,7 +124,7 @@ fn make<T: Elem>(rng: &mut Rng, d: Dims, gates: Gates, mask: Mask, with_state: b
                     // Holes inside.
                     let hi = d.t.saturating_sub(trail);
                     for x in &mut row[lead.min(hi)..hi] {
-                        if rng.next() % 9 == 0 {
+                        if rng.next_u64() % 9 == 0 {
                             *x = 0;
                         }
                     }
@@ -447,7 +411,7 @@ fn check<T: Elem>(rng: &mut Rng, d: Dims, gates: Gates, mask: Mask, state: bool)
 
 #[test]
 fn matches_float64_across_shapes() {
-    let mut rng = Rng::fresh(1);
+    let mut rng = Rng::fresh();
     // (B, T, Hk, Hv, Dk, Dv)
     let shapes = [
         (1, 1, 1, 1, 128, 128),
@@ -481,7 +445,7 @@ fn matches_float64_across_shapes() {
 /// `β max|v| |k| |q|` (the scale of the dot product's terms, not its possibly cancelled sum).
 #[test]
 fn single_token_from_zeros() {
-    let mut rng = Rng::fresh(9);
+    let mut rng = Rng::fresh();
     for _ in 0..50 {
         let d = dims(2, 1, 2, 4, 128, 32);
         let x = make::<f32>(&mut rng, d, Gates::Mixed, Mask::None, false);
@@ -505,7 +469,7 @@ fn single_token_from_zeros() {
 
 #[test]
 fn narrow_element_types() {
-    let mut rng = Rng::fresh(2);
+    let mut rng = Rng::fresh();
     for &(b, t, hk, hv, dk, dv) in &[(2, 65, 1, 2, 128, 128), (1, 200, 2, 4, 64, 32)] {
         let d = dims(b, t, hk, hv, dk, dv);
         check::<bf16>(&mut rng, d, Gates::Mixed, Mask::Padded, true);
@@ -515,7 +479,7 @@ fn narrow_element_types() {
 
 #[test]
 fn odd_sizes_chunks_and_the_portable_kernel() {
-    let mut rng = Rng::fresh(3);
+    let mut rng = Rng::fresh();
     // Dk not a multiple of 32 (or of 8), Dv not a multiple of 16, one value column, Dk = 256.
     let shapes = [
         (2, 70, 1, 2, 40, 20),
@@ -562,7 +526,7 @@ fn odd_sizes_chunks_and_the_portable_kernel() {
 /// is the AVX2 (or portable) kernel and the comparison still holds.
 #[test]
 fn product_kernels_agree() {
-    let mut rng = Rng::fresh(8);
+    let mut rng = Rng::fresh();
     let (avx2, avx512) = mlxkern::testing::kernel_features();
     println!("kernels: AVX2 {avx2}, AVX-512 {avx512}");
     let shapes = [
@@ -580,10 +544,10 @@ fn product_kernels_agree() {
     for &(b, t, hk, hv, dk, dv) in &shapes {
         let d = dims(b, t, hk, hv, dk, dv);
         for chunk in [16, 32, 48, 64, 128] {
-            let mask = [Mask::Padded, Mask::None][(rng.next() % 2) as usize];
-            let state = rng.uniform() < 2.0 / 3.0;
+            let mask = [Mask::Padded, Mask::None][(rng.next_u64() % 2) as usize];
+            let state = rng.unit() < 2.0 / 3.0;
             let run = |products| ChunkedOptions { chunk, products };
-            match rng.next() % 3 {
+            match rng.next_u64() % 3 {
                 0 => compare_products::<f32>(&mut rng, d, mask, state, run),
                 1 => compare_products::<bf16>(&mut rng, d, mask, state, run),
                 _ => compare_products::<f16>(&mut rng, d, mask, state, run),
@@ -643,7 +607,7 @@ fn compare_products<T: Elem>(
 
 #[test]
 fn state_in_place_empty_and_fully_masked() {
-    let mut rng = Rng::fresh(4);
+    let mut rng = Rng::fresh();
     // In place: the state buffer holds the initial state on entry.
     let d = dims(2, 100, 1, 2, 64, 32);
     let x = make::<f32>(&mut rng, d, Gates::Mixed, Mask::Padded, true);
@@ -691,7 +655,7 @@ fn state_in_place_empty_and_fully_masked() {
 /// parallel keys), β = 1 and g = 1, so `I + A` has all-ones (or nearly) below the diagonal.
 #[test]
 fn repeated_keys_full_beta() {
-    let mut rng = Rng::fresh(8);
+    let mut rng = Rng::fresh();
     let d = dims(1, 300, 1, 2, 64, 32);
     for near in [false, true] {
         let mut x = make::<f32>(&mut rng, d, Gates::Range(0.3), Mask::None, true);
@@ -718,7 +682,7 @@ fn repeated_keys_full_beta() {
 /// Masked tokens may hold anything (NaN, Inf) without affecting the result.
 #[test]
 fn garbage_under_the_mask_is_ignored() {
-    let mut rng = Rng::fresh(5);
+    let mut rng = Rng::fresh();
     let d = dims(2, 150, 2, 4, 64, 32);
     let x = make::<f32>(&mut rng, d, Gates::Mixed, Mask::Padded, true);
     let (y_ref, s_ref) = run_chunked(&x, None);
@@ -755,7 +719,7 @@ fn garbage_under_the_mask_is_ignored() {
 /// kernel's own error. Prints the table the module comment summarizes.
 #[test]
 fn error_versus_t() {
-    let mut rng = Rng::fresh(6);
+    let mut rng = Rng::fresh();
     println!("gates          T     | chunked y   S        | exact y     S");
     for (gates, name) in [
         (Gates::Range(0.3), "g in (0.3,1) "),
@@ -791,7 +755,7 @@ fn error_versus_t() {
 #[test]
 #[ignore]
 fn throughput_qwen35() {
-    let mut rng = Rng::fresh(7);
+    let mut rng = Rng::fresh();
     let d = dims(1, 4096, 16, 32, 128, 128);
     let sizes: Vec<usize> = std::env::var("CHUNKED_SIZES")
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())

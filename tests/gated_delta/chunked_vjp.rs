@@ -12,14 +12,12 @@
 //! worst case, errors of about 1e-7..7e-7 of the largest magnitude measured (printed with
 //! --nocapture); the bound, 2e-5, leaves a margin of about 30.
 
-mod common;
-#[path = "common/vjp_case.rs"]
-mod vjp_case;
+use crate::support::vjp_case;
 
-use common::*;
+use crate::support::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{loss, run, Case};
+use vjp_case::{base64, central_at, run, Case};
 
 /// Per head, q with norm Dk^-1/2 and k with norm 1 (mlx-lm's normalization).
 fn heads(rng: &mut Rng, n: usize, dk: usize, norm: f32) -> Vec<f32> {
@@ -54,7 +52,7 @@ fn random_case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool) -> Case
     }
 }
 
-const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+const NAMES: [&str; 8] = vjp_case::GRADS;
 
 /// "name error" for each gradient.
 fn table(worst: &[f64; 8]) -> String {
@@ -101,34 +99,13 @@ fn gradients_match_central_differences_of_a_float64_forward() {
     for (dims, with_state, with_mask, chunk) in cases {
         let c = random_case(&mut rng, dims, with_state, with_mask);
         let got = run(&c, Some(chunk), true);
-        let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-        let [bs, _, _, hv, dk, dv] = dims;
-        let s0 = c
-            .state
-            .as_ref()
-            .map_or(vec![0.0; bs * hv * dv * dk], |s| f64v(s));
-        let base = [
-            f64v(&c.q),
-            f64v(&c.k),
-            f64v(&c.v),
-            f64v(&c.a),
-            f64v(&c.b),
-            f64v(&c.a_log),
-            f64v(&c.dt_bias),
-            s0,
-        ];
+        let base = base64(&c);
         let mut worst = [0f64; 8];
         for (which, grad) in got.iter().enumerate() {
             let scale = largest(grad).max(1e-12);
             let step = grad.len().div_ceil(10).max(1);
             for i in (0..grad.len()).step_by(step) {
-                let h = 1e-5;
-                let mut x = base.clone();
-                x[which][i] += h;
-                let up = loss(&c, &x);
-                x[which][i] -= 2.0 * h;
-                let down = loss(&c, &x);
-                let want = (up - down) / (2.0 * h);
+                let want = central_at(&c, &base, which, i, 1e-5);
                 let err = (grad[i] as f64 - want).abs() / scale;
                 worst[which] = worst[which].max(err);
                 // float32 sums against float64 (the differences themselves good to ~1e-9).

@@ -5,9 +5,7 @@
 //! dstate = dstate_out. Its numbers: tests/metal_emu (the kernel text on the CPU) and
 //! tests/cuda_chunked_grad (MLX CUDA).
 
-mod common;
-
-use common::*;
+use crate::support::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::null_mut;
 

@@ -4,8 +4,7 @@
 //! call's arguments, and the GPU launch it builds (the Metal and CUDA forms: one node whose
 //! kernel reads x and the scales, refused on a CPU stream without a crash).
 
-mod common;
-use common::*;
+use crate::support::*;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads;
 use mlxkern::testing::{
     from_conv_one_kernel_any_tokens, gated_delta_update_from_conv_via_gpu, GpuKernels,

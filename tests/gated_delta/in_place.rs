@@ -3,8 +3,10 @@
 //! are the bits of the same steps evaluated one at a time. One test in its own binary, so the
 //! process-wide in-place counter counts only these steps.
 
-mod common;
-use common::*;
+#[path = "../support/mod.rs"]
+mod support;
+
+use crate::support::*;
 use std::ptr::null_mut;
 
 /// Runs `steps` decode steps from `state0` over the T = 1 windows of `host`; with `chained`

@@ -3,10 +3,8 @@
 //! verify + commit equals the replay of the accepted tokens; the pool is updated in place;
 //! argument errors name the argument.
 
-mod common;
-mod pool_common;
-use common::*;
-use pool_common::*;
+use crate::support::pool::*;
+use crate::support::*;
 use std::ptr::{null, null_mut};
 
 /// The dense reference: the rows' states gathered from `pool` (zeros for fresh and padding

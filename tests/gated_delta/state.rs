@@ -1,8 +1,7 @@
 //! `mlxk_gated_delta_state` (prefix-state replay) through the C ABI: bit-identity with the
 //! update for every prefix, per-row lengths, errors, and a whole speculative step.
 
-mod common;
-use common::*;
+use crate::support::*;
 use std::ptr::{null, null_mut};
 
 fn copy_state(src: H, dims: [usize; 6]) -> H {

@@ -1,8 +1,7 @@
 //! `mlxk_compute_g` and `mlxk_gated_delta_update` through the C ABI: every argument check,
 //! the Metal launch, edge sizes, and the sequential semantics (decode chain == prefill).
 
-mod common;
-use common::*;
+use crate::support::*;
 use std::ptr::{null, null_mut};
 
 fn dims_shape(d: [usize; 6]) -> [i32; 6] {

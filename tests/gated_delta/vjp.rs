@@ -4,17 +4,14 @@
 //! the GPU device's path (MLX ops under `mx::vjp`, run here on a CPU stream) against the CPU
 //! backward.
 
-mod common;
-#[path = "common/grad.rs"]
-mod grad;
-#[path = "common/vjp_case.rs"]
-mod vjp_case;
+use crate::support::grad;
+use crate::support::vjp_case;
 
-use common::*;
+use crate::support::*;
 use grad::{check_paths, check_paths_at, Float};
 use mlxkern::testing::{gated_delta_update_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{loss, run, Case};
+use vjp_case::{base64, central_at, run, vjp, Case, GRADS};
 
 fn random_case(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Case {
     let [b, t, hk, hv, dk, dv] = dims;
@@ -46,39 +43,17 @@ fn gradients_match_central_differences_of_a_float64_forward() {
     for (dims, with_state, with_mask) in cases {
         let c = random_case(&mut rng, dims, with_state, with_mask);
         let got = run(&c, None, true);
-        let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-        let [bs, _, _, hv, dk, dv] = dims;
-        let s0 = c
-            .state
-            .as_ref()
-            .map_or(vec![0.0; bs * hv * dv * dk], |s| f64v(s));
-        let base = [
-            f64v(&c.q),
-            f64v(&c.k),
-            f64v(&c.v),
-            f64v(&c.a),
-            f64v(&c.b),
-            f64v(&c.a_log),
-            f64v(&c.dt_bias),
-            s0,
-        ];
-        let names = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+        let base = base64(&c);
         for (which, grad) in got.iter().enumerate() {
             let step = grad.len().div_ceil(12).max(1);
             for i in (0..grad.len()).step_by(step) {
-                let h = 1e-5;
-                let mut x = base.clone();
-                x[which][i] += h;
-                let up = loss(&c, &x);
-                x[which][i] -= 2.0 * h;
-                let down = loss(&c, &x);
-                let want = (up - down) / (2.0 * h);
+                let want = central_at(&c, &base, which, i, 1e-5);
                 // f32 arithmetic over up to T · Dk terms, against float64: 1e-3 of the
                 // magnitude plus an absolute 1e-4 for gradients near zero.
                 assert!(
                     (grad[i] as f64 - want).abs() <= 1e-3 * want.abs() + 1e-4,
                     "{dims:?}: {}[{i}] {} vs {want}",
-                    names[which],
+                    GRADS[which],
                     grad[i]
                 );
             }
@@ -108,30 +83,11 @@ fn bf16_inputs_give_gradients_in_their_dtypes() {
     let dt = new_bf16(&rng.vec(hv, 1.0), &[2]);
     let dy = new_bf16(&rng.vec(b * t * hv * dv, 1.0), &[1, 3, 2, 4]);
     let mut outs = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-    ok(unsafe {
-        mlxk_gated_delta_update_vjp(
-            q,
-            k,
-            v,
-            a,
-            bb,
-            a_log,
-            dt,
-            null(),
-            null(),
-            dy,
-            null(),
-            o0,
-            o1,
-            o2,
-            o3,
-            o4,
-            o5,
-            o6,
-            o7,
-        )
-    });
+    ok(vjp(
+        [q, k, v, a, bb, a_log, dt, null(), null(), dy, null()],
+        None,
+        &mut outs,
+    ));
     let want = [
         MLXK_DTYPE_BFLOAT16,
         MLXK_DTYPE_BFLOAT16,
@@ -253,7 +209,7 @@ struct GpuCase {
     dstate_out: bool,
 }
 
-const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+const NAMES: [&str; 8] = GRADS;
 
 /// A gradient as f32 values, after checking it is a float array.
 fn widened(h: H) -> Vec<f32> {
@@ -324,12 +280,11 @@ fn both_paths_with_gates(
     };
     let args = [q, k, v, a, bb, a_log, dt, state, mask, dy, ds].map(|h| h as *const mlxk_array);
     let mut cpu = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut cpu;
-    ok(unsafe {
-        mlxk_gated_delta_update_vjp(
-            q, k, v, a, bb, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
-        )
-    });
+    ok(vjp(
+        [q, k, v, a, bb, a_log, dt, state, mask, dy, ds],
+        None,
+        &mut cpu,
+    ));
     let mut ops = [null_mut(); 8];
     let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut ops;
     let outs = [o0, o1, o2, o3, o4, o5, o6, o7].map(|o| o as *mut H);

@@ -1,8 +1,7 @@
 //! `mlxk_gated_rms_norm` through the C ABI: results against a float64 reference, every
 //! argument check, and the Metal launch.
 
-mod common;
-use common::*;
+use crate::support::*;
 use mlxkern::capi::gated_rms_norm::*;
 use mlxkern::testing::{gated_rms_norm_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};

@@ -14,11 +14,9 @@
 //!   checks the whole path through `mx::vjp`.
 //! - A description whose cotangents do not fit its node is refused with a message.
 
-mod common;
-#[path = "common/grad.rs"]
-mod grad;
+use crate::support::grad;
 
-use common::*;
+use crate::support::*;
 use grad::{check_paths, read_as_f32, Float};
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm_vjp;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads_vjp;

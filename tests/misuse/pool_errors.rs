@@ -1,17 +1,8 @@
 //! Argument errors of the pool and packed calls: each names the argument and what was
 //! expected, leaves the out-parameters untouched and makes no handle.
 
-mod common;
-use common::*;
+use crate::support::*;
 use std::ptr::{null, null_mut};
-use std::sync::{Mutex, MutexGuard};
-
-/// The live-handle count is process-wide: the tests of this file run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A small call's handles: q, k `[B, T, 1, 32]`, v `[B, T, 2, 4]`, gates, a pool of `n`.
 struct Call {
@@ -45,6 +36,7 @@ impl Call {
         let [q, k, v, a, b, al, dt] = self.x;
         let sentinel = 0x5a5a as H;
         let (mut y, mut p) = (sentinel, sentinel);
+        let (yo, po) = (&mut y as *mut H, &mut p as *mut H);
         let status = unsafe {
             mlxk_gated_delta_update_pool(
                 q,
@@ -59,8 +51,8 @@ impl Call {
                 fresh,
                 n,
                 null(),
-                &mut y,
-                &mut p,
+                yo,
+                po,
             )
         };
         if status != MLXK_OK {
@@ -75,6 +67,8 @@ impl Call {
     fn packed(&self, cu: &[i32], slots: &[i32]) -> mlxk_status {
         let [q, k, v, a, b, al, dt] = self.x;
         let (mut y, mut p) = (null_mut(), null_mut());
+        let (c, s, pool) = (cu.as_ptr(), slots.as_ptr(), self.pool);
+        let (yo, po) = (&mut y as *mut H, &mut p as *mut H);
         let status = unsafe {
             mlxk_gated_delta_update_packed(
                 q,
@@ -84,13 +78,13 @@ impl Call {
                 b,
                 al,
                 dt,
-                self.pool,
-                cu.as_ptr(),
+                pool,
+                c,
                 cu.len(),
-                slots.as_ptr(),
+                s,
                 null(),
-                &mut y,
-                &mut p,
+                yo,
+                po,
             )
         };
         if status == MLXK_OK {
@@ -188,7 +182,9 @@ fn the_pool_is_checked_and_named() {
     free(bf);
     // The same handle for y and pool_out.
     let [q, k, v, a, b, al, dt] = c.x;
-    let mut same = null_mut();
+    let (pool, s) = (c.pool, slots.as_ptr());
+    let mut out = null_mut();
+    let same = &mut out as *mut H;
     expect_err(
         unsafe {
             mlxk_gated_delta_update_pool(
@@ -199,13 +195,13 @@ fn the_pool_is_checked_and_named() {
                 b,
                 al,
                 dt,
-                c.pool,
-                slots.as_ptr(),
+                pool,
+                s,
                 null(),
                 2,
                 null(),
-                &mut same,
-                &mut same,
+                same,
+                same,
             )
         },
         MLXK_ERR_INVALID_ARGUMENT,
@@ -213,6 +209,7 @@ fn the_pool_is_checked_and_named() {
     );
     // A chunk size the chunked form refuses.
     let (mut y, mut p) = (null_mut(), null_mut());
+    let (y, p) = (&mut y as *mut H, &mut p as *mut H);
     expect_err(
         unsafe {
             mlxk_gated_delta_update_pool_chunked(
@@ -223,14 +220,14 @@ fn the_pool_is_checked_and_named() {
                 b,
                 al,
                 dt,
-                c.pool,
-                slots.as_ptr(),
+                pool,
+                s,
                 null(),
                 2,
                 null(),
                 17,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         },
         MLXK_ERR_INVALID_ARGUMENT,

@@ -1,14 +1,12 @@
 //! The CPU kernels' internals against MLX and against each other: the fused gates equal
 //! `mlxk_compute_g` and MLX's sigmoid bit for bit, the vectorized row kernel computes the
 //! same bits as the portable one, and the chunked form gives the same bits with its AVX2 and
-//! AVX-512 products. (Own binary: it flips process-wide switches.)
+//! AVX-512 products. (It flips process-wide switches: tests/paths/main.rs.)
 
-mod common;
-use common::*;
+use crate::support::*;
 use std::ptr::null_mut;
 
 /// The tests that flip the process-wide switches: one at a time.
-static SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn random_gate_values(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n)
@@ -96,7 +94,7 @@ fn fused_gates_equal_mlx_bit_for_bit() {
 
 #[test]
 fn vectorized_and_portable_kernels_agree_bit_for_bit() {
-    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let _switch = serial();
     let mut rng = Rng::fresh();
     // Dv a multiple of the row kernels' 4 rows and not (rows left over), one tile of tokens
     // and several, decode (T = 1), masks, zero states.
@@ -148,7 +146,7 @@ fn vectorized_and_portable_kernels_agree_bit_for_bit() {
 /// tests/gated_delta_update_chunked_kernel.rs's.
 #[test]
 fn chunked_products_agree_bit_for_bit() {
-    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let _switch = serial();
     let mut rng = Rng::fresh();
     let (_, avx512) = mlxkern::testing::kernel_features();
     eprintln!("AVX-512 products: {avx512}");

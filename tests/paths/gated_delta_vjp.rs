@@ -3,14 +3,13 @@
 //! (forced where the CPU has AVX-512) and with the fastest, on fresh random inputs: key widths
 //! 32 to 256, GQA, masks, initial states, bf16, f16 and f32, and sequences across the 64-token
 //! checkpoints. (Widths with a tail past the last group of eight, which the C ABI refuses, are
-//! tested in the module.) (Own binary: it flips
-//! process-wide switches.)
+//! tested in the module.) (It flips process-wide
+//! switches: tests/paths/main.rs.)
 
-mod common;
-#[path = "common/paths.rs"]
-mod paths;
+use crate::support::paths;
 
-use common::*;
+use crate::support::vjp_case::vjp;
+use crate::support::*;
 use std::ptr::null_mut;
 
 fn array_of(values: &[f32], shape: &[usize], dtype: mlxk_dtype) -> H {
@@ -29,12 +28,11 @@ fn array_of(values: &[f32], shape: &[usize], dtype: mlxk_dtype) -> H {
 fn gradients(inputs: &[H; 11]) -> Vec<Vec<u8>> {
     let [q, k, v, a, b, a_log, dt, state, mask, dy, ds] = *inputs;
     let mut outs = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-    ok(unsafe {
-        mlxk_gated_delta_update_vjp(
-            q, k, v, a, b, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
-        )
-    });
+    ok(vjp(
+        [q, k, v, a, b, a_log, dt, state, mask, dy, ds],
+        None,
+        &mut outs,
+    ));
     outs.iter()
         .map(|&h| {
             let bytes = read_bytes(h);
@@ -46,8 +44,9 @@ fn gradients(inputs: &[H; 11]) -> Vec<Vec<u8>> {
 
 #[test]
 fn every_path_gives_the_same_gradients() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
-    const NAMES: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+    const NAMES: [&str; 8] = crate::support::vjp_case::GRADS;
     // B, T, Hk, Hv, Dk, Dv; with state; with mask; dtype.
     let cases: [([usize; 6], bool, bool, mlxk_dtype); 8] = [
         ([1, 130, 2, 4, 128, 128], true, true, MLXK_DTYPE_BFLOAT16),
@@ -122,6 +121,7 @@ fn every_path_gives_the_same_gradients() {
 #[test]
 #[ignore]
 fn backward_timing() {
+    let _serial = serial();
     let mut rng = Rng::seeded(11);
     let [b, t, hk, hv, dk, dv] = [1, 512, 16, 32, 128, 128];
     let bf = MLXK_DTYPE_BFLOAT16;

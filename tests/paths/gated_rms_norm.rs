@@ -1,16 +1,14 @@
 //! The vectorized gated norm (`mlxk_gated_rms_norm`), AVX2 and (where the CPU has it) AVX-512,
 //! mixed gate dtypes included, against its portable code, bit for bit, through the C ABI: many
 //! shapes, all three dtypes, and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN
-//! outputs compare as a class. (Own binary: it flips process-wide switches.)
+//! outputs compare as a class. (It flips process-wide switches: tests/paths/main.rs.)
 //!
 //! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
 //! `cargo test --test gated_rms_norm_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
 //! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
 
-mod common;
-#[path = "common/paths.rs"]
-mod paths;
-use common::*;
+use crate::support::paths;
+use crate::support::*;
 use mlxkern::capi::gated_rms_norm::*;
 use paths::*;
 use std::ptr::null_mut;
@@ -58,7 +56,7 @@ fn gated_norm_case(rng: &mut Rng, kind: Kind, gate_kind: Kind, rows: usize, widt
 
 #[test]
 fn gated_norm_paths_agree_bit_for_bit() {
-    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let _switch = serial();
     let mut rng = Rng::fresh();
     let mut cases = 0;
     for kind in KINDS {
@@ -89,7 +87,7 @@ fn gated_norm_paths_agree_bit_for_bit() {
 #[ignore]
 fn timing() {
     use half::bf16;
-    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let _switch = serial();
     let (mut rng, portable) = timing_start();
     let width = 128;
     for rows in [32usize, 512 * 32] {

@@ -1,16 +1,14 @@
 //! The vectorized head split (`mlxk_silu_rms_heads`), AVX2 and (where the CPU has it) AVX-512,
 //! against its portable code, bit for bit, through the C ABI: many shapes, all three dtypes,
 //! and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN outputs compare as a class.
-//! (Own binary: it flips process-wide switches.)
+//! (It flips process-wide switches: tests/paths/main.rs.)
 //!
 //! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
 //! `cargo test --test silu_rms_heads_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
 //! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
 
-mod common;
-#[path = "common/paths.rs"]
-mod paths;
-use common::*;
+use crate::support::paths;
+use crate::support::*;
 use mlxkern::capi::silu_rms_heads::*;
 use paths::*;
 use std::ptr::null_mut;
@@ -77,7 +75,7 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
 
 #[test]
 fn head_split_paths_agree_bit_for_bit() {
-    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let _switch = serial();
     let mut rng = Rng::fresh();
     let mut cases = 0;
     for kind in KINDS {
@@ -115,7 +113,7 @@ fn head_split_paths_agree_bit_for_bit() {
 #[ignore]
 fn timing() {
     use half::bf16;
-    let _switch = SWITCH.lock().unwrap_or_else(|e| e.into_inner());
+    let _switch = serial();
     let (mut rng, portable) = timing_start();
     let (hk, hv, dk, dv) = (16usize, 32usize, 128usize, 128usize);
     let c = 2 * hk * dk + hv * dv;

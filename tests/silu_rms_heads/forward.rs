@@ -1,8 +1,7 @@
 //! `mlxk_silu_rms_heads` (the head split) through the C ABI: results against a float64
 //! reference, every argument check, and the Metal launch.
 
-mod common;
-use common::*;
+use crate::support::*;
 use mlxkern::capi::silu_rms_heads::*;
 use mlxkern::testing::{silu_rms_heads_via_gpu, GpuKernels};
 use std::ptr::null_mut;

@@ -9,11 +9,9 @@
 //! (about 14 f32 operations per element, each within 2^-24 of that magnitude; sums are f64),
 //! plus half the smallest subnormal of T.
 
-mod common;
-#[path = "common/grad.rs"]
-mod grad;
+use crate::support::grad;
 
-use common::*;
+use crate::support::*;
 use grad::*;
 use mlxkern::capi::silu_rms_heads::*;
 use mlxkern::testing::{silu_rms_heads_vjp_via_gpu, GpuKernels};

@@ -5,7 +5,7 @@
 
 use std::ptr::null_mut;
 
-use crate::common::*;
+use super::*;
 use mlxkern::{Array, Dtype, Error};
 
 /// One input held twice: as a C handle and as a safe array, with the same bytes.
@@ -98,6 +98,54 @@ pub fn same_error(function: &str, status: mlxk_status, err: Error) -> String {
     );
     assert_eq!(last_error(), format!("{function}: {err}"));
     err.to_string()
+}
+
+/// A safe call and the C call on the same inputs agree: both succeed with the same bits, or
+/// both fail with the same status and message. Returns the error message, if any.
+#[track_caller]
+pub fn agree(
+    function: &str,
+    status: mlxk_status,
+    c: &[H],
+    r: mlxkern::Result<Vec<Array>>,
+) -> Option<String> {
+    match r {
+        Ok(arrays) => {
+            assert_eq!(
+                status,
+                MLXK_OK,
+                "{function}: C failed ({}), the safe call did not",
+                last_error()
+            );
+            same_results(function, c, &arrays.iter().collect::<Vec<_>>());
+            None
+        }
+        Err(err) => Some(same_error(function, status, err)),
+    }
+}
+
+/// The update's eight gradients in the C ABI's order.
+pub fn grads(g: &mlxkern::GatedDeltaGrads) -> [&Array; 8] {
+    [
+        &g.dq,
+        &g.dk,
+        &g.dv,
+        &g.da,
+        &g.db,
+        &g.da_log,
+        &g.ddt_bias,
+        &g.dstate,
+    ]
+}
+
+/// A random shape: below `lead` leading dimensions, each in 1..=`dim`, then a last one in
+/// 1..=`last`.
+pub fn random_shape(rng: &mut Rng, lead: u64, dim: u64, last: u64) -> Vec<usize> {
+    let mut shape: Vec<usize> = (0..rng.below(lead))
+        .map(|_| 1 + rng.below(dim) as usize)
+        .collect();
+    shape.push(1 + rng.below(last) as usize);
+    shape
 }
 
 /// Floats of `n` values, the bits of an array read as float32.

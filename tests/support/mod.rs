@@ -1,9 +1,23 @@
-//! Helpers shared by the C-ABI test suites: a PRNG, array construction through the C ABI,
-//! bf16 conversion, and error inspection.
+//! What the Rust test suites share: a PRNG, array construction through the C ABI, bf16
+//! conversion, error inspection, and the one lock of the tests that need their process alone.
+//! Each suite's root declares it (`mod support;`, or `#[path = "../support/mod.rs"]` from a
+//! folder); the submodules are the helpers of some suites only:
+//! - `api`: inputs held both as safe arrays and as C handles, safe call against C call;
+//! - `grad`: float kinds, float64 SiLU, central differences, the gradient error table;
+//! - `paths`: portable-vs-vectorized kernels (element kinds, special values, timing);
+//! - `pool`: host inputs of the pool calls, pool shapes and slots, recorded launches;
+//! - `vjp_case`: the update's gradient case, its float64 loss and the C call of either VJP.
 #![allow(dead_code, unused_imports)]
+
+pub mod api;
+pub mod grad;
+pub mod paths;
+pub mod pool;
+pub mod vjp_case;
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
+use std::sync::{Mutex, MutexGuard};
 
 pub use mlxkern::capi::array::*;
 pub use mlxkern::capi::device::*;
@@ -19,7 +33,16 @@ pub use mlxkern::testing::{
 
 pub type H = *mut mlxk_array;
 
-/// xorshift64*: deterministic per seed; seeds come from the clock so every run is fresh.
+/// Process-wide state some tests read or flip (the live-handle count, the in-place count, the
+/// forced kernel paths, the recorded GPU launch): such tests hold this lock, one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// xorshift64*: deterministic per seed; seeds come from the clock so every run is fresh. The
+/// one generator of the Rust test suites.
 pub struct Rng(u64);
 
 impl Rng {
@@ -48,6 +71,14 @@ impl Rng {
     pub fn seeded(seed: u64) -> Rng {
         Rng(seed | 1)
     }
+    /// A generator seeded through splitmix64's finalizer, so that nearby seeds give unrelated
+    /// streams.
+    pub fn mixed(seed: u64) -> Rng {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -63,6 +94,27 @@ impl Rng {
     }
     pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
         (0..n).map(|_| self.uniform() * scale).collect()
+    }
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    /// One of `from`, uniformly.
+    pub fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+    /// Uniform in [0, 1), in float64.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in [lo, hi), in float64.
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+    /// Standard normal (Box-Muller), in float64.
+    pub fn normal(&mut self) -> f64 {
+        let u = self.unit().max(1e-300);
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * self.unit()).cos()
     }
 }
 
@@ -112,17 +164,17 @@ pub fn name(status: mlxk_status) -> String {
         .into_owned()
 }
 
-pub fn new_bytes(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
+/// `mlxk_array_new` on `bytes`: its status and the handle it made (NULL on failure).
+pub fn array_new(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> (mlxk_status, H) {
     let mut out = null_mut();
-    ok(unsafe {
-        mlxk_array_new(
-            bytes.as_ptr().cast(),
-            shape.as_ptr(),
-            shape.len(),
-            dtype,
-            &mut out,
-        )
-    });
+    let (data, dims) = (bytes.as_ptr().cast(), shape.as_ptr());
+    let status = unsafe { mlxk_array_new(data, dims, shape.len(), dtype, &mut out) };
+    (status, out)
+}
+
+pub fn new_bytes(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let (status, out) = array_new(bytes, shape, dtype);
+    ok(status);
     out
 }
 
@@ -279,23 +331,10 @@ impl Recurrence {
     }
 
     pub fn free(self) {
-        for h in [
-            self.q,
-            self.k,
-            self.v,
-            self.a,
-            self.b,
-            self.a_log,
-            self.dt_bias,
-        ] {
-            free(h);
-        }
         if let Some(s) = self.state {
             free(s);
         }
-        if let Some(m) = self.mask {
-            free(m);
-        }
+        self.free_inputs();
     }
 }
 

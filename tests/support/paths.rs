@@ -5,11 +5,7 @@
 #![allow(dead_code)]
 
 use super::*;
-use std::sync::Mutex;
 use std::time::Instant;
-
-/// The tests of this binary flip the process-wide switch: one at a time.
-pub static SWITCH: Mutex<()> = Mutex::new(());
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Kind {

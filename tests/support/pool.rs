@@ -2,7 +2,7 @@
 //! shapes and random slots, and the reading of a recorded GPU launch.
 #![allow(dead_code)]
 
-use super::common::*;
+use super::*;
 
 /// Host values of one call's inputs (any float dtype for q, k, v), rows of T tokens.
 pub struct Host {

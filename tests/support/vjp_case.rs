@@ -4,7 +4,7 @@
 //! `#[path]`.
 #![allow(dead_code)]
 
-use crate::common::*;
+use super::*;
 use mlxkern::capi::gated_delta::{
     mlxk_gated_delta_update_chunked_vjp, mlxk_gated_delta_update_vjp,
 };
@@ -64,6 +64,59 @@ pub fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
     total
 }
 
+/// `mlxk_gated_delta_update_chunked_vjp` (`chunk` Some) or `mlxk_gated_delta_update_vjp` on
+/// q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out (NULL where absent); the eight
+/// gradients go to `outs`.
+pub fn vjp(inputs: [*const mlxk_array; 11], chunk: Option<i32>, outs: &mut [H; 8]) -> mlxk_status {
+    let [q, k, v, a, b, a_log, dt, state, mask, dy, ds] = inputs;
+    let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
+    unsafe {
+        match chunk {
+            Some(chunk) => mlxk_gated_delta_update_chunked_vjp(
+                q, k, v, a, b, a_log, dt, state, mask, chunk, dy, ds, o0, o1, o2, o3, o4, o5, o6,
+                o7,
+            ),
+            None => mlxk_gated_delta_update_vjp(
+                q, k, v, a, b, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
+            ),
+        }
+    }
+}
+
+/// The loss's eight inputs in float64 (q, k, v, a, b, a_log, dt_bias, the initial state or
+/// zeros), the point the central differences start from.
+pub fn base64(c: &Case) -> [Vec<f64>; 8] {
+    let f64v = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let [bs, _, _, hv, dk, dv] = c.dims;
+    let s0 = c
+        .state
+        .as_ref()
+        .map_or(vec![0.0; bs * hv * dv * dk], |s| f64v(s));
+    [
+        f64v(&c.q),
+        f64v(&c.k),
+        f64v(&c.v),
+        f64v(&c.a),
+        f64v(&c.b),
+        f64v(&c.a_log),
+        f64v(&c.dt_bias),
+        s0,
+    ]
+}
+
+/// The central difference (step `h`) of the loss along input `which`, entry `i`, at `base`.
+pub fn central_at(c: &Case, base: &[Vec<f64>; 8], which: usize, i: usize, h: f64) -> f64 {
+    let mut x = base.clone();
+    x[which][i] += h;
+    let up = loss(c, &x);
+    x[which][i] -= 2.0 * h;
+    let down = loss(c, &x);
+    (up - down) / (2.0 * h)
+}
+
+/// The names of the eight gradients, in the VJPs' order.
+pub const GRADS: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
+
 /// The eight gradients (read back as f32) of `mlxk_gated_delta_update_chunked_vjp` (`chunk`
 /// Some) or `mlxk_gated_delta_update_vjp`, on f32 handles; without `cotangents`, dy and
 /// dstate_out are NULL.
@@ -91,18 +144,11 @@ pub fn run(c: &Case, chunk: Option<i32>, cotangents: bool) -> Vec<Vec<f32>> {
         false => (null_mut(), null_mut()),
     };
     let mut outs = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut outs;
-    ok(unsafe {
-        match chunk {
-            Some(chunk) => mlxk_gated_delta_update_chunked_vjp(
-                q, k, v, a, bb, a_log, dt, state, mask, chunk, dy, ds, o0, o1, o2, o3, o4, o5, o6,
-                o7,
-            ),
-            None => mlxk_gated_delta_update_vjp(
-                q, k, v, a, bb, a_log, dt, state, mask, dy, ds, o0, o1, o2, o3, o4, o5, o6, o7,
-            ),
-        }
-    });
+    ok(vjp(
+        [q, k, v, a, bb, a_log, dt, state, mask, dy, ds],
+        chunk,
+        &mut outs,
+    ));
     let shapes: [Vec<i32>; 8] = [
         vec![b, t, hk, dk],
         vec![b, t, hk, dk],

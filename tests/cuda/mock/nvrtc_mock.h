@@ -1,5 +1,5 @@
 // Compile-only stand-ins for what NVRTC and MLX's device header (mlx/backend/cuda/device/
-// utils.cuh) give a custom kernel, so that tests/cuda_syntax.rs can run the CUDA kernel texts
+// utils.cuh) give a custom kernel, so that tests/cuda/syntax.rs can run the CUDA kernel texts
 // exactly as MLX assembles them through a host C++ compiler with -fsyntax-only: an identifier
 // CUDA does not have, a typo or a type error fails here instead of on the GPU machine. Nothing
 // here is run. No system header is included: glibc's would declare names (ushort, ...) that

@@ -3,10 +3,8 @@
 //! outputs and the geometry the node defines, and the launch reaches MLX (which refuses it on
 //! a CPU stream).
 
-mod common;
-mod pool_common;
-use common::*;
-use pool_common::*;
+use crate::support::pool::*;
+use crate::support::*;
 use std::ptr::null_mut;
 
 /// What a pool call's launch must be: its kernel's name, row table, written rows (W; the launch
@@ -81,6 +79,7 @@ fn check_launch(kernels: GpuKernels, dims: [usize; 6], n: usize, e: &Expected) {
 /// of 256 (row, value head) pairs, which takes 4 value rows a SIMD group on CUDA.
 #[test]
 fn pool_gpu_launches_are_built_and_reach_mlx() {
+    let _serial = serial();
     use mlxkern::testing::{
         gated_delta_state_pool_via_gpu, gated_delta_update_pool_via_gpu, record_gpu_launches,
     };

@@ -1,17 +1,16 @@
 //! The MLX CUDA pool launch that writes the pool's own rows (`PoolWrite::InPlace`), reached
 //! without a GPU: forced on (`testing::pool_in_place`), a pool update and a commit build the
 //! in-place text (its header defines MLXK_POOL_IN_PLACE), number the written rows by slot, and
-//! reach MLX's `cuda_kernel`, which refuses on a CPU stream. Its own binary: the switch is
-//! process-wide.
+//! reach MLX's `cuda_kernel`, which refuses on a CPU stream. The switch is process-wide:
+//! tests/gated_delta/launch/main.rs.
 
-mod common;
-mod pool_common;
-use common::*;
-use pool_common::*;
+use crate::support::pool::*;
+use crate::support::*;
 use std::ptr::null_mut;
 
 #[test]
 fn the_in_place_pool_launch_numbers_rows_by_slot_and_reaches_cuda_kernel() {
+    let _serial = serial();
     use mlxkern::testing::{
         gated_delta_state_pool_via_gpu, gated_delta_update_pool_via_gpu, last_gpu_launch,
         pool_in_place, record_gpu_launches,
