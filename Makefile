@@ -156,8 +156,8 @@ clean:
 
 # MLX CUDA (docs/DESIGN.md §3). On a machine with an NVIDIA GPU, Rust and an MLX CUDA install
 # (pip mlx-cuda-13==0.32.4; MLX_DIR=its `mlx` package folder): `make test-cuda` runs every kernel
-# on the GPU against the CPU kernels (tests/cuda.rs), the GPU backward against the CPU's
-# (tests/gated_delta_update_vjp.rs) and MLX autograd through the GPU kernels
+# on the GPU against the CPU kernels (tests/cuda/main.rs), the GPU backward against the CPU's
+# (tests/gated_delta/vjp.rs) and MLX autograd through the GPU kernels
 # (tests/cpp/gpu_autograd.cc), `make bench-cuda` the GPU benchmark beside
 # MLX's own paths and fla (build/bench/bench-cuda.{log,jsonl,png}). Where the GPU machine has no
 # Rust, `make cuda-carry` builds the same programs here into build/cuda/carry and
@@ -165,8 +165,10 @@ clean:
 CUDA_TARGET := target/cuda
 test-cuda:
 	@test -n "$$MLX_DIR" || { echo "test-cuda: set MLX_DIR to an MLX CUDA install's mlx folder"; exit 2; }
-	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test cuda -- --test-threads=1 --nocapture
-	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test gated_delta_update_vjp -- --test-threads=1
+	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test cuda -- --test-threads=1 --nocapture \
+	  --skip syntax:: --skip text::
+	CARGO_TARGET_DIR=$(CUDA_TARGET) $(CARGO) test --test gated_delta -- --test-threads=1 vjp:: \
+	  --skip chunked_vjp
 	@mkdir -p $(BUILD)/cuda
 	$(CXX) -O2 -std=c++20 -Iinclude -isystem "$$MLX_DIR/include" tests/cpp/gpu_autograd.cc \
 	  -L$(CUDA_TARGET)/debug -lmlxkern -Wl,-rpath,$(abspath $(CUDA_TARGET)/debug) \
