@@ -1,5 +1,6 @@
 //! The process-wide memory limit (its own test binary: the limit is global, and other tests
-//! running in parallel threads must not see it lowered).
+//! running in parallel threads must not see it lowered; its two tests hold `support::serial`,
+//! since each reads the limit the other sets).
 
 mod support;
 
@@ -9,6 +10,7 @@ use std::ptr::null_mut;
 
 #[test]
 fn memory_limit_refuses_before_allocating() {
+    let _serial = serial();
     let mut previous = 0usize;
     ok(unsafe { mlxk_get_memory_limit(&mut previous) });
     assert!(previous > 0);
@@ -35,6 +37,7 @@ fn memory_limit_refuses_before_allocating() {
 
 #[test]
 fn kernels_refuse_results_above_the_limit_before_building() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let r = Recurrence::random(&mut rng, [2, 64, 2, 4, 128, 128], true, false);
     // The new state alone is 2*4*128*128*4 = 512 KiB.

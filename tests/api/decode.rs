@@ -7,7 +7,7 @@
 mod support;
 
 use mlxkern::{Array, GatedDelta};
-use support::Rng;
+use support::{same_bits, Rng};
 
 #[test]
 fn decode_steps_carry_the_state_in_place() {
@@ -62,10 +62,7 @@ fn decode_steps_carry_the_state_in_place() {
 
     let whole = call(0, t, &Array::from_slice(&state0, &[b, hv, dv, dk]).unwrap());
     let at_once = whole.state.to_vec::<f32>().unwrap();
-    assert!(carried
-        .iter()
-        .zip(&at_once)
-        .all(|(x, y)| x.to_bits() == y.to_bits()));
+    assert!(same_bits(&carried, &at_once));
     let y_all = whole.y.to_vec::<f32>().unwrap();
     for (step, y) in ys.iter().enumerate() {
         assert_eq!(

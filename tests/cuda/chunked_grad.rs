@@ -184,15 +184,7 @@ fn case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool, chunk: usize, 
     // The CPU backward of the exact update.
     on_gpu(false);
     let mut cpu = [null_mut(); 8];
-    {
-        let [q, k, v, a, bb, al, dt, s, m, d, o] = args;
-        let [p0, p1, p2, p3, p4, p5, p6, p7] = cpu.each_mut();
-        ok(unsafe {
-            mlxk_gated_delta_update_vjp(
-                q, k, v, a, bb, al, dt, s, m, d, o, p0, p1, p2, p3, p4, p5, p6, p7,
-            )
-        });
-    }
+    ok(crate::support::vjp_case::vjp(args, None, &mut cpu));
     // The chunked GPU backward.
     on_gpu(true);
     let mut gpu = [null_mut(); 8];

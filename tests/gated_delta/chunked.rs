@@ -238,16 +238,11 @@ fn a_prefill_continues_across_calls() {
         }
         if exact_bits {
             assert!(
-                y_split
-                    .iter()
-                    .zip(&y_whole_v)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(&y_split, &y_whole_v),
                 "split at {split}: y bit-identical"
             );
             assert!(
-                s2v.iter()
-                    .zip(&s_whole_v)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(&s2v, &s_whole_v),
                 "split at {split}: state bit-identical"
             );
         } else {
@@ -307,14 +302,8 @@ fn the_state_is_updated_in_place_when_the_old_handle_is_freed() {
         "the freed state's buffer should hold the new state"
     );
     let (yv, sv) = (read_bf16(y), read_f32(st));
-    assert!(yv
-        .iter()
-        .zip(&y_kept_v)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
-    assert!(sv
-        .iter()
-        .zip(&s_kept_v)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(same_bits(&yv, &y_kept_v));
+    assert!(same_bits(&sv, &s_kept_v));
     free(y);
     free(st);
     r.free();

@@ -17,7 +17,7 @@ use crate::support::vjp_case;
 use crate::support::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{base64, central_at, run, Case};
+use vjp_case::{base64, central_at, run, vjp_to, Case};
 
 /// Per head, q with norm Dk^-1/2 and k with norm 1 (mlx-lm's normalization).
 fn heads(rng: &mut Rng, n: usize, dk: usize, norm: f32) -> Vec<f32> {
@@ -225,32 +225,13 @@ fn arguments_are_checked_and_named() {
     let flat = new_f32(&rng.vec(64, 0.2), &[2, 32]);
     let bad_dy = new_f32(&rng.vec(6, 1.0), &[1, 2, 1, 3]);
     let call = |q_arg: H, chunk: i32, dy: H, outs: &mut [H; 8], null_last: bool| {
-        let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
-        let o7: *mut H = if null_last { null_mut() } else { o7 };
-        unsafe {
-            mlxk_gated_delta_update_chunked_vjp(
-                q_arg,
-                q,
-                v,
-                g,
-                g,
-                hv1,
-                hv1,
-                null(),
-                null(),
-                chunk,
-                dy,
-                null(),
-                o0,
-                o1,
-                o2,
-                o3,
-                o4,
-                o5,
-                o6,
-                o7,
-            )
+        let mut o = outs.each_mut().map(|o| o as *mut H);
+        if null_last {
+            o[7] = null_mut();
         }
+        let inputs: [*const mlxk_array; 11] =
+            [q_arg, q, v, g, g, hv1, hv1, null(), null(), dy, null()];
+        vjp_to(inputs, Some(chunk), o)
     };
     let mut outs = [null_mut(); 8];
     for chunk in [8, 24, -16, 144, 256] {

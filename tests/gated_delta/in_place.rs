@@ -82,10 +82,7 @@ fn chained_decode_steps_update_the_state_in_place() {
         "y of chained steps equals y of steps evaluated one by one"
     );
     assert!(
-        s_chain
-            .iter()
-            .zip(&s_each)
-            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        same_bits(&s_chain, &s_each),
         "the final state is the same bits"
     );
     // The first step's input is the caller's fresh state (freed before evaluation, so it is

@@ -130,10 +130,10 @@ fn check_case(
             );
             let s = slot as usize;
             assert!(
-                new_pool[s * per..(s + 1) * per]
-                    .iter()
-                    .zip(&s_ref[row * per..(row + 1) * per])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(
+                    &new_pool[s * per..(s + 1) * per],
+                    &s_ref[row * per..(row + 1) * per]
+                ),
                 "slot {s} (row {row}): {what}"
             );
         }
@@ -141,10 +141,10 @@ fn check_case(
     for s in 0..n {
         if !slots.contains(&(s as i32)) {
             assert!(
-                new_pool[s * per..(s + 1) * per]
-                    .iter()
-                    .zip(&pool[s * per..(s + 1) * per])
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                same_bits(
+                    &new_pool[s * per..(s + 1) * per],
+                    &pool[s * per..(s + 1) * per]
+                ),
                 "slot {s} not named changed: {what}"
             );
         }
@@ -441,9 +441,10 @@ fn a_pool_given_up_before_eval_is_updated_in_its_own_buffer() {
     let address = mlxkern::testing::data_address(pool);
     assert_ne!(address, 0);
     let (_, expect) = pooled(&host, &pool0, n, &slots, None, None, None);
-    for step in 0..3 {
+    let s = slots.as_ptr();
+    let update = |pool: H| {
         let (mut y, mut next) = (null_mut(), null_mut());
-        ok(unsafe {
+        let status = unsafe {
             mlxk_gated_delta_update_pool(
                 q,
                 k,
@@ -453,14 +454,19 @@ fn a_pool_given_up_before_eval_is_updated_in_its_own_buffer() {
                 al,
                 dt,
                 pool,
-                slots.as_ptr(),
+                s,
                 null(),
                 3,
                 null(),
                 &mut y,
                 &mut next,
             )
-        });
+        };
+        ok(status);
+        (y, next)
+    };
+    for step in 0..3 {
+        let (y, next) = update(pool);
         free(pool);
         free(y);
         pool = next;
@@ -471,46 +477,22 @@ fn a_pool_given_up_before_eval_is_updated_in_its_own_buffer() {
         );
         if step == 0 {
             let got = read_f32(pool);
-            assert!(got
-                .iter()
-                .zip(&expect)
-                .all(|(a, b)| a.to_bits() == b.to_bits()));
+            assert!(same_bits(&got, &expect));
         }
     }
     // Slots not named keep their bits after every step.
     let got = read_f32(pool);
     for s in [0, 2, 3, 5, 6] {
-        assert!(got[s * per..(s + 1) * per]
-            .iter()
-            .zip(&pool0[s * per..(s + 1) * per])
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(
+            &got[s * per..(s + 1) * per],
+            &pool0[s * per..(s + 1) * per]
+        ));
     }
     // A pool the caller keeps is not written: the new pool is a copy.
-    let (mut y, mut next) = (null_mut(), null_mut());
-    ok(unsafe {
-        mlxk_gated_delta_update_pool(
-            q,
-            k,
-            v,
-            a,
-            bb,
-            al,
-            dt,
-            pool,
-            slots.as_ptr(),
-            null(),
-            3,
-            null(),
-            &mut y,
-            &mut next,
-        )
-    });
+    let (y, next) = update(pool);
     ok(mlxk_array_eval(next));
     assert_ne!(mlxkern::testing::data_address(next), address);
-    assert!(read_f32(pool)
-        .iter()
-        .zip(&got)
-        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(same_bits(&read_f32(pool), &got));
     free_all(&x);
     free_all(&[pool, y, next]);
 }

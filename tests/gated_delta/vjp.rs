@@ -11,7 +11,7 @@ use crate::support::*;
 use grad::{check_paths, check_paths_at, Float};
 use mlxkern::testing::{gated_delta_update_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{base64, central_at, run, vjp, Case, GRADS};
+use vjp_case::{base64, central_at, run, vjp, vjp_to, Case, GRADS};
 
 fn random_case(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Case {
     let [b, t, hk, hv, dk, dv] = dims;
@@ -122,31 +122,11 @@ fn arguments_are_checked_and_named() {
     let bf16_ds = new_bf16(&rng.vec(128, 1.0), &[1, 1, 4, 32]);
     let mut outs = [null_mut(); 8];
     let call = |dy: H, ds: H, outs: &mut [H; 8], same: bool| {
-        let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
-        let o7: *mut H = if same { &mut *o0 } else { o7 };
-        unsafe {
-            mlxk_gated_delta_update_vjp(
-                q,
-                q,
-                v,
-                g,
-                g,
-                hv1,
-                hv1,
-                null(),
-                null(),
-                dy,
-                ds,
-                o0,
-                o1,
-                o2,
-                o3,
-                o4,
-                o5,
-                o6,
-                o7,
-            )
+        let mut o = outs.each_mut().map(|o| o as *mut H);
+        if same {
+            o[7] = o[0];
         }
+        vjp_to([q, q, v, g, g, hv1, hv1, null(), null(), dy, ds], None, o)
     };
     assert_eq!(call(bad_dy, null_mut(), &mut outs, false), MLXK_ERR_SHAPE);
     assert!(
@@ -166,30 +146,10 @@ fn arguments_are_checked_and_named() {
         "a refused call wrote an out-parameter"
     );
     let mut o = [null_mut(); 8];
-    let [o0, o1, o2, o3, o4, o5, o6, _] = &mut o;
-    let status = unsafe {
-        mlxk_gated_delta_update_vjp(
-            q,
-            q,
-            v,
-            g,
-            g,
-            hv1,
-            hv1,
-            null(),
-            null(),
-            null(),
-            null(),
-            o0,
-            o1,
-            o2,
-            o3,
-            o4,
-            o5,
-            o6,
-            null_mut(),
-        )
-    };
+    let mut no_dstate = o.each_mut().map(|o| o as *mut H);
+    no_dstate[7] = null_mut();
+    let inputs: [*const mlxk_array; 11] = [q, q, v, g, g, hv1, hv1, null(), null(), null(), null()];
+    let status = vjp_to(inputs, None, no_dstate);
     assert_eq!(status, MLXK_ERR_NULL_POINTER);
     assert!(last_error().contains("dstate is NULL"), "{}", last_error());
     for h in [q, v, g, hv1, bad_dy, bf16_ds] {

@@ -27,17 +27,6 @@ fn random_gate_values(rng: &mut Rng, n: usize) -> Vec<f32> {
         .collect()
 }
 
-fn array_of(values: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
-    let f = new_f32(values, shape);
-    if dtype == MLXK_DTYPE_FLOAT32 {
-        return f;
-    }
-    let mut out = null_mut();
-    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
-    free(f);
-    out
-}
-
 #[test]
 fn fused_gates_equal_mlx_bit_for_bit() {
     let mut rng = Rng::fresh();
@@ -49,10 +38,10 @@ fn fused_gates_equal_mlx_bit_for_bit() {
         for &dt_dtype in &floats {
             for &b_dtype in &floats {
                 for a_log_dtype in [MLXK_DTYPE_FLOAT32, MLXK_DTYPE_BFLOAT16] {
-                    let a = array_of(&random_gate_values(&mut rng, n), &shape, a_dtype);
-                    let bb = array_of(&random_gate_values(&mut rng, n), &shape, b_dtype);
-                    let a_log = array_of(&rng.vec(hv as usize, 3.0), &[hv], a_log_dtype);
-                    let dt = array_of(&random_gate_values(&mut rng, hv as usize), &[hv], dt_dtype);
+                    let a = typed(&random_gate_values(&mut rng, n), &shape, a_dtype);
+                    let bb = typed(&random_gate_values(&mut rng, n), &shape, b_dtype);
+                    let a_log = typed(&rng.vec(hv as usize, 3.0), &[hv], a_log_dtype);
+                    let dt = typed(&random_gate_values(&mut rng, hv as usize), &[hv], dt_dtype);
                     let (g, beta) = mlxkern::testing::fused_gates(a, bb, a_log, dt);
                     let mut g_ref = null_mut();
                     ok(unsafe { mlxk_compute_g(a_log, a, dt, &mut g_ref) });

@@ -14,14 +14,7 @@ use std::ptr::null_mut;
 
 fn array_of(values: &[f32], shape: &[usize], dtype: mlxk_dtype) -> H {
     let shape: Vec<i32> = shape.iter().map(|&n| n as i32).collect();
-    let f = new_f32(values, &shape);
-    if dtype == MLXK_DTYPE_FLOAT32 {
-        return f;
-    }
-    let mut out = null_mut();
-    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
-    free(f);
-    out
+    typed(values, &shape, dtype)
 }
 
 /// The eight gradients' bytes for one set of inputs, run on the path the switches select.

@@ -250,25 +250,15 @@ impl Case {
     /// elements of each input.
     fn check_reference_by_central_differences(&self, reference: &[(Vec<f64>, Vec<f64>); 3]) {
         let f64v = |v: &[f32]| v.iter().map(|&a| a as f64).collect::<Vec<f64>>();
-        let base = [f64v(&self.x), f64v(&self.q_scale), f64v(&self.k_scale)];
         let c = self.d.channels();
-        for (which, (want, _)) in reference.iter().enumerate() {
-            let step = want.len().div_ceil(9).max(1);
-            for i in (0..want.len()).step_by(step) {
-                let row = (which == 0).then_some(i / c);
-                let numeric = central(1e-5, |h| {
-                    let mut a = base.clone();
-                    a[which][i] += h;
-                    self.loss(&a[0], &a[1], &a[2], row)
-                });
-                assert!(
-                    (numeric - want[i]).abs() <= 1e-6 * (1.0 + want[i].abs()),
-                    "{}: float64 formula for input {which} [{i}]: {} vs central difference {numeric}",
-                    self.describe(),
-                    want[i]
-                );
-            }
-        }
+        check_formulas(
+            &self.describe(),
+            reference,
+            [f64v(&self.x), f64v(&self.q_scale), f64v(&self.k_scale)],
+            9,
+            |which, i| (which == 0).then_some(i / c),
+            |a, row| self.loss(&a[0], &a[1], &a[2], row),
+        );
     }
 }
 

@@ -125,6 +125,36 @@ pub fn central(h: f64, f: impl Fn(f64) -> f64) -> f64 {
 /// Sums are in float64 (their error is far below). 32 leaves a factor two.
 pub const F32_ROUNDINGS: f64 = 32.0;
 
+/// Checks the float64 gradient formulas `reference` (per input: the gradient, and what the
+/// suite keeps beside it) against central differences of `loss` on every few elements (about
+/// `parts` per input) of the three inputs `base`; `row(which, i)` is the row that element `i`
+/// of input `which` alone touches, which `loss` may restrict itself to.
+pub fn check_formulas(
+    what: &str,
+    reference: &[(Vec<f64>, Vec<f64>); 3],
+    base: [Vec<f64>; 3],
+    parts: usize,
+    row: impl Fn(usize, usize) -> Option<usize>,
+    loss: impl Fn(&[Vec<f64>; 3], Option<usize>) -> f64,
+) {
+    for (which, (want, _)) in reference.iter().enumerate() {
+        let step = want.len().div_ceil(parts).max(1);
+        for i in (0..want.len()).step_by(step) {
+            let row = row(which, i);
+            let numeric = central(1e-5, |h| {
+                let mut a = base.clone();
+                a[which][i] += h;
+                loss(&a, row)
+            });
+            assert!(
+                (numeric - want[i]).abs() <= 1e-6 * (1.0 + want[i].abs()),
+                "{what}: float64 formula for input {which} [{i}]: {} vs central difference {numeric}",
+                want[i]
+            );
+        }
+    }
+}
+
 /// One gradient's comparison with its float64 value: with `e = F32_ROUNDINGS·2^-24·mag` (the
 /// f32 arithmetic), `|got − want| <= unit(T)·(|want| + e) + e + floor(T)` for every element
 /// (the rounding of the f32 result to its dtype T, and the subnormal range).

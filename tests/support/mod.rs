@@ -127,6 +127,11 @@ pub fn bf16_bits(x: f32) -> u16 {
     }
 }
 
+/// Whether `a` and `b` hold the same bits, element by element (over the shorter of the two).
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
 pub fn bf16_to_f32(b: u16) -> f32 {
     f32::from_bits((b as u32) << 16)
 }

@@ -68,6 +68,15 @@ pub fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
 /// q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out (NULL where absent); the eight
 /// gradients go to `outs`.
 pub fn vjp(inputs: [*const mlxk_array; 11], chunk: Option<i32>, outs: &mut [H; 8]) -> mlxk_status {
+    vjp_to(inputs, chunk, outs.each_mut().map(|o| o as *mut H))
+}
+
+/// `vjp` with the out-parameters as pointers (NULL or the same one twice where a test wants).
+pub fn vjp_to(
+    inputs: [*const mlxk_array; 11],
+    chunk: Option<i32>,
+    outs: [*mut H; 8],
+) -> mlxk_status {
     let [q, k, v, a, b, a_log, dt, state, mask, dy, ds] = inputs;
     let [o0, o1, o2, o3, o4, o5, o6, o7] = outs;
     unsafe {
