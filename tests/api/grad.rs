@@ -11,15 +11,6 @@ use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm_vjp;
 use mlxkern::capi::silu_rms_heads::mlxk_silu_rms_heads_vjp;
 use mlxkern::{Array, Dtype, GatedDelta, GatedRmsNorm, SiluRmsHeads};
 
-fn norm_qk(rng: &mut Rng, n: usize, dk: usize, scale: f32) -> Vec<f32> {
-    let mut x = rng.vec(n, 1.0);
-    for head in x.chunks_mut(dk) {
-        let norm = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-        head.iter_mut().for_each(|v| *v *= scale / norm);
-    }
-    x
-}
-
 #[test]
 fn gated_delta_vjp_matches_the_c_abi() {
     let mut rng = Rng::fresh();
@@ -35,12 +26,12 @@ fn gated_delta_vjp_matches_the_c_abi() {
         let dtype = rng.pick(&FLOATS);
         let gate = rng.pick(&FLOATS);
         let q = Twin::new(
-            &norm_qk(&mut rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)),
+            &heads(&mut rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)),
             &[b, t, hk, dk],
             dtype,
         );
         let k = Twin::new(
-            &norm_qk(&mut rng, b * t * hk * dk, dk, 1.0),
+            &heads(&mut rng, b * t * hk * dk, dk, 1.0),
             &[b, t, hk, dk],
             dtype,
         );
@@ -59,23 +50,11 @@ fn gated_delta_vjp_matches_the_c_abi() {
         let dy = (case != 2).then(|| Twin::random(&mut rng, &[b, t, hv, dv], 1.0, dy_dtype));
         let ds = (case != 3).then(|| Twin::random(&mut rng, &[b, hv, dv, dk], 1.0, Dtype::Float32));
         let mut outs = [null_mut(); 8];
-        let status = vjp(
-            [
-                q.c,
-                k.c,
-                v.c,
-                a.c,
-                bb.c,
-                a_log.c,
-                dt.c,
-                c_opt(&state),
-                c_opt(&mask),
-                c_opt(&dy),
-                c_opt(&ds),
-            ],
-            None,
-            &mut outs,
+        let c_in = c_args(
+            [&q, &k, &v, &a, &bb, &a_log, &dt],
+            [&state, &mask, &dy, &ds],
         );
+        let status = vjp(c_in, None, &mut outs);
         ok(status);
         let g = GatedDelta {
             q: &q.r,
@@ -201,8 +180,8 @@ fn gated_delta_vjp_agrees_with_central_differences() {
     let dims = [1, 5, 2, 32, 6];
     let [b, t, h, dk, dv] = dims;
     let inputs: [Vec<f32>; 8] = [
-        norm_qk(&mut rng, b * t * h * dk, dk, 0.2),
-        norm_qk(&mut rng, b * t * h * dk, dk, 1.0),
+        heads(&mut rng, b * t * h * dk, dk, 0.2),
+        heads(&mut rng, b * t * h * dk, dk, 1.0),
         rng.vec(b * t * h * dv, 1.0),
         rng.vec(b * t * h, 1.0),
         rng.vec(b * t * h, 1.0),

@@ -33,12 +33,11 @@ impl Rec {
         let a_log_dtype = rng.pick(&[Dtype::Float32, Dtype::Bfloat16]);
         let dt_dtype = rng.pick(&FLOATS);
         let qk = |rng: &mut Rng, scale: f32| {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v *= scale / n);
-            }
-            Twin::new(&x, &[b, t, hk, dk], dtype)
+            Twin::new(
+                &heads(rng, b * t * hk * dk, dk, scale),
+                &[b, t, hk, dk],
+                dtype,
+            )
         };
         Rec {
             q: qk(rng, (dk as f32).powf(-0.5)),

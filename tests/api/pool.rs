@@ -28,12 +28,11 @@ impl Inputs {
     fn random(rng: &mut Rng, dims: [usize; 6], n: usize, dtype: Dtype, mask: bool) -> Inputs {
         let [b, t, hk, hv, dk, dv] = dims;
         let qk = |rng: &mut Rng, scale: f32| {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v *= scale / n);
-            }
-            Twin::new(&x, &[b, t, hk, dk], dtype)
+            Twin::new(
+                &heads(rng, b * t * hk * dk, dk, scale),
+                &[b, t, hk, dk],
+                dtype,
+            )
         };
         Inputs {
             x: [

@@ -38,24 +38,12 @@ fn vjp_chunked_matches_the_c_abi() {
         });
         let dy = (case != 1).then(|| Twin::random(&mut rng, &[b, t, hv, dv], 1.0, dtype));
         let ds = (case != 2).then(|| Twin::random(&mut rng, &[b, hv, dv, dk], 1.0, Dtype::Float32));
+        let c_in = c_args(
+            [&q, &k, &v, &a, &bb, &a_log, &dt],
+            [&state, &mask, &dy, &ds],
+        );
         let mut outs = [null_mut(); 8];
-        ok(vjp(
-            [
-                q.c,
-                k.c,
-                v.c,
-                a.c,
-                bb.c,
-                a_log.c,
-                dt.c,
-                c_opt(&state),
-                c_opt(&mask),
-                c_opt(&dy),
-                c_opt(&ds),
-            ],
-            Some(chunk.unwrap_or(0) as i32),
-            &mut outs,
-        ));
+        ok(vjp(c_in, Some(chunk.unwrap_or(0) as i32), &mut outs));
         let gd = GatedDelta {
             q: &q.r,
             k: &k.r,
@@ -78,23 +66,7 @@ fn vjp_chunked_matches_the_c_abi() {
                 .vjp_chunked(Some(bad), r_opt(&dy), r_opt(&ds))
                 .unwrap_err();
             let mut outs = [null_mut(); 8];
-            let status = vjp(
-                [
-                    q.c,
-                    k.c,
-                    v.c,
-                    a.c,
-                    bb.c,
-                    a_log.c,
-                    dt.c,
-                    c_opt(&state),
-                    c_opt(&mask),
-                    c_opt(&dy),
-                    c_opt(&ds),
-                ],
-                Some(bad as i32),
-                &mut outs,
-            );
+            let status = vjp(c_in, Some(bad as i32), &mut outs);
             let msg = same_error("mlxk_gated_delta_update_chunked_vjp", status, err);
             assert!(msg.contains("chunk_size"), "{msg}");
         }

@@ -162,16 +162,8 @@ impl Update {
         let (bi, ti, hki, hvi, dki, dvi) = (
             b as i32, t as i32, hk as i32, hv as i32, dk as i32, dv as i32,
         );
-        let mut unit_heads = |scale: f32| {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v = *v / n * scale);
-            }
-            x
-        };
-        let q = unit_heads((dk as f32).powf(-0.5));
-        let k = unit_heads(1.0);
+        let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
+        let k = heads(rng, b * t * hk * dk, dk, 1.0);
         let h = [
             typed(&q, &[bi, ti, hki, dki], dtype),
             typed(&k, &[bi, ti, hki, dki], dtype),

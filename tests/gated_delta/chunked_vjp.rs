@@ -19,16 +19,6 @@ use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
 use vjp_case::{base64, central_at, run, vjp_to, Case};
 
-/// Per head, q with norm Dk^-1/2 and k with norm 1 (mlx-lm's normalization).
-fn heads(rng: &mut Rng, n: usize, dk: usize, norm: f32) -> Vec<f32> {
-    let mut x = rng.vec(n, 1.0);
-    for head in x.chunks_mut(dk) {
-        let len = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-        head.iter_mut().for_each(|v| *v *= norm / len);
-    }
-    x
-}
-
 fn random_case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool) -> Case {
     let [b, t, hk, hv, dk, dv] = dims;
     Case {

@@ -49,6 +49,19 @@ pub fn c_opt(t: &Option<Twin>) -> *const mlxk_array {
     t.as_ref().map_or(null_mut(), |t| t.c) as *const mlxk_array
 }
 
+/// The C handles of the update's inputs (q, k, v, a, b, a_log, dt_bias) and of its optional
+/// ones (NULL where None: state, mask, then the cotangents dy, dstate_out).
+pub fn c_args(x: [&Twin; 7], opt: [&Option<Twin>; 4]) -> [*const mlxk_array; 11] {
+    let mut out = [std::ptr::null(); 11];
+    for (o, t) in out.iter_mut().zip(x) {
+        *o = t.c;
+    }
+    for (o, t) in out[7..].iter_mut().zip(opt) {
+        *o = c_opt(t);
+    }
+    out
+}
+
 pub fn r_opt(t: &Option<Twin>) -> Option<&Array> {
     t.as_ref().map(|t| &t.r)
 }

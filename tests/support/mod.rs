@@ -256,6 +256,17 @@ pub fn free(a: H) {
     ok(mlxk_array_free(a));
 }
 
+/// `n` random values as heads of `dk`, each head scaled to norm `scale` (q and k as mlx-lm
+/// normalizes them).
+pub fn heads(rng: &mut Rng, n: usize, dk: usize, scale: f32) -> Vec<f32> {
+    let mut x = rng.vec(n, 1.0);
+    for head in x.chunks_mut(dk) {
+        let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        head.iter_mut().for_each(|v| *v = *v / n * scale);
+    }
+    x
+}
+
 /// Inputs of one recurrence call, as handles, plus the f32 values behind them.
 pub struct Recurrence {
     pub dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
@@ -275,16 +286,8 @@ impl Recurrence {
     pub fn random(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Self {
         let [b, t, hk, hv, dk, dv] = dims;
         let qk_shape = [b as i32, t as i32, hk as i32, dk as i32];
-        let norm = |rng: &mut Rng, scale: f32| -> Vec<f32> {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v = *v / n * scale);
-            }
-            x
-        };
-        let q = norm(rng, (dk as f32).powf(-0.5));
-        let k = norm(rng, 1.0);
+        let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
+        let k = heads(rng, b * t * hk * dk, dk, 1.0);
         let state = with_state.then(|| {
             new_f32(
                 &rng.vec(b * hv * dv * dk, 0.5),
@@ -312,7 +315,8 @@ impl Recurrence {
         }
     }
 
-    pub fn args(&self) -> [*const mlxk_array; 9] {
+    /// q, k, v, a, b, a_log, dt_bias.
+    pub fn inputs(&self) -> [H; 7] {
         [
             self.q,
             self.k,
@@ -321,10 +325,16 @@ impl Recurrence {
             self.b,
             self.a_log,
             self.dt_bias,
+        ]
+    }
+
+    pub fn args(&self) -> [*const mlxk_array; 9] {
+        let [q, k, v, a, b, a_log, dt_bias] = self.inputs();
+        let (state, mask) = (
             self.state.unwrap_or(null_mut()),
             self.mask.unwrap_or(null_mut()),
-        ]
-        .map(|h| h as *const mlxk_array)
+        );
+        [q, k, v, a, b, a_log, dt_bias, state, mask].map(|h| h as *const mlxk_array)
     }
 
     pub fn run(&self) -> (mlxk_status, H, H) {
@@ -358,17 +368,9 @@ pub struct HostRecurrence {
 impl HostRecurrence {
     pub fn random(rng: &mut Rng, dims: [usize; 6]) -> Self {
         let [b, t, hk, hv, dk, dv] = dims;
-        let mut norm = |scale: f32| -> Vec<u16> {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v = *v / n * scale);
-            }
-            x.iter().map(|&v| bf16_bits(v)).collect()
-        };
-        let q = norm((dk as f32).powf(-0.5));
-        let k = norm(1.0);
         let bits = |v: Vec<f32>| -> Vec<u16> { v.iter().map(|&x| bf16_bits(x)).collect() };
+        let q = bits(heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)));
+        let k = bits(heads(rng, b * t * hk * dk, dk, 1.0));
         HostRecurrence {
             dims,
             q,
@@ -433,15 +435,7 @@ impl Recurrence {
 
     /// Frees everything but the state (which the caller owns).
     pub fn free_inputs(self) {
-        for h in [
-            self.q,
-            self.k,
-            self.v,
-            self.a,
-            self.b,
-            self.a_log,
-            self.dt_bias,
-        ] {
+        for h in self.inputs() {
             free(h);
         }
         if let Some(m) = self.mask {

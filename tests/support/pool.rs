@@ -20,16 +20,8 @@ pub struct Host {
 impl Host {
     pub fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) -> Host {
         let [b, t, hk, hv, dk, dv] = dims;
-        let mut norm = |scale: f32| -> Vec<f32> {
-            let mut x = rng.vec(b * t * hk * dk, 1.0);
-            for head in x.chunks_mut(dk) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v = *v / n * scale);
-            }
-            x
-        };
-        let q = norm((dk as f32).powf(-0.5));
-        let k = norm(1.0);
+        let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
+        let k = heads(rng, b * t * hk * dk, dk, 1.0);
         Host {
             dims,
             dtype,
