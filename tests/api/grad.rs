@@ -209,17 +209,7 @@ fn gated_delta_vjp_agrees_with_central_differences() {
             Some(&Array::from_slice(&ds, &[b, h, dv, dk]).unwrap()),
         )
         .unwrap();
-    let grads = [
-        &g.dq,
-        &g.dk,
-        &g.dv,
-        &g.da,
-        &g.db,
-        &g.da_log,
-        &g.ddt_bias,
-        &g.dstate,
-    ]
-    .map(|a| a.to_vec::<f32>().unwrap());
+    let grads = grads(&g).map(|a| a.to_vec::<f32>().unwrap());
     // For each input, a random direction: <grad, e> against (L(x + he) - L(x - he)) / 2h.
     let hstep = 1e-2f32;
     for i in 0..8 {

@@ -126,14 +126,9 @@ fn recurrence64(u: &Update, dims: [usize; 6]) -> (Vec<f64>, Vec<f64>) {
 fn case(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool, chunk: i32) {
     let u = Update::random(rng, dims, dtype, state, mask);
     let label = format!(
-        "chunked {} B={} T={} Hk={} Hv={} Dk={} Dv={} state={state} mask={mask} chunk={chunk}",
+        "chunked {} {} state={state} mask={mask} chunk={chunk}",
         dtype_name(dtype),
-        dims[0],
-        dims[1],
-        dims[2],
-        dims[3],
-        dims[4],
-        dims[5]
+        dims_label(dims)
     );
     on_gpu(false);
     let (ye, se) = u.run();

@@ -50,6 +50,12 @@ fn on_gpu(gpu: bool) {
     }));
 }
 
+/// `dims` = B, T, Hk, Hv, Dk, Dv as a label.
+fn dims_label(dims: [usize; 6]) -> String {
+    let [b, t, hk, hv, dk, dv] = dims;
+    format!("B={b} T={t} Hk={hk} Hv={hv} Dk={dk} Dv={dv}")
+}
+
 fn half_to_f32(h: u16) -> f32 {
     let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
     let exp = ((h >> 10) & 0x1F) as i32;
@@ -198,22 +204,8 @@ impl Update {
     }
 
     fn replay(&self, lengths: &[i32]) -> H {
-        let [_, k, v, a, b, al, dt, s, _] = self.h.map(|h| h as *const mlxk_array);
-        let mut out = null_mut();
-        ok(unsafe {
-            mlxk_gated_delta_state(
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                s,
-                lengths.as_ptr(),
-                lengths.len(),
-                &mut out,
-            )
-        });
+        let (status, out) = replay(self.h.map(|h| h as *const mlxk_array), lengths);
+        ok(status);
         ok(mlxk_array_eval(out));
         out
     }
@@ -230,14 +222,9 @@ impl Update {
 fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) {
     let u = Update::random(rng, dims, dtype, state, mask);
     let label = format!(
-        "update {} B={} T={} Hk={} Hv={} Dk={} Dv={} state={state} mask={mask}",
+        "update {} {} state={state} mask={mask}",
         dtype_name(dtype),
-        dims[0],
-        dims[1],
-        dims[2],
-        dims[3],
-        dims[4],
-        dims[5]
+        dims_label(dims)
     );
     on_gpu(false);
     let (y0, s0) = u.run();

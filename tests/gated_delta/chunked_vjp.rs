@@ -275,33 +275,10 @@ fn arguments_are_checked_and_named() {
 #[test]
 fn the_gpu_path_reaches_the_gpu_backward_kernel() {
     let mut rng = Rng::fresh();
-    let c = random_case(&mut rng, [1, 9, 1, 2, 32, 3], true, false);
-    let [b, t, hk, hv, dk, dv] = c.dims.map(|x| x as i32);
-    let hs = [
-        new_f32(&c.q, &[b, t, hk, dk]),
-        new_f32(&c.k, &[b, t, hk, dk]),
-        new_f32(&c.v, &[b, t, hv, dv]),
-        new_f32(&c.a, &[b, t, hv]),
-        new_f32(&c.b, &[b, t, hv]),
-        new_f32(&c.a_log, &[hv]),
-        new_f32(&c.dt_bias, &[hv]),
-        new_f32(c.state.as_ref().unwrap(), &[b, hv, dv, dk]),
-        new_f32(&c.dy, &[b, t, hv, dv]),
-    ];
-    let args = [
-        hs[0],
-        hs[1],
-        hs[2],
-        hs[3],
-        hs[4],
-        hs[5],
-        hs[6],
-        hs[7],
-        null_mut(),
-        hs[8],
-        null_mut(),
-    ]
-    .map(|h| h as *const mlxk_array);
+    let mut c = random_case(&mut rng, [1, 9, 1, 2, 32, 3], true, false);
+    c.dstate_out = None;
+    let hs = vjp_case::handles(&c, true);
+    let args = hs.map(|h| h as *const mlxk_array);
     for (kernels, launch, back_end) in [
         (GpuKernels::Metal, "metal_kernel", "No Metal back-end"),
         (GpuKernels::Cuda, "cuda_kernel", "No CUDA back-end"),
@@ -320,7 +297,7 @@ fn the_gpu_path_reaches_the_gpu_backward_kernel() {
             assert!(grads.iter().all(|g| g.is_null()));
         }
     }
-    for h in hs {
+    for h in hs.into_iter().filter(|h| !h.is_null()) {
         free(h);
     }
 }

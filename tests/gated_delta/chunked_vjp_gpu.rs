@@ -101,20 +101,10 @@ fn nothing_to_launch_gives_zeros_and_dstate_out() {
         ([0, 3, 1, 2, 32, 5], true),
         ([2, 6, 2, 4, 64, 3], false),
     ] {
-        let [b, t, hk, hv, dk, dv] = dims;
         let (args, ds_values) = arrays(&mut rng, dims, cotangents);
         let (status, grads) = run(GpuKernels::Metal, 0, &args);
         ok(status);
-        let shapes: [Vec<usize>; 8] = [
-            vec![b, t, hk, dk],
-            vec![b, t, hk, dk],
-            vec![b, t, hv, dv],
-            vec![b, t, hv],
-            vec![b, t, hv],
-            vec![hv],
-            vec![hv],
-            vec![b, hv, dv, dk],
-        ];
+        let shapes = crate::support::vjp_case::grad_shapes(dims);
         for (g, shape) in grads.iter().zip(&shapes) {
             let got: Vec<usize> = shape_of(*g).iter().map(|&d| d as usize).collect();
             assert_eq!(&got, shape, "{dims:?}: a gradient's shape");

@@ -25,6 +25,16 @@ use std::ptr::null_mut;
 
 const KERNELS: [GpuKernels; 2] = [GpuKernels::Metal, GpuKernels::Cuda];
 
+/// The values of `handles` (of the dtypes `expect` gives) as f32; frees the handles.
+fn read_freed<S>(handles: &[H], expect: &[(S, Float)]) -> Vec<Vec<f32>> {
+    let read = |(&h, (_, d)): (&H, &(S, Float))| {
+        let v = read_as_f32(h, *d);
+        free(h);
+        v
+    };
+    handles.iter().zip(expect).map(read).collect()
+}
+
 fn bound(dtype: Float) -> f64 {
     if dtype == Float::F32 {
         64.0
@@ -87,15 +97,7 @@ fn gated_norm_gradients_match_the_cpu_backward() {
             (shape.to_vec(), dtype),
             (vec![shape[1]], dtype),
         ];
-        let cpu: Vec<Vec<f32>> = cpu
-            .iter()
-            .zip(&expect)
-            .map(|(&h, (_, d))| {
-                let v = read_as_f32(h, *d);
-                free(h);
-                v
-            })
-            .collect();
+        let cpu = read_freed(&cpu, &expect);
         for kernels in KERNELS {
             let forward = GpuForward::GatedRmsNorm { eps };
             let arrays = [x, gate, weight];
@@ -140,15 +142,7 @@ fn head_split_gradients_match_the_cpu_backward() {
             (vec![dk], dtype),
             (vec![dk], dtype),
         ];
-        let cpu: Vec<Vec<f32>> = cpu
-            .iter()
-            .zip(&expect)
-            .map(|(&h, (_, d))| {
-                let v = read_as_f32(h, *d);
-                free(h);
-                v
-            })
-            .collect();
+        let cpu = read_freed(&cpu, &expect);
         for kernels in KERNELS {
             let forward = GpuForward::SiluRmsHeads {
                 key_heads: hk,

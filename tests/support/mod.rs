@@ -414,23 +414,7 @@ impl HostRecurrence {
 impl Recurrence {
     /// Runs the prefix replay on these inputs (q unused).
     pub fn replay(&self, lengths: &[i32]) -> (mlxk_status, H) {
-        let [_, k, v, a, b, al, dt, s, _] = self.args();
-        let mut out = null_mut();
-        let status = unsafe {
-            mlxk_gated_delta_state(
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                s,
-                lengths.as_ptr(),
-                lengths.len(),
-                &mut out,
-            )
-        };
-        (status, out)
+        replay(self.args(), lengths)
     }
 
     /// Frees everything but the state (which the caller owns).
@@ -442,6 +426,16 @@ impl Recurrence {
             free(m);
         }
     }
+}
+
+/// `mlxk_gated_delta_state` on an update's arguments (q and the mask unused): its status and
+/// the state it made.
+pub fn replay(args: [*const mlxk_array; 9], lengths: &[i32]) -> (mlxk_status, H) {
+    let [_, k, v, a, b, al, dt, s, _] = args;
+    let (mut out, n) = (null_mut(), lengths.len());
+    let status =
+        unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s, lengths.as_ptr(), n, &mut out) };
+    (status, out)
 }
 
 /// What MLX answers when a kernel's GPU launch is handed a CPU stream (MLX without that GPU).

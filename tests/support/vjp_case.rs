@@ -123,13 +123,28 @@ pub fn central_at(c: &Case, base: &[Vec<f64>; 8], which: usize, i: usize, h: f64
     (up - down) / (2.0 * h)
 }
 
+/// The shapes of the eight gradients (those of q, k, v, a, b, a_log, dt_bias, the state) for
+/// `dims` = B, T, Hk, Hv, Dk, Dv.
+pub fn grad_shapes(dims: [usize; 6]) -> [Vec<usize>; 8] {
+    let [b, t, hk, hv, dk, dv] = dims;
+    [
+        vec![b, t, hk, dk],
+        vec![b, t, hk, dk],
+        vec![b, t, hv, dv],
+        vec![b, t, hv],
+        vec![b, t, hv],
+        vec![hv],
+        vec![hv],
+        vec![b, hv, dv, dk],
+    ]
+}
+
 /// The names of the eight gradients, in the VJPs' order.
 pub const GRADS: [&str; 8] = ["dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"];
 
-/// The eight gradients (read back as f32) of `mlxk_gated_delta_update_chunked_vjp` (`chunk`
-/// Some) or `mlxk_gated_delta_update_vjp`, on f32 handles; without `cotangents`, dy and
-/// dstate_out are NULL.
-pub fn run(c: &Case, chunk: Option<i32>, cotangents: bool) -> Vec<Vec<f32>> {
+/// `c` as f32 handles: q, k, v, a, b, a_log, dt_bias, the state and the mask (NULL where
+/// absent), then dy and dstate_out (NULL where absent or without `cotangents`).
+pub fn handles(c: &Case, cotangents: bool) -> [H; 11] {
     let [b, t, hk, hv, dk, dv] = c.dims.map(|x| x as i32);
     let q = new_f32(&c.q, &[b, t, hk, dk]);
     let k = new_f32(&c.k, &[b, t, hk, dk]);
@@ -152,22 +167,17 @@ pub fn run(c: &Case, chunk: Option<i32>, cotangents: bool) -> Vec<Vec<f32>> {
         ),
         false => (null_mut(), null_mut()),
     };
+    [q, k, v, a, bb, a_log, dt, state, mask, dy, ds]
+}
+
+/// The eight gradients (read back as f32) of `mlxk_gated_delta_update_chunked_vjp` (`chunk`
+/// Some) or `mlxk_gated_delta_update_vjp`, on f32 handles; without `cotangents`, dy and
+/// dstate_out are NULL.
+pub fn run(c: &Case, chunk: Option<i32>, cotangents: bool) -> Vec<Vec<f32>> {
+    let hs = handles(c, cotangents);
     let mut outs = [null_mut(); 8];
-    ok(vjp(
-        [q, k, v, a, bb, a_log, dt, state, mask, dy, ds],
-        chunk,
-        &mut outs,
-    ));
-    let shapes: [Vec<i32>; 8] = [
-        vec![b, t, hk, dk],
-        vec![b, t, hk, dk],
-        vec![b, t, hv, dv],
-        vec![b, t, hv],
-        vec![b, t, hv],
-        vec![hv],
-        vec![hv],
-        vec![b, hv, dv, dk],
-    ];
+    ok(vjp(hs.map(|h| h as *const mlxk_array), chunk, &mut outs));
+    let shapes = grad_shapes(c.dims).map(|s| s.iter().map(|&d| d as i32).collect::<Vec<_>>());
     let grads = outs
         .iter()
         .zip(&shapes)
@@ -179,7 +189,7 @@ pub fn run(c: &Case, chunk: Option<i32>, cotangents: bool) -> Vec<Vec<f32>> {
             values
         })
         .collect();
-    for h in [q, k, v, a, bb, a_log, dt, state, mask, dy, ds] {
+    for h in hs {
         if !h.is_null() {
             free(h);
         }
