@@ -79,6 +79,20 @@ impl Rec {
             .map(|t| t.map_or(null_mut(), |t| t.c) as *const mlxk_array)
     }
 
+    /// The safe replay of these inputs' first `lengths` tokens per row.
+    fn replay<'a>(&'a self, lengths: &'a [usize]) -> StateReplay<'a> {
+        StateReplay {
+            k: &self.k.r,
+            v: &self.v.r,
+            a: &self.a.r,
+            b: &self.b.r,
+            a_log: &self.a_log.r,
+            dt_bias: &self.dt_bias.r,
+            state: r_opt(&self.state),
+            accepted_lengths: lengths,
+        }
+    }
+
     fn safe<'a>(&'a self, replace: Option<(usize, &'a Twin)>) -> GatedDelta<'a> {
         let [q, k, v, a, b, a_log, dt_bias, state, mask] = self.arrays(replace);
         GatedDelta {
@@ -491,21 +505,8 @@ fn state_replay_matches_the_c_abi_and_the_update() {
         let rec = Rec::random(&mut rng, dims, dtype, case != 1, false);
         let lengths: Vec<usize> = (0..b).map(|_| rng.below(t as u64 + 1) as usize).collect();
         let lengths32: Vec<i32> = lengths.iter().map(|&n| n as i32).collect();
-        let [_, k, v, a, bb, al, dt, s, _] = rec.c_args(None);
-        let mut out = null_mut();
-        let status = unsafe {
-            mlxk_gated_delta_state(k, v, a, bb, al, dt, s, lengths32.as_ptr(), b, &mut out)
-        };
-        let replay = StateReplay {
-            k: &rec.k.r,
-            v: &rec.v.r,
-            a: &rec.a.r,
-            b: &rec.b.r,
-            a_log: &rec.a_log.r,
-            dt_bias: &rec.dt_bias.r,
-            state: r_opt(&rec.state),
-            accepted_lengths: &lengths,
-        };
+        let (status, out) = replay(rec.c_args(None), &lengths32);
+        let replay = rec.replay(&lengths);
         assert_eq!(
             agree(
                 "mlxk_gated_delta_state",
@@ -530,23 +531,8 @@ fn state_replay_matches_the_c_abi_and_the_update() {
     let rec = Rec::random(&mut rng, [2, 3, 1, 1, 32, 4], Dtype::Float32, true, false);
     for lengths in [vec![1usize], vec![1, 4]] {
         let l32: Vec<i32> = lengths.iter().map(|&n| n as i32).collect();
-        let [_, k, v, a, bb, al, dt, s, _] = rec.c_args(None);
-        let mut out = null_mut();
-        let status = unsafe {
-            mlxk_gated_delta_state(k, v, a, bb, al, dt, s, l32.as_ptr(), l32.len(), &mut out)
-        };
-        let err = StateReplay {
-            k: &rec.k.r,
-            v: &rec.v.r,
-            a: &rec.a.r,
-            b: &rec.b.r,
-            a_log: &rec.a_log.r,
-            dt_bias: &rec.dt_bias.r,
-            state: r_opt(&rec.state),
-            accepted_lengths: &lengths,
-        }
-        .replay()
-        .unwrap_err();
+        let (status, _) = replay(rec.c_args(None), &l32);
+        let err = rec.replay(&lengths).replay().unwrap_err();
         let msg = same_error("mlxk_gated_delta_state", status, err);
         assert!(msg.contains("accepted_lengths"), "{msg}");
     }

@@ -172,9 +172,14 @@ pub fn name(status: mlxk_status) -> String {
 /// `mlxk_array_new` on `bytes`: its status and the handle it made (NULL on failure).
 pub fn array_new(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> (mlxk_status, H) {
     let mut out = null_mut();
-    let (data, dims) = (bytes.as_ptr().cast(), shape.as_ptr());
-    let status = unsafe { mlxk_array_new(data, dims, shape.len(), dtype, &mut out) };
+    let status = array_new_into(bytes, shape, dtype, &mut out);
     (status, out)
+}
+
+/// `mlxk_array_new` on `bytes` with the out-parameter `out` as given (NULL included).
+pub fn array_new_into(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype, out: *mut H) -> mlxk_status {
+    let (data, dims) = (bytes.as_ptr().cast(), shape.as_ptr());
+    unsafe { mlxk_array_new(data, dims, shape.len(), dtype, out) }
 }
 
 pub fn new_bytes(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
