@@ -56,19 +56,9 @@ fn gated_delta_vjp_matches_the_c_abi() {
         );
         let status = vjp(c_in, None, &mut outs);
         ok(status);
-        let g = GatedDelta {
-            q: &q.r,
-            k: &k.r,
-            v: &v.r,
-            a: &a.r,
-            b: &bb.r,
-            a_log: &a_log.r,
-            dt_bias: &dt.r,
-            state: r_opt(&state),
-            mask: r_opt(&mask),
-        }
-        .vjp(r_opt(&dy), r_opt(&ds))
-        .unwrap();
+        let g = safe_update([&q, &k, &v, &a, &bb, &a_log, &dt], &state, &mask)
+            .vjp(r_opt(&dy), r_opt(&ds))
+            .unwrap();
         let r = grads(&g);
         same_results("mlxk_gated_delta_update_vjp", &outs, &r);
         assert_eq!(g.dq.dtype().unwrap(), dtype);

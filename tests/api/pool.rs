@@ -211,24 +211,10 @@ fn packed_pool_calls_equal_the_c_abi_bit_for_bit() {
         let [q, k, v, a, b, al, dt] = x.c();
         let pool = x.pool.c as *const mlxk_array;
         let pair = |u: mlxkern::PoolUpdate| vec![u.y, u.pool];
+        let (c, n, s_ptr, f) = (cu32.as_ptr(), cu32.len(), slots.as_ptr(), c_fresh(&fresh));
         let (mut y, mut p) = (null_mut(), null_mut());
         let status = unsafe {
-            mlxk_gated_delta_update_packed(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                cu32.as_ptr(),
-                cu32.len(),
-                slots.as_ptr(),
-                c_fresh(&fresh),
-                &mut y,
-                &mut p,
-            )
+            mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, n, s_ptr, f, &mut y, &mut p)
         };
         let r = x.safe().update_packed(s, &cu).map(pair);
         assert_eq!(
@@ -237,23 +223,10 @@ fn packed_pool_calls_equal_the_c_abi_bit_for_bit() {
         );
         for chunk in [None, Some(16)] {
             let (mut y, mut p) = (null_mut(), null_mut());
+            let size = chunk.unwrap_or(0) as i32;
             let status = unsafe {
                 mlxk_gated_delta_update_packed_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    cu32.as_ptr(),
-                    cu32.len(),
-                    slots.as_ptr(),
-                    c_fresh(&fresh),
-                    chunk.unwrap_or(0) as i32,
-                    &mut y,
-                    &mut p,
+                    q, k, v, a, b, al, dt, pool, c, n, s_ptr, f, size, &mut y, &mut p,
                 )
             };
             let r = x.safe().update_packed_chunked(s, &cu, chunk).map(pair);

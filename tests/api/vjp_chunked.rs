@@ -7,7 +7,7 @@ use std::ptr::null_mut;
 use crate::support::api::*;
 use crate::support::vjp_case::vjp;
 use crate::support::*;
-use mlxkern::{Dtype, GatedDelta};
+use mlxkern::Dtype;
 
 #[test]
 fn vjp_chunked_matches_the_c_abi() {
@@ -44,17 +44,7 @@ fn vjp_chunked_matches_the_c_abi() {
         );
         let mut outs = [null_mut(); 8];
         ok(vjp(c_in, Some(chunk.unwrap_or(0) as i32), &mut outs));
-        let gd = GatedDelta {
-            q: &q.r,
-            k: &k.r,
-            v: &v.r,
-            a: &a.r,
-            b: &bb.r,
-            a_log: &a_log.r,
-            dt_bias: &dt.r,
-            state: r_opt(&state),
-            mask: r_opt(&mask),
-        };
+        let gd = safe_update([&q, &k, &v, &a, &bb, &a_log, &dt], &state, &mask);
         let g = gd.vjp_chunked(chunk, r_opt(&dy), r_opt(&ds)).unwrap();
         let r = grads(&g);
         same_results("mlxk_gated_delta_update_chunked_vjp", &outs, &r);

@@ -3,7 +3,7 @@
 //! kernels (both launches), nothing is written on an error, a bad chunk size is named, and the
 //! cases that launch nothing (no token, no batch row, no cotangent) give zeros and
 //! dstate = dstate_out. Its numbers: tests/metal_emu (the kernel text on the CPU) and
-//! tests/cuda_chunked_grad (MLX CUDA).
+//! tests/cuda/chunked_grad.rs (MLX CUDA).
 
 use crate::support::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};

@@ -5,7 +5,7 @@
 //!
 //! - The head split and the gated norm (their GPU gradients are MLX ops, which run on the CPU
 //!   stream): every gradient against the explicit CPU backward (`mlxk_*_vjp`), within
-//!   `bound · u · scale` (tests/common/grad.rs `check_paths`; 16-bit: 8, f32: 64), for the Metal
+//!   `bound · u · scale` (tests/support/grad.rs `check_paths`; 16-bit: 8, f32: 64), for the Metal
 //!   and the CUDA descriptions.
 //! - The recurrence: without a token its gradients are zeros and the state's is the cotangent's,
 //!   for the fused-gate (CUDA) and the Metal primal orders, with one gradient per primal (T and

@@ -4,7 +4,7 @@
 //! odd widths, Dk and Dv from 1 to 128 (the head split's range), bf16 / f16 / f32 inputs,
 //! cotangents of other dtypes; absent cotangents; argument errors. Prints the error table.
 //!
-//! Tolerance per element (tests/common/grad.rs): the rounding of the result to its dtype,
+//! Tolerance per element (tests/support/grad.rs): the rounding of the result to its dtype,
 //! `unit(T)·|grad|`, plus `32 · 2^-24` of the magnitude of the terms its f32 evaluation adds up
 //! (about 14 f32 operations per element, each within 2^-24 of that magnitude; sums are f64),
 //! plus half the smallest subnormal of T.

@@ -62,6 +62,26 @@ pub fn c_args(x: [&Twin; 7], opt: [&Option<Twin>; 4]) -> [*const mlxk_array; 11]
     out
 }
 
+/// The safe update on twins: q, k, v, a, b, a_log, dt_bias, then the optional state and mask.
+pub fn safe_update<'a>(
+    x: [&'a Twin; 7],
+    state: &'a Option<Twin>,
+    mask: &'a Option<Twin>,
+) -> mlxkern::GatedDelta<'a> {
+    let [q, k, v, a, b, a_log, dt_bias] = x.map(|t| &t.r);
+    mlxkern::GatedDelta {
+        q,
+        k,
+        v,
+        a,
+        b,
+        a_log,
+        dt_bias,
+        state: r_opt(state),
+        mask: r_opt(mask),
+    }
+}
+
 pub fn r_opt(t: &Option<Twin>) -> Option<&Array> {
     t.as_ref().map(|t| &t.r)
 }
