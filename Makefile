@@ -155,8 +155,8 @@ clean:
 
 # MLX CUDA (docs/DESIGN.md §3). On a machine with an NVIDIA GPU, Rust and an MLX CUDA install
 # (pip mlx-cuda-13==0.32.4; MLX_DIR=its `mlx` package folder): `make test-cuda` runs every kernel
-# on the GPU against the CPU kernels (tests/cuda.rs), the GPU backward against the CPU's
-# (tests/gated_delta_update_vjp.rs) and MLX autograd through the GPU kernels
+# on the GPU against the CPU kernels (tests/cuda/main.rs), the GPU backward against the CPU's
+# (tests/gated_delta/vjp.rs) and MLX autograd through the GPU kernels
 # (tests/cpp/gpu_autograd.cc), `make bench-cuda` the GPU benchmark beside
 # MLX's own paths and fla (build/bench/bench-cuda.{log,jsonl,png}, tables-cuda.md). Where the
 # GPU machine has no Rust, `make cuda-carry` builds the same programs here into build/cuda/carry

@@ -1,8 +1,9 @@
 //! The array, status, version, device and memory functions of the C ABI, including every
 //! error path.
 
-mod common;
-use common::*;
+mod support;
+
+use crate::support::*;
 use std::ffi::CStr;
 use std::ptr::{null, null_mut};
 
@@ -74,15 +75,12 @@ fn constructor_errors_name_the_argument() {
     let shape = [2i32, 2];
     let s = |st| st;
     expect_err(
-        s(unsafe {
-            mlxk_array_new(
-                data.as_ptr().cast(),
-                shape.as_ptr(),
-                2,
-                MLXK_DTYPE_FLOAT32,
-                null_mut(),
-            )
-        }),
+        s(array_new_into(
+            as_bytes(&data),
+            &shape,
+            MLXK_DTYPE_FLOAT32,
+            null_mut(),
+        )),
         MLXK_ERR_NULL_POINTER,
         &["mlxk_array_new", "out"],
     );

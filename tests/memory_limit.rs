@@ -1,12 +1,16 @@
 //! The process-wide memory limit (its own test binary: the limit is global, and other tests
-//! running in parallel threads must not see it lowered).
+//! running in parallel threads must not see it lowered; its two tests hold `support::serial`,
+//! since each reads the limit the other sets).
 
-mod common;
-use common::*;
+mod support;
+
+use crate::support::vjp_case::vjp;
+use crate::support::*;
 use std::ptr::null_mut;
 
 #[test]
 fn memory_limit_refuses_before_allocating() {
+    let _serial = serial();
     let mut previous = 0usize;
     ok(unsafe { mlxk_get_memory_limit(&mut previous) });
     assert!(previous > 0);
@@ -33,6 +37,7 @@ fn memory_limit_refuses_before_allocating() {
 
 #[test]
 fn kernels_refuse_results_above_the_limit_before_building() {
+    let _serial = serial();
     let mut rng = Rng::fresh();
     let r = Recurrence::random(&mut rng, [2, 64, 2, 4, 128, 128], true, false);
     // The new state alone is 2*4*128*128*4 = 512 KiB.
@@ -56,30 +61,7 @@ fn kernels_refuse_results_above_the_limit_before_building() {
     let args = [q, k, v, a, b, al, dt, st, m, null_mut(), null_mut()];
     let mut grads: [H; 8] = [null_mut(); 8];
     ok(mlxk_set_memory_limit(8 << 20));
-    let [g0, g1, g2, g3, g4, g5, g6, g7] = &mut grads;
-    let cpu = unsafe {
-        mlxk_gated_delta_update_vjp(
-            q,
-            k,
-            v,
-            a,
-            b,
-            al,
-            dt,
-            st,
-            m,
-            null_mut(),
-            null_mut(),
-            g0,
-            g1,
-            g2,
-            g3,
-            g4,
-            g5,
-            g6,
-            g7,
-        )
-    };
+    let cpu = vjp(args.map(|h| h as *const mlxk_array), None, &mut grads);
     let outs = grads.each_mut().map(|g| g as *mut H);
     let ops = unsafe {
         mlxkern::testing::gated_delta_update_vjp_via_gpu(GpuKernels::Cuda, false, args, outs)

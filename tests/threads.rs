@@ -7,13 +7,14 @@
 //! use either completes (with the handle's own data: tokens are never reused) or gets
 //! MLXK_ERR_INVALID_HANDLE, and each handle is freed exactly once.
 
-mod common;
-use common::*;
+mod support;
+
+use crate::support::*;
 
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use mlxkern::capi::gated_rms_norm::{mlxk_gated_rms_norm, mlxk_gated_rms_norm_vjp};
@@ -26,9 +27,6 @@ const CALLS_PER_THREAD: usize = 1000;
 /// Rounds of the mixed-call comparison, each with a fresh seed.
 const ROUNDS: usize = 3;
 const WATCHDOG: Duration = Duration::from_secs(120);
-
-/// The tests share the live-handle count: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Runs `f` on its own thread; ends the process if it takes longer than WATCHDOG (a deadlock
 /// must fail the run, not hang it).
@@ -154,16 +152,7 @@ impl Worker {
     }
 
     fn new_array(&mut self, step: usize, bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
-        let mut out = null_mut();
-        let st = unsafe {
-            mlxk_array_new(
-                bytes.as_ptr().cast(),
-                shape.as_ptr(),
-                shape.len(),
-                dtype,
-                &mut out,
-            )
-        };
+        let (st, out) = array_new(bytes, shape, dtype);
         self.record(step, "mlxk_array_new", st, vec![], None);
         assert_eq!(st, MLXK_OK);
         out
@@ -718,7 +707,7 @@ fn compare(thread: usize, alone: &[Record], together: &[Record]) {
 
 #[test]
 fn eight_threads_of_mixed_calls_match_one_thread() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = serial();
     let live = live_handles();
     for round in 0..ROUNDS {
         let seed = Rng::fresh().next_u64();
@@ -766,7 +755,7 @@ fn mixed_round(seed: u64) {
 
 #[test]
 fn freeing_and_using_the_same_handles_concurrently() {
-    let _s = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let _s = serial();
     const HANDLES: usize = 400;
     let live = live_handles();
     with_watchdog("free/use race", move || {

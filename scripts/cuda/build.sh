@@ -3,8 +3,9 @@
 # network needs to run `make test-cuda` and `make bench-cuda`'s programs, into build/cuda/carry/:
 #   payload.tar.xz   MLX CUDA for sm_90 (H100/H200), ~22 MB (scripts/cuda/make_payload.sh)
 #   libmlxkern.so    the library built against MLX CUDA's headers and libmlx
-#   test_cuda        tests/cuda.rs (every kernel against the CPU kernels)
-#   test_vjp         tests/gated_delta_update_vjp.rs (the GPU backward against the CPU's)
+#   test_cuda        tests/cuda/ (every kernel against the CPU kernels)
+#   test_vjp         tests/gated_delta/ (run with `vjp:: --skip chunked_vjp`: tests/gated_delta/vjp.rs,
+#                    the GPU backward against the CPU's)
 #   gpu_autograd     tests/cpp/gpu_autograd.cc (MLX autograd through the GPU kernels)
 #   bench_cuda       benches/bench_cuda.cc (with bench_cuda_layers.cc, _dispatch.cc, _pool.cc)
 #   wheels/          fla-core 0.6.0, the peer of benches/peer_fla.py
@@ -23,14 +24,14 @@ mlx=$(realpath "$work/x/mlx")
 export MLX_DIR=$mlx CARGO_TARGET_DIR=$PWD/target/cuda
 export RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
 cargo build --lib
-tests=$(cargo test --test cuda --test gated_delta_update_vjp --no-run --message-format=json 2>/dev/null |
+tests=$(cargo test --test cuda --test gated_delta --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         print(m["target"]["name"], m["executable"])')
 test_bin=$(echo "$tests" | awk '$1 == "cuda" {print $2}')
-vjp_bin=$(echo "$tests" | awk '$1 == "gated_delta_update_vjp" {print $2}')
+vjp_bin=$(echo "$tests" | awk '$1 == "gated_delta" {print $2}')
 lib=$CARGO_TARGET_DIR/debug/libmlxkern.so
 soname=$(readelf -d "$lib" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 objcopy --strip-debug "$lib" "$carry/libmlxkern.so"

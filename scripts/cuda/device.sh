@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a CUDA machine (H100/H200, no Rust needed), from the repository root with build/cuda/carry
 # made by scripts/cuda/build.sh: stages MLX CUDA, then runs
-#   test    build/cuda/carry/test_cuda (tests/cuda.rs), one thread (the device is process-wide),
-#           test_vjp (tests/gated_delta_update_vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
+#   test    build/cuda/carry/test_cuda (tests/cuda/), one thread (the device is process-wide),
+#           test_vjp (tests/gated_delta/vjp.rs) and gpu_autograd (tests/cpp/gpu_autograd.cc)
 #   bench   build/cuda/carry/bench_cuda, the fla peers (benches/peer_fla.py: decode;
 #           benches/peer_fla_chunk.py: chunked forward + backward) and the chart
 #   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone, and fla's chunked forward +
@@ -26,7 +26,7 @@ export MLXK_NUM_THREADS=${MLXK_NUM_THREADS:-8}
 status=0
 if [[ " $what " == *" grad "* ]]; then
   # The gradient checks and rows alone.
-  "$carry/test_vjp" --test-threads=1 2>&1 | tee "$out/test-grad.log"
+  "$carry/test_vjp" --test-threads=1 vjp:: --skip chunked_vjp 2>&1 | tee "$out/test-grad.log"
   status=$((status | PIPESTATUS[0]))
   "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-grad.log"
   status=$((status | PIPESTATUS[0]))
@@ -43,7 +43,8 @@ if [[ " $what " == *" pool "* ]]; then
   status=$((status | PIPESTATUS[0]))
 fi
 if [[ " $what " == *" chunked "* ]]; then
-  MLXK_CUDA_ONLY=chunked "$carry/test_cuda" --test-threads=1 --nocapture 2>&1 |
+  MLXK_CUDA_ONLY=chunked "$carry/test_cuda" --test-threads=1 --nocapture --skip syntax:: \
+    --skip text:: 2>&1 |
     tee "$out/test-chunked.log"
   status=$((status | PIPESTATUS[0]))
   "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-chunked.log"
@@ -58,9 +59,10 @@ if [[ " $what " == *" chunked "* ]]; then
 fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)
-  "$carry/test_cuda" --test-threads=1 --nocapture 2>&1 | tee "$out/test-cuda.log"
+  "$carry/test_cuda" --test-threads=1 --nocapture --skip syntax:: --skip text:: 2>&1 |
+    tee "$out/test-cuda.log"
   rc=${PIPESTATUS[0]}; status=$((status | rc))
-  "$carry/test_vjp" --test-threads=1 2>&1 | tee -a "$out/test-cuda.log"
+  "$carry/test_vjp" --test-threads=1 vjp:: --skip chunked_vjp 2>&1 | tee -a "$out/test-cuda.log"
   rc=${PIPESTATUS[0]}; status=$((status | rc))
   "$carry/gpu_autograd" 2>&1 | tee -a "$out/test-cuda.log"
   rc2=${PIPESTATUS[0]}; status=$((status | rc2))

@@ -2,10 +2,10 @@
 """NVRTC's machine code for the library's CUDA kernel texts, without a GPU: instruction and
 register counts per text, to compare kernel-text variants on any machine.
 
-    MLXK_CUDA_TEXT_DIR=build/cuda/text cargo test --test cuda_syntax
+    MLXK_CUDA_TEXT_DIR=build/cuda/text cargo test --test cuda syntax::
     python3 scripts/cuda/sass.py build/cuda/text [--arch sm_90a] [--keep DIR] [PATTERN...]
 
-The texts are the ones tests/cuda_syntax.rs puts together as `mx::fast::cuda_kernel` does. They
+The texts are the ones tests/cuda/syntax.rs puts together as `mx::fast::cuda_kernel` does. They
 are compiled as MLX CUDA compiles them (`--device-as-default-execution-space`, the device's
 `sm_XYa` architecture, NVRTC's default `--fmad=true`), with a stand-in for MLX's own device
 header (`Shape` / `Strides`: what the kernels use of it). The counts are static (instructions in

@@ -8,7 +8,7 @@
 // The recurrence's GPU gradient is the backward kernel (kernels/metal/gated_delta_backward.metal);
 // the head split's and the gated norm's are MLX ops. Bound: max |gpu - cpu| <= bound · u ·
 // max |cpu| per gradient, u the unit roundoff of the input dtype (2^-8 bf16, 2^-24 f32), as
-// tests/gated_delta_update_vjp.rs justifies (16-bit: 8; f32: 64).
+// tests/gated_delta/vjp.rs justifies (16-bit: 8; f32: 64).
 // Skips (exit 0, with a message) where the loaded MLX has no GPU backend.
 #define MLXKERN_WITH_MLX
 #include <algorithm>

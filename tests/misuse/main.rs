@@ -16,29 +16,25 @@
 //! (overflowing dims, the memory limit); the thread-teardown case stays here, at the top
 //! level, where its child process finds it by its exact name.
 
-#[path = "../common/mod.rs"]
-mod common;
-use common::*;
+#[path = "../support/mod.rs"]
+mod support;
+
+use crate::support::vjp_case::vjp;
+use crate::support::*;
 
 mod empty;
 mod handles;
 mod nan_inf;
 mod null_out;
 mod pool;
+mod pool_errors;
 mod sizes;
 
 use std::ptr::{null, null_mut};
-use std::sync::{Mutex, MutexGuard};
 
 use mlxkern::capi::gated_rms_norm::{mlxk_gated_rms_norm, mlxk_gated_rms_norm_vjp};
 use mlxkern::capi::live_handles;
 use mlxkern::capi::silu_rms_heads::{mlxk_silu_rms_heads, mlxk_silu_rms_heads_vjp};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// A value no out-parameter holds unless the library wrote it.
 const SENTINEL: usize = 0x5E57_1000_0007;
@@ -157,6 +153,9 @@ impl Fixture {
 
     fn base_entries(&self) -> Vec<Entry> {
         let r = &self.rec;
+        let state = r.state.unwrap();
+        let with_mask = update_args(r, &[("state", state), ("mask", r.mask.unwrap())]);
+        let vjp_args = [&with_mask[..], &[("dy", r.v), ("dstate_out", state)]].concat();
         vec![
             Entry::new("mlxk_array_ndim", &[("array", self.arr)], |h| {
                 let mut nd = SENTINEL;
@@ -203,122 +202,37 @@ impl Fixture {
             Entry::new(
                 "mlxk_compute_g",
                 &[("a_log", r.a_log), ("a", r.a), ("dt_bias", r.dt_bias)],
-                |h| {
-                    let mut g = sentinel();
-                    let st = unsafe { mlxk_compute_g(h[0], h[1], h[2], &mut g) };
-                    (st, vec![g], g == sentinel())
-                },
+                outs(|h, [g]| unsafe { mlxk_compute_g(h[0], h[1], h[2], g) }),
             ),
             Entry::new(
                 "mlxk_gated_delta_update",
-                &[
-                    ("q", r.q),
-                    ("k", r.k),
-                    ("v", r.v),
-                    ("a", r.a),
-                    ("b", r.b),
-                    ("a_log", r.a_log),
-                    ("dt_bias", r.dt_bias),
-                    ("state", r.state.unwrap()),
-                    ("mask", r.mask.unwrap()),
-                ],
-                |h| {
-                    let (mut y, mut s) = (sentinel(), sentinel());
-                    let st = unsafe {
-                        mlxk_gated_delta_update(
-                            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], &mut y, &mut s,
-                        )
-                    };
-                    (st, vec![y, s], y == sentinel() && s == sentinel())
-                },
+                &with_mask,
+                outs(|h, [y, s]| unsafe {
+                    let [q, k, v, a, b, al, dt, st, m] = h9(h);
+                    mlxk_gated_delta_update(q, k, v, a, b, al, dt, st, m, y, s)
+                }),
             )
             .optional(&["state", "mask"]),
             Entry::new(
                 "mlxk_gated_delta_update_vjp",
-                &[
-                    ("q", r.q),
-                    ("k", r.k),
-                    ("v", r.v),
-                    ("a", r.a),
-                    ("b", r.b),
-                    ("a_log", r.a_log),
-                    ("dt_bias", r.dt_bias),
-                    ("state", r.state.unwrap()),
-                    ("mask", r.mask.unwrap()),
-                    ("dy", r.v),
-                    ("dstate_out", r.state.unwrap()),
-                ],
-                |h| {
-                    let mut g = [sentinel(); 8];
-                    let [g0, g1, g2, g3, g4, g5, g6, g7] = &mut g;
-                    let st = unsafe {
-                        mlxk_gated_delta_update_vjp(
-                            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], g0,
-                            g1, g2, g3, g4, g5, g6, g7,
-                        )
-                    };
-                    (st, g.to_vec(), g.iter().all(|&x| x == sentinel()))
-                },
+                &vjp_args,
+                outs(|h, g| vjp(h11(h), None, g)),
             )
             .optional(&["state", "mask", "dy", "dstate_out"]),
             Entry::new(
                 "mlxk_gated_delta_update_chunked_vjp",
-                &[
-                    ("q", r.q),
-                    ("k", r.k),
-                    ("v", r.v),
-                    ("a", r.a),
-                    ("b", r.b),
-                    ("a_log", r.a_log),
-                    ("dt_bias", r.dt_bias),
-                    ("state", r.state.unwrap()),
-                    ("mask", r.mask.unwrap()),
-                    ("dy", r.v),
-                    ("dstate_out", r.state.unwrap()),
-                ],
-                |h| {
-                    let mut g = [sentinel(); 8];
-                    let [g0, g1, g2, g3, g4, g5, g6, g7] = &mut g;
-                    let st = unsafe {
-                        mlxk_gated_delta_update_chunked_vjp(
-                            h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], 16, h[9], h[10],
-                            g0, g1, g2, g3, g4, g5, g6, g7,
-                        )
-                    };
-                    (st, g.to_vec(), g.iter().all(|&x| x == sentinel()))
-                },
+                &vjp_args,
+                outs(|h, g| vjp(h11(h), Some(16), g)),
             )
             .optional(&["state", "mask", "dy", "dstate_out"]),
             Entry::new(
                 "mlxk_gated_delta_state",
-                &[
-                    ("k", r.k),
-                    ("v", r.v),
-                    ("a", r.a),
-                    ("b", r.b),
-                    ("a_log", r.a_log),
-                    ("dt_bias", r.dt_bias),
-                    ("state", r.state.unwrap()),
-                ],
-                |h| {
-                    let mut s = sentinel();
+                &with_mask[1..8],
+                outs(|h, [s]| unsafe {
+                    let [k, v, a, b, al, dt, st] = h[..7].try_into().unwrap();
                     let lengths = [3i32, 1];
-                    let st = unsafe {
-                        mlxk_gated_delta_state(
-                            h[0],
-                            h[1],
-                            h[2],
-                            h[3],
-                            h[4],
-                            h[5],
-                            h[6],
-                            lengths.as_ptr(),
-                            2,
-                            &mut s,
-                        )
-                    };
-                    (st, vec![s], s == sentinel())
-                },
+                    mlxk_gated_delta_state(k, v, a, b, al, dt, st, lengths.as_ptr(), 2, s)
+                }),
             )
             .optional(&["state"]),
             Entry::new(
@@ -328,16 +242,10 @@ impl Fixture {
                     ("q_scale", self.q_scale),
                     ("k_scale", self.k_scale),
                 ],
-                |h| {
-                    let (mut q, mut k, mut v) = (sentinel(), sentinel(), sentinel());
+                outs(|h, [q, k, v]| unsafe {
                     let [hk, hv, dv] = SPLIT;
-                    let st = unsafe {
-                        mlxk_silu_rms_heads(
-                            h[0], h[1], h[2], hk, hv, dv, 1e-6, &mut q, &mut k, &mut v,
-                        )
-                    };
-                    (st, vec![q, k, v], [q, k, v] == [sentinel(); 3])
-                },
+                    mlxk_silu_rms_heads(h[0], h[1], h[2], hk, hv, dv, 1e-6, q, k, v)
+                }),
             ),
             Entry::new(
                 "mlxk_silu_rms_heads_vjp",
@@ -349,27 +257,17 @@ impl Fixture {
                     ("dk", self.dqk),
                     ("dv", self.dv),
                 ],
-                |h| {
-                    let mut g = [sentinel(); 3];
-                    let [g0, g1, g2] = &mut g;
+                outs(|h, [g0, g1, g2]| unsafe {
                     let [hk, hv, dv] = SPLIT;
-                    let st = unsafe {
-                        mlxk_silu_rms_heads_vjp(
-                            h[0], h[1], h[2], hk, hv, dv, 1e-6, h[3], h[4], h[5], g0, g1, g2,
-                        )
-                    };
-                    (st, g.to_vec(), g == [sentinel(); 3])
-                },
+                    let [x, qs, ks, dq, dk, dv_in] = h[..6].try_into().unwrap();
+                    mlxk_silu_rms_heads_vjp(x, qs, ks, hk, hv, dv, 1e-6, dq, dk, dv_in, g0, g1, g2)
+                }),
             )
             .optional(&["dq", "dk", "dv"]),
             Entry::new(
                 "mlxk_gated_rms_norm",
                 &[("x", self.x), ("gate", self.gate), ("weight", self.weight)],
-                |h| {
-                    let mut out = sentinel();
-                    let st = unsafe { mlxk_gated_rms_norm(h[0], h[1], h[2], 1e-6, &mut out) };
-                    (st, vec![out], out == sentinel())
-                },
+                outs(|h, [out]| unsafe { mlxk_gated_rms_norm(h[0], h[1], h[2], 1e-6, out) }),
             ),
             Entry::new(
                 "mlxk_gated_rms_norm_vjp",
@@ -379,18 +277,52 @@ impl Fixture {
                     ("weight", self.weight),
                     ("dout", self.gate),
                 ],
-                |h| {
-                    let mut g = [sentinel(); 3];
-                    let [g0, g1, g2] = &mut g;
-                    let st = unsafe {
-                        mlxk_gated_rms_norm_vjp(h[0], h[1], h[2], 1e-6, h[3], g0, g1, g2)
-                    };
-                    (st, g.to_vec(), g == [sentinel(); 3])
-                },
+                outs(|h, [g0, g1, g2]| unsafe {
+                    mlxk_gated_rms_norm_vjp(h[0], h[1], h[2], 1e-6, h[3], g0, g1, g2)
+                }),
             )
             .optional(&["dout"]),
         ]
     }
+}
+
+/// `r`'s update arguments by name (q, k, v, a, b, a_log, dt_bias), then `tail`.
+fn update_args(r: &Recurrence, tail: &[(&'static str, H)]) -> Vec<(&'static str, H)> {
+    let mut args = vec![
+        ("q", r.q),
+        ("k", r.k),
+        ("v", r.v),
+        ("a", r.a),
+        ("b", r.b),
+        ("a_log", r.a_log),
+        ("dt_bias", r.dt_bias),
+    ];
+    args.extend_from_slice(tail);
+    args
+}
+
+/// An entry's call with `N` handle out-parameters, each the sentinel before the call: returns
+/// the status, the out-parameters, and whether every one is still the sentinel.
+fn outs<const N: usize>(
+    call: impl Fn(&[H], &mut [H; N]) -> mlxk_status + 'static,
+) -> impl Fn(&[H]) -> (mlxk_status, Vec<H>, bool) + 'static {
+    move |h| {
+        let mut out = [sentinel(); N];
+        let st = call(h, &mut out);
+        (st, out.to_vec(), out.iter().all(|&x| x == sentinel()))
+    }
+}
+
+/// The first nine handles of an entry's arguments.
+fn h9(h: &[H]) -> [H; 9] {
+    h[..9].try_into().unwrap()
+}
+
+/// The eleven handles of a gradient entry's arguments, as inputs.
+fn h11(h: &[H]) -> [*const mlxk_array; 11] {
+    <[H; 11]>::try_from(h)
+        .unwrap()
+        .map(|x| x as *const mlxk_array)
 }
 
 type Call = Box<dyn Fn(&[H]) -> (mlxk_status, Vec<H>, bool)>;

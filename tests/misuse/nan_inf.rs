@@ -33,10 +33,10 @@ impl F32Rec {
         }
     }
 
-    /// Runs update; returns (y, state_out) as f32.
-    fn update(&self) -> (Vec<f32>, Vec<f32>) {
+    /// q, k, v, a, b, a_log, dt_bias, the state and the mask as f32 (and bool) handles.
+    fn handles(&self) -> [H; 9] {
         let [b, t, hk, hv, dk, dv] = self.dims.map(|d| d as i32);
-        let hs = [
+        [
             new_f32(&self.q, &[b, t, hk, dk]),
             new_f32(&self.k, &[b, t, hk, dk]),
             new_f32(&self.v, &[b, t, hv, dv]),
@@ -46,44 +46,24 @@ impl F32Rec {
             new_f32(&self.dt_bias, &[hv]),
             new_f32(&self.state, &[b, hv, dv, dk]),
             new_bool(&self.mask, &[b, t]),
-        ];
+        ]
+    }
+
+    /// Runs update; returns (y, state_out) as f32.
+    fn update(&self) -> (Vec<f32>, Vec<f32>) {
+        let hs = self.handles();
+        let [q, k, v, a, b, al, dt, st, m] = hs;
         let (mut y, mut s) = (null_mut(), null_mut());
-        ok(unsafe {
-            mlxk_gated_delta_update(
-                hs[0], hs[1], hs[2], hs[3], hs[4], hs[5], hs[6], hs[7], hs[8], &mut y, &mut s,
-            )
-        });
+        ok(unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, st, m, &mut y, &mut s) });
         let out = (read_f32(y), read_f32(s));
         hs.into_iter().chain([y, s]).for_each(free);
         out
     }
 
     fn replay(&self, lengths: &[i32]) -> Vec<f32> {
-        let [b, t, hk, hv, dk, dv] = self.dims.map(|d| d as i32);
-        let hs = [
-            new_f32(&self.k, &[b, t, hk, dk]),
-            new_f32(&self.v, &[b, t, hv, dv]),
-            new_f32(&self.a, &[b, t, hv]),
-            new_f32(&self.b, &[b, t, hv]),
-            new_f32(&self.a_log, &[hv]),
-            new_f32(&self.dt_bias, &[hv]),
-            new_f32(&self.state, &[b, hv, dv, dk]),
-        ];
-        let mut s = null_mut();
-        ok(unsafe {
-            mlxk_gated_delta_state(
-                hs[0],
-                hs[1],
-                hs[2],
-                hs[3],
-                hs[4],
-                hs[5],
-                hs[6],
-                lengths.as_ptr(),
-                lengths.len(),
-                &mut s,
-            )
-        });
+        let hs = self.handles();
+        let (status, s) = replay(hs.map(|h| h as *const mlxk_array), lengths);
+        ok(status);
         let out = read_f32(s);
         hs.into_iter().chain([s]).for_each(free);
         out

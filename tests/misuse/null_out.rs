@@ -44,15 +44,7 @@ fn null_out_parameters_everywhere() {
     assert_eq!(unsafe { mlxk_mlx_array_free(host) }, MLXK_OK);
     let f = "mlxk_array_new";
     refused(
-        unsafe {
-            mlxk_array_new(
-                data.as_ptr().cast(),
-                shape.as_ptr(),
-                2,
-                MLXK_DTYPE_FLOAT32,
-                null_mut(),
-            )
-        },
+        array_new_into(as_bytes(&data), &shape, MLXK_DTYPE_FLOAT32, null_mut()),
         MLXK_ERR_NULL_POINTER,
         f,
         &["out"],

@@ -61,15 +61,7 @@ fn overflowing_dims_and_oversized_arrays_are_refused_before_allocating() {
     for (shape, dtype, want, needle) in &cases {
         let arg = if shape.len() > 16 { "ndim" } else { "shape" };
         let mut out = sentinel();
-        let st = unsafe {
-            mlxk_array_new(
-                one.as_ptr().cast(),
-                shape.as_ptr(),
-                shape.len(),
-                *dtype,
-                &mut out,
-            )
-        };
+        let st = array_new_into(as_bytes(&one), shape, *dtype, &mut out);
         refused(st, *want, "mlxk_array_new", &[arg, needle], n);
         assert_eq!(out, sentinel());
         let st = unsafe { mlxk_array_zeros(shape.as_ptr(), shape.len(), *dtype, &mut out) };
@@ -220,15 +212,7 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
     let n = live_handles();
     let mut out = sentinel();
     refused(
-        unsafe {
-            mlxk_array_new(
-                data.as_ptr().cast(),
-                shape.as_ptr(),
-                2,
-                MLXK_DTYPE_FLOAT32,
-                &mut out,
-            )
-        },
+        array_new_into(as_bytes(&data), &shape, MLXK_DTYPE_FLOAT32, &mut out),
         MLXK_ERR_OUT_OF_MEMORY,
         "mlxk_array_new",
         &["24 bytes"],

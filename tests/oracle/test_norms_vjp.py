@@ -13,7 +13,7 @@ Both sides differentiate the same formula; they differ in where they round. The 
 evaluates each gradient in float32 (sums in float64) and rounds once to the primal's dtype T;
 MLX differentiates op by op in the dtype of each op's arrays. Errors are measured in units of
 `unit(T) · mag`, where unit(T) is the rounding error of T (2^-24, 2^-8, 2^-11) and mag the sum
-of the magnitudes of the terms of the gradient's formula (float64, as tests/common/grad.rs):
+of the magnitudes of the terms of the gradient's formula (float64, as tests/support/grad.rs):
 a float computation of a sum is accurate relative to its terms, not to the (possibly cancelling)
 result. Bounds:
 
@@ -61,7 +61,7 @@ mx.set_default_device(mx.cpu)
 UNIT = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 # Half the smallest subnormal: the largest error of rounding a value in the subnormal range.
 FLOOR = {"float32": 2.0 ** -150, "bfloat16": 2.0 ** -134, "float16": 2.0 ** -25}
-LIBRARY_UNITS = 32.0  # float32 arithmetic of the library (tests/common/grad.rs)
+LIBRARY_UNITS = 32.0  # float32 arithmetic of the library (tests/support/grad.rs)
 VS_MLX_UNITS = {"float32": 64.0, "bfloat16": 8.0, "float16": 8.0}
 
 # mlx-lm 0.32.2 (qwen3_5.py): normalize_qk(q, k, inv_scale=Dk**-0.5, eps=1e-6).

@@ -1,0 +1,13 @@
+//! The safe Rust API (`mlxkern::Array` and the kernels' builders) against the C ABI on the same
+//! inputs: the kernels (`kernels`), their gradients (`grad`) and the chunked form's
+//! (`vjp_chunked`).
+//!
+//! Own binaries beside this one, since they need the process alone: `array.rs` (sets the
+//! process's memory limit), `decode.rs` and `pool.rs` (count the process's in-place updates).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod grad;
+mod kernels;
+mod vjp_chunked;

@@ -1,0 +1,131 @@
+//! The vectorized gated norm (`mlxk_gated_rms_norm`), AVX2 and (where the CPU has it) AVX-512,
+//! mixed gate dtypes included, against its portable code, bit for bit, through the C ABI: many
+//! shapes, all three dtypes, and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN
+//! outputs compare as a class. (It flips process-wide switches: tests/paths/main.rs.)
+//!
+//! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
+//! `cargo test --test gated_rms_norm_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
+//! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
+
+use crate::support::paths;
+use crate::support::*;
+use mlxkern::capi::gated_rms_norm::*;
+use paths::*;
+use std::ptr::null_mut;
+
+const NORM_WIDTHS: [usize; 12] = [1, 7, 31, 64, 100, 128, 129, 256, 1000, 4096, 5000, 0];
+
+fn gated_norm_case(rng: &mut Rng, kind: Kind, gate_kind: Kind, rows: usize, width: usize) {
+    let (mut x, mut gate, mut weight) = (vec![], vec![], vec![]);
+    for _ in 0..rows {
+        segment(rng, kind, width, &mut x);
+        segment(rng, gate_kind, width, &mut gate);
+    }
+    // The weight mostly ordinary (else most rows are NaN or zero), sometimes special.
+    if rng.below(4) == 0 {
+        segment(rng, kind, width, &mut weight);
+    } else {
+        weight.extend((0..width).map(|_| kind.encode(rng.uniform() * 2.0)));
+    }
+    let eps = eps_of(rng);
+    let shape: Vec<i32> = if rows % 3 == 0 && rng.below(2) == 0 {
+        vec![3, (rows / 3) as i32, width as i32]
+    } else {
+        vec![rows as i32, width as i32]
+    };
+    let xh = array(kind, &x, &shape);
+    let gh = array(gate_kind, &gate, &shape);
+    let wh = array(kind, &weight, &[width as i32]);
+    let (portable, others) = paths(|| {
+        let mut out = null_mut();
+        ok(unsafe { mlxk_gated_rms_norm(xh, gh, wh, eps, &mut out) });
+        let bytes = read_bytes(out);
+        free(out);
+        bytes
+    });
+    for (path, vectorized) in others {
+        let what = format!(
+            "gated norm {kind:?} gate {gate_kind:?} rows {rows} width {width} eps {eps:e} ({path})"
+        );
+        assert_same(kind, &portable, &vectorized, &what);
+    }
+    for h in [xh, gh, wh] {
+        free(h);
+    }
+}
+
+#[test]
+fn gated_norm_paths_agree_bit_for_bit() {
+    let _switch = serial();
+    let mut rng = Rng::fresh();
+    let mut cases = 0;
+    for kind in KINDS {
+        for gate_kind in KINDS {
+            for &listed in &NORM_WIDTHS {
+                let width = match listed {
+                    0 => 1 + rng.below(6000) as usize,
+                    w => w,
+                };
+                let rows = (1 + rng.below(300) as usize).min((120_000 / width).max(2));
+                gated_norm_case(&mut rng, kind, gate_kind, rows, width);
+                cases += 1;
+            }
+        }
+        // Qwen3.5's shape: 32 heads of 128 per token.
+        gated_norm_case(&mut rng, kind, kind, 32 * 7, 128);
+        cases += 1;
+    }
+    eprintln!("{cases} gated norm cases");
+    mlxkern::testing::force_portable_kernels(false);
+    mlxkern::testing::force_avx2_kernels(false);
+}
+
+/// Prints per-call times (median and best) of the gated norm at Qwen3.5's dimensions, through
+/// the C ABI with eval and as the kernel alone, next to a memory copy of the same bytes.
+/// `MLXK_NUM_THREADS` picks the threads; `MLXK_TIMING_PORTABLE=1` times the portable kernels.
+#[test]
+#[ignore]
+fn timing() {
+    use half::bf16;
+    let _switch = serial();
+    let (mut rng, portable) = timing_start();
+    let width = 128;
+    for rows in [32usize, 512 * 32] {
+        let iters = match (rows, portable) {
+            (32, _) => 2000,
+            (_, true) => 5,
+            _ => 60,
+        };
+        let (xs, zs) = (
+            bf16_vec(&mut rng, rows * width),
+            bf16_vec(&mut rng, rows * width),
+        );
+        let ws = bf16_vec(&mut rng, width);
+        let shape = [rows as i32, width as i32];
+        let x = new_bytes(as_bytes(&xs), &shape, MLXK_DTYPE_BFLOAT16);
+        let z = new_bytes(as_bytes(&zs), &shape, MLXK_DTYPE_BFLOAT16);
+        let w = new_bytes(as_bytes(&ws), &[width as i32], MLXK_DTYPE_BFLOAT16);
+        let api = per_call(iters, || {
+            let mut out = null_mut();
+            ok(unsafe { mlxk_gated_rms_norm(x, z, w, 1e-6, &mut out) });
+            ok(mlxk_array_eval(out));
+            free(out);
+        });
+        let mut os = vec![bf16::ZERO; rows * width];
+        let kernel = per_call(iters, || {
+            mlxkern::cpu::gated_rms_norm::norm(width, 1e-6, &xs, &zs, &ws, &mut os)
+        });
+        let copy = copy_floor(2 * 2 * rows * width, 2 * rows * width, iters.min(200));
+        report(
+            &format!("gated norm {} x 32 rows x {width}", rows / 32),
+            api,
+            kernel,
+            copy,
+        );
+        for h in [x, z, w] {
+            free(h);
+        }
+    }
+    eval_round_trip(&mut rng);
+    mlxkern::testing::force_portable_kernels(false);
+}

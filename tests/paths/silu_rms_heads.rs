@@ -1,0 +1,168 @@
+//! The vectorized head split (`mlxk_silu_rms_heads`), AVX2 and (where the CPU has it) AVX-512,
+//! against its portable code, bit for bit, through the C ABI: many shapes, all three dtypes,
+//! and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN outputs compare as a class.
+//! (It flips process-wide switches: tests/paths/main.rs.)
+//!
+//! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
+//! `cargo test --test silu_rms_heads_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
+//! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
+
+use crate::support::paths;
+use crate::support::*;
+use mlxkern::capi::silu_rms_heads::*;
+use paths::*;
+use std::ptr::null_mut;
+
+const HEAD_WIDTHS: [usize; 11] = [1, 3, 5, 8, 31, 33, 64, 100, 127, 128, 0];
+
+fn head_width(rng: &mut Rng) -> usize {
+    match HEAD_WIDTHS[rng.below(HEAD_WIDTHS.len() as u64) as usize] {
+        0 => 1 + rng.below(128) as usize,
+        w => w,
+    }
+}
+
+fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
+    let [rows, hk, hv, dk, dv] = dims;
+    let c = 2 * hk * dk + hv * dv;
+    let mut x = Vec::with_capacity(rows * c);
+    for _ in 0..rows {
+        for _ in 0..2 * hk {
+            segment(rng, kind, dk, &mut x);
+        }
+        for _ in 0..hv {
+            segment(rng, kind, dv, &mut x);
+        }
+    }
+    let (mut qs, mut ks) = (vec![], vec![]);
+    segment(rng, kind, dk, &mut qs);
+    segment(rng, kind, dk, &mut ks);
+    let eps = eps_of(rng);
+    let b = if rows % 2 == 0 && rng.below(2) == 0 {
+        2
+    } else {
+        1
+    };
+    let xh = array(kind, &x, &[b as i32, (rows / b) as i32, c as i32]);
+    let qh = array(kind, &qs, &[dk as i32]);
+    let kh = array(kind, &ks, &[dk as i32]);
+    let (portable, others) = paths(|| {
+        let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_silu_rms_heads(
+                xh, qh, kh, hk as i32, hv as i32, dv as i32, eps, &mut q, &mut k, &mut v,
+            )
+        });
+        let out = [read_bytes(q), read_bytes(k), read_bytes(v)];
+        for h in [q, k, v] {
+            free(h);
+        }
+        out
+    });
+    for (path, vectorized) in others {
+        for (i, name) in ["q", "k", "v"].iter().enumerate() {
+            let what = format!(
+                "head split {kind:?} {name} rows {rows} Hk {hk} Hv {hv} Dk {dk} Dv {dv} eps {eps:e} \
+                 ({path})"
+            );
+            assert_same(kind, &portable[i], &vectorized[i], &what);
+        }
+    }
+    for h in [xh, qh, kh] {
+        free(h);
+    }
+}
+
+#[test]
+fn head_split_paths_agree_bit_for_bit() {
+    let _switch = serial();
+    let mut rng = Rng::fresh();
+    let mut cases = 0;
+    for kind in KINDS {
+        // Every listed width as both Dk and Dv, then random shapes.
+        for &w in &HEAD_WIDTHS[..HEAD_WIDTHS.len() - 1] {
+            let rows = 1 + rng.below(40) as usize;
+            let hk = 1 + rng.below(3) as usize;
+            head_split_case(&mut rng, kind, [rows, hk, 2, w, w]);
+            cases += 1;
+        }
+        for _ in 0..30 {
+            let (dk, dv) = (head_width(&mut rng), head_width(&mut rng));
+            let hk = 1 + rng.below(32) as usize;
+            let hv = 1 + rng.below(32) as usize;
+            let c = 2 * hk * dk + hv * dv;
+            let rows = (1 + rng.below(300) as usize).min((150_000 / c).max(1));
+            head_split_case(&mut rng, kind, [rows, hk, hv, dk, dv]);
+            cases += 1;
+        }
+        // Qwen3.5's shape: full 128-wide heads, one row and many.
+        for rows in [1, 17] {
+            head_split_case(&mut rng, kind, [rows, 16, 32, 128, 128]);
+            cases += 1;
+        }
+    }
+    eprintln!("{cases} head split cases");
+    mlxkern::testing::force_portable_kernels(false);
+    mlxkern::testing::force_avx2_kernels(false);
+}
+
+/// Prints per-call times (median and best) of the head split at Qwen3.5's dimensions, through
+/// the C ABI with eval and as the kernel alone, next to a memory copy of the same bytes.
+/// `MLXK_NUM_THREADS` picks the threads; `MLXK_TIMING_PORTABLE=1` times the portable kernels.
+#[test]
+#[ignore]
+fn timing() {
+    use half::bf16;
+    let _switch = serial();
+    let (mut rng, portable) = timing_start();
+    let (hk, hv, dk, dv) = (16usize, 32usize, 128usize, 128usize);
+    let c = 2 * hk * dk + hv * dv;
+    for s in [1usize, 512] {
+        let iters = match (s, portable) {
+            (1, _) => 2000,
+            (_, true) => 5,
+            _ => 40,
+        };
+        let xs = bf16_vec(&mut rng, s * c);
+        let scale = bf16_vec(&mut rng, dk);
+        let x = new_bytes(as_bytes(&xs), &[1, s as i32, c as i32], MLXK_DTYPE_BFLOAT16);
+        let qs = new_bytes(as_bytes(&scale), &[dk as i32], MLXK_DTYPE_BFLOAT16);
+        let api = per_call(iters, || {
+            let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
+            ok(unsafe {
+                mlxk_silu_rms_heads(
+                    x, qs, qs, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
+                )
+            });
+            ok(mlxk_array_eval(q));
+            for h in [q, k, v] {
+                free(h);
+            }
+        });
+        let (mut qo, mut ko, mut vo) = (
+            vec![bf16::ZERO; s * hk * dk],
+            vec![bf16::ZERO; s * hk * dk],
+            vec![bf16::ZERO; s * hv * dv],
+        );
+        let dims = mlxkern::cpu::silu_rms_heads::Dims {
+            rows: s,
+            hk,
+            hv,
+            dk,
+            dv,
+        };
+        let kernel = per_call(iters, || {
+            mlxkern::cpu::silu_rms_heads::split(
+                dims, 1e-6, &xs, &scale, &scale, &mut qo, &mut ko, &mut vo,
+            )
+        });
+        let bytes = 2 * s * c; // S·C bf16 values in, as many out
+        let copy = copy_floor(bytes, bytes, iters.min(200));
+        report(&format!("head split S={s}"), api, kernel, copy);
+        for h in [x, qs] {
+            free(h);
+        }
+    }
+    eval_round_trip(&mut rng);
+    mlxkern::testing::force_portable_kernels(false);
+}

@@ -1,0 +1,498 @@
+//! What the Rust test suites share: a PRNG, array construction through the C ABI, bf16
+//! conversion, error inspection, and the one lock of the tests that need their process alone.
+//! Each suite's root declares it (`mod support;`, or `#[path = "../support/mod.rs"]` from a
+//! folder); the submodules are the helpers of some suites only:
+//! - `api`: inputs held both as safe arrays and as C handles, safe call against C call;
+//! - `grad`: float kinds, float64 SiLU, central differences, the gradient error table;
+//! - `paths`: portable-vs-vectorized kernels (element kinds, special values, timing);
+//! - `pool`: host inputs of the pool calls, pool shapes and slots, recorded launches;
+//! - `vjp_case`: the update's gradient case, its float64 loss and the C call of either VJP.
+#![allow(dead_code, unused_imports)]
+
+pub mod api;
+pub mod grad;
+pub mod paths;
+pub mod pool;
+pub mod vjp_case;
+
+use std::ffi::CStr;
+use std::ptr::null_mut;
+use std::sync::{Mutex, MutexGuard};
+
+pub use mlxkern::capi::array::*;
+pub use mlxkern::capi::device::*;
+pub use mlxkern::capi::gated_delta::*;
+pub use mlxkern::capi::gated_delta_pool::*;
+pub use mlxkern::capi::mlx::*;
+pub use mlxkern::capi::mlxk_array;
+pub use mlxkern::capi::status::*;
+pub use mlxkern::testing::{
+    gated_delta_state_via_gpu, gated_delta_update_chunked_via_gpu, gated_delta_update_via_gpu,
+    GpuKernels,
+};
+
+pub type H = *mut mlxk_array;
+
+/// Process-wide state some tests read or flip (the live-handle count, the in-place count, the
+/// forced kernel paths, the recorded GPU launch): such tests hold this lock, one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// xorshift64*: deterministic per seed; seeds come from the clock so every run is fresh. The
+/// one generator of the Rust test suites.
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded from the clock, or from `MLXK_TEST_SEED` (the printed seed, hex with
+    /// 0x or decimal) to replay a run.
+    pub fn fresh() -> Rng {
+        if let Ok(text) = std::env::var("MLXK_TEST_SEED") {
+            let text = text.trim();
+            let seed = match text.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => text.parse(),
+            }
+            .unwrap_or_else(|_| panic!("MLXK_TEST_SEED={text}: not a number"));
+            eprintln!("rng seed {seed:#x} (MLXK_TEST_SEED)");
+            return Rng(seed | 1);
+        }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64;
+        let tid = std::thread::current().id();
+        let mixed = nanos ^ (format!("{tid:?}").len() as u64).wrapping_mul(0x9E3779B97F4A7C15);
+        eprintln!("rng seed {mixed:#x}");
+        Rng(mixed | 1)
+    }
+    pub fn seeded(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+    /// A generator seeded through splitmix64's finalizer, so that nearby seeds give unrelated
+    /// streams.
+    pub fn mixed(seed: u64) -> Rng {
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform() * scale).collect()
+    }
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    /// One of `from`, uniformly.
+    pub fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+        from[self.below(from.len() as u64) as usize]
+    }
+    /// Uniform in [0, 1), in float64.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Uniform in [lo, hi), in float64.
+    pub fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+    /// Standard normal (Box-Muller), in float64.
+    pub fn normal(&mut self) -> f64 {
+        let u = self.unit().max(1e-300);
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * self.unit()).cos()
+    }
+}
+
+pub fn bf16_bits(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        0x7FC0
+    } else {
+        ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16) as u16
+    }
+}
+
+/// Whether `a` and `b` hold the same bits, element by element (over the shorter of the two).
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
+pub fn bf16_to_f32(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(mlxk_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Asserts `status` is `expected` and the message mentions every word of `needles`.
+#[track_caller]
+pub fn expect_err(status: mlxk_status, expected: mlxk_status, needles: &[&str]) {
+    let msg = last_error();
+    assert_eq!(
+        status,
+        expected,
+        "expected {} got {} ({msg})",
+        name(expected),
+        name(status)
+    );
+    for n in needles {
+        assert!(msg.contains(n), "message {msg:?} lacks {n:?}");
+    }
+}
+
+#[track_caller]
+pub fn ok(status: mlxk_status) {
+    assert_eq!(status, MLXK_OK, "{}: {}", name(status), last_error());
+}
+
+pub fn name(status: mlxk_status) -> String {
+    unsafe { CStr::from_ptr(mlxk_status_name(status)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `mlxk_array_new` on `bytes`: its status and the handle it made (NULL on failure).
+pub fn array_new(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> (mlxk_status, H) {
+    let mut out = null_mut();
+    let status = array_new_into(bytes, shape, dtype, &mut out);
+    (status, out)
+}
+
+/// `mlxk_array_new` on `bytes` with the out-parameter `out` as given (NULL included).
+pub fn array_new_into(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype, out: *mut H) -> mlxk_status {
+    let (data, dims) = (bytes.as_ptr().cast(), shape.as_ptr());
+    unsafe { mlxk_array_new(data, dims, shape.len(), dtype, out) }
+}
+
+pub fn new_bytes(bytes: &[u8], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let (status, out) = array_new(bytes, shape, dtype);
+    ok(status);
+    out
+}
+
+pub fn new_f32(data: &[f32], shape: &[i32]) -> H {
+    new_bytes(as_bytes(data), shape, MLXK_DTYPE_FLOAT32)
+}
+
+/// Rounds `data` to bf16 and makes a bf16 array.
+/// An array of `dtype` holding `data` rounded to it (made in float32, then converted and
+/// evaluated).
+pub fn typed(data: &[f32], shape: &[i32], dtype: mlxk_dtype) -> H {
+    let f = new_f32(data, shape);
+    if dtype == MLXK_DTYPE_FLOAT32 {
+        return f;
+    }
+    let mut out = std::ptr::null_mut();
+    ok(unsafe { mlxk_array_astype(f, dtype, &mut out) });
+    ok(mlxk_array_eval(out));
+    free(f);
+    out
+}
+
+pub fn new_bf16(data: &[f32], shape: &[i32]) -> H {
+    let bits: Vec<u16> = data.iter().map(|&x| bf16_bits(x)).collect();
+    new_bytes(as_bytes(&bits), shape, MLXK_DTYPE_BFLOAT16)
+}
+
+pub fn new_bool(data: &[bool], shape: &[i32]) -> H {
+    let bytes: Vec<u8> = data.iter().map(|&b| b as u8).collect();
+    new_bytes(&bytes, shape, MLXK_DTYPE_BOOL)
+}
+
+pub fn as_bytes<T: Copy>(data: &[T]) -> &[u8] {
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
+pub fn read_bytes(a: H) -> Vec<u8> {
+    let mut n = 0usize;
+    ok(unsafe { mlxk_array_nbytes(a, &mut n) });
+    let mut out = vec![0u8; n];
+    ok(unsafe { mlxk_array_read(a, out.as_mut_ptr().cast(), n) });
+    out
+}
+
+pub fn read_f32(a: H) -> Vec<f32> {
+    read_bytes(a)
+        .chunks_exact(4)
+        .map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+pub fn read_bf16(a: H) -> Vec<f32> {
+    read_bytes(a)
+        .chunks_exact(2)
+        .map(|c| bf16_to_f32(u16::from_ne_bytes([c[0], c[1]])))
+        .collect()
+}
+
+pub fn shape_of(a: H) -> Vec<i32> {
+    let mut nd = 0usize;
+    ok(unsafe { mlxk_array_ndim(a, &mut nd) });
+    let mut dims = vec![0i32; nd];
+    ok(unsafe { mlxk_array_shape(a, dims.as_mut_ptr(), nd) });
+    dims
+}
+
+pub fn dtype_of(a: H) -> mlxk_dtype {
+    let mut d = -1;
+    ok(unsafe { mlxk_array_dtype(a, &mut d) });
+    d
+}
+
+pub fn free(a: H) {
+    ok(mlxk_array_free(a));
+}
+
+/// `n` random values as heads of `dk`, each head scaled to norm `scale` (q and k as mlx-lm
+/// normalizes them).
+pub fn heads(rng: &mut Rng, n: usize, dk: usize, scale: f32) -> Vec<f32> {
+    let mut x = rng.vec(n, 1.0);
+    for head in x.chunks_mut(dk) {
+        let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        head.iter_mut().for_each(|v| *v = *v / n * scale);
+    }
+    x
+}
+
+/// Inputs of one recurrence call, as handles, plus the f32 values behind them.
+pub struct Recurrence {
+    pub dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    pub q: H,
+    pub k: H,
+    pub v: H,
+    pub a: H,
+    pub b: H,
+    pub a_log: H,
+    pub dt_bias: H,
+    pub state: Option<H>,
+    pub mask: Option<H>,
+}
+
+impl Recurrence {
+    /// Random bf16 inputs of the given dims (q, k normalized per head like mlx-lm).
+    pub fn random(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Self {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let qk_shape = [b as i32, t as i32, hk as i32, dk as i32];
+        let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
+        let k = heads(rng, b * t * hk * dk, dk, 1.0);
+        let state = with_state.then(|| {
+            new_f32(
+                &rng.vec(b * hv * dv * dk, 0.5),
+                &[b as i32, hv as i32, dv as i32, dk as i32],
+            )
+        });
+        let mask = with_mask.then(|| {
+            let m: Vec<bool> = (0..b * t).map(|_| rng.below(4) != 0).collect();
+            new_bool(&m, &[b as i32, t as i32])
+        });
+        Recurrence {
+            dims,
+            q: new_bf16(&q, &qk_shape),
+            k: new_bf16(&k, &qk_shape),
+            v: new_bf16(
+                &rng.vec(b * t * hv * dv, 1.0),
+                &[b as i32, t as i32, hv as i32, dv as i32],
+            ),
+            a: new_bf16(&rng.vec(b * t * hv, 2.0), &[b as i32, t as i32, hv as i32]),
+            b: new_bf16(&rng.vec(b * t * hv, 2.0), &[b as i32, t as i32, hv as i32]),
+            a_log: new_f32(&rng.vec(hv, 1.0), &[hv as i32]),
+            dt_bias: new_bf16(&rng.vec(hv, 1.0), &[hv as i32]),
+            state,
+            mask,
+        }
+    }
+
+    /// q, k, v, a, b, a_log, dt_bias.
+    pub fn inputs(&self) -> [H; 7] {
+        [
+            self.q,
+            self.k,
+            self.v,
+            self.a,
+            self.b,
+            self.a_log,
+            self.dt_bias,
+        ]
+    }
+
+    pub fn args(&self) -> [*const mlxk_array; 9] {
+        let [q, k, v, a, b, a_log, dt_bias] = self.inputs();
+        let (state, mask) = (
+            self.state.unwrap_or(null_mut()),
+            self.mask.unwrap_or(null_mut()),
+        );
+        [q, k, v, a, b, a_log, dt_bias, state, mask].map(|h| h as *const mlxk_array)
+    }
+
+    pub fn run(&self) -> (mlxk_status, H, H) {
+        let [q, k, v, a, b, al, dt, s, m] = self.args();
+        let (mut y, mut st) = (null_mut(), null_mut());
+        let status =
+            unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) };
+        (status, y, st)
+    }
+
+    pub fn free(self) {
+        if let Some(s) = self.state {
+            free(s);
+        }
+        self.free_inputs();
+    }
+}
+
+/// Host-side bf16 inputs of a recurrence, from which windows of tokens become handles.
+pub struct HostRecurrence {
+    pub dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    pub q: Vec<u16>,
+    pub k: Vec<u16>,
+    pub v: Vec<u16>,
+    pub a: Vec<u16>,
+    pub b: Vec<u16>,
+    pub a_log: Vec<f32>,
+    pub dt_bias: Vec<u16>,
+}
+
+impl HostRecurrence {
+    pub fn random(rng: &mut Rng, dims: [usize; 6]) -> Self {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let bits = |v: Vec<f32>| -> Vec<u16> { v.iter().map(|&x| bf16_bits(x)).collect() };
+        let q = bits(heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)));
+        let k = bits(heads(rng, b * t * hk * dk, dk, 1.0));
+        HostRecurrence {
+            dims,
+            q,
+            k,
+            v: bits(rng.vec(b * t * hv * dv, 1.0)),
+            a: bits(rng.vec(b * t * hv, 2.0)),
+            b: bits(rng.vec(b * t * hv, 2.0)),
+            a_log: rng.vec(hv, 1.0),
+            dt_bias: bits(rng.vec(hv, 1.0)),
+        }
+    }
+
+    /// Handles for tokens `[t0, t1)` of every row (state and mask left to the caller).
+    pub fn window(&self, t0: usize, t1: usize) -> Recurrence {
+        let [b, t, hk, hv, dk, dv] = self.dims;
+        let w = t1 - t0;
+        let cut = |x: &[u16], per: usize| -> Vec<u16> {
+            (0..b)
+                .flat_map(|row| x[(row * t + t0) * per..(row * t + t1) * per].to_vec())
+                .collect()
+        };
+        let bf = |x: Vec<u16>, shape: &[i32]| new_bytes(as_bytes(&x), shape, MLXK_DTYPE_BFLOAT16);
+        let (bi, wi, hki, hvi, dki, dvi) = (
+            b as i32, w as i32, hk as i32, hv as i32, dk as i32, dv as i32,
+        );
+        Recurrence {
+            dims: [b, w, hk, hv, dk, dv],
+            q: bf(cut(&self.q, hk * dk), &[bi, wi, hki, dki]),
+            k: bf(cut(&self.k, hk * dk), &[bi, wi, hki, dki]),
+            v: bf(cut(&self.v, hv * dv), &[bi, wi, hvi, dvi]),
+            a: bf(cut(&self.a, hv), &[bi, wi, hvi]),
+            b: bf(cut(&self.b, hv), &[bi, wi, hvi]),
+            a_log: new_f32(&self.a_log, &[hvi]),
+            dt_bias: bf(self.dt_bias.clone(), &[hvi]),
+            state: None,
+            mask: None,
+        }
+    }
+}
+
+impl Recurrence {
+    /// Runs the prefix replay on these inputs (q unused).
+    pub fn replay(&self, lengths: &[i32]) -> (mlxk_status, H) {
+        replay(self.args(), lengths)
+    }
+
+    /// Frees everything but the state (which the caller owns).
+    pub fn free_inputs(self) {
+        for h in self.inputs() {
+            free(h);
+        }
+        if let Some(m) = self.mask {
+            free(m);
+        }
+    }
+}
+
+/// `mlxk_gated_delta_state` on an update's arguments (q and the mask unused): its status and
+/// the state it made.
+pub fn replay(args: [*const mlxk_array; 9], lengths: &[i32]) -> (mlxk_status, H) {
+    let [_, k, v, a, b, al, dt, s, _] = args;
+    let (mut out, n) = (null_mut(), lengths.len());
+    let status =
+        unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s, lengths.as_ptr(), n, &mut out) };
+    (status, out)
+}
+
+/// What MLX answers when a kernel's GPU launch is handed a CPU stream (MLX without that GPU).
+pub fn refused_launch(kernels: GpuKernels) -> &'static str {
+    match kernels {
+        GpuKernels::Metal => "No Metal back-end",
+        GpuKernels::Cuda => "No CUDA back-end",
+    }
+}
+
+/// Both GPU launches.
+pub const GPU_KERNELS: [GpuKernels; 2] = [GpuKernels::Metal, GpuKernels::Cuda];
+
+/// Random arguments of `mlxk_gated_delta_update_from_conv` for `dims` = B, T, Hk, Hv, Dk, Dv:
+/// x, q_scale, k_scale, a, b (in `dtype`), a_log (f32), dt_bias (`dtype`), the state (f32, or
+/// NULL without `state`) and the mask (NULL without `mask`; with two rows or more row 0 is
+/// fully masked, the last token is always real).
+pub fn from_conv_arrays(
+    rng: &mut Rng,
+    dims: [usize; 6],
+    dtype: mlxk_dtype,
+    state: bool,
+    mask: bool,
+) -> [H; 9] {
+    let [b, t, hk, hv, dk, dv] = dims;
+    let c = 2 * hk * dk + hv * dv;
+    let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
+    let scale = |rng: &mut Rng, base: f32| -> Vec<f32> {
+        (0..dk).map(|_| base * (0.5 + rng.uniform())).collect()
+    };
+    let qs = scale(rng, (dk as f32).powi(-1));
+    let ks = scale(rng, (dk as f32).powf(-0.5));
+    [
+        typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype),
+        typed(&qs, &[dki], dtype),
+        typed(&ks, &[dki], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        new_f32(&rng.vec(hv, 1.5), &[hvi]),
+        typed(&rng.vec(hv, 1.0), &[hvi], dtype),
+        if state {
+            new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
+        } else {
+            std::ptr::null_mut()
+        },
+        if mask {
+            let m: Vec<bool> = (0..b * t)
+                .map(|i| (b < 2 || i >= t) && (i + 1 == b * t || rng.below(4) != 0))
+                .collect();
+            new_bool(&m, &[bi, ti])
+        } else {
+            std::ptr::null_mut()
+        },
+    ]
+}

@@ -1,0 +1,138 @@
+//! What the pool suites share: host values of one call's inputs and their handles, pool
+//! shapes and random slots, and the reading of a recorded GPU launch.
+#![allow(dead_code)]
+
+use super::*;
+
+/// Host values of one call's inputs (any float dtype for q, k, v), rows of T tokens.
+pub struct Host {
+    pub dims: [usize; 6], // B, T, Hk, Hv, Dk, Dv
+    pub dtype: mlxk_dtype,
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    pub a_log: Vec<f32>,
+    pub dt_bias: Vec<f32>,
+}
+
+impl Host {
+    pub fn random(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype) -> Host {
+        let [b, t, hk, hv, dk, dv] = dims;
+        let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
+        let k = heads(rng, b * t * hk * dk, dk, 1.0);
+        Host {
+            dims,
+            dtype,
+            q,
+            k,
+            v: rng.vec(b * t * hv * dv, 1.0),
+            a: rng.vec(b * t * hv, 2.0),
+            b: rng.vec(b * t * hv, 2.0),
+            a_log: rng.vec(hv, 1.0),
+            dt_bias: rng.vec(hv, 1.0),
+        }
+    }
+
+    /// Handles for rows `rows` (all tokens), or with `packed` the same rows' tokens
+    /// concatenated as one row (`[1, rows·T, ...]`). Tokens `[0, t)` of each row.
+    pub fn arrays(&self, rows: &[usize], t: usize, packed: bool) -> [H; 7] {
+        let [_, tt, hk, hv, dk, dv] = self.dims;
+        let cut = |x: &[f32], per: usize| -> Vec<f32> {
+            rows.iter()
+                .flat_map(|&r| x[r * tt * per..(r * tt + t) * per].to_vec())
+                .collect()
+        };
+        let (b, tt_out) = match packed {
+            true => (1, (rows.len() * t) as i32),
+            false => (rows.len() as i32, t as i32),
+        };
+        let (hk, hv, dk, dv) = (hk as i32, hv as i32, dk as i32, dv as i32);
+        [
+            typed(
+                &cut(&self.q, hk as usize * dk as usize),
+                &[b, tt_out, hk, dk],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.k, hk as usize * dk as usize),
+                &[b, tt_out, hk, dk],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.v, hv as usize * dv as usize),
+                &[b, tt_out, hv, dv],
+                self.dtype,
+            ),
+            typed(
+                &cut(&self.a, hv as usize),
+                &[b, tt_out, hv],
+                MLXK_DTYPE_BFLOAT16,
+            ),
+            typed(
+                &cut(&self.b, hv as usize),
+                &[b, tt_out, hv],
+                MLXK_DTYPE_FLOAT32,
+            ),
+            new_f32(&self.a_log, &[hv]),
+            typed(&self.dt_bias, &[hv], MLXK_DTYPE_BFLOAT16),
+        ]
+    }
+
+    pub fn state_len(&self) -> usize {
+        let [_, _, _, hv, dk, dv] = self.dims;
+        hv * dv * dk
+    }
+}
+
+pub fn free_all(hs: &[H]) {
+    for &h in hs {
+        free(h);
+    }
+}
+
+pub fn pool_shape(host: &Host, n: usize) -> [i32; 4] {
+    let [_, _, _, hv, dk, dv] = host.dims;
+    [n as i32, hv as i32, dv as i32, dk as i32]
+}
+
+/// `b` distinct slots below `n`, about a quarter of them negative (padding rows).
+pub fn random_slots(rng: &mut Rng, b: usize, n: usize) -> Vec<i32> {
+    let mut free_rows: Vec<i32> = (0..n as i32).collect();
+    (0..b)
+        .map(|_| {
+            if free_rows.is_empty() || rng.below(4) == 0 {
+                -1 - rng.below(3) as i32
+            } else {
+                free_rows.swap_remove(rng.below(free_rows.len() as u64) as usize)
+            }
+        })
+        .collect()
+}
+
+pub fn elem_size(dtype: mlxk_dtype) -> usize {
+    if dtype == MLXK_DTYPE_FLOAT32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// A recorded launch's int32 input as values.
+pub fn ints(bytes: &[u8]) -> Vec<i32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| i32::from_ne_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A launch header with the `#include` lines of the CUDA launch replaced by their files.
+pub fn resolved(text: &str) -> String {
+    text.lines()
+        .map(|line| match line.strip_prefix("#include \"") {
+            Some(rest) => std::fs::read_to_string(rest.trim_end_matches('"')).unwrap(),
+            None => format!("{line}\n"),
+        })
+        .collect()
+}
