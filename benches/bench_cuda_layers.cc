@@ -193,7 +193,7 @@ void prefill(int t, int warmup, int iters) {
     mx::eval(r);
   };
   // The chunked (WY) form on the GPU: the prep and scan kernels (kernels/metal/
-  // gated_delta_chunk_*.metal), at the default chunk (32) and at 64.
+  // gated_delta_chunked_*.metal), at the default chunk (32) and at 64.
   auto chunked = [&](int chunk) {
     return [&, chunk] {
       auto h = [](const mx::array& a) { return mlxk::Array::from_mlx(a); };

@@ -288,7 +288,7 @@ mod tests {
         for text in [
             METAL_COMPAT_HEADER,
             GATES_HEADER,
-            crate::metal::GATED_DELTA_SOURCE,
+            crate::metal::gated_delta::GATED_DELTA_SOURCE,
         ] {
             let code = |t: &str| {
                 t.lines()

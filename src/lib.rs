@@ -101,6 +101,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod api;
+mod config;
 #[doc(hidden)]
 pub mod bridge;
 // The C ABI's doc comments are also the header's comments (cbindgen copies them): their
@@ -119,8 +120,6 @@ mod handle;
 mod memory;
 #[doc(hidden)]
 pub mod metal;
-#[doc(hidden)]
-pub mod metal_chunked;
 #[doc(hidden)]
 pub mod node;
 mod ops;

@@ -5,7 +5,7 @@
 
 use crate::bridge;
 use crate::capi::gated_delta::{self, Form};
-use crate::capi::gated_delta_pool::HostRows;
+use crate::capi::gated_delta::pool::HostRows;
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, mlxk_array, Out};
 use crate::dtype::Dtype;
@@ -470,9 +470,9 @@ pub unsafe fn gated_delta_update_pool_via_gpu(
     // SAFETY: the host arrays come from slices of the lengths given; forwarded contract on `y`
     // and `pool_out`.
     unsafe {
-        crate::capi::gated_delta_pool::update(
+        crate::capi::gated_delta::pool::update(
             &kernels.label(entry),
-            form,
+            Ok(form),
             Some(kernels.backend(gpu)),
             args,
             HostRows {
@@ -507,7 +507,7 @@ pub unsafe fn gated_delta_state_pool_via_gpu(
     }
     // SAFETY: as in `gated_delta_update_pool_via_gpu`.
     unsafe {
-        crate::capi::gated_delta_pool::state(
+        crate::capi::gated_delta::pool::state(
             &kernels.label("mlxk_gated_delta_state_pool"),
             Some(kernels.backend(gpu)),
             args,

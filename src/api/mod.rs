@@ -6,7 +6,6 @@ mod array;
 mod device;
 mod gated_delta;
 mod norm;
-mod pool;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -22,7 +21,7 @@ pub use gated_delta::{
 pub use norm::{
     gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads, SiluRmsHeads, SiluRmsHeadsGrads, Split,
 };
-pub use pool::{PoolSlots, PoolUpdate};
+pub use gated_delta::pool::{PoolSlots, PoolUpdate};
 
 use crate::error::{Error, Result};
 

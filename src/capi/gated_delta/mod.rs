@@ -1,9 +1,12 @@
 //! The gated-delta recurrence and its gate: `mlxk_compute_g`, `mlxk_gated_delta_update` (and its
 //! chunked form), `mlxk_gated_delta_state`.
 
+pub mod pool;
+
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};
 use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
+use crate::node::gated_delta::ChunkSize;
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 
@@ -85,6 +88,7 @@ pub(crate) unsafe fn update(
         let (y_array, state_array) = match form {
             Form::Exact(backend) => ops::update(&inputs, backend.unwrap_or_else(Backend::current))?,
             Form::Chunked(chunk, backend) => {
+                let chunk = ChunkSize::from_c(chunk)?;
                 ops::update_chunked(&inputs, chunk, backend.unwrap_or_else(Backend::current))?
             }
         };
@@ -455,7 +459,10 @@ pub(crate) unsafe fn update_vjp_form(
         let backend = backend.unwrap_or_else(Backend::current);
         let grads = match chunk {
             None => ops::update_vjp(&inputs, dy, dstate_out, backend)?,
-            Some(c) => ops::update_chunked_vjp(&inputs, c, dy, dstate_out, backend)?,
+            Some(c) => {
+                let chunk = ChunkSize::from_c(c)?;
+                ops::update_chunked_vjp(&inputs, chunk, dy, dstate_out, backend)?
+            }
         };
         for (out, grad) in outs.into_iter().zip(grads) {
             out.write(mlx.insert(grad));

@@ -2,12 +2,13 @@
 //! the update from the convolution's output on a pool of states addressed by slot, and packed
 //! variable-length prefill (docs/DESIGN.md §4 "Pools and packing").
 
-use super::status::mlxk_status;
-use super::{boundary, distinct_outs, in_slice, mlxk_array, Out};
+use crate::capi::status::mlxk_status;
+use crate::capi::{boundary, distinct_outs, in_slice, mlxk_array, Out};
 use crate::error::{Error, Result};
 use crate::ops::gated_delta::{
     self as ops, FromConvInputs, Inputs, Layout, PoolForm, Slots, StateInputs,
 };
+use crate::node::gated_delta::ChunkSize;
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 
@@ -83,7 +84,7 @@ fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 8]) -> Result<Inputs<'_>> 
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn update(
     function: &str,
-    form: PoolForm,
+    form: Result<PoolForm>,
     backend: Option<Backend>,
     args: [*const mlxk_array; 9],
     rows: HostRows,
@@ -92,7 +93,7 @@ pub(crate) unsafe fn update(
     pool_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary(function, || {
-        let (y, pool_out) = if form == PoolForm::Verify {
+        let (y, pool_out) = if matches!(form, Ok(PoolForm::Verify)) {
             // SAFETY: the documented contract on `y`.
             (unsafe { Out::new(y, "y") }?, None)
         } else {
@@ -113,6 +114,9 @@ pub(crate) unsafe fn update(
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
         let backend = backend.unwrap_or_else(Backend::current);
+        // The chunk size, checked where the C call entered, is reported here, after the
+        // handles and the host arrays.
+        let form = form?;
         let (y_array, pool_array) = ops::update_pool(&inputs, &slots, layout, form, backend)?;
         y.write(mlx.insert(y_array));
         if let (Some(out), Some(array)) = (pool_out, pool_array) {
@@ -170,7 +174,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
     unsafe {
         update(
             "mlxk_gated_delta_update_pool",
-            PoolForm::Update,
+            Ok(PoolForm::Update),
             None,
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
@@ -211,7 +215,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
     unsafe {
         update(
             "mlxk_gated_delta_update_pool_chunked",
-            PoolForm::Chunked(chunk_size),
+            ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
             None,
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
@@ -252,7 +256,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
     unsafe {
         update(
             "mlxk_gated_delta_verify_pool",
-            PoolForm::Verify,
+            Ok(PoolForm::Verify),
             None,
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
@@ -298,7 +302,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
     unsafe {
         update(
             "mlxk_gated_delta_update_packed",
-            PoolForm::Update,
+            Ok(PoolForm::Update),
             None,
             [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
             HostRows {
@@ -339,7 +343,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
     unsafe {
         update(
             "mlxk_gated_delta_update_packed_chunked",
-            PoolForm::Chunked(chunk_size),
+            ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
             None,
             [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
             HostRows {
@@ -478,7 +482,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
         let mut mlx = registry::lock();
         let heads = [key_heads, value_heads, value_width];
         let inputs = FromConvInputs {
-            split: super::silu_rms_heads::inputs(&mlx, [x, q_scale, k_scale], heads, eps)?,
+            split: crate::capi::silu_rms_heads::inputs(&mlx, [x, q_scale, k_scale], heads, eps)?,
             a: mlx.get(a, "a")?,
             b: mlx.get(b, "b")?,
             a_log: mlx.get(a_log, "a_log")?,

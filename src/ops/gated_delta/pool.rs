@@ -16,14 +16,14 @@ use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::node::gated_delta::{Form, Node, Pool, PoolWrite};
+use crate::node::gated_delta::{ChunkSize, Form, Node, Pool, PoolWrite};
 use crate::ops::shape::ArgInfo;
 use crate::ops::Backend;
 
 use super::from_conv::{check_update_from_conv, FromConvInputs};
 use super::graph::{build, Arrays};
 use super::replay::ints_array;
-use super::{check_chunk, check_state, check_update, Inputs, StateInputs};
+use super::{check_state, check_update, Inputs, StateInputs};
 
 /// How the caller names each row's state: pool rows by slot (negative: a padding row), and
 /// optionally rows that start from zeros instead of their slot's state.
@@ -51,8 +51,8 @@ pub enum Layout<'a> {
 pub enum PoolForm {
     /// The exact recurrence; the final states go into the pool.
     Update,
-    /// The chunked form with this chunk size (0: the default).
-    Chunked(i32),
+    /// The chunked form with this chunk size.
+    Chunked(ChunkSize),
     /// The exact recurrence reading the pool and writing no state (speculative verify).
     Verify,
 }
@@ -269,7 +269,7 @@ pub fn update_pool(
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, Option<UniquePtr<Array>>)> {
     let chunk = match form {
-        PoolForm::Chunked(c) => Some(check_chunk(c)?),
+        PoolForm::Chunked(c) => Some(c),
         _ => None,
     };
     let mut node = check_update(x)?;
