@@ -124,6 +124,9 @@ pub mod metal;
 pub mod node;
 mod ops;
 mod registry;
+mod seams;
+mod version;
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
 

@@ -20,10 +20,6 @@ pub mod reduce;
 pub mod silu_rms_heads;
 pub mod simd;
 
-/// Outputs that took over an input's buffer (for tests of the in-place state update).
-pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
-
 /// One kernel call's buffers, as MLX handed them over.
 pub struct Buffers<'a> {
     /// Inputs in launch order; an input whose buffer an output took over is empty here.
@@ -90,7 +86,7 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
         .map(|&a| if a >= 0 { Some(a as usize) } else { None })
         .collect();
     let taken: Vec<usize> = aliased.iter().flatten().copied().collect();
-    IN_PLACE_UPDATES.fetch_add(taken.len(), std::sync::atomic::Ordering::Relaxed);
+    crate::seams::count_in_place_updates(taken.len());
     let inputs = input_ptrs
         .iter()
         .zip(input_bytes)

@@ -85,7 +85,6 @@ fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 8]) -> Result<Inputs<'_>> 
 pub(crate) unsafe fn update(
     function: &str,
     form: Result<PoolForm>,
-    backend: Option<Backend>,
     args: [*const mlxk_array; 9],
     rows: HostRows,
     cu_seqlens: Option<(*const i32, usize)>,
@@ -113,7 +112,7 @@ pub(crate) unsafe fn update(
         let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, mask])?;
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
-        let backend = backend.unwrap_or_else(Backend::current);
+        let backend = Backend::current();
         // The chunk size, checked where the C call entered, is reported here, after the
         // handles and the host arrays.
         let form = form?;
@@ -175,7 +174,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
         update(
             "mlxk_gated_delta_update_pool",
             Ok(PoolForm::Update),
-            None,
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
                 slots,
@@ -216,7 +214,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
         update(
             "mlxk_gated_delta_update_pool_chunked",
             ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
-            None,
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
                 slots,
@@ -257,7 +254,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
         update(
             "mlxk_gated_delta_verify_pool",
             Ok(PoolForm::Verify),
-            None,
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
                 slots,
@@ -303,7 +299,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
         update(
             "mlxk_gated_delta_update_packed",
             Ok(PoolForm::Update),
-            None,
             [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
             HostRows {
                 slots,
@@ -344,7 +339,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
         update(
             "mlxk_gated_delta_update_packed_chunked",
             ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
-            None,
             [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
             HostRows {
                 slots,
@@ -364,7 +358,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
 /// As `update`; `accepted_lengths` holds `rows.n_slots` values.
 pub(crate) unsafe fn state(
     function: &str,
-    backend: Option<Backend>,
     args: [*const mlxk_array; 7],
     rows: HostRows,
     accepted_lengths: *const i32,
@@ -396,7 +389,7 @@ pub(crate) unsafe fn state(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
-        let result = ops::state_pool(&inputs, &slots, backend.unwrap_or_else(Backend::current))?;
+        let result = ops::state_pool(&inputs, &slots, Backend::current())?;
         pool_out.write(mlx.insert(result));
         Ok(())
     })
@@ -432,7 +425,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
     unsafe {
         state(
             "mlxk_gated_delta_state_pool",
-            None,
             [k, v, a, b, a_log, dt_bias, pool],
             HostRows {
                 slots,

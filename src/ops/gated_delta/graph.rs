@@ -1,7 +1,6 @@
 //! The graph building every form of the update shares: the CPU node, or the GPU launch with
 //! its inputs in the kernel's order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use cxx::UniquePtr;
 
@@ -84,7 +83,7 @@ pub(super) fn build_gpu(
         "a pool node reads the pool and its row table (and has no form from the convolution)"
     );
     // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
-    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !crate::seams::gpu_gates_on_cpu();
     let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
     let order = gpu_inputs(node, fused, from_conv.is_some());
     let how = match node.pool.map(|p| p.write) {
@@ -179,11 +178,6 @@ pub(super) fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
     array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
 }
 
-/// Tests only (`crate::testing::gpu_gates_on_cpu`): the GPU kernels' g and beta come from MLX's
-/// CPU ops, which give the CPU kernel's fused gates bit for bit, so a GPU result can be compared
-/// with the CPU kernel's bits where only the gates' transcendentals differ.
-pub(crate) static GPU_GATES_ON_CPU: AtomicBool = AtomicBool::new(false);
-
 /// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops)
 /// and a zero state when none is given (T comes with k's shape).
 pub(super) struct MetalInputs {
@@ -204,7 +198,7 @@ impl MetalInputs {
             )?),
         };
         let gate = |input| caller_array(x, input);
-        let gates_gpu = gpu && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+        let gates_gpu = gpu && !crate::seams::gpu_gates_on_cpu();
         let (g, beta) = if gates {
             (
                 Some(bridge::compute_g(
@@ -245,7 +239,7 @@ pub(super) fn build_gpu_chunked(
         matches!(node.form, Form::Chunked { .. }) && node.pool.is_none(),
         "a dense chunked node"
     );
-    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !crate::seams::gpu_gates_on_cpu();
     let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
     let order = gpu_inputs(node, fused, false);
     let arrays: Vec<&Array> = order

@@ -10,10 +10,7 @@ mod replay;
 mod vjp;
 mod chunked_vjp;
 
-pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};
-pub(crate) use graph::GPU_GATES_ON_CPU;
-pub(crate) use pool::POOL_IN_PLACE;
 pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm, Slots};
 pub use replay::state;
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};

@@ -8,7 +8,6 @@
 //! and is updated in place; on a GPU the kernel writes the rows' new states and MLX's scatter
 //! puts them into the pool (in place under the same rule).
 
-use std::sync::atomic::{AtomicU8, Ordering};
 
 use cxx::UniquePtr;
 
@@ -190,19 +189,11 @@ fn row_table(
     (table, written)
 }
 
-/// Tests only (`crate::testing::pool_in_place`): 1 takes the in-place pool launch on MLX CUDA
-/// whatever MLX exports, 2 never; 0 where MLX exports its command encoder.
-pub(crate) static POOL_IN_PLACE: AtomicU8 = AtomicU8::new(0);
-
 /// Whether a GPU pool call that writes states on `backend` takes the in-place launch
 /// (`PoolWrite::InPlace`: MLX CUDA, its command encoder found).
 fn in_place_launch(backend: Backend) -> bool {
     matches!(backend, Backend::Cuda { .. })
-        && match POOL_IN_PLACE.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => bridge::cuda_pool_in_place_available(),
-        }
+        && crate::seams::pool_in_place().unwrap_or_else(bridge::cuda_pool_in_place_available)
 }
 
 /// The node's state output and the row numbering for a call on `backend` that `writes`
