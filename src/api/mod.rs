@@ -5,7 +5,8 @@
 mod array;
 mod device;
 mod gated_delta;
-mod norm;
+mod gated_rms_norm;
+mod silu_rms_heads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -18,9 +19,8 @@ pub use device::{
 pub use gated_delta::{
     compute_g, GatedDelta, GatedDeltaFromConv, GatedDeltaGrads, StateReplay, Update,
 };
-pub use norm::{
-    gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads, SiluRmsHeads, SiluRmsHeadsGrads, Split,
-};
+pub use gated_rms_norm::{gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads};
+pub use silu_rms_heads::{SiluRmsHeads, SiluRmsHeadsGrads, Split};
 pub use gated_delta::pool::{PoolSlots, PoolUpdate};
 
 use crate::error::{Error, Result};
