@@ -101,9 +101,9 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod api;
-mod config;
 #[doc(hidden)]
 pub mod bridge;
+mod config;
 // The C ABI's doc comments are also the header's comments (cbindgen copies them): their
 // shapes are written as C readers read them, `[B, T, Hv]`, not as intra-doc links.
 #[doc(hidden)]
@@ -125,10 +125,10 @@ pub mod node;
 mod ops;
 mod registry;
 mod seams;
-mod version;
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
+mod version;
 
 pub use api::*;
 pub use dtype::Dtype;

@@ -4,8 +4,8 @@
 //! a GPU.
 
 use crate::bridge;
-use crate::capi::gated_delta::{self, Form};
 use crate::capi::gated_delta::pool::HostRows;
+use crate::capi::gated_delta::{self, Form};
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, mlxk_array, Out};
 use crate::dtype::Dtype;
@@ -342,12 +342,7 @@ pub unsafe fn gated_rms_norm_via_gpu(
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `out`.
     forced(kernels, gpu, || unsafe {
-        crate::capi::gated_rms_norm::norm(
-            &kernels.label("mlxk_gated_rms_norm"),
-            arrays,
-            eps,
-            out,
-        )
+        crate::capi::gated_rms_norm::norm(&kernels.label("mlxk_gated_rms_norm"), arrays, eps, out)
     })
 }
 
@@ -365,11 +360,7 @@ pub unsafe fn gated_delta_update_vjp_via_gpu(
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `outs`.
     forced(kernels, gpu, || unsafe {
-        gated_delta::update_vjp(
-            &kernels.label("mlxk_gated_delta_update_vjp"),
-            args,
-            outs,
-        )
+        gated_delta::update_vjp(&kernels.label("mlxk_gated_delta_update_vjp"), args, outs)
     })
 }
 

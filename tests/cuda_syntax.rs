@@ -246,8 +246,7 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                 let c = backward_chunk(chunk);
                 let scratch = backward_chunked_scratch(n.dims, c);
                 for stage in 0..CHUNKED_BACKWARD_STAGES {
-                    let l =
-                        gated_delta_chunked_backward_launch(&n, c, stage);
+                    let l = gated_delta_chunked_backward_launch(&n, c, stage);
                     let mut plain = l.clone();
                     plain
                         .input_names

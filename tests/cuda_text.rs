@@ -40,13 +40,22 @@ fn stripped_kernel_texts_keep_every_token() {
         ("metal_compat.cuh", METAL_COMPAT_HEADER),
         ("gates.cuh", GATES_HEADER),
         ("gated_delta.metal", metal::gated_delta::GATED_DELTA_SOURCE),
-        ("gated_delta_state.metal", metal::gated_delta::GATED_DELTA_STATE_SOURCE),
+        (
+            "gated_delta_state.metal",
+            metal::gated_delta::GATED_DELTA_STATE_SOURCE,
+        ),
         (
             "gated_delta_backward.metal",
             metal::gated_delta::GATED_DELTA_BACKWARD_SOURCE,
         ),
-        ("silu_rms_heads.metal", metal::silu_rms_heads::SILU_RMS_HEADS_SOURCE),
-        ("gated_rms_norm.metal", metal::gated_rms_norm::GATED_RMS_NORM_SOURCE),
+        (
+            "silu_rms_heads.metal",
+            metal::silu_rms_heads::SILU_RMS_HEADS_SOURCE,
+        ),
+        (
+            "gated_rms_norm.metal",
+            metal::gated_rms_norm::GATED_RMS_NORM_SOURCE,
+        ),
         (
             "gated_delta_chunked_prep.metal",
             metal::gated_delta::chunked::GATED_DELTA_CHUNKED_PREP_SOURCE,

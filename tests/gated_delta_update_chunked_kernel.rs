@@ -36,10 +36,10 @@
 //! its own check.)
 
 use half::{bf16, f16};
+use mlxkern::cpu::elem::Elem;
 use mlxkern::cpu::gated_delta::chunked::{
     chunked_recurrence, chunked_recurrence_with, ChunkSize, ChunkedOptions, Products,
 };
-use mlxkern::cpu::elem::Elem;
 use mlxkern::cpu::gated_delta::{Dims, StateIn};
 use mlxkern::cpu::reduce::simd_sum;
 use std::time::Instant;

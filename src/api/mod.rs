@@ -16,12 +16,12 @@ pub use device::{
     mlx_version, set_cache_limit, set_default_device, set_memory_limit, version, Device,
     GpuBackend, MlxLock,
 };
+pub use gated_delta::pool::{PoolSlots, PoolUpdate};
 pub use gated_delta::{
     compute_g, GatedDelta, GatedDeltaFromConv, GatedDeltaGrads, StateReplay, Update,
 };
 pub use gated_rms_norm::{gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads};
 pub use silu_rms_heads::{SiluRmsHeads, SiluRmsHeadsGrads, Split};
-pub use gated_delta::pool::{PoolSlots, PoolUpdate};
 
 use crate::error::{Error, Result};
 

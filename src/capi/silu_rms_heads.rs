@@ -120,11 +120,7 @@ pub(crate) unsafe fn split_vjp(
             mlx.get_opt(cotangents[1], "dk")?,
             mlx.get_opt(cotangents[2], "dv")?,
         ];
-        let grads = ops::split_vjp(
-            &inputs,
-            cotangents,
-            Backend::current(),
-        )?;
+        let grads = ops::split_vjp(&inputs, cotangents, Backend::current())?;
         for (out, grad) in [dx, dqs, dks].into_iter().zip(grads) {
             out.write(mlx.insert(grad));
         }

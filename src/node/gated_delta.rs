@@ -602,7 +602,13 @@ mod tests {
                 packed: true,
             }),
         ];
-        for form in [Form::Exact, Form::Chunked { chunk: ChunkSize::new(48).unwrap() }, Form::State] {
+        for form in [
+            Form::Exact,
+            Form::Chunked {
+                chunk: ChunkSize::new(48).unwrap(),
+            },
+            Form::State,
+        ] {
             for (s, m) in [(false, false), (true, false), (false, true), (true, true)] {
                 for pool in pools {
                     let n = Node {

@@ -7,8 +7,8 @@ use std::ptr::null_mut;
 
 pub use mlxkern::capi::array::*;
 pub use mlxkern::capi::device::*;
-pub use mlxkern::capi::gated_delta::*;
 pub use mlxkern::capi::gated_delta::pool::*;
+pub use mlxkern::capi::gated_delta::*;
 pub use mlxkern::capi::mlx::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;

@@ -5,8 +5,8 @@ pub mod pool;
 
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};
-use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
 use crate::node::gated_delta::ChunkSize;
+use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 
@@ -170,8 +170,7 @@ pub(crate) unsafe fn update_from_conv(
             state: mlx.get_opt(state, "state")?,
             mask: mlx.get_opt(mask, "mask")?,
         };
-        let (y_array, state_array) =
-            ops::update_from_conv(&inputs, Backend::current())?;
+        let (y_array, state_array) = ops::update_from_conv(&inputs, Backend::current())?;
         y.write(mlx.insert(y_array));
         state_out.write(mlx.insert(state_array));
         Ok(())

@@ -5,10 +5,10 @@
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, distinct_outs, in_slice, mlxk_array, Out};
 use crate::error::{Error, Result};
+use crate::node::gated_delta::ChunkSize;
 use crate::ops::gated_delta::{
     self as ops, FromConvInputs, Inputs, Layout, PoolForm, Slots, StateInputs,
 };
-use crate::node::gated_delta::ChunkSize;
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
 

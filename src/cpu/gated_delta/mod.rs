@@ -5,9 +5,9 @@
 //! types here are shared with the chunked form.
 
 pub mod backward;
-pub mod chunked;
 #[cfg(target_arch = "x86_64")]
 mod backward_avx2;
+pub mod chunked;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;

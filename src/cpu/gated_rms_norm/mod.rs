@@ -164,12 +164,12 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
+    use super::{threads, Problem};
     use crate::cpu::math::rsqrt;
     use crate::cpu::reduce::simd_sum;
     use crate::cpu::simd::avx2::{
         add_squares, butterfly, gate_table, load_n, lookup, lookup8, sigmoid, store_n, Lanes,
     };
-    use super::{threads, Problem};
 
     /// As `rows_portable`.
     ///
@@ -335,12 +335,12 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
+    use super::{threads, Problem};
     use crate::cpu::math::rsqrt;
     use crate::cpu::reduce::simd_sum;
     use crate::cpu::simd::avx2::gate_table;
     use crate::cpu::simd::avx512::{add_squares, butterfly, lookup16_f32};
     use crate::cpu::simd::Lanes;
-    use super::{threads, Problem};
 
     /// As `rows_portable`.
     ///

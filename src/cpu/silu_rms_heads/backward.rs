@@ -18,10 +18,10 @@
 
 use half::{bf16, f16};
 
+use super::Dims;
 use crate::cpu::elem::{narrow, Elem, Floats};
 use crate::cpu::grad::{normalize, part_mut, rms_backward, row_jobs, silu_and_slope, Partials};
 use crate::cpu::pool::{self, SharedMut};
-use super::Dims;
 use crate::cpu::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::silu_rms_heads::{Backward, BackwardInput};

@@ -209,11 +209,11 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
+    use super::Problem;
     use crate::cpu::math::rsqrt;
     use crate::cpu::simd::avx2::{
         add_squares, butterfly, load_n, lookup, lookup8_u16, silu, silu_table, store_n, Lanes,
     };
-    use super::Problem;
 
     /// As `heads_portable`.
     ///
@@ -360,11 +360,11 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
+    use super::Problem;
     use crate::cpu::math::rsqrt;
     use crate::cpu::simd::avx2::silu_table;
     use crate::cpu::simd::avx512::{add_squares, butterfly, first, lookup16_u16};
     use crate::cpu::simd::Lanes;
-    use super::Problem;
 
     /// As `heads_portable`.
     ///

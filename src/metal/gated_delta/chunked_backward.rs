@@ -11,9 +11,9 @@
 
 use std::sync::OnceLock;
 
+use super::super::{launch, names, token_variants};
 use crate::bridge::MetalLaunch;
 use crate::dtype::Dtype;
-use super::super::{launch, names, token_variants};
 use crate::node::gated_delta::{ChunkSize, Dims, Node};
 use crate::node::Output;
 

@@ -17,7 +17,8 @@ use crate::node::Output;
 pub const GATED_DELTA_SOURCE: &str = include_str!("../../../kernels/metal/gated_delta.metal");
 
 /// The prefix-state replay kernel body.
-pub const GATED_DELTA_STATE_SOURCE: &str = include_str!("../../../kernels/metal/gated_delta_state.metal");
+pub const GATED_DELTA_STATE_SOURCE: &str =
+    include_str!("../../../kernels/metal/gated_delta_state.metal");
 
 /// The header of a pool node's launch (`node::gated_delta::Pool`): the recurrence and replay
 /// texts read the row table `rows` (each row's first token, span, length, source and

@@ -1,7 +1,6 @@
 //! The update from the convolution's output (`mlxk_gated_delta_update_from_conv`): the head
 //! split and the update in one call, and which calls take the one GPU kernel.
 
-
 use cxx::UniquePtr;
 
 use crate::bridge::Array;

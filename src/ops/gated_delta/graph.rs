@@ -1,7 +1,6 @@
 //! The graph building every form of the update shares: the CPU node, or the GPU launch with
 //! its inputs in the kernel's order.
 
-
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array};

@@ -3,12 +3,12 @@
 //! prefix replay in `replay`, the gradients in `vjp`, and the graph building all of them share
 //! in `graph`.
 
+mod chunked_vjp;
 mod from_conv;
 mod graph;
 mod pool;
 mod replay;
 mod vjp;
-mod chunked_vjp;
 
 pub use from_conv::{update_from_conv, FromConvInputs};
 pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm, Slots};

@@ -8,7 +8,6 @@
 //! and is updated in place; on a GPU the kernel writes the rows' new states and MLX's scatter
 //! puts them into the pool (in place under the same rule).
 
-
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array};

@@ -13,8 +13,8 @@ use crate::node::Words;
 use crate::ops::shape::ArgInfo;
 use crate::ops::{cpu_node, gpu_node, silu_rms_heads, Backend};
 
-use super::graph::{caller_array, gpu_inputs};
 use super::chunked_vjp;
+use super::graph::{caller_array, gpu_inputs};
 use super::{check_update, Inputs};
 
 /// The gradients of one update, as `mlxk_gated_delta_update_vjp` returns them: dq, dk, dv, da,
