@@ -24,7 +24,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers test-layers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -51,10 +51,15 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers test-python
+test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers test-python
 
 test-rust:
 	$(CARGO) test
+
+# docs/layers.md is what scripts/docs/layers.py prints from the code, and no import breaks the
+# layer rule.
+test-layers:
+	python3 scripts/docs/layers.py --check
 
 # The crate's documentation (the safe Rust API) builds without a warning; `cargo test` runs its
 # examples (doctests).

@@ -326,7 +326,7 @@ CHUNK, HV, DK, DV = 32, 32, 128, 128
 
 def chunked_forward_flops(tokens):
     """Multiply-adds of the chunked forward's products at the bench's dims, times two: per token
-    and value head 3·Dk·Dv + C·(Dk + Dv) (src/cpu/chunked/mod.rs's count)."""
+    and value head 3·Dk·Dv + C·(Dk + Dv) (src/cpu/gated_delta/chunked/mod.rs's count)."""
     return 2.0 * tokens * HV * (3 * DK * DV + CHUNK * (DK + DV))
 
 

@@ -119,7 +119,7 @@ pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
 /// hashes a custom kernel's whole text on every evaluation (and `cuda_kernel` assembles it
 /// anew on every call), so shorter text is cheaper per launch (bench-cuda's dispatch rows: 10 KB
 /// more text, 0.9 µs more a node in a pipelined decode on an H200 host); NVRTC compiles the same
-/// code (tests/cuda_text.rs compares the tokens). The kernel texts have no string literals: a
+/// code (tests/cuda/text.rs compares the tokens). The kernel texts have no string literals: a
 /// `//` after a `"` on its line is kept, in case.
 pub fn strip_comments(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -288,7 +288,7 @@ mod tests {
         for text in [
             METAL_COMPAT_HEADER,
             GATES_HEADER,
-            crate::metal::GATED_DELTA_SOURCE,
+            crate::metal::gated_delta::GATED_DELTA_SOURCE,
         ] {
             let code = |t: &str| {
                 t.lines()

@@ -103,6 +103,7 @@
 mod api;
 #[doc(hidden)]
 pub mod bridge;
+mod config;
 // The C ABI's doc comments are also the header's comments (cbindgen copies them): their
 // shapes are written as C readers read them, `[B, T, Hv]`, not as intra-doc links.
 #[doc(hidden)]
@@ -120,13 +121,14 @@ mod memory;
 #[doc(hidden)]
 pub mod metal;
 #[doc(hidden)]
-pub mod metal_chunked;
-#[doc(hidden)]
 pub mod node;
 mod ops;
 mod registry;
+mod seams;
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing;
+mod version;
 
 pub use api::*;
 pub use dtype::Dtype;

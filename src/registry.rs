@@ -80,6 +80,8 @@ static MLX: LazyLock<Mutex<Mlx>> = LazyLock::new(|| {
     // A host's graph may hold nodes whose code is in this library (lazy outputs handed over
     // with mlxk_array_to_mlx): keep the library mapped even if the host dlcloses it.
     crate::bridge::pin_library();
+    // The environment's settings, read once before the first graph is built.
+    crate::config::get();
     Mutex::new(Mlx {
         next_token: FIRST_TOKEN,
         arrays: HashMap::with_hasher(TokenHash),

@@ -4,8 +4,8 @@
 //! a GPU.
 
 use crate::bridge;
+use crate::capi::gated_delta::pool::HostRows;
 use crate::capi::gated_delta::{self, Form};
-use crate::capi::gated_delta_pool::HostRows;
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, mlxk_array, Out};
 use crate::dtype::Dtype;
@@ -46,7 +46,7 @@ pub fn pool_in_place(mode: Option<bool>) {
         Some(true) => 1,
         Some(false) => 2,
     };
-    crate::ops::gated_delta::POOL_IN_PLACE.store(code, std::sync::atomic::Ordering::Relaxed);
+    crate::seams::switches::POOL_IN_PLACE.store(code, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The address of an array's data after evaluating it (a pool updated in place keeps it).
@@ -76,20 +76,20 @@ pub fn array_data_address(a: &crate::Array) -> usize {
 
 /// How many CPU kernel outputs so far took over an input's buffer (state updated in place).
 pub fn in_place_updates() -> usize {
-    crate::cpu::IN_PLACE_UPDATES.load(std::sync::atomic::Ordering::Relaxed)
+    crate::seams::switches::IN_PLACE_UPDATES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Makes the CPU kernels use their portable (non-SIMD) row code (`true`) or pick the fastest
 /// the machine supports (`false`). Process-wide; tests that flip it run in their own binary.
 pub fn force_portable_kernels(portable: bool) {
-    crate::cpu::features::FORCE_PORTABLE.store(portable, std::sync::atomic::Ordering::Relaxed);
+    crate::seams::switches::FORCE_PORTABLE.store(portable, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Makes the CPU kernels use their AVX2 code on a CPU with AVX-512 (`true`) or pick the
 /// fastest the machine supports (`false`); `force_portable_kernels(true)` still wins.
 /// Process-wide; tests that flip it run in their own binary.
 pub fn force_avx2_kernels(avx2: bool) {
-    crate::cpu::features::FORCE_AVX2.store(avx2, std::sync::atomic::Ordering::Relaxed);
+    crate::seams::switches::FORCE_AVX2.store(avx2, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The CPU features the kernels use now: `(avx2, avx512)`, after the switches above
@@ -151,14 +151,14 @@ pub unsafe fn mlx_sigmoid(x: *const mlxk_array, out: *mut *mut mlxk_array) -> ml
 /// the CPU kernel's fused gates bit for bit, instead of MLX's GPU ops (`false`, the library's
 /// behaviour). With it, a GPU result must equal the CPU kernel's bits. Process-wide.
 pub fn gpu_gates_on_cpu(on_cpu: bool) {
-    crate::ops::gated_delta::GPU_GATES_ON_CPU.store(on_cpu, std::sync::atomic::Ordering::Relaxed);
+    crate::seams::switches::GPU_GATES_ON_CPU.store(on_cpu, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Makes `mlxk_gated_delta_update_from_conv` build its one GPU kernel for any number of tokens
 /// (`true`), not only for one (`false`, the library's behaviour), so that tests check that
 /// kernel at T > 1 too. Process-wide.
 pub fn from_conv_one_kernel_any_tokens(on: bool) {
-    crate::ops::gated_delta::FROM_CONV_ANY_T.store(on, std::sync::atomic::Ordering::Relaxed);
+    crate::seams::switches::FROM_CONV_ANY_T.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Threads the CPU kernels use (the calling thread plus the pool's helpers).
@@ -173,6 +173,21 @@ pub enum GpuKernels {
     Metal,
     /// `mx::fast::cuda_kernel` on the same text (`crate::cuda`).
     Cuda,
+}
+
+/// Runs `call` with this thread's calls taking `kernels`' backend (`gpu = false`: on a CPU
+/// stream) instead of the default device's (`crate::seams::forced_backend`).
+fn forced<R>(kernels: GpuKernels, gpu: bool, call: impl FnOnce() -> R) -> R {
+    use crate::seams::switches::FORCED_BACKEND;
+    struct Restore(Option<i64>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FORCED_BACKEND.with(|b| b.set(self.0));
+        }
+    }
+    let code = kernels.backend(gpu).code();
+    let _restore = Restore(FORCED_BACKEND.with(|b| b.replace(Some(code))));
+    call()
 }
 
 impl GpuKernels {
@@ -202,15 +217,15 @@ pub unsafe fn gated_delta_update_chunked_via_gpu(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `y` and `state_out`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         gated_delta::update(
             &kernels.label("mlxk_gated_delta_update_chunked"),
-            Form::Chunked(chunk_size, Some(kernels.backend(gpu))),
+            Form::Chunked(chunk_size),
             args,
             y,
             state_out,
         )
-    }
+    })
 }
 
 /// `mlxk_gated_delta_update` forced through a GPU launch (`gpu = false`: on a CPU stream,
@@ -228,15 +243,15 @@ pub unsafe fn gated_delta_update_via_gpu(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `y` and `state_out`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         gated_delta::update(
             &kernels.label("mlxk_gated_delta_update"),
-            Form::Exact(Some(kernels.backend(gpu))),
+            Form::Exact,
             args,
             y,
             state_out,
         )
-    }
+    })
 }
 
 /// `mlxk_gated_delta_state` forced through a GPU launch (see [`gated_delta_update_via_gpu`]).
@@ -251,16 +266,15 @@ pub unsafe fn gated_delta_state_via_gpu(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     // SAFETY: the lengths come from a slice; forwarded contract on `state_out`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         gated_delta::build_state(
             &kernels.label("mlxk_gated_delta_state"),
-            Some(kernels.backend(gpu)),
             args,
             accepted_lengths.as_ptr(),
             accepted_lengths.len(),
             state_out,
         )
-    }
+    })
 }
 
 /// `mlxk_silu_rms_heads` through a GPU launch (`gpu = false`: a CPU stream, which MLX
@@ -277,16 +291,15 @@ pub unsafe fn silu_rms_heads_via_gpu(
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `outs`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         crate::capi::silu_rms_heads::split(
             &kernels.label("mlxk_silu_rms_heads"),
-            Some(kernels.backend(gpu)),
             arrays,
             heads,
             eps,
             outs,
         )
-    }
+    })
 }
 
 /// `mlxk_gated_delta_update_from_conv` through a GPU launch (`gpu = false`: a CPU stream, which
@@ -304,17 +317,16 @@ pub unsafe fn gated_delta_update_from_conv_via_gpu(
     state_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `y` and `state_out`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         gated_delta::update_from_conv(
             &kernels.label("mlxk_gated_delta_update_from_conv"),
-            Some(kernels.backend(gpu)),
             arrays,
             heads,
             eps,
             y,
             state_out,
         )
-    }
+    })
 }
 
 /// `mlxk_gated_rms_norm` through a GPU launch.
@@ -329,15 +341,9 @@ pub unsafe fn gated_rms_norm_via_gpu(
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `out`.
-    unsafe {
-        crate::capi::gated_rms_norm::norm(
-            &kernels.label("mlxk_gated_rms_norm"),
-            Some(kernels.backend(gpu)),
-            arrays,
-            eps,
-            out,
-        )
-    }
+    forced(kernels, gpu, || unsafe {
+        crate::capi::gated_rms_norm::norm(&kernels.label("mlxk_gated_rms_norm"), arrays, eps, out)
+    })
 }
 
 /// `mlxk_gated_delta_update_vjp` through its GPU path, the MLX ops backward (`gpu = false`: on
@@ -353,14 +359,9 @@ pub unsafe fn gated_delta_update_vjp_via_gpu(
     outs: [*mut *mut mlxk_array; 8],
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `outs`.
-    unsafe {
-        gated_delta::update_vjp(
-            &kernels.label("mlxk_gated_delta_update_vjp"),
-            Some(kernels.backend(gpu)),
-            args,
-            outs,
-        )
-    }
+    forced(kernels, gpu, || unsafe {
+        gated_delta::update_vjp(&kernels.label("mlxk_gated_delta_update_vjp"), args, outs)
+    })
 }
 
 /// `mlxk_gated_delta_update_chunked_vjp` through its GPU path (see
@@ -377,15 +378,14 @@ pub unsafe fn gated_delta_update_chunked_vjp_via_gpu(
     outs: [*mut *mut mlxk_array; 8],
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `outs`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         gated_delta::update_vjp_form(
             &kernels.label("mlxk_gated_delta_update_chunked_vjp"),
-            Some(kernels.backend(gpu)),
             Some(chunk_size),
             args,
             outs,
         )
-    }
+    })
 }
 
 /// `mlxk_silu_rms_heads_vjp` through its GPU path (see [`gated_delta_update_vjp_via_gpu`]).
@@ -402,17 +402,16 @@ pub unsafe fn silu_rms_heads_vjp_via_gpu(
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `outs`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         crate::capi::silu_rms_heads::split_vjp(
             &kernels.label("mlxk_silu_rms_heads_vjp"),
-            Some(kernels.backend(gpu)),
             arrays,
             heads,
             eps,
             cotangents,
             outs,
         )
-    }
+    })
 }
 
 /// `mlxk_gated_rms_norm_vjp` through its GPU path (see [`gated_delta_update_vjp_via_gpu`]).
@@ -428,16 +427,15 @@ pub unsafe fn gated_rms_norm_vjp_via_gpu(
     outs: [*mut *mut mlxk_array; 3],
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `outs`.
-    unsafe {
+    forced(kernels, gpu, || unsafe {
         crate::capi::gated_rms_norm::norm_vjp(
             &kernels.label("mlxk_gated_rms_norm_vjp"),
-            Some(kernels.backend(gpu)),
             arrays,
             eps,
             dout,
             outs,
         )
-    }
+    })
 }
 
 /// Pool calls through a GPU launch (see [`gated_delta_update_via_gpu`]): the update
@@ -469,11 +467,10 @@ pub unsafe fn gated_delta_update_pool_via_gpu(
     };
     // SAFETY: the host arrays come from slices of the lengths given; forwarded contract on `y`
     // and `pool_out`.
-    unsafe {
-        crate::capi::gated_delta_pool::update(
+    forced(kernels, gpu, || unsafe {
+        crate::capi::gated_delta::pool::update(
             &kernels.label(entry),
-            form,
-            Some(kernels.backend(gpu)),
+            Ok(form),
             args,
             HostRows {
                 slots: slots.as_ptr(),
@@ -484,7 +481,7 @@ pub unsafe fn gated_delta_update_pool_via_gpu(
             y,
             pool_out,
         )
-    }
+    })
 }
 
 /// `mlxk_gated_delta_state_pool` through a GPU launch (see [`gated_delta_update_via_gpu`]).
@@ -506,10 +503,9 @@ pub unsafe fn gated_delta_state_pool_via_gpu(
         assert_eq!(f.len(), slots.len(), "one fresh flag per slot");
     }
     // SAFETY: as in `gated_delta_update_pool_via_gpu`.
-    unsafe {
-        crate::capi::gated_delta_pool::state(
+    forced(kernels, gpu, || unsafe {
+        crate::capi::gated_delta::pool::state(
             &kernels.label("mlxk_gated_delta_state_pool"),
-            Some(kernels.backend(gpu)),
             args,
             HostRows {
                 slots: slots.as_ptr(),
@@ -519,13 +515,13 @@ pub unsafe fn gated_delta_state_pool_via_gpu(
             accepted_lengths.as_ptr(),
             pool_out,
         )
-    }
+    })
 }
 
 /// Makes every GPU launch the library hands to MLX be kept, with its inputs, for
 /// [`last_gpu_launch`] (`true`), or not (`false`, the library's behaviour). Process-wide.
 pub fn record_gpu_launches(on: bool) {
-    crate::ops::RECORD_GPU_LAUNCHES.store(on, std::sync::atomic::Ordering::Relaxed);
+    crate::seams::switches::RECORD_GPU_LAUNCHES.store(on, std::sync::atomic::Ordering::Relaxed);
     if !on {
         let _mlx = registry::lock();
         *crate::ops::LAST_GPU_LAUNCH

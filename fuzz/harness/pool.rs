@@ -11,7 +11,7 @@
 use std::ptr::{null, null_mut};
 
 use super::*;
-use mlxkern::capi::gated_delta_pool::*;
+use mlxkern::capi::gated_delta::pool::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {

@@ -1,6 +1,6 @@
 // Gated DeltaNet recurrence, backward pass in chunked (WY / UT) form (mlxkern): the gradients
 // of sum(dy * y) + sum(dstate_out * state_out) with respect to q, k, v, the gates g and beta and
-// the initial state, for the chunked form's maths (src/cpu/chunked/mod.rs; docs/DESIGN.md §4,
+// the initial state, for the chunked form's maths (src/cpu/gated_delta/chunked/mod.rs; docs/DESIGN.md §4,
 // "Gradients"). Five kernels, one per stage, chosen by MLXK_CBWD_STAGE (the launch's header),
 // run in sequence as nodes of one graph:
 //
@@ -21,7 +21,7 @@
 // identity step: g = 1, beta = 0, dy = 0; all its gradients are +0.
 //
 // Every stage: threadgroups of NT threads (NT / 32 SIMD groups) along grid x, one per work item
-// (grid x = NT * items). Inputs and outputs as src/metal_chunked.rs lists them; scratch arrays
+// (grid x = NT * items). Inputs and outputs as src/metal/gated_delta/chunked_backward.rs lists them; scratch arrays
 // are f32: per head [n = b * Hv + hv] and token [n, T, X], per chunk [n, NC, C, C], kept states
 // [n, NC, Dv, Dk]. Tin = {T}; mask [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
 // Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, <= 32), TN (value columns of a tile), NT.

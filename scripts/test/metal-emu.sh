@@ -6,7 +6,7 @@
 # recurrence's backward pass: within a measured tolerance, its exact invariants bit for bit).
 #
 #   1. rustc builds tests/metal_emu/launches.rs (with its modules cases.rs and describe.rs)
-#      around the library's src/metal.rs and prints the launch descriptions of every case;
+#      around the library's src/metal/ and prints the launch descriptions of every case;
 #   2. tests/metal_emu/signatures.cc asks MLX for the kernel text of each launch and writes the
 #      kernels (signature + #include of the kernel file) and launchers;
 #   3. the harness runs every case; then the diagnostic variant build re-runs the head split.
@@ -78,9 +78,9 @@ stale() {
 
 HEADERS=("$SRC"/*.h)
 
-# 1. The launch descriptions, from src/metal.rs.
+# 1. The launch descriptions, from src/metal/.
 if stale "$OUT/launches" "$SRC/launches.rs" "$SRC/cases.rs" "$SRC/describe.rs" \
-  "$ROOT/src/metal.rs" "$ROOT/src/metal_chunked.rs" "$ROOT/src/dtype.rs" "$ROOT"/kernels/metal/*.metal \
+  "$ROOT"/src/metal/*.rs "$ROOT"/src/metal/*/*.rs "$ROOT/src/dtype.rs" "$ROOT"/kernels/metal/*.metal \
   "$ROOT"/kernels/metal/*.h "$ROOT"/src/node/*.rs; then
   "$RUSTC" --edition 2021 -O --crate-name metal_emu_launches -o "$OUT/launches" \
     "$SRC/launches.rs" || fail "building tests/metal_emu/launches.rs"

@@ -76,12 +76,12 @@ pub fn set_cache_limit(bytes: usize) {
 
 /// This library's version, e.g. "0.1.0".
 pub fn version() -> &'static str {
-    env!("CARGO_PKG_VERSION")
+    crate::version::VERSION
 }
 
 /// The version of this library's C ABI (the header's `MLXK_ABI_VERSION`).
 pub fn abi_version() -> u32 {
-    crate::capi::status::mlxk_abi_version()
+    crate::version::ABI_VERSION
 }
 
 /// The version of the libmlx loaded in this process, e.g. "0.32.4".

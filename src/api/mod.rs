@@ -5,8 +5,8 @@
 mod array;
 mod device;
 mod gated_delta;
-mod norm;
-mod pool;
+mod gated_rms_norm;
+mod silu_rms_heads;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -16,13 +16,12 @@ pub use device::{
     mlx_version, set_cache_limit, set_default_device, set_memory_limit, version, Device,
     GpuBackend, MlxLock,
 };
+pub use gated_delta::pool::{PoolSlots, PoolUpdate};
 pub use gated_delta::{
     compute_g, GatedDelta, GatedDeltaFromConv, GatedDeltaGrads, StateReplay, Update,
 };
-pub use norm::{
-    gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads, SiluRmsHeads, SiluRmsHeadsGrads, Split,
-};
-pub use pool::{PoolSlots, PoolUpdate};
+pub use gated_rms_norm::{gated_rms_norm, GatedRmsNorm, GatedRmsNormGrads};
+pub use silu_rms_heads::{SiluRmsHeads, SiluRmsHeadsGrads, Split};
 
 use crate::error::{Error, Result};
 

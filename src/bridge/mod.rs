@@ -265,7 +265,6 @@ pub mod ffi {
     }
 }
 
-use crate::cpu::mlxk_cpu_kernel;
 pub use ffi::*;
 
 use cxx::UniquePtr;
@@ -365,6 +364,54 @@ fn mlxk_gpu_vjp(
         build(kernel, params, &primals, &cotangents).map_err(|e| format!("mlxkern: {e}"))?;
     let refs: Vec<&Array> = grads.iter().map(|g| &**g).collect();
     Ok(list(&refs))
+}
+
+/// Runs CPU kernel `kernel` on buffers MLX allocated: `mlxk_cpu_kernel`'s arguments, with the
+/// same contract.
+pub type CpuKernel = unsafe fn(
+    u32,
+    &[i64],
+    &[usize],
+    &[usize],
+    &[usize],
+    &[usize],
+    &[i32],
+) -> std::result::Result<(), String>;
+
+static CPU_KERNEL: std::sync::OnceLock<CpuKernel> = std::sync::OnceLock::new();
+
+/// Installs the CPU kernels' entry (`crate::ops` does, before it makes a CPU node): like the GPU
+/// backward builder, the bridge reaches the CPU kernels through the pointer, not an import.
+pub fn install_cpu_kernel(run: CpuKernel) {
+    let _ = CPU_KERNEL.set(run);
+}
+
+/// # Safety
+/// The contract of `ffi::mlxk_cpu_kernel`.
+unsafe fn mlxk_cpu_kernel(
+    kernel: u32,
+    params: &[i64],
+    input_ptrs: &[usize],
+    input_bytes: &[usize],
+    output_ptrs: &[usize],
+    output_bytes: &[usize],
+    aliased: &[i32],
+) -> std::result::Result<(), String> {
+    let run = CPU_KERNEL
+        .get()
+        .ok_or_else(|| "mlxkern: no CPU kernel entry is installed".to_string())?;
+    // SAFETY: forwarded contract.
+    unsafe {
+        run(
+            kernel,
+            params,
+            input_ptrs,
+            input_bytes,
+            output_ptrs,
+            output_bytes,
+            aliased,
+        )
+    }
 }
 
 fn mlxk_kernel_name(kernel: u32) -> String {

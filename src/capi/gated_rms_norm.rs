@@ -10,7 +10,6 @@ use crate::registry;
 /// `out` is NULL or valid for writing one handle.
 pub(crate) unsafe fn norm(
     function: &str,
-    backend: Option<Backend>,
     arrays: [*const mlxk_array; 3],
     eps: f32,
     out: *mut *mut mlxk_array,
@@ -25,7 +24,7 @@ pub(crate) unsafe fn norm(
             weight: mlx.get(arrays[2], "weight")?,
             eps,
         };
-        let result = ops::norm(&inputs, backend.unwrap_or_else(Backend::current))?;
+        let result = ops::norm(&inputs, Backend::current())?;
         out.write(mlx.insert(result));
         Ok(())
     })
@@ -51,14 +50,13 @@ pub unsafe extern "C" fn mlxk_gated_rms_norm(
     out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `out`.
-    unsafe { norm("mlxk_gated_rms_norm", None, [x, gate, weight], eps, out) }
+    unsafe { norm("mlxk_gated_rms_norm", [x, gate, weight], eps, out) }
 }
 
 /// # Safety
 /// Each of `outs` is NULL or valid for writing one handle.
 pub(crate) unsafe fn norm_vjp(
     function: &str,
-    backend: Option<Backend>,
     arrays: [*const mlxk_array; 3],
     eps: f32,
     dout: *const mlxk_array,
@@ -75,7 +73,7 @@ pub(crate) unsafe fn norm_vjp(
             eps,
         };
         let dout = mlx.get_opt(dout, "dout")?;
-        let grads = ops::norm_vjp(&inputs, dout, backend.unwrap_or_else(Backend::current))?;
+        let grads = ops::norm_vjp(&inputs, dout, Backend::current())?;
         for (out, grad) in [dx, dgate, dweight].into_iter().zip(grads) {
             out.write(mlx.insert(grad));
         }
@@ -124,7 +122,6 @@ pub unsafe extern "C" fn mlxk_gated_rms_norm_vjp(
     unsafe {
         norm_vjp(
             "mlxk_gated_rms_norm_vjp",
-            None,
             [x, gate, weight],
             eps,
             dout,

@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 pub mod array;
 pub mod device;
 pub mod gated_delta;
-pub mod gated_delta_pool;
 pub mod gated_rms_norm;
 pub mod glm52;
 pub mod mlx;

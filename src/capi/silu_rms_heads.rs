@@ -30,7 +30,6 @@ pub(crate) fn inputs<'a>(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn split(
     function: &str,
-    backend: Option<Backend>,
     arrays: [*const mlxk_array; 3],
     heads: [i32; 3],
     eps: f32,
@@ -52,7 +51,7 @@ pub(crate) unsafe fn split(
         }
         let mut mlx = registry::lock();
         let inputs = inputs(&mlx, arrays, heads, eps)?;
-        let (qa, ka, va) = ops::split(&inputs, backend.unwrap_or_else(Backend::current))?;
+        let (qa, ka, va) = ops::split(&inputs, Backend::current())?;
         q.write(mlx.insert(qa));
         k.write(mlx.insert(ka));
         v.write(mlx.insert(va));
@@ -92,7 +91,6 @@ pub unsafe extern "C" fn mlxk_silu_rms_heads(
     unsafe {
         split(
             "mlxk_silu_rms_heads",
-            None,
             [x, q_scale, k_scale],
             [key_heads, value_heads, value_width],
             eps,
@@ -106,7 +104,6 @@ pub unsafe extern "C" fn mlxk_silu_rms_heads(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn split_vjp(
     function: &str,
-    backend: Option<Backend>,
     arrays: [*const mlxk_array; 3],
     heads: [i32; 3],
     eps: f32,
@@ -123,11 +120,7 @@ pub(crate) unsafe fn split_vjp(
             mlx.get_opt(cotangents[1], "dk")?,
             mlx.get_opt(cotangents[2], "dv")?,
         ];
-        let grads = ops::split_vjp(
-            &inputs,
-            cotangents,
-            backend.unwrap_or_else(Backend::current),
-        )?;
+        let grads = ops::split_vjp(&inputs, cotangents, Backend::current())?;
         for (out, grad) in [dx, dqs, dks].into_iter().zip(grads) {
             out.write(mlx.insert(grad));
         }
@@ -180,7 +173,6 @@ pub unsafe extern "C" fn mlxk_silu_rms_heads_vjp(
     unsafe {
         split_vjp(
             "mlxk_silu_rms_heads_vjp",
-            None,
             [x, q_scale, k_scale],
             [key_heads, value_heads, value_width],
             eps,

@@ -1,7 +1,7 @@
 //! Status codes, the per-thread error message, and version information.
 
 use std::cell::RefCell;
-use std::ffi::{c_char, CStr, CString};
+use std::ffi::{c_char, CString};
 
 /// The result of every fallible function: MLXK_OK (0) or one of the MLXK_ERR_* codes.
 /// Codes are stable and never reused.
@@ -49,12 +49,7 @@ pub extern "C" fn mlxk_status_name(status: mlxk_status) -> *const c_char {
 /// Ownership: static string, never NULL. Thread: any.
 #[no_mangle]
 pub extern "C" fn mlxk_version() -> *const c_char {
-    static VERSION: &CStr =
-        match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-            Ok(v) => v,
-            Err(_) => panic!("version contains a NUL"),
-        };
-    VERSION.as_ptr()
+    crate::version::VERSION_C.as_ptr()
 }
 
 /// The C ABI version of the loaded library. A caller compiled against a header whose
@@ -63,8 +58,5 @@ pub extern "C" fn mlxk_version() -> *const c_char {
 /// Thread: any.
 #[no_mangle]
 pub extern "C" fn mlxk_abi_version() -> u32 {
-    match u32::from_str_radix(env!("MLXK_ABI_VERSION"), 10) {
-        Ok(v) => v,
-        Err(_) => 0,
-    }
+    crate::version::ABI_VERSION
 }

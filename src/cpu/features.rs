@@ -1,15 +1,11 @@
-//! The CPU features the kernels may use: detected once per process, and the switches that
-//! force the portable kernels (`testing::force_portable_kernels`) or the AVX2 ones on a CPU
-//! with AVX-512 (`testing::force_avx2_kernels`).
+//! The CPU features the kernels may use: detected once per process, and (with the `testing`
+//! feature, `crate::seams`) the switches that force the portable kernels
+//! (`testing::force_portable_kernels`) or the AVX2 ones on a CPU with AVX-512
+//! (`testing::force_avx2_kernels`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-/// Forces every kernel's portable path (tests compare it with the vectorized ones).
-pub(crate) static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
-
-/// Hides AVX-512 from the kernels, so that they take their AVX2 paths (tests compare the two).
-pub(crate) static FORCE_AVX2: AtomicBool = AtomicBool::new(false);
+use crate::seams;
 
 /// The x86-64 extensions the kernels use (all false on other architectures).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,22 +57,12 @@ pub fn cpu() -> Features {
     })
 }
 
-/// Whether the process forced the portable kernels.
-pub fn portable_forced() -> bool {
-    FORCE_PORTABLE.load(Ordering::Relaxed)
-}
-
-/// Whether the process hid AVX-512 from the kernels.
-pub fn avx2_forced() -> bool {
-    FORCE_AVX2.load(Ordering::Relaxed)
-}
-
 /// What the vectorized kernels may use: the CPU's features, none where the portable kernels
 /// are forced, and no AVX-512 where the AVX2 ones are.
 pub fn kernels() -> Features {
-    if portable_forced() {
+    if seams::portable_forced() {
         Features::default()
-    } else if avx2_forced() {
+    } else if seams::avx2_forced() {
         Features {
             avx512: false,
             ..cpu()

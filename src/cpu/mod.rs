@@ -8,24 +8,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use crate::error::{panic_message, KERNEL_PANIC_TAG};
 use crate::node::Kernel;
 
-pub mod chunked;
 pub mod elem;
 pub mod features;
 pub mod fp;
 pub mod gated_delta;
 pub mod gated_rms_norm;
-pub mod gated_rms_norm_backward;
 pub mod grad;
 pub mod math;
 pub mod pool;
 pub mod reduce;
 pub mod silu_rms_heads;
-pub mod silu_rms_heads_backward;
 pub mod simd;
-
-/// Outputs that took over an input's buffer (for tests of the in-place state update).
-pub(crate) static IN_PLACE_UPDATES: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(0);
 
 /// One kernel call's buffers, as MLX handed them over.
 pub struct Buffers<'a> {
@@ -65,8 +58,8 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
         Some(Kernel::GatedDeltaBackward) => gated_delta::node::run_backward(params, buffers),
         Some(Kernel::SiluRmsHeads) => silu_rms_heads::run(params, buffers),
         Some(Kernel::GatedRmsNorm) => gated_rms_norm::run(params, buffers),
-        Some(Kernel::SiluRmsHeadsBackward) => silu_rms_heads_backward::run(params, buffers),
-        Some(Kernel::GatedRmsNormBackward) => gated_rms_norm_backward::run(params, buffers),
+        Some(Kernel::SiluRmsHeadsBackward) => silu_rms_heads::backward::run(params, buffers),
+        Some(Kernel::GatedRmsNormBackward) => gated_rms_norm::backward::run(params, buffers),
         Some(Kernel::PanicProbe) => panic!("panic probe kernel ran"),
         // GPU only: on the CPU the head split and the update run as nodes of their own.
         Some(Kernel::GatedDeltaFromConv) | None => panic!("unknown CPU kernel {kernel}"),
@@ -93,7 +86,7 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
         .map(|&a| if a >= 0 { Some(a as usize) } else { None })
         .collect();
     let taken: Vec<usize> = aliased.iter().flatten().copied().collect();
-    IN_PLACE_UPDATES.fetch_add(taken.len(), std::sync::atomic::Ordering::Relaxed);
+    crate::seams::count_in_place_updates(taken.len());
     let inputs = input_ptrs
         .iter()
         .zip(input_bytes)

@@ -73,11 +73,8 @@ pub struct Pool {
 }
 
 fn threads_wanted() -> usize {
-    if let Some(n) = std::env::var("MLXK_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        return n.clamp(1, 64);
+    if let Some(n) = crate::config::get().num_threads {
+        return n;
     }
     std::thread::available_parallelism()
         .map(|n| n.get())

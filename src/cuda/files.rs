@@ -20,8 +20,7 @@ use std::sync::OnceLock;
 /// `input_names`: the kernel's inputs; MLX passes `<name>_shape` / `_strides` / `_ndim` only
 /// where its source names them, so the body's line names those it uses in a comment.
 pub fn include_lines(header: &str, body: &str, input_names: &[String]) -> Option<(String, String)> {
-    let inline = std::env::var("MLXK_CUDA_INLINE_TEXT");
-    if matches!(inline.as_deref(), Ok(v) if !v.is_empty() && v != "0") {
+    if crate::config::get().cuda_inline_text {
         return None;
     }
     let dir = folder()?;

@@ -417,7 +417,9 @@ mod tests {
             dtype: Dtype::Bfloat16,
             has_state: true,
             has_mask: true,
-            form: gated_delta::Form::Chunked { chunk: 32 },
+            form: gated_delta::Form::Chunked {
+                chunk: gated_delta::ChunkSize::DEFAULT,
+            },
             pool: None,
             ..Default::default()
         };
@@ -436,7 +438,9 @@ mod tests {
         let backward = gated_delta::Backward::decode(&plan.params).unwrap();
         assert_eq!(
             backward.forward.form,
-            gated_delta::Form::Chunked { chunk: 32 }
+            gated_delta::Form::Chunked {
+                chunk: gated_delta::ChunkSize::DEFAULT
+            }
         );
 
         let split = silu_rms_heads::Node {

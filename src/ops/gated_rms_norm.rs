@@ -91,7 +91,7 @@ pub fn norm(x: &Inputs, backend: Backend) -> Result<UniquePtr<Array>> {
         vec![-1],
         &inputs,
         backend,
-        || metal::gated_rms_norm_launch(&node),
+        || metal::gated_rms_norm::gated_rms_norm_launch(&node),
     )?;
     Ok(outputs.pop().expect("one output"))
 }

@@ -11,8 +11,9 @@ pub mod host;
 pub mod shape;
 pub mod silu_rms_heads;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+#[cfg(feature = "testing")]
+use std::sync::Mutex;
 
 use cxx::UniquePtr;
 
@@ -38,6 +39,9 @@ pub enum Backend {
 impl Backend {
     /// The default device's backend.
     pub fn current() -> Backend {
+        if let Some(code) = crate::seams::forced_backend() {
+            return Backend::from_code(code).expect("a backend code");
+        }
         match device::gpu() {
             device::GpuBackend::None => Backend::Cpu,
             device::GpuBackend::Metal => Backend::Metal { gpu: true },
@@ -63,6 +67,7 @@ pub(crate) fn cpu_node(
     donate_from: Vec<i32>,
     inputs: &[&Array],
 ) -> Result<Vec<UniquePtr<Array>>> {
+    bridge::install_cpu_kernel(crate::cpu::mlxk_cpu_kernel);
     let (output_dims, output_ndims, output_dtypes) = node::flatten(outputs);
     let launch = CpuLaunch {
         kernel: kernel as u32,
@@ -173,7 +178,8 @@ pub(crate) fn gpu_node_as(
         }
         None => (0, Arc::new(finish(make())?)),
     };
-    if RECORD_GPU_LAUNCHES.load(Ordering::Relaxed) {
+    #[cfg(feature = "testing")]
+    if crate::seams::record_gpu_launches() {
         let shared = inputs.iter().map(|a| bridge::array_share(a)).collect();
         *LAST_GPU_LAUNCH
             .lock()
@@ -198,12 +204,11 @@ pub(crate) fn gpu_node_as(
     Ok(bridge::take(&*outputs))
 }
 
-/// Tests only (`crate::testing::record_gpu_launches`): `gpu_node` keeps the last launch it hands
-/// to MLX, with its inputs, in `LAST_GPU_LAUNCH`.
-pub(crate) static RECORD_GPU_LAUNCHES: AtomicBool = AtomicBool::new(false);
-
-/// The last recorded GPU launch and its inputs (in the launch's order).
+/// The last GPU launch `gpu_node` handed to MLX, with its inputs (in the launch's order), kept
+/// while `crate::seams::record_gpu_launches()` (tests: `crate::testing::record_gpu_launches`).
+#[cfg(feature = "testing")]
 pub(crate) type RecordedLaunch = (Arc<MetalLaunch>, Vec<UniquePtr<Array>>);
+#[cfg(feature = "testing")]
 pub(crate) static LAST_GPU_LAUNCH: Mutex<Option<RecordedLaunch>> = Mutex::new(None);
 
 /// The finished GPU launches by key (`gpu_node`).
@@ -301,7 +306,7 @@ mod launches {
 
 impl Backend {
     /// The backend as the first word of a GPU node's gradient description.
-    fn code(self) -> i64 {
+    pub(crate) fn code(self) -> i64 {
         match self {
             Backend::Cpu => 0,
             Backend::Metal { gpu } => 1 + !gpu as i64,

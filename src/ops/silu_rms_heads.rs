@@ -127,7 +127,7 @@ pub(crate) fn build(
         vec![-1; 3],
         &inputs,
         backend,
-        || metal::silu_rms_heads_launch(node),
+        || metal::silu_rms_heads::silu_rms_heads_launch(node),
     )?;
     let v = outputs.pop().expect("three outputs");
     let k = outputs.pop().expect("three outputs");

@@ -12,8 +12,12 @@ use std::process::{Command, Stdio};
 
 use mlxkern::bridge::MetalLaunch;
 use mlxkern::cuda;
-use mlxkern::metal::*;
-use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node, Pool, PoolWrite};
+use mlxkern::metal::gated_delta::chunked::*;
+use mlxkern::metal::gated_delta::chunked_backward::*;
+use mlxkern::metal::gated_delta::*;
+use mlxkern::metal::gated_rms_norm::*;
+use mlxkern::metal::silu_rms_heads::*;
+use mlxkern::node::gated_delta::{ChunkSize, Dims, Form, GateDtypes, Node, Pool, PoolWrite};
 use mlxkern::node::{gated_rms_norm, silu_rms_heads};
 use mlxkern::Dtype;
 
@@ -236,13 +240,13 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
             // The chunked backward's five stages (Dk 128 and 256: tiles of 32 and 16 columns,
             // chunks of 32 and 16); the stages' scratch arrays are f32.
             for (dk, chunk) in [(128, 0), (256, 16)] {
+                let chunk = ChunkSize::from_c(chunk).unwrap();
                 let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk }, masked);
                 n.dims.dk = dk;
-                let c = mlxkern::metal_chunked::backward_chunk(chunk);
-                let scratch = mlxkern::metal_chunked::backward_chunked_scratch(n.dims, c);
-                for stage in 0..mlxkern::metal_chunked::CHUNKED_BACKWARD_STAGES {
-                    let l =
-                        mlxkern::metal_chunked::gated_delta_chunked_backward_launch(&n, c, stage);
+                let c = backward_chunk(chunk);
+                let scratch = backward_chunked_scratch(n.dims, c);
+                for stage in 0..CHUNKED_BACKWARD_STAGES {
+                    let l = gated_delta_chunked_backward_launch(&n, c, stage);
                     let mut plain = l.clone();
                     plain
                         .input_names
@@ -270,10 +274,11 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
             // `build_gpu_chunked`), gates fused and from MLX ops, Dk 128 and 256 (the scan's
             // tile of 32 and of 16 value columns).
             for (chunk, dk) in [(32, 128), (64, 256)] {
-                let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk }, masked);
+                let size = ChunkSize::new(chunk).unwrap();
+                let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk: size }, masked);
                 n.dims.dk = dk;
                 for fused_gates in [true, false] {
-                    let prep = gated_delta_chunk_prep_launch(&n);
+                    let prep = gated_delta_chunked_prep_launch(&n);
                     let prep = if fused_gates {
                         cuda::with_fused_gates(prep)
                     } else {
@@ -298,7 +303,7 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     // The launch's tile, and the others MLXK_CHUNK_SCAN_COLUMNS or Metal take.
                     let vt = chunk_scan_columns_for(dk, chunk, true);
                     for vt in [vt, 8, 32] {
-                        let scan = gated_delta_chunk_scan_launch(&n, names.clone(), vt);
+                        let scan = gated_delta_chunked_scan_launch(&n, names.clone(), vt);
                         let inputs = gated_delta_inputs(&scan, &n, fused_gates);
                         check(
                             format!(

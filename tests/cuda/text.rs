@@ -39,21 +39,30 @@ fn stripped_kernel_texts_keep_every_token() {
     let texts = [
         ("metal_compat.cuh", METAL_COMPAT_HEADER),
         ("gates.cuh", GATES_HEADER),
-        ("gated_delta.metal", metal::GATED_DELTA_SOURCE),
-        ("gated_delta_state.metal", metal::GATED_DELTA_STATE_SOURCE),
+        ("gated_delta.metal", metal::gated_delta::GATED_DELTA_SOURCE),
+        (
+            "gated_delta_state.metal",
+            metal::gated_delta::GATED_DELTA_STATE_SOURCE,
+        ),
         (
             "gated_delta_backward.metal",
-            metal::GATED_DELTA_BACKWARD_SOURCE,
-        ),
-        ("silu_rms_heads.metal", metal::SILU_RMS_HEADS_SOURCE),
-        ("gated_rms_norm.metal", metal::GATED_RMS_NORM_SOURCE),
-        (
-            "gated_delta_chunk_prep.metal",
-            metal::GATED_DELTA_CHUNK_PREP_SOURCE,
+            metal::gated_delta::GATED_DELTA_BACKWARD_SOURCE,
         ),
         (
-            "gated_delta_chunk_scan.metal",
-            metal::GATED_DELTA_CHUNK_SCAN_SOURCE,
+            "silu_rms_heads.metal",
+            metal::silu_rms_heads::SILU_RMS_HEADS_SOURCE,
+        ),
+        (
+            "gated_rms_norm.metal",
+            metal::gated_rms_norm::GATED_RMS_NORM_SOURCE,
+        ),
+        (
+            "gated_delta_chunked_prep.metal",
+            metal::gated_delta::chunked::GATED_DELTA_CHUNKED_PREP_SOURCE,
+        ),
+        (
+            "gated_delta_chunked_scan.metal",
+            metal::gated_delta::chunked::GATED_DELTA_CHUNKED_SCAN_SOURCE,
         ),
     ];
     for (name, text) in texts {

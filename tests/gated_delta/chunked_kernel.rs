@@ -37,10 +37,10 @@
 
 use crate::support::Rng;
 use half::{bf16, f16};
-use mlxkern::cpu::chunked::{
-    chunked_recurrence, chunked_recurrence_with, ChunkedOptions, Products,
-};
 use mlxkern::cpu::elem::Elem;
+use mlxkern::cpu::gated_delta::chunked::{
+    chunked_recurrence, chunked_recurrence_with, ChunkSize, ChunkedOptions, Products,
+};
 use mlxkern::cpu::gated_delta::{Dims, StateIn};
 use mlxkern::cpu::reduce::simd_sum;
 use std::time::Instant;
@@ -499,7 +499,7 @@ fn odd_sizes_chunks_and_the_portable_kernel() {
         ] {
             let x = make::<f32>(&mut rng, d, Gates::Mixed, Mask::Padded, true);
             let opts = ChunkedOptions {
-                chunk,
+                chunk: ChunkSize::new(chunk).unwrap(),
                 products: if portable {
                     Products::Portable
                 } else {
@@ -546,7 +546,10 @@ fn product_kernels_agree() {
         for chunk in [16, 32, 48, 64, 128] {
             let mask = [Mask::Padded, Mask::None][(rng.next_u64() % 2) as usize];
             let state = rng.unit() < 2.0 / 3.0;
-            let run = |products| ChunkedOptions { chunk, products };
+            let run = |products| ChunkedOptions {
+                chunk: ChunkSize::new(chunk).unwrap(),
+                products,
+            };
             match rng.next_u64() % 3 {
                 0 => compare_products::<f32>(&mut rng, d, mask, state, run),
                 1 => compare_products::<bf16>(&mut rng, d, mask, state, run),
@@ -765,7 +768,7 @@ fn throughput_qwen35() {
         time_call(&x, chunk);
     }
     let x = make::<bf16>(&mut rng, d, Gates::Range(0.3), Mask::None, true);
-    time_call(&x, ChunkedOptions::default().chunk);
+    time_call(&x, ChunkedOptions::default().chunk.tokens());
 }
 
 fn time_call<T: Elem>(x: &Inputs<T>, chunk: usize) {
@@ -778,7 +781,10 @@ fn time_call<T: Elem>(x: &Inputs<T>, chunk: usize) {
         Ok("portable") => Products::Portable,
         _ => Products::Fastest,
     };
-    let opts = ChunkedOptions { chunk, products };
+    let opts = ChunkedOptions {
+        chunk: ChunkSize::new(chunk).unwrap(),
+        products,
+    };
     let (mut best_wall, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..7 {
         let (wall0, cpu0) = (Instant::now(), cpu_seconds());

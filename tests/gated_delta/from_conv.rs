@@ -381,7 +381,7 @@ fn the_gpu_launch_is_one_node_refused_on_a_cpu_stream() {
 /// on its q, k and v, bit for bit (the pool freed before the read: in place).
 #[test]
 fn on_a_pool_equals_the_head_split_then_the_pool_update() {
-    use mlxkern::capi::gated_delta_pool::{
+    use mlxkern::capi::gated_delta::pool::{
         mlxk_gated_delta_update_from_conv_pool, mlxk_gated_delta_update_pool,
     };
     let mut rng = Rng::fresh();

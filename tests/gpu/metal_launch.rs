@@ -1,5 +1,8 @@
 //! The Metal launch descriptions: geometry, names and template arguments as mlx-lm's kernel.
 
+use mlxkern::metal::gated_delta::*;
+use mlxkern::metal::gated_rms_norm::*;
+use mlxkern::metal::silu_rms_heads::*;
 use mlxkern::metal::*;
 use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node, Pool, PoolWrite};
 use mlxkern::node::{gated_rms_norm, silu_rms_heads};

@@ -1,5 +1,5 @@
 // One emulated launch, as tests/metal_emu/signatures.cc writes it (emu_gen.inc): the case the
-// harness builds inputs for, the launch description from src/metal.rs (geometry, buffers),
+// harness builds inputs for, the launch description from src/metal/ (geometry, buffers),
 // and the launcher that runs the kernel file through the executor.
 #pragma once
 

@@ -1,4 +1,4 @@
-//! Each case's launch, from src/metal.rs, and its inputs as src/ops/*.rs builds them.
+//! Each case's launch, from src/metal/, and its inputs as src/ops/*.rs builds them.
 
 use super::*;
 
@@ -30,7 +30,7 @@ fn gated_delta_node(d: &Dims, c: &Case, form: Form, masked: bool, with_state: bo
     }
 }
 
-/// The launch for a case (from src/metal.rs), its kind and label, the case dimensions, the
+/// The launch for a case (from src/metal/), its kind and label, the case dimensions, the
 /// inputs as the library's ops build them, and extra case lines. Also asserts the geometry of
 /// docs/DESIGN.md §3, so a change of launch geometry is noticed here as well as emulated.
 pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>, Inputs, String) {
@@ -43,7 +43,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             rows,
         } => {
             let node = gated_delta_node(d, c, Form::Exact, *masked, *with_state);
-            let l = metal::gated_delta_launch_rows(&node, *rows);
+            let l = metal::gated_delta::gated_delta_launch_rows(&node, *rows);
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta/ `update` (graph.rs), Backend::Metal: q, k, v, g (f32, compute_g),
@@ -102,12 +102,12 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
         } => {
             let node = gated_delta_node(d, c, Form::Exact, *masked, *with_state);
             let u = |x: i64| x as usize;
-            let ckpt = checkpoint.unwrap_or_else(|| metal::backward_checkpoint(u(d.t)));
-            let l = metal::gated_delta_backward_launch(&node, ckpt);
+            let ckpt = checkpoint.unwrap_or_else(|| metal::gated_delta::backward_checkpoint(u(d.t)));
+            let l = metal::gated_delta::gated_delta_backward_launch(&node, ckpt);
             // P threadgroups per (batch row, value head), each of NSG ≤ 4 SIMD groups (128
             // threads) holding RP ≤ 4 value rows each, P·NSG·RP covering Dv; the row sums'
             // NSG·Dk + 2·NSG floats fit Metal's 32 KiB of threadgroup memory.
-            let (nsg, parts, rp) = metal::backward_geometry(u(d.dv));
+            let (nsg, parts, rp) = metal::gated_delta::backward_geometry(u(d.dv));
             assert!(nsg >= 1 && nsg <= 4 && nsg as i64 <= d.dv);
             assert!(rp >= 1 && rp <= 4);
             assert!(parts * nsg * rp >= u(d.dv) && parts * nsg * (rp - 1) < u(d.dv));
@@ -135,7 +135,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     assert_eq!(shape, scratch[i - 6], "scratch output {i}");
                 }
             }
-            // The inputs of the launch's description (src/metal.rs): q, k, v in the forward's
+            // The inputs of the launch's description (src/metal/): q, k, v in the forward's
             // dtype, g (f32, compute_g), beta (sigmoid(b): b's dtype, as the forward gets it),
             // state_in (f32; zeros when absent), dy, dstate_out (f32), Tin = {T, C} (int32),
             // mask (bool [B, T]).
@@ -204,12 +204,12 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let node = gated_delta_node(
                 d,
                 c,
-                Form::Chunked { chunk: *chunk },
+                Form::Chunked { chunk: chunk_size(*chunk) },
                 *masked,
                 *with_state,
             );
             let u = |x: i64| x as usize;
-            let cc = metal_chunked::backward_chunk(*chunk);
+            let cc = metal_chunked::backward_chunk(chunk_size(*chunk));
             let l = metal_chunked::gated_delta_chunked_backward_launch(&node, cc, *stage);
             let threads = metal_chunked::CHUNKED_BACKWARD_THREADS as i32;
             assert_eq!(l.threadgroup, [threads, 1, 1]);
@@ -222,7 +222,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             assert!(u(d.dk) * tile <= 4096 && tile <= 32);
             assert!((5 * cc * cc + cc) * 4 <= 32 * 1024);
             assert!((u(d.dk) * tile + 2 * cc * tile + 2 * cc) * 4 <= 32 * 1024);
-            // The inputs as src/ops/gated_delta/vjp_chunked.rs passes them: the backward's
+            // The inputs as src/ops/gated_delta/chunked_vjp.rs passes them: the backward's
             // (as for the exact kernel; Tin = {T}), then the earlier stages' f32 outputs.
             let scratch = metal_chunked::backward_chunked_scratch(node.dims, cc);
             let inputs: Inputs = l
@@ -294,7 +294,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
         } => {
             assert_eq!(lengths.len() as i64, d.b);
             let node = gated_delta_node(d, c, Form::State, false, *with_state);
-            let l = metal::gated_delta_launch_rows(&node, *rows);
+            let l = metal::gated_delta::gated_delta_launch_rows(&node, *rows);
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta/replay.rs `state`, Backend::Metal.
@@ -358,7 +358,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 eps: c.eps,
             };
             let (l, kind, label, case_dims, mut inputs, extra) = describe(&recurrence);
-            let l = metal::gated_delta_from_conv_launch(l, c.eps);
+            let l = metal::gated_delta::gated_delta_from_conv_launch(l, c.eps);
             assert_eq!(&l.input_names[..3], ["x", "qscale", "kscale"]);
             assert!(l.header.starts_with("#define MLXK_FROM_CONV 1\n"));
             let channels = 2 * d.hk * d.dk + d.hv * d.dv;
@@ -418,10 +418,10 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 write: gd::PoolWrite::Rows(written),
                 packed,
             });
-            let l = metal::gated_delta_launch_rows(&node, *rows);
+            let l = metal::gated_delta::gated_delta_launch_rows(&node, *rows);
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (r * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
-            assert_eq!(l.header, metal::POOL_HEADER);
+            assert_eq!(l.header, metal::gated_delta::POOL_HEADER);
             let state_rows = l.output_dims[l.output_dims.len() - 4] as usize;
             assert_eq!(state_rows, written.max(1), "one unwritten row where none is written");
             // graph.rs `build_gpu`, Backend::Metal: the node's inputs, the pool as state_in and
@@ -498,7 +498,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
         }
         Kind::HeadSplit { d, grouped } => {
             let u = |x: i64| x as usize;
-            let l = metal::silu_rms_heads_launch(&node::silu_rms_heads::Node {
+            let l = metal::silu_rms_heads::silu_rms_heads_launch(&node::silu_rms_heads::Node {
                 dims: node::silu_rms_heads::Dims {
                     b: u(d.b),
                     s: u(d.s),
@@ -555,10 +555,10 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             scan,
             cuda,
         } => {
-            let node = gated_delta_node(d, c, Form::Chunked { chunk: *chunk }, *masked, *with_state);
+            let node = gated_delta_node(d, c, Form::Chunked { chunk: chunk_size(*chunk) }, *masked, *with_state);
             let u = |x: i64| x as usize;
-            let cg = metal::gpu_chunk(*chunk);
-            assert!(cg <= metal::GPU_MAX_CHUNK && cg % 16 == 0);
+            let cg = metal::gated_delta::chunked::gpu_chunk(chunk_size(*chunk));
+            assert!(cg <= metal::gated_delta::chunked::GPU_MAX_CHUNK && cg % 16 == 0);
             let rows = u(d.t).div_ceil(cg) as i64 * cg as i64;
             // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the exact
             // update's launch inputs (q, k, v, g, beta, state_in, mask), the prep launch without
@@ -579,7 +579,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let l = if *scan {
                 let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
                 let limit = if *cuda { 48 * 1024 } else { 32 * 1024 };
-                let vt = metal::chunk_scan_columns_for(u(d.dk), cg, *cuda);
+                let vt = metal::gated_delta::chunked::chunk_scan_columns_for(u(d.dk), cg, *cuda);
                 let bh = d.b * d.hv;
                 inputs.extend([
                     ("w", F32, vec![bh, rows, d.dk]),
@@ -588,14 +588,14 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     ("p", F32, vec![bh, rows, cg as i64]),
                     ("gam", F32, vec![bh, rows]),
                 ]);
-                let l = metal::gated_delta_chunk_scan_launch(&node, names, vt);
+                let l = metal::gated_delta::chunked::gated_delta_chunked_scan_launch(&node, names, vt);
                 assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
                 // The scan's threadgroup memory within Metal's 32 KB (CUDA's 48 KB).
                 let panels = (2 * 16 * (cg + 1)).max(16 * u(d.dk));
                 assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= limit);
                 l
             } else {
-                let l = metal::gated_delta_chunk_prep_launch(&node);
+                let l = metal::gated_delta::chunked::gated_delta_chunked_prep_launch(&node);
                 assert_eq!(l.grid, [256, (rows / cg as i64) as i32, (d.b * d.hv) as i32]);
                 // The prep's threadgroup memory: A, the panel buffer, five gate rows.
                 let panels = (2 * 16 * (cg + 1)).max(8 * 256);
@@ -603,7 +603,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 l
             };
             assert_eq!(l.threadgroup, [256, 1, 1]);
-            assert_eq!(l.header, if *masked { metal::CHUNK_MASK_HEADER } else { "" });
+            assert_eq!(l.header, if *masked { metal::gated_delta::chunked::CHUNK_MASK_HEADER } else { "" });
             let label = format!(
                 "{} {} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} chunk {} (runs {}){}",
                 if *masked { "masked" } else { "unmasked" },
@@ -628,7 +628,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             (l, kind, label, vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv], inputs, extra)
         }
         Kind::GatedNorm { shape, grouped } => {
-            let l = metal::gated_rms_norm_launch(&node::gated_rms_norm::Node {
+            let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {
                 shape: shape.iter().map(|&d| d as usize).collect(),
                 dtype: c.dtype,
                 gate_dtype: c.aux,

@@ -1,7 +1,7 @@
 // The Metal-text emulation test's chunked backward cases (harness.h; README.md, "Chunked
 // backward"): kernels/metal/gated_delta_chunked_backward.metal's five launches
-// (src/metal_chunked.rs) run in sequence, each stage's outputs the next stages' inputs, on the
-// inputs src/ops/gated_delta/vjp_chunked.rs passes; the gradients compared with a float64
+// (src/metal/gated_delta/chunked_backward.rs) run in sequence, each stage's outputs the next stages' inputs, on the
+// inputs src/ops/gated_delta/chunked_vjp.rs passes; the gradients compared with a float64
 // backward of the exact recurrence (the truth both forms approximate) and with the library's
 // CPU backward (mlxk_gated_delta_update_vjp), each relative to the gradient's largest
 // magnitude; masked tokens' gradients and fully masked rows' dstate bit for bit.

@@ -1,4 +1,4 @@
-// The chunked update's GPU form (kernels/metal/gated_delta_chunk_{prep,scan}.metal): a scan case
+// The chunked update's GPU form (kernels/metal/gated_delta_chunked_{prep,scan}.metal): a scan case
 // runs its prep case (the case before it, same draws) and then itself, as
 // src/ops/gated_delta/graph.rs `build_gpu_chunked` chains them, and compares y and the state
 // within docs/DESIGN.md §4's chunked bounds (not bit for bit: the chunked form sums in another

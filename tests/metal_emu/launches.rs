@@ -2,10 +2,11 @@
 //! case of the Metal-text emulation (tests/metal_emu/README.md).
 //!
 //! Built with plain `rustc` (no Cargo, no dependencies) by scripts/test/metal-emu.sh. It compiles
-//! the library's own `src/metal.rs` and `src/dtype.rs` through `#[path]`, so the names, template
+//! the library's own `src/metal/` (`mod.rs` and its family modules) and `src/dtype.rs` through
+//! `#[path]`, so the names, template
 //! arguments, grid and threadgroup come from the functions the library calls, not from a
 //! restatement; the launches are built from the library's own typed nodes (`src/node/`, also
-//! compiled here), as `src/ops/*.rs` builds them. The two items `src/metal.rs` and `src/dtype.rs`
+//! compiled here), as `src/ops/*.rs` builds them. The two items `src/metal/` and `src/dtype.rs`
 //! import from modules that need MLX (`bridge::MetalLaunch`) and `error` are declared here with
 //! the same fields; a field added there and missing here stops this build.
 //!
@@ -27,6 +28,7 @@ mod error {
     #[derive(Debug)]
     pub enum Error {
         Dtype(String),
+        InvalidArgument(String),
     }
     pub type Result<T> = std::result::Result<T, Error>;
 }
@@ -80,11 +82,15 @@ struct HeadSplitDims {
     dv: i64,
 }
 
-#[path = "../../src/metal.rs"]
+#[path = "../../src/metal/mod.rs"]
 mod metal;
 
-#[path = "../../src/metal_chunked.rs"]
-mod metal_chunked;
+use metal::gated_delta::chunked_backward as metal_chunked;
+
+/// A case's chunk size as the library's node carries it (0: the default).
+fn chunk_size(chunk: usize) -> gd::ChunkSize {
+    gd::ChunkSize::from_c(chunk as i32).expect("a valid chunk size")
+}
 
 use dtype::Dtype;
 use metal::MetalLaunch;
@@ -169,7 +175,7 @@ enum Kind {
         checkpoint: Option<usize>,
         twin: Option<usize>,
     },
-    /// The chunked form's backward pass (src/metal_chunked.rs, `aux` is b's dtype) with the
+    /// The chunked form's backward pass (src/metal/gated_delta/chunked_backward.rs, `aux` is b's dtype) with the
     /// forward's chunk size `chunk`: five launches, one case each (`stage` 0..4, the ids
     /// `first`..`first + 4`, all with the draws of `first`); the harness runs them in sequence
     /// from stage 0's case.
@@ -224,8 +230,8 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/gated_rms_norm.metal",
         "kernels/metal/gated_delta_backward.metal",
         "kernels/metal/gated_delta_chunked_backward.metal",
-        "kernels/metal/gated_delta_chunk_prep.metal",
-        "kernels/metal/gated_delta_chunk_scan.metal",
+        "kernels/metal/gated_delta_chunked_prep.metal",
+        "kernels/metal/gated_delta_chunked_scan.metal",
     ];
     for file in files {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");

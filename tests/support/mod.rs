@@ -21,8 +21,8 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use mlxkern::capi::array::*;
 pub use mlxkern::capi::device::*;
+pub use mlxkern::capi::gated_delta::pool::*;
 pub use mlxkern::capi::gated_delta::*;
-pub use mlxkern::capi::gated_delta_pool::*;
 pub use mlxkern::capi::mlx::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;

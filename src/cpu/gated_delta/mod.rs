@@ -1,12 +1,13 @@
 //! The gated-delta update and its prefix replay on the CPU: the fused gates (`gates`), the exact
 //! recurrence (`exact`, its row kernels in `exact_row`, `exact_avx2` and `exact_avx512`) and
 //! the kernel nodes
-//! (`node`), which runs the exact form, the chunked form (`cpu::chunked`) or the replay. The
+//! (`node`), which runs the exact form, the chunked form (`chunked`) or the replay. The
 //! types here are shared with the chunked form.
 
 pub mod backward;
 #[cfg(target_arch = "x86_64")]
 mod backward_avx2;
+pub mod chunked;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;

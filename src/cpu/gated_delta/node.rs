@@ -6,9 +6,9 @@ use half::{bf16, f16};
 
 use super::exact::{solve, Problem};
 use super::gates::{gates, GateInputs};
-use super::{Rows, StateIn};
+use super::{chunked, Rows, StateIn};
 use crate::cpu::elem::{narrow, widen};
-use crate::cpu::{chunked, typed, typed_mut, Buffers};
+use crate::cpu::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_delta::{Form, Input, Node, PoolWrite};
 use crate::node::Words;

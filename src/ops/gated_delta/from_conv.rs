@@ -1,8 +1,6 @@
 //! The update from the convolution's output (`mlxk_gated_delta_update_from_conv`): the head
 //! split and the update in one call, and which calls take the one GPU kernel.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use cxx::UniquePtr;
 
 use crate::bridge::Array;
@@ -122,7 +120,7 @@ pub fn update_from_conv(
 /// tokens and at most 32 (batch, token) pairs. Metal takes it for one token a call (not
 /// measured there).
 fn one_kernel(backend: Backend, d: Dims) -> bool {
-    if FROM_CONV_ANY_T.load(Ordering::Relaxed) {
+    if crate::seams::from_conv_any_tokens() {
         return backend != Backend::Cpu;
     }
     match backend {
@@ -147,10 +145,6 @@ impl FromConvInputs<'_> {
         }
     }
 }
-
-/// Tests only (`crate::testing::from_conv_one_kernel_any_tokens`): the update from the
-/// convolution's output takes its one GPU kernel at any T.
-pub(crate) static FROM_CONV_ANY_T: AtomicBool = AtomicBool::new(false);
 
 #[cfg(test)]
 mod tests {

@@ -1,15 +1,13 @@
 //! The graph building every form of the update shares: the CPU node, or the GPU launch with
 //! its inputs in the kernel's order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array};
 use crate::cuda;
 use crate::dtype::Dtype;
 use crate::error::Result;
-use crate::metal;
+use crate::metal::gated_delta::{self as gd_metal, chunked};
 use crate::node::gated_delta::{Form, Input, Node, PoolWrite};
 use crate::node::{Kernel, Words};
 use crate::ops::{cpu_node, gpu_node_as, Backend, GpuLaunch};
@@ -70,7 +68,7 @@ pub(super) fn build(node: &Node, x: &Arrays, backend: Backend) -> Result<Vec<Uni
 /// arrays then hold x and the scales instead of q, k and v).
 ///
 /// A pool node (`node.pool`, built by `pool.rs`) takes the pool as its state and the row table
-/// as `rows`, in the node's input order; its launch (`metal::gated_delta_launch_rows`) gives one
+/// as `rows`, in the node's input order; its launch (`gd_metal::gated_delta_launch_rows`) gives one
 /// grid row per table row and writes the compact state rows `pool.rs` then scatters into the
 /// pool. It has no GPU gradient.
 pub(super) fn build_gpu(
@@ -84,7 +82,7 @@ pub(super) fn build_gpu(
         "a pool node reads the pool and its row table (and has no form from the convolution)"
     );
     // On CUDA the kernel computes the gates itself (crate::cuda::with_fused_gates).
-    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !crate::seams::gpu_gates_on_cpu();
     let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
     let order = gpu_inputs(node, fused, from_conv.is_some());
     let how = match node.pool.map(|p| p.write) {
@@ -108,12 +106,12 @@ pub(super) fn build_gpu(
     let make = || {
         let mut launch = match gpu {
             Backend::Cuda { .. } => {
-                metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
+                gd_metal::gated_delta_launch_rows(node, cuda::rows_per_simd_group(node.dims))
             }
-            _ => metal::gated_delta_launch(node),
+            _ => gd_metal::gated_delta_launch(node),
         };
         if let Some(eps) = from_conv {
-            launch = metal::gated_delta_from_conv_launch(launch, eps);
+            launch = gd_metal::gated_delta_from_conv_launch(launch, eps);
         }
         if fused {
             cuda::with_fused_gates(launch)
@@ -179,11 +177,6 @@ pub(super) fn caller_array<'a>(x: &Arrays<'a>, input: Input) -> &'a Array {
     array.unwrap_or_else(|| panic!("the node lists input {input:?}, which the call lacks"))
 }
 
-/// Tests only (`crate::testing::gpu_gates_on_cpu`): the GPU kernels' g and beta come from MLX's
-/// CPU ops, which give the CPU kernel's fused gates bit for bit, so a GPU result can be compared
-/// with the CPU kernel's bits where only the gates' transcendentals differ.
-pub(crate) static GPU_GATES_ON_CPU: AtomicBool = AtomicBool::new(false);
-
 /// What the Metal recurrence kernels take besides the caller's arrays: g and beta (MLX ops)
 /// and a zero state when none is given (T comes with k's shape).
 pub(super) struct MetalInputs {
@@ -204,7 +197,7 @@ impl MetalInputs {
             )?),
         };
         let gate = |input| caller_array(x, input);
-        let gates_gpu = gpu && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+        let gates_gpu = gpu && !crate::seams::gpu_gates_on_cpu();
         let (g, beta) = if gates {
             (
                 Some(bridge::compute_g(
@@ -230,8 +223,8 @@ impl MetalInputs {
 }
 
 /// The chunked update's GPU graph (docs/DESIGN.md §3 "Chunked update"): the prep launch (the work
-/// within every chunk, `metal::gated_delta_chunk_prep_launch`), its five outputs behind MLX's
-/// stop_gradient, then the scan launch (`metal::gated_delta_chunk_scan_launch`) over the chunks,
+/// within every chunk, `metal::gated_delta::chunked::gated_delta_chunked_prep_launch`), its five outputs behind MLX's
+/// stop_gradient, then the scan launch (`metal::gated_delta::chunked::gated_delta_chunked_scan_launch`) over the chunks,
 /// which makes y and the state. The scan node also takes the exact update's launch inputs, in
 /// that launch's order, and carries the chunked form's GPU gradient (`gpu_vjp`, which takes the
 /// chunked backward for `Form::Chunked`; the prep's outputs get zeros). `node`:
@@ -245,7 +238,7 @@ pub(super) fn build_gpu_chunked(
         matches!(node.form, Form::Chunked { .. }) && node.pool.is_none(),
         "a dense chunked node"
     );
-    let fused = matches!(gpu, Backend::Cuda { .. }) && !GPU_GATES_ON_CPU.load(Ordering::Relaxed);
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !crate::seams::gpu_gates_on_cpu();
     let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
     let order = gpu_inputs(node, fused, false);
     let arrays: Vec<&Array> = order
@@ -268,7 +261,7 @@ pub(super) fn build_gpu_chunked(
         .map(|(_, &a)| a)
         .collect();
     let make_prep = || {
-        let l = metal::gated_delta_chunk_prep_launch(node);
+        let l = chunked::gated_delta_chunked_prep_launch(node);
         if fused {
             cuda::with_fused_gates(l)
         } else {
@@ -291,21 +284,12 @@ pub(super) fn build_gpu_chunked(
         .collect::<std::result::Result<Vec<_>, _>>()?;
 
     // The scan launch: the exact launch's inputs (names as that launch's), then the parts.
-    let chunk = metal::gpu_chunk(match node.form {
-        Form::Chunked { chunk } => chunk,
-        _ => unreachable!("checked above"),
-    });
+    let chunk = chunked::launch_chunk(node);
     let cuda = matches!(gpu, Backend::Cuda { .. });
-    let mut columns = metal::chunk_scan_columns_for(node.dims.dk, chunk, cuda);
-    // MLXK_CHUNK_SCAN_COLUMNS=8|16|32: a narrower scan tile than the launch's own (tuning: more
-    // threadgroups, each with less work; the results do not change beyond rounding).
-    if let Some(vt) = std::env::var("MLXK_CHUNK_SCAN_COLUMNS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
-        if [8, 16, 32].contains(&vt) && vt <= columns {
-            columns = vt;
-        }
+    let mut columns = chunked::chunk_scan_columns_for(node.dims.dk, chunk, cuda);
+    // A narrower scan tile than the launch's own, if configured (`crate::config`).
+    if let Some(vt) = crate::config::get().chunk_scan_columns {
+        columns = columns.min(vt);
     }
     let make_scan = || {
         let mut names: Vec<String> = node
@@ -316,7 +300,7 @@ pub(super) fn build_gpu_chunked(
         if fused {
             names.extend(["a_log".to_string(), "dt_bias".to_string()]);
         }
-        let mut l = metal::gated_delta_chunk_scan_launch(node, names, columns);
+        let mut l = chunked::gated_delta_chunked_scan_launch(node, names, columns);
         if fused {
             l.name.push_str("_gates");
         }

@@ -3,17 +3,14 @@
 //! prefix replay in `replay`, the gradients in `vjp`, and the graph building all of them share
 //! in `graph`.
 
+mod chunked_vjp;
 mod from_conv;
 mod graph;
 mod pool;
 mod replay;
 mod vjp;
-mod vjp_chunked;
 
-pub(crate) use from_conv::FROM_CONV_ANY_T;
 pub use from_conv::{update_from_conv, FromConvInputs};
-pub(crate) use graph::GPU_GATES_ON_CPU;
-pub(crate) use pool::POOL_IN_PLACE;
 pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm, Slots};
 pub use replay::state;
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
@@ -27,7 +24,7 @@ use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::node::gated_delta::{Dims, Form, GateDtypes, Node};
+use crate::node::gated_delta::{ChunkSize, Dims, Form, GateDtypes, Node};
 use graph::{build, two_outputs, Arrays};
 
 /// The arrays of one recurrence call (borrowed from the registry).
@@ -322,35 +319,17 @@ pub fn update(x: &Inputs, backend: Backend) -> Result<(UniquePtr<Array>, UniqueP
     Ok(two_outputs(build(&node, &x.arrays(), backend)?))
 }
 
-/// Tokens per chunk of the chunked recurrence when the caller passes 0.
-pub const DEFAULT_CHUNK: i32 = crate::cpu::chunked::DEFAULT_CHUNK as i32;
-
-/// Validates the chunk size of `mlxk_gated_delta_update_chunked` (0 = the default).
-pub fn check_chunk(chunk: i32) -> Result<usize> {
-    let min = crate::cpu::chunked::MIN_CHUNK as i32;
-    let max = crate::cpu::chunked::MAX_CHUNK as i32;
-    match chunk {
-        0 => Ok(DEFAULT_CHUNK as usize),
-        c if (min..=max).contains(&c) && c % min == 0 => Ok(c as usize),
-        c => Err(Error::InvalidArgument(format!(
-            "chunk_size is {c}; expected 0 (the default, {DEFAULT_CHUNK}) or a multiple of \
-             {min} in [{min}, {max}]"
-        ))),
-    }
-}
-
 /// Builds the chunked (WY-form) recurrence: returns `(y, state_out)`, lazy. The same arguments
-/// as `update` plus the chunk size (0 = default). On the CPU the chunked kernel
-/// (`crate::cpu::chunked`); on a GPU the two chunked launches (`graph::build_gpu_chunked`),
-/// which run chunks of at most `metal::GPU_MAX_CHUNK` tokens; a call without a token or a batch
-/// row runs the exact update's launch (its results: y empty, the state unchanged).
+/// as `update` plus the chunk size. On the CPU the chunked kernel
+/// (`crate::cpu::gated_delta::chunked`); on a GPU the two chunked launches
+/// (`graph::build_gpu_chunked`), which run chunks of at most
+/// `metal::gated_delta::chunked::GPU_MAX_CHUNK` tokens; a call without a token or a batch row
+/// runs the exact update's launch (its results: y empty, the state unchanged).
 pub fn update_chunked(
     x: &Inputs,
-    chunk: i32,
+    chunk: ChunkSize,
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, UniquePtr<Array>)> {
-    // The chunk size first: it is an argument, the memory check in check_update a resource.
-    let chunk = check_chunk(chunk)?;
     let mut node = check_update(x)?;
     if backend == Backend::Cpu {
         node.form = Form::Chunked { chunk };
@@ -372,10 +351,7 @@ pub fn update_chunked(
 /// P and γ, `B·Hv·Tp·(2 Dk + Dv + C + 1)` floats with Tp = T rounded up to the chunk.
 fn check_chunked_gpu(node: &Node) -> Result<()> {
     let d = node.dims;
-    let c = match node.form {
-        Form::Chunked { chunk } => crate::metal::gpu_chunk(chunk),
-        _ => unreachable!("a chunked node"),
-    };
+    let c = crate::metal::gated_delta::chunked::launch_chunk(node);
     let rows = (d.t.div_ceil(c) * c) as u64;
     let per_row = (2 * d.dk + d.dv + c + 1) as u64;
     let bytes = 4u64

@@ -8,22 +8,20 @@
 //! and is updated in place; on a GPU the kernel writes the rows' new states and MLX's scatter
 //! puts them into the pool (in place under the same rule).
 
-use std::sync::atomic::{AtomicU8, Ordering};
-
 use cxx::UniquePtr;
 
 use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::node::gated_delta::{Form, Node, Pool, PoolWrite};
+use crate::node::gated_delta::{ChunkSize, Form, Node, Pool, PoolWrite};
 use crate::ops::shape::ArgInfo;
 use crate::ops::Backend;
 
 use super::from_conv::{check_update_from_conv, FromConvInputs};
 use super::graph::{build, Arrays};
 use super::replay::ints_array;
-use super::{check_chunk, check_state, check_update, Inputs, StateInputs};
+use super::{check_state, check_update, Inputs, StateInputs};
 
 /// How the caller names each row's state: pool rows by slot (negative: a padding row), and
 /// optionally rows that start from zeros instead of their slot's state.
@@ -51,8 +49,8 @@ pub enum Layout<'a> {
 pub enum PoolForm {
     /// The exact recurrence; the final states go into the pool.
     Update,
-    /// The chunked form with this chunk size (0: the default).
-    Chunked(i32),
+    /// The chunked form with this chunk size.
+    Chunked(ChunkSize),
     /// The exact recurrence reading the pool and writing no state (speculative verify).
     Verify,
 }
@@ -190,19 +188,11 @@ fn row_table(
     (table, written)
 }
 
-/// Tests only (`crate::testing::pool_in_place`): 1 takes the in-place pool launch on MLX CUDA
-/// whatever MLX exports, 2 never; 0 where MLX exports its command encoder.
-pub(crate) static POOL_IN_PLACE: AtomicU8 = AtomicU8::new(0);
-
 /// Whether a GPU pool call that writes states on `backend` takes the in-place launch
 /// (`PoolWrite::InPlace`: MLX CUDA, its command encoder found).
 fn in_place_launch(backend: Backend) -> bool {
     matches!(backend, Backend::Cuda { .. })
-        && match POOL_IN_PLACE.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => bridge::cuda_pool_in_place_available(),
-        }
+        && crate::seams::pool_in_place().unwrap_or_else(bridge::cuda_pool_in_place_available)
 }
 
 /// The node's state output and the row numbering for a call on `backend` that `writes`
@@ -269,7 +259,7 @@ pub fn update_pool(
     backend: Backend,
 ) -> Result<(UniquePtr<Array>, Option<UniquePtr<Array>>)> {
     let chunk = match form {
-        PoolForm::Chunked(c) => Some(check_chunk(c)?),
+        PoolForm::Chunked(c) => Some(c),
         _ => None,
     };
     let mut node = check_update(x)?;

@@ -7,14 +7,14 @@ use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::metal;
-use crate::node::gated_delta::{Backward, BackwardInput, Form, Input, Node};
+use crate::metal::gated_delta::{self as metal, chunked};
+use crate::node::gated_delta::{Backward, BackwardInput, ChunkSize, Form, Input, Node};
 use crate::node::Words;
 use crate::ops::shape::ArgInfo;
 use crate::ops::{cpu_node, gpu_node, silu_rms_heads, Backend};
 
+use super::chunked_vjp;
 use super::graph::{caller_array, gpu_inputs};
-use super::vjp_chunked;
 use super::{check_update, Inputs};
 
 /// The gradients of one update, as `mlxk_gated_delta_update_vjp` returns them: dq, dk, dv, da,
@@ -99,18 +99,16 @@ pub fn update_vjp(
 }
 
 /// The backward pass of the chunked form (`mlxk_gated_delta_update_chunked_vjp`): on the CPU
-/// the chunked form's own backward (`cpu::chunked::chunked_backward`), with chunks of `chunk`
-/// tokens (0 = the default); with a GPU backend the chunked GPU backward
-/// (`vjp_chunked`, `kernels/metal/gated_delta_chunked_backward.metal`). Lazy.
+/// the chunked form's own backward (`cpu::gated_delta::chunked::chunked_backward`), with chunks
+/// of `chunk` tokens; with a GPU backend the chunked GPU backward
+/// (`chunked_vjp`, `kernels/metal/gated_delta_chunked_backward.metal`). Lazy.
 pub fn update_chunked_vjp(
     x: &Inputs,
-    chunk: i32,
+    chunk: ChunkSize,
     dy: Option<&Array>,
     dstate_out: Option<&Array>,
     backend: Backend,
 ) -> Result<Gradients> {
-    // The chunk size first: it is an argument, the memory checks resources.
-    let chunk = super::check_chunk(chunk)?;
     let node = check_update(x)?;
     let mut backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
@@ -123,7 +121,8 @@ pub fn update_chunked_vjp(
     // thread, each a key head's value heads over ceil(T/C) chunks).
     let d = node.dims;
     let (group, dvp) = (d.hv / d.hk.max(1), d.dv.div_ceil(16) * 16);
-    let per_job = (group * d.t.div_ceil(chunk)) as u64 * ((d.dk + chunk) * dvp * 4) as u64;
+    let c = chunk.tokens();
+    let per_job = (group * d.t.div_ceil(c)) as u64 * ((d.dk + c) * dvp * 4) as u64;
     let jobs = (crate::cpu::pool::threads() as u64).min((d.b * d.hk) as u64);
     memory::check_bytes(
         "the chunked backward's kept states",
@@ -220,7 +219,7 @@ fn backward_gpu_any(
 ) -> Result<[UniquePtr<Array>; 6]> {
     match node.form {
         Form::Chunked { chunk } => {
-            let x = vjp_chunked::ChunkedInputs {
+            let x = chunked_vjp::ChunkedInputs {
                 q: x.q,
                 k: x.k,
                 v: x.v,
@@ -229,7 +228,7 @@ fn backward_gpu_any(
                 state: x.state,
                 mask: x.mask,
             };
-            vjp_chunked::backward_gpu_chunked(node, &x, dy, dstate_out, backend, chunk)
+            chunked_vjp::backward_gpu_chunked(node, &x, dy, dstate_out, backend, chunk)
         }
         _ => backward_gpu(node, x, dy, dstate_out, backend),
     }
@@ -357,7 +356,7 @@ pub(crate) fn gpu_vjp(
     // The chunked form's scan node takes its per-chunk matrices after the exact update's
     // inputs (graph::build_gpu_chunked); they stand behind stop_gradient and get zeros.
     let extra = matches!(node.form, Form::Chunked { .. })
-        && primals.len() == order.len() + metal::CHUNK_PARTS.len();
+        && primals.len() == order.len() + chunked::CHUNK_PARTS.len();
     if (order.len() != primals.len() && !extra) || cotangents.len() != 2 {
         return Err(malformed());
     }

@@ -19,10 +19,10 @@
 
 use half::{bf16, f16};
 
-use super::elem::{narrow, Elem, Floats};
-use super::grad::{normalize, part_mut, rms_backward, row_jobs, silu_and_slope, Partials};
-use super::pool::{self, SharedMut};
-use super::{typed, typed_mut, Buffers};
+use crate::cpu::elem::{narrow, Elem, Floats};
+use crate::cpu::grad::{normalize, part_mut, rms_backward, row_jobs, silu_and_slope, Partials};
+use crate::cpu::pool::{self, SharedMut};
+use crate::cpu::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_rms_norm::Backward;
 use crate::node::Words;

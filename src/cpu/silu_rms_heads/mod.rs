@@ -10,17 +10,19 @@
 //! runs the butterfly as fixed shuffles. With AVX-512 (bf16 and f16) the same on sixteen lanes,
 //! the table read by gathers.
 
+pub mod backward;
+
 use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::elem::{round_to, Elem};
-use super::features;
-use super::math::{rsqrt, sigmoid};
-use super::pool::{self, SharedMut};
-use super::reduce::simd_sum;
-use super::simd::Lanes;
-use super::{typed, typed_mut, Buffers};
+use crate::cpu::elem::{round_to, Elem};
+use crate::cpu::features;
+use crate::cpu::math::{rsqrt, sigmoid};
+use crate::cpu::pool::{self, SharedMut};
+use crate::cpu::reduce::simd_sum;
+use crate::cpu::simd::Lanes;
+use crate::cpu::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::silu_rms_heads::Node;
 use crate::node::Words;
@@ -207,11 +209,11 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::super::math::rsqrt;
-    use super::super::simd::avx2::{
+    use super::Problem;
+    use crate::cpu::math::rsqrt;
+    use crate::cpu::simd::avx2::{
         add_squares, butterfly, load_n, lookup, lookup8_u16, silu, silu_table, store_n, Lanes,
     };
-    use super::Problem;
 
     /// As `heads_portable`.
     ///
@@ -358,11 +360,11 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::super::math::rsqrt;
-    use super::super::simd::avx2::silu_table;
-    use super::super::simd::avx512::{add_squares, butterfly, first, lookup16_u16};
-    use super::super::simd::Lanes;
     use super::Problem;
+    use crate::cpu::math::rsqrt;
+    use crate::cpu::simd::avx2::silu_table;
+    use crate::cpu::simd::avx512::{add_squares, butterfly, first, lookup16_u16};
+    use crate::cpu::simd::Lanes;
 
     /// As `heads_portable`.
     ///

@@ -1,7 +1,7 @@
 //! Launch descriptions of the chunked (WY / UT) backward pass of the recurrence on a GPU
 //! (`kernels/metal/gated_delta_chunked_backward.metal`, docs/DESIGN.md §4 "Gradients"): five
 //! kernels of one text, the stage chosen by the launch's header, run in sequence as nodes of
-//! one graph (`ops::gated_delta::vjp_chunked`).
+//! one graph (`ops::gated_delta::chunked_vjp`).
 //!
 //! Per (batch row, value head) `n` with `NC = ceil(T / C)` chunks, the stages hand each other
 //! f32 scratch arrays: per token `[B·Hv, T, X]` (γ; W; Ũ, U, dU and Tmᵀ dU; dβ's and the gates'
@@ -11,15 +11,15 @@
 
 use std::sync::OnceLock;
 
+use super::super::{launch, names, token_variants};
 use crate::bridge::MetalLaunch;
 use crate::dtype::Dtype;
-use crate::metal::{launch, names, token_variants};
-use crate::node::gated_delta::{Dims, Node};
+use crate::node::gated_delta::{ChunkSize, Dims, Node};
 use crate::node::Output;
 
 /// The chunked backward's kernel text (all five stages).
 pub const GATED_DELTA_CHUNKED_BACKWARD_SOURCE: &str =
-    include_str!("../kernels/metal/gated_delta_chunked_backward.metal");
+    include_str!("../../../kernels/metal/gated_delta_chunked_backward.metal");
 
 /// Threads of every stage's threadgroup (four SIMD groups).
 pub const CHUNKED_BACKWARD_THREADS: usize = 128;
@@ -28,15 +28,10 @@ pub const CHUNKED_BACKWARD_THREADS: usize = 128;
 /// threadgroup memory (20 KiB at 32; Metal allows 32 KiB).
 pub const CHUNKED_BACKWARD_MAX_CHUNK: usize = 32;
 
-/// The chunk the GPU backward runs for the forward's chunk size `chunk` (0: the default, 32):
-/// 16 for 16, else 32. The backward's results do not depend on the forward's chunk beyond
+/// The chunk the GPU backward runs for the forward's chunk size `chunk`: 16 for 16, else 32. The backward's results do not depend on the forward's chunk beyond
 /// float32 rounding (both are the same function of the inputs).
-pub fn backward_chunk(chunk: usize) -> usize {
-    if chunk == 16 {
-        16
-    } else {
-        CHUNKED_BACKWARD_MAX_CHUNK
-    }
+pub fn backward_chunk(chunk: ChunkSize) -> usize {
+    chunk.tokens().min(CHUNKED_BACKWARD_MAX_CHUNK)
 }
 
 /// Value columns of one tile of the sequential stages (2 and 3): the state tile `Dk x TN`

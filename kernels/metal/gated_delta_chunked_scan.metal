@@ -1,7 +1,7 @@
 // The chunked (WY / UT) gated delta rule on the GPU, second of two launches: the walk over the
 // chunks, one threadgroup per (batch row, value head, tile of VT value columns), the tile's
 // columns of the state H = Sᵀ ([Dk, VT]) in threadgroup memory. Per chunk, from the first
-// launch's rows (gated_delta_chunk_prep.metal):
+// launch's rows (gated_delta_chunked_prep.metal):
 //   U = U0 − W H;  y = diag(γ) Q H + P U;  H ← γ_{C-1} H + Kdᵀ U.
 // Every value column evolves on its own, so the tiles share nothing but their reads.
 // Launch: grid (256, ceil(Dv / VT), B·Hv), threadgroup (256, 1, 1); template InT, Dk, Dv, Hk,

@@ -56,19 +56,14 @@ pub use backward::{chunked_backward, chunked_backward_with, ChunkedGrads};
 use chunk::Problem;
 use gemm::NR;
 
-use super::elem::Elem;
-use super::features;
-use super::gated_delta::{Dims, Out, Rows, StateIn};
+use super::{Dims, Out, Rows, StateIn};
+use crate::cpu::elem::Elem;
+use crate::cpu::features;
 
-/// Tokens per chunk unless the caller asks otherwise (32 measured faster than 64 on an AVX2
-/// machine: fewer intra-chunk multiply-adds, a working set well inside L2).
-pub const DEFAULT_CHUNK: usize = 32;
+pub use crate::node::gated_delta::ChunkSize;
 
-/// Largest chunk the kernel accepts.
-pub const MAX_CHUNK: usize = 128;
-
-/// Smallest chunk the kernel accepts; every chunk size is a multiple of it.
-pub const MIN_CHUNK: usize = NR;
+// Every chunk is a whole number of the products' panels.
+const _: () = assert!(ChunkSize::MULTIPLE == NR);
 
 /// Which product kernel a call may use at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +80,8 @@ pub enum Products {
 /// Knobs of the chunked kernel (tests and benchmarks vary them; callers use the default).
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkedOptions {
-    /// Tokens per chunk: a multiple of 16 in 16..=128.
-    pub chunk: usize,
+    /// Tokens per chunk.
+    pub chunk: ChunkSize,
     /// The fastest product kernel the call may use.
     pub products: Products,
 }
@@ -94,7 +89,7 @@ pub struct ChunkedOptions {
 impl Default for ChunkedOptions {
     fn default() -> Self {
         ChunkedOptions {
-            chunk: DEFAULT_CHUNK,
+            chunk: ChunkSize::DEFAULT,
             products: Products::Fastest,
         }
     }
@@ -176,11 +171,6 @@ pub fn chunked_recurrence_rows<T: Elem>(
     opts: ChunkedOptions,
 ) {
     assert!(
-        opts.chunk >= NR && opts.chunk <= MAX_CHUNK && opts.chunk % NR == 0,
-        "chunk size {} is not a multiple of {NR} in {NR}..={MAX_CHUNK}",
-        opts.chunk
-    );
-    assert!(
         d.hv == 0 || (d.hk > 0 && d.hv % d.hk == 0),
         "Hv = {} is not a multiple of Hk = {}",
         d.hv,
@@ -239,7 +229,7 @@ pub fn chunked_recurrence_rows<T: Elem>(
         init: state_in,
         mask,
         rows,
-        chunk: opts.chunk,
+        chunk: opts.chunk.tokens(),
         group: d.hv / d.hk,
     };
     let f = features::kernels();

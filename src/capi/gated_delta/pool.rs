@@ -2,9 +2,10 @@
 //! the update from the convolution's output on a pool of states addressed by slot, and packed
 //! variable-length prefill (docs/DESIGN.md §4 "Pools and packing").
 
-use super::status::mlxk_status;
-use super::{boundary, distinct_outs, in_slice, mlxk_array, Out};
+use crate::capi::status::mlxk_status;
+use crate::capi::{boundary, distinct_outs, in_slice, mlxk_array, Out};
 use crate::error::{Error, Result};
+use crate::node::gated_delta::ChunkSize;
 use crate::ops::gated_delta::{
     self as ops, FromConvInputs, Inputs, Layout, PoolForm, Slots, StateInputs,
 };
@@ -83,8 +84,7 @@ fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 8]) -> Result<Inputs<'_>> 
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn update(
     function: &str,
-    form: PoolForm,
-    backend: Option<Backend>,
+    form: Result<PoolForm>,
     args: [*const mlxk_array; 9],
     rows: HostRows,
     cu_seqlens: Option<(*const i32, usize)>,
@@ -92,7 +92,7 @@ pub(crate) unsafe fn update(
     pool_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
     boundary(function, || {
-        let (y, pool_out) = if form == PoolForm::Verify {
+        let (y, pool_out) = if matches!(form, Ok(PoolForm::Verify)) {
             // SAFETY: the documented contract on `y`.
             (unsafe { Out::new(y, "y") }?, None)
         } else {
@@ -112,7 +112,10 @@ pub(crate) unsafe fn update(
         let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, mask])?;
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
-        let backend = backend.unwrap_or_else(Backend::current);
+        let backend = Backend::current();
+        // The chunk size, checked where the C call entered, is reported here, after the
+        // handles and the host arrays.
+        let form = form?;
         let (y_array, pool_array) = ops::update_pool(&inputs, &slots, layout, form, backend)?;
         y.write(mlx.insert(y_array));
         if let (Some(out), Some(array)) = (pool_out, pool_array) {
@@ -170,8 +173,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
     unsafe {
         update(
             "mlxk_gated_delta_update_pool",
-            PoolForm::Update,
-            None,
+            Ok(PoolForm::Update),
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
                 slots,
@@ -211,8 +213,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
     unsafe {
         update(
             "mlxk_gated_delta_update_pool_chunked",
-            PoolForm::Chunked(chunk_size),
-            None,
+            ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
                 slots,
@@ -252,8 +253,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
     unsafe {
         update(
             "mlxk_gated_delta_verify_pool",
-            PoolForm::Verify,
-            None,
+            Ok(PoolForm::Verify),
             [q, k, v, a, b, a_log, dt_bias, pool, mask],
             HostRows {
                 slots,
@@ -298,8 +298,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
     unsafe {
         update(
             "mlxk_gated_delta_update_packed",
-            PoolForm::Update,
-            None,
+            Ok(PoolForm::Update),
             [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
             HostRows {
                 slots,
@@ -339,8 +338,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
     unsafe {
         update(
             "mlxk_gated_delta_update_packed_chunked",
-            PoolForm::Chunked(chunk_size),
-            None,
+            ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
             [q, k, v, a, b, a_log, dt_bias, pool, std::ptr::null()],
             HostRows {
                 slots,
@@ -360,7 +358,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
 /// As `update`; `accepted_lengths` holds `rows.n_slots` values.
 pub(crate) unsafe fn state(
     function: &str,
-    backend: Option<Backend>,
     args: [*const mlxk_array; 7],
     rows: HostRows,
     accepted_lengths: *const i32,
@@ -392,7 +389,7 @@ pub(crate) unsafe fn state(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
-        let result = ops::state_pool(&inputs, &slots, backend.unwrap_or_else(Backend::current))?;
+        let result = ops::state_pool(&inputs, &slots, Backend::current())?;
         pool_out.write(mlx.insert(result));
         Ok(())
     })
@@ -428,7 +425,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
     unsafe {
         state(
             "mlxk_gated_delta_state_pool",
-            None,
             [k, v, a, b, a_log, dt_bias, pool],
             HostRows {
                 slots,
@@ -478,7 +474,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
         let mut mlx = registry::lock();
         let heads = [key_heads, value_heads, value_width];
         let inputs = FromConvInputs {
-            split: super::silu_rms_heads::inputs(&mlx, [x, q_scale, k_scale], heads, eps)?,
+            split: crate::capi::silu_rms_heads::inputs(&mlx, [x, q_scale, k_scale], heads, eps)?,
             a: mlx.get(a, "a")?,
             b: mlx.get(b, "b")?,
             a_log: mlx.get(a_log, "a_log")?,

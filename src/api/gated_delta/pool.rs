@@ -5,8 +5,8 @@
 //! [`GatedDelta::update_packed_chunked`], [`StateReplay::commit_pool`] and
 //! [`GatedDeltaFromConv::update_pool`] run on them.
 
-use super::gated_delta::chunk_arg;
-use super::{call, int_arg, Array, GatedDelta, GatedDeltaFromConv, StateReplay};
+use super::chunk_arg;
+use crate::api::{call, int_arg, Array, GatedDelta, GatedDeltaFromConv, StateReplay};
 use crate::bridge;
 use crate::error::{Error, Result};
 use crate::ops::gated_delta::{self as ops, Layout, PoolForm, Slots};

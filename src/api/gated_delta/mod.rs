@@ -2,11 +2,14 @@
 //! [`GatedDelta`] (exact and chunked update, gradients), [`GatedDeltaFromConv`] and
 //! [`StateReplay`].
 
+pub mod pool;
+
 use cxx::UniquePtr;
 
 use super::{call, int_arg, locked, Array, SiluRmsHeads};
 use crate::bridge;
 use crate::error::{Error, Result};
+use crate::node::gated_delta::ChunkSize;
 use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
 use crate::ops::Backend;
 
@@ -220,14 +223,16 @@ impl<'a> GatedDelta<'a> {
     }
 }
 
-/// The C ABI's `chunk_size` for the safe API's: None is the default (0 there); 0 is refused.
-pub(super) fn chunk_arg(chunk_size: Option<usize>) -> Result<i32> {
+/// The safe API's `chunk_size`: None is the default (0 in the C ABI); 0 is refused; any other
+/// value is checked as the C ABI checks it.
+pub(super) fn chunk_arg(chunk_size: Option<usize>) -> Result<ChunkSize> {
     match chunk_size {
-        None => Ok(0),
-        Some(0) => Err(Error::InvalidArgument(
-            "chunk_size is 0; expected None (the default) or a multiple of 16 in [16, 128]".into(),
-        )),
-        Some(c) => int_arg(c, "chunk_size"),
+        None => Ok(ChunkSize::DEFAULT),
+        Some(0) => Err(Error::InvalidArgument(format!(
+            "chunk_size is 0; expected None (the default) or {}",
+            ChunkSize::RULE
+        ))),
+        Some(c) => ChunkSize::from_c(int_arg(c, "chunk_size")?),
     }
 }
 

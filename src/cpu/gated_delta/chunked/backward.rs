@@ -29,7 +29,7 @@ use super::backward_chunk::{self as bc, Chunk, Outs, Scratch};
 #[cfg(target_arch = "x86_64")]
 use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
-use super::{Products, DEFAULT_CHUNK, MAX_CHUNK};
+use super::{ChunkSize, Products};
 use crate::cpu::gated_delta::backward::Inputs;
 use crate::cpu::pool::{self, SharedMut};
 use crate::cpu::{features, fp};
@@ -47,20 +47,16 @@ pub struct ChunkedGrads {
     pub dstate: Vec<f32>,
 }
 
-/// The backward pass of the chunked form with chunks of `chunk` tokens (0: `DEFAULT_CHUNK`;
-/// else a multiple of 16 in 16..=128) and the fastest product kernel.
-pub fn chunked_backward(x: &Inputs, chunk: usize) -> ChunkedGrads {
+/// The backward pass of the chunked form with chunks of `chunk` tokens and the fastest product
+/// kernel.
+pub fn chunked_backward(x: &Inputs, chunk: ChunkSize) -> ChunkedGrads {
     chunked_backward_with(x, chunk, Products::Fastest)
 }
 
 /// `chunked_backward` with the product kernel capped at `products`.
-pub fn chunked_backward_with(x: &Inputs, chunk: usize, products: Products) -> ChunkedGrads {
+pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -> ChunkedGrads {
     let d = x.d;
-    let c = if chunk == 0 { DEFAULT_CHUNK } else { chunk };
-    assert!(
-        (NR..=MAX_CHUNK).contains(&c) && c.is_multiple_of(NR),
-        "chunk size {c} is not a multiple of {NR} in {NR}..={MAX_CHUNK}"
-    );
+    let c = chunk.tokens();
     assert!(
         d.hv == 0 || (d.hk > 0 && d.hv.is_multiple_of(d.hk)),
         "Hv = {} is not a multiple of Hk = {}",

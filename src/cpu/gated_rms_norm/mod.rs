@@ -11,17 +11,19 @@
 //! 16-bit gate the same on sixteen lanes (two registers per SIMD group), the table read by
 //! gathers.
 
+pub mod backward;
+
 use std::ops::Range;
 
 use half::{bf16, f16};
 
-use super::elem::{round_to, Elem};
-use super::features;
-use super::math::{rsqrt, sigmoid};
-use super::pool::{self, SharedMut};
-use super::reduce::simd_sum;
-use super::simd::Lanes;
-use super::{typed, typed_mut, Buffers};
+use crate::cpu::elem::{round_to, Elem};
+use crate::cpu::features;
+use crate::cpu::math::{rsqrt, sigmoid};
+use crate::cpu::pool::{self, SharedMut};
+use crate::cpu::reduce::simd_sum;
+use crate::cpu::simd::Lanes;
+use crate::cpu::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_rms_norm::Node;
 use crate::node::Words;
@@ -162,12 +164,12 @@ mod avx2 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::super::math::rsqrt;
-    use super::super::reduce::simd_sum;
-    use super::super::simd::avx2::{
+    use super::{threads, Problem};
+    use crate::cpu::math::rsqrt;
+    use crate::cpu::reduce::simd_sum;
+    use crate::cpu::simd::avx2::{
         add_squares, butterfly, gate_table, load_n, lookup, lookup8, sigmoid, store_n, Lanes,
     };
-    use super::{threads, Problem};
 
     /// As `rows_portable`.
     ///
@@ -333,12 +335,12 @@ mod avx512 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    use super::super::math::rsqrt;
-    use super::super::reduce::simd_sum;
-    use super::super::simd::avx2::gate_table;
-    use super::super::simd::avx512::{add_squares, butterfly, lookup16_f32};
-    use super::super::simd::Lanes;
     use super::{threads, Problem};
+    use crate::cpu::math::rsqrt;
+    use crate::cpu::reduce::simd_sum;
+    use crate::cpu::simd::avx2::gate_table;
+    use crate::cpu::simd::avx512::{add_squares, butterfly, lookup16_f32};
+    use crate::cpu::simd::Lanes;
 
     /// As `rows_portable`.
     ///

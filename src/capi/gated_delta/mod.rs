@@ -1,8 +1,11 @@
 //! The gated-delta recurrence and its gate: `mlxk_compute_g`, `mlxk_gated_delta_update` (and its
 //! chunked form), `mlxk_gated_delta_state`.
 
+pub mod pool;
+
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};
+use crate::node::gated_delta::ChunkSize;
 use crate::ops::gated_delta::{self as ops, FromConvInputs, Inputs, StateInputs};
 use crate::ops::Backend;
 use crate::registry::{self, Mlx};
@@ -58,13 +61,12 @@ pub(crate) fn update_inputs(
     })
 }
 
-/// Which form of the update a call builds, and where (None: the default device's backend;
-/// tests pass one to reach the Metal launch or the chunked form's GPU refusal without a GPU).
+/// Which form of the update a call builds.
 #[derive(Clone, Copy)]
 pub(crate) enum Form {
-    Exact(Option<Backend>),
-    /// The chunked form with this chunk size (0 = default).
-    Chunked(i32, Option<Backend>),
+    Exact,
+    /// The chunked form with the C call's chunk size (checked here: `ChunkSize::from_c`).
+    Chunked(i32),
 }
 
 /// # Safety
@@ -83,9 +85,10 @@ pub(crate) unsafe fn update(
         let mut mlx = registry::lock();
         let inputs = update_inputs(&mlx, args)?;
         let (y_array, state_array) = match form {
-            Form::Exact(backend) => ops::update(&inputs, backend.unwrap_or_else(Backend::current))?,
-            Form::Chunked(chunk, backend) => {
-                ops::update_chunked(&inputs, chunk, backend.unwrap_or_else(Backend::current))?
+            Form::Exact => ops::update(&inputs, Backend::current())?,
+            Form::Chunked(chunk) => {
+                let chunk = ChunkSize::from_c(chunk)?;
+                ops::update_chunked(&inputs, chunk, Backend::current())?
             }
         };
         y.write(mlx.insert(y_array));
@@ -134,7 +137,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update(
     unsafe {
         update(
             "mlxk_gated_delta_update",
-            Form::Exact(None),
+            Form::Exact,
             [q, k, v, a, b, a_log, dt_bias, state, mask],
             y,
             state_out,
@@ -147,7 +150,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn update_from_conv(
     function: &str,
-    backend: Option<Backend>,
     arrays: [*const mlxk_array; 9],
     heads: [i32; 3],
     eps: f32,
@@ -168,8 +170,7 @@ pub(crate) unsafe fn update_from_conv(
             state: mlx.get_opt(state, "state")?,
             mask: mlx.get_opt(mask, "mask")?,
         };
-        let (y_array, state_array) =
-            ops::update_from_conv(&inputs, backend.unwrap_or_else(Backend::current))?;
+        let (y_array, state_array) = ops::update_from_conv(&inputs, Backend::current())?;
         y.write(mlx.insert(y_array));
         state_out.write(mlx.insert(state_array));
         Ok(())
@@ -222,7 +223,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv(
     unsafe {
         update_from_conv(
             "mlxk_gated_delta_update_from_conv",
-            None,
             [x, q_scale, k_scale, a, b, a_log, dt_bias, state, mask],
             [key_heads, value_heads, value_width],
             eps,
@@ -281,7 +281,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked(
     unsafe {
         update(
             "mlxk_gated_delta_update_chunked",
-            Form::Chunked(chunk_size, None),
+            Form::Chunked(chunk_size),
             [q, k, v, a, b, a_log, dt_bias, state, mask],
             y,
             state_out,
@@ -346,7 +346,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_vjp(
     unsafe {
         update_vjp(
             "mlxk_gated_delta_update_vjp",
-            None,
             [q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out],
             [dq, dk, dv, da, db, da_log, ddt_bias, dstate],
         )
@@ -409,7 +408,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked_vjp(
     unsafe {
         update_vjp_form(
             "mlxk_gated_delta_update_chunked_vjp",
-            None,
             Some(chunk_size),
             [q, k, v, a, b, a_log, dt_bias, state, mask, dy, dstate_out],
             [dq, dk, dv, da, db, da_log, ddt_bias, dstate],
@@ -423,12 +421,11 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_chunked_vjp(
 /// Each of `ptrs` is NULL or valid for writing one handle.
 pub(crate) unsafe fn update_vjp(
     function: &str,
-    backend: Option<Backend>,
     args: [*const mlxk_array; 11],
     ptrs: [*mut *mut mlxk_array; 8],
 ) -> mlxk_status {
     // SAFETY: forwarded contract on `ptrs`.
-    unsafe { update_vjp_form(function, backend, None, args, ptrs) }
+    unsafe { update_vjp_form(function, None, args, ptrs) }
 }
 
 /// `update_vjp` of the exact form (`chunk` None) or of the chunked form with that chunk size
@@ -438,7 +435,6 @@ pub(crate) unsafe fn update_vjp(
 /// Each of `ptrs` is NULL or valid for writing one handle.
 pub(crate) unsafe fn update_vjp_form(
     function: &str,
-    backend: Option<Backend>,
     chunk: Option<i32>,
     args: [*const mlxk_array; 11],
     ptrs: [*mut *mut mlxk_array; 8],
@@ -452,10 +448,13 @@ pub(crate) unsafe fn update_vjp_form(
         let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, state, mask])?;
         let dy = mlx.get_opt(dy, "dy")?;
         let dstate_out = mlx.get_opt(dstate_out, "dstate_out")?;
-        let backend = backend.unwrap_or_else(Backend::current);
+        let backend = Backend::current();
         let grads = match chunk {
             None => ops::update_vjp(&inputs, dy, dstate_out, backend)?,
-            Some(c) => ops::update_chunked_vjp(&inputs, c, dy, dstate_out, backend)?,
+            Some(c) => {
+                let chunk = ChunkSize::from_c(c)?;
+                ops::update_chunked_vjp(&inputs, chunk, dy, dstate_out, backend)?
+            }
         };
         for (out, grad) in outs.into_iter().zip(grads) {
             out.write(mlx.insert(grad));
@@ -470,7 +469,6 @@ pub(crate) unsafe fn update_vjp_form(
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn build_state(
     function: &str,
-    backend: Option<Backend>,
     args: [*const mlxk_array; 7],
     accepted_lengths: *const i32,
     n_lengths: usize,
@@ -493,7 +491,7 @@ pub(crate) unsafe fn build_state(
             state: mlx.get_opt(state, "state")?,
             accepted_lengths: lengths,
         };
-        let result = ops::state(&inputs, backend.unwrap_or_else(Backend::current))?;
+        let result = ops::state(&inputs, Backend::current())?;
         state_out.write(mlx.insert(result));
         Ok(())
     })
@@ -534,7 +532,6 @@ pub unsafe extern "C" fn mlxk_gated_delta_state(
     unsafe {
         build_state(
             "mlxk_gated_delta_state",
-            None,
             [k, v, a, b, a_log, dt_bias, state],
             accepted_lengths,
             n_lengths,

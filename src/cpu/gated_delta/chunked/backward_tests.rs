@@ -1,7 +1,7 @@
 //! The chunked backward against the exact one (`gated_delta::backward`), on every product
 //! kernel the CPU has.
 
-use super::{chunked_backward_with, Products};
+use super::{chunked_backward_with, ChunkSize, Products};
 use crate::cpu::gated_delta::backward::{backward, Inputs};
 use crate::cpu::gated_delta::Dims;
 
@@ -117,7 +117,7 @@ fn matches_the_exact_backward() {
             let dlog: Vec<f32> = exact.dg.iter().zip(&c.g).map(|(a, b)| a * b).collect();
             for chunk in [16, 32, 64, 128] {
                 for kind in kinds {
-                    let got = chunked_backward_with(&x, chunk, kind);
+                    let got = chunked_backward_with(&x, ChunkSize::new(chunk).unwrap(), kind);
                     let what = format!("{d:?} state {state} mask {mask} tiny {tiny} chunk {chunk}");
                     close("dq", &got.dq, &exact.dq, 1e-4, &what);
                     close("dk", &got.dk, &exact.dk, 1e-4, &what);

@@ -1,13 +1,13 @@
 // The chunked (WY / UT) gated delta rule on the GPU, first of two launches: the work within each
 // chunk of C tokens, all chunks and value heads in parallel (docs/DESIGN.md §3 "Chunked update";
-// the maths as in src/cpu/chunked/mod.rs). Per chunk of one (batch row, value head), with keys
+// the maths as in src/cpu/gated_delta/chunked/mod.rs). Per chunk of one (batch row, value head), with keys
 // K, queries Q, values V and gates g, β of its C tokens (a masked token, and a token past T in
 // the last chunk, is an identity step: g = 1, β = 0, its k, q, v read as 0):
 //   γ_t = g_0 ⋯ g_t,  Γ(t, s) = g_{s+1} ⋯ g_t (running products, never a ratio),
 //   A[t, s] = β_t Γ(t, s) k_t·k_s (s < t),  P[t, s] = Γ(t, s) q_t·k_s (s ≤ t, else 0),
 //   W = (I + A)⁻¹ diag(β γ) K,  U0 = (I + A)⁻¹ diag(β) V  ((I + A)⁻¹ row by row, then products),
 //   Kd_t = Γ(C - 1, t) k_t.
-// The second launch (gated_delta_chunk_scan.metal) walks the chunks with the state H = Sᵀ:
+// The second launch (gated_delta_chunked_scan.metal) walks the chunks with the state H = Sᵀ:
 // U = U0 − W H, y = diag(γ) Q H + P U, H ← γ_{C-1} H + Kdᵀ U.
 // Launch: grid (256, NC, B·Hv), threadgroup (256, 1, 1), NC = ceil(T / C); template InT, Dk,
 // Dv, Hk, Hv, C (16 ≤ C ≤ 64, a multiple of 16). Inputs q, k, v [B, T, H, D], g, beta

@@ -1,5 +1,5 @@
 //! The chunked (WY / UT) form's backward pass on a GPU (docs/DESIGN.md §4 "Gradients"): the
-//! five stages of `kernels/metal/gated_delta_chunked_backward.metal` (`crate::metal_chunked`)
+//! five stages of `kernels/metal/gated_delta_chunked_backward.metal` (`crate::metal::gated_delta::chunked_backward`)
 //! as nodes of one graph, then the tail the exact GPU backward uses (the sums over each key
 //! head's value heads, the casts).
 
@@ -9,11 +9,11 @@ use crate::bridge::{self, Array};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
-use crate::metal_chunked::{
+use crate::metal::gated_delta::chunked_backward::{
     backward_chunk, backward_chunked_scratch_floats, gated_delta_chunked_backward_launch,
     CHUNKED_BACKWARD_STAGES, CHUNKED_BACKWARD_THREADS,
 };
-use crate::node::gated_delta::Node;
+use crate::node::gated_delta::{ChunkSize, Node};
 use crate::ops::{gpu_node, Backend};
 
 /// The arrays the chunked backward reads besides the cotangents: q, k, v, g and β (as the
@@ -29,8 +29,8 @@ pub(super) struct ChunkedInputs<'a> {
 }
 
 /// The chunked backward and its tail: dq, dk (in q's dtype), dv (in v's), dg, dβ and dstate
-/// (f32) of `node`'s update, with the forward's chunk size `chunk` (0: default; the kernels
-/// run `metal_chunked::backward_chunk(chunk)`), lazy. Same contract as the exact form's
+/// (f32) of `node`'s update, with the forward's chunk size `chunk` (the kernels run
+/// `backward_chunk(chunk)`), lazy. Same contract as the exact form's
 /// `backward_gpu`: absent cotangents are zeros; without a token, a batch row or a cotangent the
 /// gradients are zeros (dstate is dstate_out) and nothing is launched. dg is d/dg: the kernels
 /// compute d(log g) and divide by g where g is a normal float (g ≥ 2⁻¹²⁶), 0 elsewhere.
@@ -40,7 +40,7 @@ pub(super) fn backward_gpu_chunked(
     dy: Option<&Array>,
     dstate_out: Option<&Array>,
     backend: Backend,
-    chunk: usize,
+    chunk: ChunkSize,
 ) -> Result<[UniquePtr<Array>; 6]> {
     let d = node.dims;
     let c = backward_chunk(chunk);
