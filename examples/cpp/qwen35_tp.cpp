@@ -19,8 +19,11 @@
 //
 // Bounds: the engine test's (tests/cpp/test_qwen35_layer.py): per output
 //   |y_tp - y_one| <= 2 ulp_bf16(|y|) + 2^-9 sqrt(max(1, 4096 / (Hv Dv))) max|y of the step|,
-// the recurrent state |ds| <= 2^-8 max|s|, the conv state within 1 bfloat16 ulp. Every rank's
-// output must also be the same bits as rank 0's (the all_sum's result).
+// the recurrent state |ds| <= 2^-8 max|s|, the conv state within 1 bfloat16 ulp. With the
+// all_sum in the model's dtype (--reduce model) the absolute term gains R 2^-9 max|y|: each
+// rank's partial product and each addition of the ring is rounded to bfloat16 once more (the
+// engine test's bound alone fails it on some seeds: 1.0-1.17x at 35B-A3B's shapes, 2 ranks).
+// Every rank's output must also be the same bits as rank 0's (the all_sum's result).
 #include "qwen35_tp.hpp"
 
 #include <algorithm>
@@ -204,7 +207,9 @@ int run_rank(const Options &o) {
     saved.insert({"conv" + std::to_string(s), conv});
   }
   mx::save_safetensors(rank_file(o.out, rank), saved,
-                       {{"ranks", std::to_string(group.size())}, {"reduce", o.reduce}});
+                       {{"ranks", std::to_string(group.size())},
+                        {"config", o.config},
+                        {"reduce", o.reduce}});
   const Config &l = layer.local_config();
   std::printf("rank %d/%d: Hk %d..%d, Hv %d..%d, pool [%d, %d, %d, %d] float32; %zu steps in "
               "%.1f ms (one eval and one all_sum in %s each)\n",
@@ -261,6 +266,23 @@ int run_reference(const Options &o) {
   const std::vector<Step> steps = plan();
   const std::vector<mx::array> x = inputs(config, steps, o.seed);
 
+  // The ranks' results first: a missing or foreign file is an error before any work.
+  std::vector<mx::SafetensorsLoad> ranks;
+  for (int r = 0; r < o.ranks; ++r) {
+    const std::string file = rank_file(o.out, r);
+    ranks.push_back(mx::load_safetensors(file));
+    const auto &meta = ranks.back().second;
+    const std::vector<std::pair<std::string, std::string>> expected = {
+        {"ranks", std::to_string(o.ranks)}, {"config", o.config}, {"reduce", o.reduce}};
+    for (const auto &[key, want] : expected) {
+      const auto it = meta.find(key);
+      if (it == meta.end() || it->second != want)
+        throw std::invalid_argument("--out: " + file + " holds " + key + " '" +
+                                    (it == meta.end() ? "" : it->second) + "', expected '" +
+                                    want + "' (--" + key + ")");
+    }
+  }
+
   // Each sequence alone through the one-process layer, step by step as the plan runs it.
   std::vector<qwen35::GatedDeltaNet> layers;
   for (int s = 0; s < kSequences; ++s) layers.emplace_back(config, weights);
@@ -284,12 +306,15 @@ int run_reference(const Options &o) {
               config.hidden_size, config.key_heads, config.value_heads, config.key_dim,
               config.value_dim, run_ms);
 
-  const double abs_fraction =
+  // The engine test's absolute term; an all_sum in bfloat16 rounds each rank's partial product
+  // (half an ulp: 2^-9 of a partial of the order of the step's outputs) and each of the ring's
+  // R - 1 additions once more: R more such terms.
+  const double engine_fraction =
       std::ldexp(1.0, -9) *
       std::sqrt(std::max(1.0, 4096.0 / (config.value_heads * config.value_dim)));
+  const double abs_fraction =
+      engine_fraction + (o.reduce == "model" ? o.ranks * std::ldexp(1.0, -9) : 0.0);
   bool ok = true;
-  std::vector<mx::SafetensorsLoad> ranks;
-  for (int r = 0; r < o.ranks; ++r) ranks.push_back(mx::load_safetensors(rank_file(o.out, r)));
 
   // Outputs: every step's rows, rank 0 against the reference; every rank against rank 0.
   std::printf("  %-32s %-5s %8s %10s %13s %8s %7s\n", "output, rank 0 vs one process", "",
@@ -347,7 +372,8 @@ int run_reference(const Options &o) {
       state_rel = std::max(state_rel, scale > 0 ? d / scale : d);
       const std::vector<double> conv_want =
           to_doubles(shard.channels(mx::squeeze(layers[s].conv_state(), 0), config, 1));
-      const std::vector<double> conv_got = to_doubles(ranks[r].first.at("conv" + std::to_string(s)));
+      const std::vector<double> conv_got =
+          to_doubles(ranks[r].first.at("conv" + std::to_string(s)));
       for (size_t i = 0; i < conv_want.size(); ++i) {
         const double cd = std::fabs(conv_got[i] - conv_want[i]);
         conv_ulps = std::max(
@@ -364,11 +390,13 @@ int run_reference(const Options &o) {
               state_rel, 100 * state_exact / static_cast<double>(state_values), conv_ulps,
               100 * conv_exact / static_cast<double>(conv_values), states_ok ? "ok" : "FAIL");
   std::printf("%s: %d ranks (%s all_sum), %s config, seed %llu: outputs max |d| %.3g, max "
-              "|d|/max|y| %.3g, worst |d|/tolerance %.2f; every rank's output the same bits as "
-              "rank 0's%s\n",
+              "|d|/max|y| %.3g, worst |d|/tolerance %.2f (2 ulp + %.3g max|y|%s); every rank's "
+              "output the same bits as rank 0's%s\n",
               ok ? "PASS" : "FAIL", o.ranks, o.reduce.c_str(), o.config.c_str(),
               static_cast<unsigned long long>(o.seed), worst.max_abs, worst.max_rel,
-              worst.of_tolerance, ok ? "" : " (or not: see above)");
+              worst.of_tolerance, abs_fraction,
+              o.reduce == "model" ? ": the engine test's term + R 2^-9" : ": the engine test's",
+              ok ? "" : " (or not: see above)");
   return ok ? 0 : 1;
 }
 

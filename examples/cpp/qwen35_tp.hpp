@@ -149,7 +149,8 @@ class TensorParallelLayer {
         mx::not_equal(mx::array(fresh.begin(), {rows}, mx::uint8), mx::array(0, mx::uint8)),
         {rows, 1, 1});
     const mx::array conv_state =
-        mx::where(is_fresh, mx::zeros({1, 1, 1}, conv_pool_.dtype()), mx::take(conv_pool_, index, 0));
+        mx::where(is_fresh, mx::zeros({1, 1, 1}, conv_pool_.dtype()),
+                  mx::take(conv_pool_, index, 0));
 
     const Projections p = local_.project(x);
     const Conv c = local_.conv(conv_state, p.qkv);
