@@ -14,8 +14,11 @@
 // The serving plan (the same in both modes): a pool of 4 slots; sequence 0 in slot 3 and
 // sequence 1 in slot 1. Prefill sequence 0 (24 tokens, exact recurrence), prefill sequence 1
 // (40 tokens, chunked recurrence), 4 decode steps of both sequences in one batch, a 5-token
-// forward of sequence 0 from its carried states, 2 more batched decode steps. The reference
-// runs each sequence alone through the one-process layer (its own state, no pool).
+// forward of sequence 0 from its carried states, batched decode steps, and two speculative
+// rounds of both sequences (a 4-draft window of which 1 and 3 are accepted, a 3-draft window of
+// which 3 and 0 are: verify on the pool, then each row's prefix committed into its slot), each
+// followed by decode steps. The reference runs each sequence alone through the one-process
+// layer (its own state, no pool; its verify and accept).
 //
 // Bounds: the engine test's (tests/cpp/test_qwen35_layer.py): per output
 //   |y_tp - y_one| <= 2 ulp_bf16(|y|) + 2^-9 sqrt(max(1, 4096 / (Hv Dv))) max|y of the step|,
@@ -102,12 +105,14 @@ Config make_config(const std::string &name) {
 struct Row {
   int sequence = 0;
   bool fresh = false;
+  int accepted = 0;  // a verify step's accepted drafts
 };
 struct Step {
   std::string name;
   std::vector<Row> rows;
   int tokens = 0;
   Recurrence recurrence = Recurrence::Exact;
+  bool verify = false;  // a draft window of `tokens`, then each row's accepted prefix kept
 };
 
 constexpr int kPoolSlots = 4;
@@ -121,6 +126,13 @@ std::vector<Step> plan() {
   for (int i = 0; i < 4; ++i)
     steps.push_back({"decode seq 0+1", {{0, false}, {1, false}}, 1, Recurrence::Exact});
   steps.push_back({"forward seq 0 (carried)", {{0, false}}, 5, Recurrence::Exact});
+  for (int i = 0; i < 2; ++i)
+    steps.push_back({"decode seq 0+1", {{0, false}, {1, false}}, 1, Recurrence::Exact});
+  steps.push_back({"verify 0+1, accept 1, 3", {{0, false, 1}, {1, false, 3}}, 4,
+                   Recurrence::Exact, true});
+  steps.push_back({"decode seq 0+1", {{0, false}, {1, false}}, 1, Recurrence::Exact});
+  steps.push_back({"verify 0+1, accept 3, 0", {{0, false, 3}, {1, false, 0}}, 3,
+                   Recurrence::Exact, true});
   for (int i = 0; i < 2; ++i)
     steps.push_back({"decode seq 0+1", {{0, false}, {1, false}}, 1, Recurrence::Exact});
   return steps;
@@ -179,12 +191,20 @@ int run_rank(const Options &o) {
     std::vector<mx::array> rows;
     std::vector<std::int32_t> slots;
     std::vector<std::uint8_t> fresh;
+    std::vector<std::int32_t> accepted;
     for (const Row &r : s.rows) {
       rows.push_back(mx::expand_dims(rows_of(x[r.sequence], position[r.sequence], s.tokens), 0));
       slots.push_back(kSlot[r.sequence]);
       fresh.push_back(r.fresh ? 1 : 0);
+      accepted.push_back(r.accepted);
     }
-    mx::array out = layer.step(mx::concatenate(rows, 0), slots, fresh, s.recurrence);
+    mx::array out(0.0f);
+    if (s.verify) {
+      out = layer.verify(mx::concatenate(rows, 0), slots);
+      layer.accept(accepted);  // the commit joins the step's graph
+    } else {
+      out = layer.step(mx::concatenate(rows, 0), slots, fresh, s.recurrence);
+    }
     std::vector<mx::array> results = layer.states();
     results.push_back(out);
     mx::eval(results);  // the step's one evaluation (the all_sum included)
@@ -294,7 +314,13 @@ int run_reference(const Options &o) {
       qwen35::GatedDeltaNet &layer = layers[r.sequence];
       const mx::array chunk =
           mx::expand_dims(rows_of(x[r.sequence], position[r.sequence], s.tokens), 0);
-      mx::array out = layer.forward(chunk, s.recurrence);
+      mx::array out(0.0f);
+      if (s.verify) {
+        out = layer.verify(chunk);
+        layer.accept(r.accepted);
+      } else {
+        out = layer.forward(chunk, s.recurrence);
+      }
       mx::eval(layer.step_outputs(out));
       y[r.sequence].push_back(mx::squeeze(out, 0));
       position[r.sequence] += s.tokens;

@@ -177,14 +177,67 @@ class TensorParallelLayer {
         mlxk::gated_rms_norm(update.y, mlxk::Array::from_mlx(p.z), k.norm_weight, l.rms_norm_eps)
             .to_mlx();
 
-    // The rank's share of out_proj, then the one exchange of the step.
-    const mx::array flat = mx::reshape(normed, {normed.shape(0), normed.shape(1), -1});
-    if (reduce_ == Reduce::Model) {
-      return mx::distributed::all_sum(local_.out_proj(normed), group_);
+    return reduce(normed);
+  }
+
+  /** Speculative verify of a draft window x [B, T, hidden] (row b's sequence in slot
+   * slots[b]): the layer's output for every draft, from the slots' states, writing no state
+   * (mlxk_gated_delta_verify_pool on the rank's heads). Keeps the window's k, v, gates and
+   * conv input on this rank for accept(). Lazy, as step(). */
+  mx::array verify(const mx::array &x, const std::vector<std::int32_t> &slots) {
+    if (pending_) throw std::logic_error("verify() during a verify: call accept() first");
+    const std::vector<std::uint8_t> none(slots.size(), 0);
+    check_rows(x, slots, none);
+    const Config &l = local_.config();
+    const mx::array index(slots.data(), {static_cast<int>(slots.size())}, mx::int32);
+    const Projections p = local_.project(x);
+    const Conv c = local_.conv(mx::take(conv_pool_, index, 0), p.qkv);
+    const KernelParams &k = local_.kernel_params();
+    const mlxk::Array h_a = mlxk::Array::from_mlx(p.a);
+    const mlxk::Array h_b = mlxk::Array::from_mlx(p.b);
+    mlxk::HeadSplit heads = mlxk::silu_rms_heads(mlxk::Array::from_mlx(c.out), k.q_scale,
+                                                 k.k_scale, l.key_heads, l.value_heads,
+                                                 l.value_dim, k.qk_eps);
+    const mlxk::Array y = mlxk::gated_delta_verify_pool(heads.q, heads.k, heads.v, h_a, h_b,
+                                                        k.a_log, k.dt_bias, pool_, slots);
+    pending_.emplace(Pending{slots, std::move(heads), p.a, p.b, c.input});
+    return reduce(mlxk::gated_rms_norm(y, mlxk::Array::from_mlx(p.z), k.norm_weight,
+                                       l.rms_norm_eps)
+                      .to_mlx());
+  }
+
+  /** Commits the first accepted[b] tokens of row b's verify window (0 <= accepted[b] <= T):
+   * mlxk_gated_delta_state_pool replays them into the row's slot on the rank's heads, and the
+   * conv state is cut from the window's conv input. Every rank must be given the same lengths.
+   * Lazy: the next eval of states() computes it. */
+  void accept(const std::vector<std::int32_t> &accepted) {
+    if (!pending_) throw std::logic_error("accept() without a verify");
+    Pending pending = std::move(*pending_);
+    pending_.reset();
+    const int rows = static_cast<int>(pending.slots.size());
+    const int window = local_.config().conv_kernel - 1;
+    const int tokens = pending.conv_input.shape(1) - window;
+    if (accepted.size() != pending.slots.size())
+      throw std::invalid_argument("accepted: " + std::to_string(accepted.size()) +
+                                  " lengths for " + std::to_string(rows) + " rows");
+    std::vector<mx::array> conv_rows;
+    for (int b = 0; b < rows; ++b) {
+      const int m = accepted[static_cast<size_t>(b)];
+      if (m < 0 || m > tokens)
+        throw std::invalid_argument("accepted: " + std::to_string(m) + " for row " +
+                                    std::to_string(b) + ", expected 0.." +
+                                    std::to_string(tokens));
+      conv_rows.push_back(mx::slice(pending.conv_input, {b, m, 0},
+                                    {b + 1, m + window, pending.conv_input.shape(2)}));
     }
-    const mx::array partial =
-        mx::matmul(mx::astype(flat, mx::float32), mx::transpose(out_proj_f32_));
-    return mx::astype(mx::distributed::all_sum(partial, group_), normed.dtype());
+    const KernelParams &k = local_.kernel_params();
+    pool_ = mlxk::gated_delta_state_pool(pending.heads.k, pending.heads.v,
+                                         mlxk::Array::from_mlx(pending.a),
+                                         mlxk::Array::from_mlx(pending.b), k.a_log, k.dt_bias,
+                                         pool_, pending.slots, accepted);
+    const mx::array index(pending.slots.data(), {rows}, mx::int32);
+    conv_pool_ = mx::scatter(conv_pool_, index,
+                             mx::expand_dims(mx::concatenate(conv_rows, 0), 1), 0);
   }
 
   /** The rank's two pools (lazy until the step's eval). */
@@ -203,6 +256,18 @@ class TensorParallelLayer {
     if (slots < 1)
       throw std::invalid_argument("slots: " + std::to_string(slots) + ", expected at least 1");
     return shard.local(config);
+  }
+
+  /** The rank's share of out_proj over the gated norm's output [B, T, Hv/R, Dv], then the one
+   * exchange of the step. */
+  [[nodiscard]] mx::array reduce(const mx::array &normed) const {
+    if (reduce_ == Reduce::Model) {
+      return mx::distributed::all_sum(local_.out_proj(normed), group_);
+    }
+    const mx::array flat = mx::reshape(normed, {normed.shape(0), normed.shape(1), -1});
+    const mx::array partial =
+        mx::matmul(mx::astype(flat, mx::float32), mx::transpose(out_proj_f32_));
+    return mx::astype(mx::distributed::all_sum(partial, group_), normed.dtype());
   }
 
   void check_rows(const mx::array &x, const std::vector<std::int32_t> &slots,
@@ -226,6 +291,13 @@ class TensorParallelLayer {
     }
   }
 
+  struct Pending {
+    std::vector<std::int32_t> slots;
+    mlxk::HeadSplit heads;
+    mx::array a, b;
+    mx::array conv_input;
+  };
+
   Config config_;
   Shard shard_;
   mx::distributed::Group group_;
@@ -235,6 +307,7 @@ class TensorParallelLayer {
   mlxk::Array pool_;           // [N, Hv/R, Dv, Dk] float32
   mx::array conv_pool_{0.0f};  // [N, K-1, conv_dim/R], the model's dtype
   mx::array out_proj_f32_{0.0f};
+  std::optional<Pending> pending_;
 };
 
 }  // namespace qwen35
