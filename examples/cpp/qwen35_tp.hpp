@@ -199,7 +199,7 @@ class TensorParallelLayer {
                                                  k.k_scale, l.key_heads, l.value_heads,
                                                  l.value_dim, k.qk_eps);
     const mlxk::Array y = mlxk::gated_delta_verify_pool(heads.q, heads.k, heads.v, h_a, h_b,
-                                                        k.a_log, k.dt_bias, pool_, slots);
+                                                        k.a_log, k.dt_bias, pool_, slots, none);
     pending_.emplace(Pending{slots, std::move(heads), p.a, p.b, c.input});
     return reduce(mlxk::gated_rms_norm(y, mlxk::Array::from_mlx(p.z), k.norm_weight,
                                        l.rms_norm_eps)
@@ -234,7 +234,8 @@ class TensorParallelLayer {
     pool_ = mlxk::gated_delta_state_pool(pending.heads.k, pending.heads.v,
                                          mlxk::Array::from_mlx(pending.a),
                                          mlxk::Array::from_mlx(pending.b), k.a_log, k.dt_bias,
-                                         pool_, pending.slots, accepted);
+                                         pool_, pending.slots, accepted,
+                                         std::vector<std::uint8_t>(pending.slots.size(), 0));
     const mx::array index(pending.slots.data(), {rows}, mx::int32);
     conv_pool_ = mx::scatter(conv_pool_, index,
                              mx::expand_dims(mx::concatenate(conv_rows, 0), 1), 0);
