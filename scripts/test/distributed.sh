@@ -179,6 +179,13 @@ echo "PASS: the one-process layer on other weights fails the comparison" \
   "($(grep -o 'worst |d|/tolerance [0-9.e+]*' "$OUT/other-weights.log")); --ranks 3 on 4 key" \
   "heads is refused: '$msg' [$(since "$start")]"
 
-left=$(pgrep -f "$OUT/qwen35_tp rank" || true)
-[ -z "$left" ] || fail "rank processes left behind: $left"
+# No rank process outlives its run (pgrep where present, else /proc).
+if command -v pgrep >/dev/null; then
+  left=$(pgrep -f "^$OUT/qwen35_tp rank" || true)
+else
+  left=$(for f in /proc/[0-9]*/cmdline; do
+    tr '\0' ' ' <"$f" 2>/dev/null | grep -q "^$OUT/qwen35_tp rank" && basename "$(dirname "$f")"
+  done || true)
+fi
+[ -z "$left" ] || fail "rank processes left behind: $(echo $left)"
 echo "PASS: scripts/test/distributed.sh [$(since "$total_start") total]"
