@@ -15,7 +15,10 @@
 //     conv, mlxk_gated_delta_update_from_conv_pool (or the head split and
 //     mlxk_gated_delta_update_pool_chunked for a long prefill), mlxk_gated_rms_norm, then the
 //     rank's share of out_proj, and one all_sum across ranks gives the layer's output. Nothing
-//     else crosses ranks: x goes to every rank whole, the states never move.
+//     else crosses ranks: x goes to every rank whole, the states never move;
+//   - a speculative round is verify() (mlxk_gated_delta_verify_pool on the rank's heads, the
+//     same all_sum) and accept() (mlxk_gated_delta_state_pool and the conv state cut from the
+//     window), every rank given the same accepted lengths.
 //
 // The all_sum runs on the partial products in float32 (Reduce::Float32: each rank's matmul
 // over its Hv/R * Dv inputs kept in float32, summed, rounded to the model's dtype once, as the
