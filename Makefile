@@ -195,3 +195,13 @@ bench-python: build
 	MLXKERN_LIB=$(LIB) ./scripts/python/dev-build.sh
 	@mkdir -p $(BUILD)/bench
 	PYTHONPATH=build/py-site:python/tests $(PY) scripts/python/bench.py $(BUILD)/bench/python.json | tee $(BUILD)/bench/python.log
+
+# ---- Heads sharded across processes (examples/cpp/qwen35_tp.cpp, docs/sharding.md) -------------
+# test-distributed: the Gated DeltaNet layer tensor-parallel over MLX's ring backend on 127.0.0.1
+# (2 and 4 processes, free ports, each under MLXK_DIST_TIMEOUT seconds), every rank with its own
+# heads and state pools, compared with the one-process layer (scripts/test/distributed.sh;
+# MLXK_DIST_CASES="RANKS:CONFIG:REDUCE ..." for other cases, MLXK_DIST_SEED to replay).
+.PHONY: test-distributed
+test-distributed: build
+	@mkdir -p $(BUILD)
+	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test/distributed.sh
