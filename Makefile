@@ -51,7 +51,7 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers test-python
+test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers test-python test-distributed
 
 test-rust:
 	$(CARGO) test
