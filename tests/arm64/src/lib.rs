@@ -1,0 +1,18 @@
+//! The library's CPU kernels and what they depend on, compiled from the library's own files:
+//! the crate's `cpu` tree with its unit tests, and `tests/` here, which run the kernels through
+//! the entry MLX's CPU stream calls (`cpu::mlxk_cpu_kernel`) with the NEON kernels and with the
+//! portable ones forced, and compare the outputs bit for bit.
+
+#![allow(dead_code, unused_imports)]
+
+#[path = "../../../src/error.rs"]
+pub mod error;
+
+#[path = "../../../src/dtype.rs"]
+pub mod dtype;
+
+#[path = "../../../src/node/mod.rs"]
+pub mod node;
+
+#[path = "../../../src/cpu/mod.rs"]
+pub mod cpu;
