@@ -16,3 +16,6 @@ pub mod node;
 
 #[path = "../../../src/cpu/mod.rs"]
 pub mod cpu;
+
+#[cfg(test)]
+mod check;

@@ -1,0 +1,1 @@
+//! `simd::neon`'s building blocks against their scalar counterparts.
