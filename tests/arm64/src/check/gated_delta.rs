@@ -203,3 +203,88 @@ fn decaying_heads_flush_subnormals() {
         "a subnormal in the flushed state"
     );
 }
+
+/// `a` and `b` within `tol` of the largest magnitude of `b`, and not all zeros.
+fn close(what: &str, a: &[f32], b: &[f32], tol: f32) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 0.0, "{what}: all zeros");
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * scale,
+            "{what}[{i}]: NEON {x:e} vs portable {y:e} (scale {scale:e})"
+        );
+    }
+}
+
+/// The chunked form promises float32 rounding, not bits (its NEON products are fused, the
+/// portable ones are not; `gemm`'s own test checks the products' bits): NEON and portable
+/// agree to a few units of the output dtype, and the state to float32 rounding.
+#[test]
+fn chunked_update_matches_the_portable_kernel_to_rounding() {
+    let mut seed = 300;
+    for (dims, chunk) in [
+        (
+            Dims {
+                b: 1,
+                t: 70,
+                hk: 1,
+                hv: 2,
+                dk: 128,
+                dv: 128,
+            },
+            32,
+        ),
+        (
+            Dims {
+                b: 2,
+                t: 33,
+                hk: 2,
+                hv: 4,
+                dk: 64,
+                dv: 20,
+            },
+            16,
+        ),
+        (
+            Dims {
+                b: 1,
+                t: 100,
+                hk: 1,
+                hv: 1,
+                dk: 32,
+                dv: 16,
+            },
+            64,
+        ),
+    ] {
+        for dtype in FLOATS {
+            for (has_state, has_mask) in [(false, false), (true, true)] {
+                seed += 1;
+                let form = Form::Chunked { chunk };
+                let case = Case::new(node(dims, dtype, has_state, has_mask, form), None, seed);
+                let (neon, portable) = neon_and_portable(|| case.run());
+                let what = format!(
+                    "chunked {chunk} {dims:?} {} state {has_state}",
+                    dtype.name()
+                );
+                let tol = match dtype {
+                    Dtype::Bfloat16 => 2f32.powi(-7),
+                    Dtype::Float16 => 2f32.powi(-9),
+                    _ => 2f32.powi(-14),
+                };
+                close(
+                    &format!("{what} y"),
+                    &neon[0].widen(dtype),
+                    &portable[0].widen(dtype),
+                    tol,
+                );
+                let (s1, s2) = (
+                    neon[1].widen(Dtype::Float32),
+                    portable[1].widen(Dtype::Float32),
+                );
+                close(&format!("{what} state"), &s1, &s2, 2f32.powi(-14));
+            }
+        }
+    }
+}
