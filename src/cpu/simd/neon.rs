@@ -399,3 +399,294 @@ pub unsafe fn add_squares(acc: float32x4_t, p: *const f32) -> float32x4_t {
     }
     a
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::reduce::simd_sum;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    /// Inputs covering every class: random bit patterns, the exp/sigmoid edges, and values
+    /// near the x·log2(e) half-integers where the integer part's rounding flips.
+    #[allow(clippy::approx_constant)]
+    fn inputs() -> Vec<f32> {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let mut v = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7F80_0001),
+            f32::from_bits(1),
+            f32::from_bits(0x8000_0001),
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            88.0,
+            -88.0,
+            88.000_01,
+            -88.000_01,
+            87.999_99,
+            -87.999_99,
+        ];
+        for _ in 0..200_000 {
+            let r = rng.next();
+            let x = match r % 4 {
+                0 => f32::from_bits((r >> 32) as u32),
+                1 => ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 200.0,
+                2 => ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0,
+                _ => {
+                    let k = (r >> 8) % 256;
+                    let base = (k as f32 - 127.5) / 1.442695f32;
+                    let step = ((r >> 32) % 17) as i32 - 8;
+                    f32::from_bits((base.to_bits() as i32 + step) as u32)
+                }
+            };
+            v.push(x);
+        }
+        v
+    }
+
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    /// Compares `vector` with `scalar` over `inputs()` mapped into `domain`.
+    fn check(
+        name: &str,
+        domain: fn(f32) -> f32,
+        vector: impl Fn(float32x4_t) -> float32x4_t,
+        scalar: impl Fn(f32) -> f32,
+    ) {
+        let x: Vec<f32> = inputs().into_iter().map(domain).collect();
+        for c in x.chunks(4) {
+            let mut got = [0f32; 4];
+            // SAFETY: `c` holds up to 4 values, `got` 4.
+            unsafe { store_n::<f32>(got.as_mut_ptr(), vector(load_n(c.as_ptr(), c.len())), 4) };
+            for (&x, &g) in c.iter().zip(&got) {
+                let want = scalar(x);
+                assert!(
+                    same(g, want),
+                    "{name}({x:e} = {:#x}): {g:e} vs {want:e}",
+                    x.to_bits()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn exp_sigmoid_and_silu_match_the_scalar_formulas() {
+        check(
+            "exp",
+            |x| x,
+            |v| unsafe { exp_nonnegative([vabsq_f32(v)])[0] },
+            |x| math::exp(x.abs()),
+        );
+        check(
+            "sigmoid f32",
+            |x| x,
+            |v| unsafe { sigmoid::<f32, 1>([v])[0] },
+            math::sigmoid::<f32>,
+        );
+        check(
+            "sigmoid bf16",
+            round_to::<bf16>,
+            |v| unsafe { sigmoid::<bf16, 1>([v])[0] },
+            math::sigmoid::<bf16>,
+        );
+        check(
+            "sigmoid f16",
+            round_to::<f16>,
+            |v| unsafe { sigmoid::<f16, 1>([v])[0] },
+            math::sigmoid::<f16>,
+        );
+        check(
+            "silu f32 ×4",
+            |x| x,
+            |v| unsafe { silu::<f32, 4>([v, v, v, v])[3] },
+            |x| x * math::sigmoid::<f32>(x),
+        );
+        check(
+            "silu bf16",
+            round_to::<bf16>,
+            |v| unsafe { silu::<bf16, 1>([v])[0] },
+            |x| round_to::<bf16>(x * math::sigmoid::<bf16>(x)),
+        );
+    }
+
+    #[test]
+    fn conversions_match_elem_bit_for_bit() {
+        let x = inputs();
+        check(
+            "bf16 round",
+            |x| x,
+            |v| unsafe { bf16::round(v) },
+            round_to::<bf16>,
+        );
+        check(
+            "f16 round",
+            |x| x,
+            |v| unsafe { f16::round(v) },
+            round_to::<f16>,
+        );
+        for c in x.chunks(4) {
+            let v = unsafe { load_n::<f32>(c.as_ptr(), c.len()) };
+            let mut b = [bf16::from_bits(0); 4];
+            let mut h = [f16::from_bits(0); 4];
+            // SAFETY: 4 elements each.
+            unsafe {
+                (
+                    bf16::store4(b.as_mut_ptr(), v),
+                    f16::store4(h.as_mut_ptr(), v),
+                )
+            };
+            for (i, &x) in c.iter().enumerate() {
+                assert_eq!(
+                    b[i].to_bits(),
+                    crate::cpu::elem::bf16_bits(x),
+                    "bf16 of {x:e}"
+                );
+                assert_eq!(
+                    h[i].to_bits(),
+                    <f16 as Elem>::from_f32(x).to_bits(),
+                    "f16 of {x:e}"
+                );
+            }
+        }
+        for bits in (0..=u16::MAX).step_by(4) {
+            let b: [bf16; 4] = std::array::from_fn(|i| bf16::from_bits(bits + i as u16));
+            let h: [f16; 4] = std::array::from_fn(|i| f16::from_bits(bits + i as u16));
+            let mut wb = [0f32; 4];
+            let mut wh = [0f32; 4];
+            // SAFETY: 4 elements each.
+            unsafe {
+                vst1q_f32(wb.as_mut_ptr(), bf16::load4(b.as_ptr()));
+                vst1q_f32(wh.as_mut_ptr(), f16::load4(h.as_ptr()));
+            }
+            for i in 0..4 {
+                assert_eq!(
+                    wb[i].to_bits(),
+                    Elem::to_f32(b[i]).to_bits(),
+                    "bf16 {:#x}",
+                    bits
+                );
+                assert_eq!(
+                    wh[i].to_bits(),
+                    Elem::to_f32(h[i]).to_bits(),
+                    "f16 {:#x}",
+                    bits
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn tables_hold_the_scalar_results_for_every_value() {
+        let (sb, sh) = (silu_table::<bf16>().unwrap(), silu_table::<f16>().unwrap());
+        let (gb, gh) = (gate_table::<bf16>().unwrap(), gate_table::<f16>().unwrap());
+        assert!(silu_table::<f32>().is_none() && gate_table::<f32>().is_none());
+        for bits in 0..=u16::MAX {
+            let i = bits as usize;
+            let x = Elem::to_f32(bf16::from_bits(bits));
+            let y = <bf16 as Elem>::from_f32(x * math::sigmoid::<bf16>(x));
+            assert_eq!(sb[i], y.to_bits(), "bf16 silu of {bits:#x}");
+            assert!(
+                same(gb[i], x * math::sigmoid::<f32>(x)),
+                "bf16 gate {bits:#x}"
+            );
+            let x = Elem::to_f32(f16::from_bits(bits));
+            let y = <f16 as Elem>::from_f32(x * math::sigmoid::<f16>(x));
+            assert_eq!(sh[i], y.to_bits(), "f16 silu of {bits:#x}");
+            assert!(
+                same(gh[i], x * math::sigmoid::<f32>(x)),
+                "f16 gate {bits:#x}"
+            );
+        }
+    }
+
+    #[test]
+    fn squares_and_butterfly_match_the_lane_order() {
+        let mut rng = Rng(12345);
+        for _ in 0..5000 {
+            let mut x = [0f32; 128];
+            for v in x.iter_mut() {
+                let r = rng.next();
+                let scale = [1e-3f32, 1.0, 1e3, 1e19][(r % 4) as usize];
+                *v = ((r >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * scale;
+            }
+            let mut partials = [0f32; 32];
+            for (lane, p) in partials.iter_mut().enumerate() {
+                let mut s = 0.0f32;
+                for i in 0..4 {
+                    s += x[4 * lane + i] * x[4 * lane + i];
+                }
+                *p = s;
+            }
+            // SAFETY: x holds 8 groups of 16.
+            let got = unsafe {
+                let acc: [float32x4_t; 8] =
+                    std::array::from_fn(|g| add_squares(vdupq_n_f32(0.0), x.as_ptr().add(16 * g)));
+                butterfly(&acc)
+            };
+            assert_eq!(got.to_bits(), simd_sum(&partials).to_bits());
+        }
+    }
+
+    /// Lane layout: lane l's element i (natural index l·N + i) in register (g, i) lane l % 4,
+    /// g = l / 4; `store_lanes` undoes `load_lanes`.
+    #[test]
+    fn lane_layout_puts_each_lanes_values_in_its_lane() {
+        fn check<const N: usize>() {
+            let x: Vec<f32> = (0..32 * N).map(|i| i as f32).collect();
+            // SAFETY: NEON is part of arm64.
+            let mut r = [unsafe { vdupq_n_f32(0.0) }; 64];
+            let mut back = vec![0f32; 32 * N];
+            for g in 0..8 {
+                // SAFETY: 4·N values a group; 8·N registers.
+                unsafe { load_lanes::<N>(x.as_ptr().add(4 * N * g), r.as_mut_ptr().add(N * g)) };
+            }
+            for l in 0..32 {
+                for i in 0..N {
+                    let mut lanes = [0f32; 4];
+                    unsafe { vst1q_f32(lanes.as_mut_ptr(), r[N * (l / 4) + i]) };
+                    assert_eq!(lanes[l % 4], x[l * N + i], "N = {N}: lane {l} element {i}");
+                }
+            }
+            for g in 0..8 {
+                // SAFETY: as above.
+                unsafe {
+                    store_lanes::<N>(r.as_ptr().add(N * g), back.as_mut_ptr().add(4 * N * g))
+                };
+            }
+            assert_eq!(back, x, "N = {N}: stored back");
+            let mut y = x.clone();
+            // SAFETY: 32·N values.
+            unsafe { to_lane_layout::<N>(&mut y) };
+            for (j, reg) in r.iter().enumerate().take(8 * N) {
+                let mut lanes = [0f32; 4];
+                unsafe { vst1q_f32(lanes.as_mut_ptr(), *reg) };
+                assert_eq!(
+                    &y[4 * j..4 * j + 4],
+                    &lanes,
+                    "N = {N}: in place, register {j}"
+                );
+            }
+        }
+        check::<1>();
+        check::<2>();
+        check::<3>();
+        check::<4>();
+        check::<8>();
+    }
+}

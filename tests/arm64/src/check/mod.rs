@@ -8,7 +8,6 @@
 mod gated_delta;
 mod gated_rms_norm;
 mod silu_rms_heads;
-mod simd;
 
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;

@@ -1,1 +1,0 @@
-//! `simd::neon`'s building blocks against their scalar counterparts.
