@@ -18,7 +18,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-arm64 test-swift test-mlx-swift test-sanitizers fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -45,7 +45,7 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers
+test: bootstrap test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-arm64 test-swift test-mlx-swift test-consumers
 
 test-rust:
 	$(CARGO) test
@@ -87,6 +87,12 @@ test-host-mlx: build
 test-metal-emu: build
 	@mkdir -p $(BUILD)
 	CXX=$(CXX) LIBDIR=$(LIBDIR) BUILD=$(abspath $(BUILD)) ./scripts/test-metal-emu.sh
+
+# The CPU kernels on arm64: NEON against portable, bit for bit, and the CPU modules' unit tests
+# (tests/arm64; under qemu-aarch64 on x86-64, natively on arm64 Linux). Needs no MLX; installs
+# the cross toolchain and qemu-user when missing (scripts/test-arm64.sh).
+test-arm64:
+	CARGO=$(CARGO) ./scripts/test-arm64.sh
 
 test-swift: build
 	MLXKERN_LIB_DIR=$(LIBDIR) ./scripts/test-swift.sh
