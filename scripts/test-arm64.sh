@@ -3,7 +3,9 @@
 # bridge, so no aarch64 libmlx is needed), with its unit tests and tests/arm64's checks of the
 # NEON kernels against the portable ones. On an x86-64 host it cross-builds for
 # aarch64-unknown-linux-gnu and runs the tests under qemu-aarch64; on an arm64 Linux host it
-# runs them natively.
+# runs them natively. On x86-64 it first runs the chunked case of tests/arm64/src/reference.rs
+# on this machine's AVX2 (or AVX-512) kernels, and the arm64 run checks that the NEON kernels
+# give the same bits.
 #
 # Installs what it needs when missing: the Rust target (rustup) and, on Debian/Ubuntu as root,
 # gcc-aarch64-linux-gnu, libc6-dev-arm64-cross and qemu-user. Environment: CARGO (default
@@ -55,8 +57,21 @@ case "$(uname -m)" in
 esac
 
 cd "$ROOT/tests/arm64"
+test_args=()
+if ((${#args[@]})); then
+  echo "== test-arm64: the chunked case on this x86-64 machine's kernels"
+  reference=$CARGO_TARGET_DIR/chunked_reference.bin
+  rm -f "$reference"
+  "$CARGO" run --locked --quiet --bin chunked_reference -- "$reference"
+  if [[ -f $reference ]]; then
+    export MLXK_CHUNKED_REFERENCE=$reference
+    test_args=(-- --include-ignored)
+  fi
+else
+  echo "== test-arm64: native run; no x86-64 reference for the chunked case"
+fi
 echo "== test-arm64: build"
 "$CARGO" test --locked "${args[@]}" --no-run
 echo "== test-arm64: run"
-"$CARGO" test --locked "${args[@]}"
+"$CARGO" test --locked "${args[@]}" "${test_args[@]}"
 echo "== test-arm64: passed in $((SECONDS - start)) s"

@@ -17,5 +17,7 @@ pub mod node;
 #[path = "../../../src/cpu/mod.rs"]
 pub mod cpu;
 
+pub mod reference;
+
 #[cfg(all(test, target_arch = "aarch64"))]
 mod check;
