@@ -21,3 +21,5 @@ pub mod reference;
 
 #[cfg(all(test, target_arch = "aarch64"))]
 mod check;
+
+pub mod probe;
