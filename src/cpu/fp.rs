@@ -1,14 +1,15 @@
 //! The floating-point mode of a kernel's threads. Intel cores take a microcode assist for every
 //! subnormal result or operand (roughly a hundred cycles each); the chunked form's running
 //! products of g pass through that range, so whether it runs fast would depend on the mode the
-//! host happens to leave in MXCSR. Kernels whose contract allows it (the chunked form, equal to
-//! the exact update only up to float32 rounding) run with subnormals flushed to zero instead.
+//! host happens to leave in MXCSR (FPCR on arm64). Kernels whose contract allows it (the
+//! chunked form, equal to the exact update only up to float32 rounding) run with subnormals
+//! flushed to zero instead.
 
 /// Runs `f` with subnormal results flushed to zero and subnormal operands read as zero (MXCSR
 /// FTZ and DAZ on x86-64, FPCR.FZ on arm64, which flushes both) on the calling thread,
-/// restoring the caller's mode afterwards — also when `f` panics. Elsewhere it just runs `f`. The compiler does not model the mode: only
-/// arithmetic whose results `f` stores to memory (as kernels do with their outputs) is sure to
-/// run inside it.
+/// restoring the caller's mode afterwards — also when `f` panics. Elsewhere it just runs `f`.
+/// The compiler does not model the mode: only arithmetic whose results `f` stores to memory
+/// (as kernels do with their outputs) is sure to run inside it.
 pub fn flush_subnormals<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {

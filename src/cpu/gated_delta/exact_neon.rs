@@ -120,9 +120,9 @@ unsafe fn update_and_next<const R: usize, const N: usize, const Q: bool, const N
     }
 }
 
-/// `R` (≤ `MAX_ROWS`) value rows over a tile (keys and queries in lane layout), interleaved so that their
-/// dependency chains (each token's reduction feeds the next token) overlap. Arithmetic as
-/// `row_portable`; Dk = 32·N.
+/// `R` (≤ `MAX_ROWS`) value rows over a tile (keys and queries in lane layout), interleaved so
+/// that their dependency chains (each token's reduction feeds the next token) overlap.
+/// Arithmetic as `row_portable`; Dk = 32·N.
 ///
 /// # Safety
 /// As `row_portable`; `neon::lane_layout_fits(N)`.
