@@ -1,4 +1,4 @@
-//! What `bin/kernel_probe` runs: one kernel call at Qwen3.5's head width on this machine's
+//! What `bin/kernel_probe` runs: kernel calls at Qwen3.5's head width on this machine's
 //! fastest kernels or the portable ones (`scripts/arm64/insn-counts.sh` counts the instructions
 //! qemu executes for it).
 
@@ -45,8 +45,8 @@ const DK: usize = 128;
 const DV: usize = 16;
 const ROWS: usize = 16;
 
-/// Runs `kernel` once.
-pub fn run(kernel: &str) {
+/// One call of `kernel`, its inputs made once (only the call is repeated).
+pub fn call(kernel: &str) -> Box<dyn FnMut()> {
     match kernel {
         "exact" => exact(),
         "chunked" => chunked(),
@@ -57,7 +57,7 @@ pub fn run(kernel: &str) {
 }
 
 /// The exact update, f32, from a state: T tokens of one head, Dv rows.
-fn exact() {
+fn exact() -> Box<dyn FnMut()> {
     let dims = node::Dims {
         b: 1,
         t: T,
@@ -87,31 +87,34 @@ fn exact() {
         bytes(values(DV * DK, 8)),
     ];
     let mut outputs = [vec![0u32; T * DV], vec![0u32; DV * DK]];
-    let ptrs: Vec<usize> = inputs.iter().map(|b| b.as_ptr() as usize).collect();
-    let lens: Vec<usize> = inputs.iter().map(|b| 4 * b.len()).collect();
-    let out_lens: Vec<usize> = outputs.iter().map(|b| 4 * b.len()).collect();
-    let out_ptrs: Vec<usize> = outputs
-        .iter_mut()
-        .map(|b| b.as_mut_ptr() as usize)
-        .collect();
-    // SAFETY: live, distinct buffers of the node's sizes.
-    unsafe {
-        crate::cpu::mlxk_cpu_kernel(
-            n.kernel() as u32,
-            &n.encode(),
-            &ptrs,
-            &lens,
-            &out_ptrs,
-            &out_lens,
-            &[-1, -1],
-        )
-    }
-    .expect("the exact update");
-    std::hint::black_box(&outputs);
+    let params = n.encode();
+    Box::new(move || {
+        let ptrs: Vec<usize> = inputs.iter().map(|b| b.as_ptr() as usize).collect();
+        let lens: Vec<usize> = inputs.iter().map(|b| 4 * b.len()).collect();
+        let out_lens: Vec<usize> = outputs.iter().map(|b| 4 * b.len()).collect();
+        let out_ptrs: Vec<usize> = outputs
+            .iter_mut()
+            .map(|b| b.as_mut_ptr() as usize)
+            .collect();
+        // SAFETY: live, distinct buffers of the node's sizes.
+        unsafe {
+            crate::cpu::mlxk_cpu_kernel(
+                n.kernel() as u32,
+                &params,
+                &ptrs,
+                &lens,
+                &out_ptrs,
+                &out_lens,
+                &[-1, -1],
+            )
+        }
+        .expect("the exact update");
+        std::hint::black_box(&outputs);
+    })
 }
 
 /// The chunked update, f32, the same problem.
-fn chunked() {
+fn chunked() -> Box<dyn FnMut()> {
     let d = Dims {
         b: 1,
         t: T,
@@ -125,23 +128,15 @@ fn chunked() {
     let beta: Vec<f32> = values(T, 5).iter().map(|x| 0.5 + x).collect();
     let state_in = values(DV * DK, 8);
     let (mut y, mut state) = (vec![0f32; T * DV], vec![0f32; DV * DK]);
-    chunked_recurrence(
-        d,
-        &q,
-        &k,
-        &v,
-        &g,
-        &beta,
-        Some(&state_in),
-        None,
-        &mut y,
-        &mut state,
-    );
-    std::hint::black_box((&y, &state));
+    Box::new(move || {
+        let init = Some(&state_in[..]);
+        chunked_recurrence(d, &q, &k, &v, &g, &beta, init, None, &mut y, &mut state);
+        std::hint::black_box((&y, &state));
+    })
 }
 
 /// The head split, bf16, ROWS rows of Hk = 1, Hv = 1 heads of 128.
-fn heads() {
+fn heads() -> Box<dyn FnMut()> {
     let d = silu_rms_heads::Dims {
         rows: ROWS,
         hk: 1,
@@ -159,12 +154,14 @@ fn heads() {
         vec![bf16::ZERO; ROWS * 128],
         vec![bf16::ZERO; ROWS * 128],
     );
-    silu_rms_heads::split(d, 1e-6, &x, &scale, &scale, &mut q, &mut k, &mut v);
-    std::hint::black_box((&q, &k, &v));
+    Box::new(move || {
+        silu_rms_heads::split(d, 1e-6, &x, &scale, &scale, &mut q, &mut k, &mut v);
+        std::hint::black_box((&q, &k, &v));
+    })
 }
 
 /// The gated norm, bf16 x and gate, ROWS rows of 128.
-fn norm() {
+fn norm() -> Box<dyn FnMut()> {
     let x: Vec<bf16> = values(ROWS * 128, 11)
         .iter()
         .map(|&v| bf16::from_f32(v))
@@ -175,6 +172,8 @@ fn norm() {
         .collect();
     let w: Vec<bf16> = values(128, 13).iter().map(|&v| bf16::from_f32(v)).collect();
     let mut out = vec![bf16::ZERO; ROWS * 128];
-    gated_rms_norm::norm(128, 1e-6, &x, &gate, &w, &mut out);
-    std::hint::black_box(&out);
+    Box::new(move || {
+        gated_rms_norm::norm(128, 1e-6, &x, &gate, &w, &mut out);
+        std::hint::black_box(&out);
+    })
 }

@@ -1,7 +1,7 @@
-//! `kernel_probe KERNEL fastest|portable CALLS`: runs one of the CPU kernels (`probe::run`)
-//! CALLS times on the fastest kernels this machine has or on the portable ones. For counting
-//! instructions under qemu (`scripts/arm64/insn-counts.sh`): the difference between CALLS = 3
-//! and CALLS = 1 is two calls' worth, without the setup and one-time tables.
+//! `kernel_probe KERNEL fastest|portable CALLS`: runs one of the CPU kernels (`probe::call`)
+//! CALLS times on the same inputs, on the fastest kernels this machine has or on the portable
+//! ones. For counting instructions under qemu (`scripts/arm64/insn-counts.sh`): the difference
+//! between CALLS = 3 and CALLS = 1 is two calls' worth, without the setup and one-time tables.
 
 use mlxkern_arm64_kernels::probe;
 
@@ -17,8 +17,9 @@ fn main() {
         "portable" => true,
         _ => panic!("{usage}"),
     });
+    let mut call = probe::call(kernel);
     for _ in 0..calls {
-        probe::run(kernel);
+        call();
     }
     let (units, what) = probe::work(kernel);
     println!("{kernel} {mode}: {calls} calls of {units} ({what})");
