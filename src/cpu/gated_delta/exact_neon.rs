@@ -8,6 +8,8 @@
 
 // The whole module is intrinsics on pointers whose validity the callers establish.
 #![allow(unsafe_op_in_unsafe_fn)]
+// Indexed loops over the rows' registers, as the x86 kernels write them.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::aarch64::*;
 
@@ -17,7 +19,7 @@ use crate::cpu::simd::neon::{self, butterfly, load_lanes, store_lanes};
 
 /// Whether the kernel runs key width `dk`.
 pub fn supports(dk: usize) -> bool {
-    dk % 32 == 0 && neon::lane_layout_fits(dk / 32)
+    dk.is_multiple_of(32) && neon::lane_layout_fits(dk / 32)
 }
 
 /// Rewrites one token's `dk` keys or queries (natural order) into lane layout, in place.

@@ -51,6 +51,9 @@ pub trait Quad: Elem {
         }
     }
     /// `round_to::<Self>` of each lane: the value it takes when stored as `Self`.
+    ///
+    /// # Safety
+    /// NEON is available (always, on arm64).
     #[inline(always)]
     unsafe fn round(v: float32x4_t) -> float32x4_t {
         let mut x = [0f32; 4];
@@ -141,6 +144,9 @@ pub unsafe fn store_n<T: Quad>(p: *mut T, v: float32x4_t, n: usize) {
 /// NaN (the `< -88` clamp never applies; a NaN input gives a NaN). The integer part
 /// `floor(x + 0.5)`, which MLX evaluates in double, is `floor(x) + (x - floor(x) >= 0.5)`, the
 /// fraction being exact for x ≥ 0; the polynomial is MLX's chain of fused multiply-adds.
+///
+/// # Safety
+/// NEON is available (always, on arm64).
 #[inline(always)]
 // MLX's constants, as MLX writes them (`math::exp`).
 #[allow(clippy::approx_constant, clippy::excessive_precision)]
@@ -186,6 +192,9 @@ pub unsafe fn exp_nonnegative<const N: usize>(x_init: [float32x4_t; N]) -> [floa
 
 /// MLX's CPU sigmoid for element type `T` (`math::sigmoid::<T>`), rounded to T, as f32, on
 /// `N` registers.
+///
+/// # Safety
+/// NEON is available (always, on arm64).
 #[inline(always)]
 pub unsafe fn sigmoid<T: Quad, const N: usize>(x: [float32x4_t; N]) -> [float32x4_t; N] {
     let mut abs = x;
@@ -204,6 +213,9 @@ pub unsafe fn sigmoid<T: Quad, const N: usize>(x: [float32x4_t; N]) -> [float32x
 }
 
 /// SiLU with MLX's rounding points for `T` (`silu_rms_heads::silu::<T>`): `T(x · sigmoid)`.
+///
+/// # Safety
+/// NEON is available (always, on arm64).
 #[inline(always)]
 pub unsafe fn silu<T: Quad, const N: usize>(x: [float32x4_t; N]) -> [float32x4_t; N] {
     let s = sigmoid::<T, N>(x);
@@ -216,6 +228,9 @@ pub unsafe fn silu<T: Quad, const N: usize>(x: [float32x4_t; N]) -> [float32x4_t
 
 /// The xor butterfly (`reduce::simd_sum`) over 32 lane partials, lanes 4g..4g+4 in `acc[g]`:
 /// its pairwise tree is four levels of pairwise adds (`faddp`) and one add.
+///
+/// # Safety
+/// NEON is available (always, on arm64).
 #[inline(always)]
 pub unsafe fn butterfly(acc: &[float32x4_t; 8]) -> f32 {
     let l1 = [
@@ -240,6 +255,7 @@ pub const fn lane_layout_fits(n: usize) -> bool {
 ///
 /// # Safety
 /// `p` addresses `4·N` readable values; `lane_layout_fits(N)`.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 pub unsafe fn load_lanes<const N: usize>(p: *const f32, out: *mut float32x4_t) {
     match N {
@@ -308,8 +324,8 @@ pub unsafe fn to_lane_layout<const N: usize>(x: &mut [f32]) {
     for g in 0..8 {
         let p = x.as_mut_ptr().add(4 * N * g);
         load_lanes::<N>(p, r.as_mut_ptr());
-        for i in 0..N {
-            vst1q_f32(p.add(4 * i), r[i]);
+        for (i, v) in r.iter().enumerate().take(N) {
+            vst1q_f32(p.add(4 * i), *v);
         }
     }
 }

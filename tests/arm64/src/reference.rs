@@ -39,7 +39,7 @@ pub fn chunked_case_bits() -> Vec<u32> {
         dk: 128,
         dv: 40,
     };
-    let mut seed = 0x5EED_0F_C4A1_u64;
+    let mut seed = 0x005E_ED0F_C4A1_u64;
     let mut seed_values = |n, lo, hi| values(&mut seed, n, lo, hi);
     let qk = d.b * d.t * d.hk * d.dk;
     let key_scale = 1.5 / (d.dk as f32).sqrt();

@@ -57,7 +57,7 @@ impl Case {
         if node.has_mask {
             // About one token in five masked, never all.
             let mask: Vec<u8> = (0..tokens)
-                .map(|i| (i % 3 == 0 || rng.next() % 5 != 0) as u8)
+                .map(|i| (i.is_multiple_of(3) || !rng.next().is_multiple_of(5)) as u8)
                 .collect();
             inputs.push(Buffer::raw(&mask));
         }
