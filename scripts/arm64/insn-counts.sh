@@ -19,7 +19,7 @@ count() { # kernel mode calls
 }
 
 printf '%-8s %14s %14s %8s  %s\n' kernel "portable/unit" "NEON/unit" ratio unit
-for kernel in exact chunked heads norm; do
+for kernel in exact decode chunked heads norm; do
   line=$(MLXK_NUM_THREADS=1 qemu-aarch64 -L /usr/aarch64-linux-gnu "$BIN" "$kernel" fastest 1)
   units=$(sed -E 's/.* calls of ([0-9]+) .*/\1/' <<<"$line")
   unit=$(sed -E 's/.*\((.*)\)$/\1/' <<<"$line")

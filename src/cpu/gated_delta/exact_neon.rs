@@ -133,14 +133,20 @@ pub unsafe fn rows<T: Elem, const R: usize, const N: usize>(tile: &Tile, io: [Ro
     let dk = 32 * N;
     let zero = vdupq_n_f32(0.0);
     // Row r's state at registers 8·N·r .. 8·N·(r + 1).
-    let mut state = [zero; MAX_ROWS * MAX_REGS];
+    // Only the 8·N·R registers used are written (loaded, or zeros), and only those are read: a
+    // decode step does not pay for clearing the whole array.
+    let mut state = std::mem::MaybeUninit::<[float32x4_t; MAX_ROWS * MAX_REGS]>::uninit();
     let mut kv = [[zero; 8]; R];
     let mut out = [[zero; 8]; R];
-    let sp = state.as_mut_ptr();
+    let sp = state.as_mut_ptr() as *mut float32x4_t;
     let kvp = kv.as_mut_ptr() as *mut float32x4_t;
     let outp = out.as_mut_ptr() as *mut float32x4_t;
     for r in 0..R {
-        if !io[r].src.is_null() {
+        if io[r].src.is_null() {
+            for j in 0..8 * N {
+                sp.add(8 * N * r + j).write(zero);
+            }
+        } else {
             for g in 0..8 {
                 load_lanes::<N>(io[r].src.add(4 * N * g), sp.add(8 * N * r + N * g));
             }

@@ -33,10 +33,11 @@ fn values(n: usize, seed: u32) -> Vec<f32> {
 pub fn work(kernel: &str) -> (usize, &'static str) {
     match kernel {
         "exact" => (T * DV * DK, "state element · token"),
+        "decode" => (DECODE_HV * 128 * DK, "state element · token"),
         "chunked" => (T * DV * DK, "state element · token"),
         "heads" => (ROWS * (3 * 128), "column"),
         "norm" => (ROWS * 128, "column"),
-        _ => panic!("kernels: exact, chunked, heads, norm"),
+        _ => panic!("kernels: exact, decode, chunked, heads, norm"),
     }
 }
 
@@ -44,27 +45,30 @@ const T: usize = 64;
 const DK: usize = 128;
 const DV: usize = 16;
 const ROWS: usize = 16;
+/// Value heads of the decode step (of Dv = 128).
+const DECODE_HV: usize = 2;
 
 /// One call of `kernel`, its inputs made once (only the call is repeated).
 pub fn call(kernel: &str) -> Box<dyn FnMut()> {
     match kernel {
-        "exact" => exact(),
+        "exact" => exact(T, 1, DV),
+        "decode" => exact(1, DECODE_HV, 128),
         "chunked" => chunked(),
         "heads" => heads(),
         "norm" => norm(),
-        _ => panic!("kernels: exact, chunked, heads, norm"),
+        _ => panic!("kernels: exact, decode, chunked, heads, norm"),
     }
 }
 
-/// The exact update, f32, from a state: T tokens of one head, Dv rows.
-fn exact() -> Box<dyn FnMut()> {
+/// The exact update, f32, from a state: `t` tokens of `hv` value heads of `dv` rows.
+fn exact(t: usize, hv: usize, dv: usize) -> Box<dyn FnMut()> {
     let dims = node::Dims {
         b: 1,
-        t: T,
+        t,
         hk: 1,
-        hv: 1,
+        hv,
         dk: DK,
-        dv: DV,
+        dv,
     };
     let n = Node {
         dims,
@@ -77,16 +81,16 @@ fn exact() -> Box<dyn FnMut()> {
     };
     let bytes = |v: Vec<f32>| -> Vec<u32> { v.into_iter().map(f32::to_bits).collect() };
     let inputs = [
-        bytes(values(T * DK, 1)),
-        bytes(values(T * DK, 2)),
-        bytes(values(T * DV, 3)),
-        bytes(values(T, 4)),
-        bytes(values(T, 5)),
-        bytes(values(1, 6)),
-        bytes(values(1, 7)),
-        bytes(values(DV * DK, 8)),
+        bytes(values(t * DK, 1)),
+        bytes(values(t * DK, 2)),
+        bytes(values(t * hv * dv, 3)),
+        bytes(values(t * hv, 4)),
+        bytes(values(t * hv, 5)),
+        bytes(values(hv, 6)),
+        bytes(values(hv, 7)),
+        bytes(values(hv * dv * DK, 8)),
     ];
-    let mut outputs = [vec![0u32; T * DV], vec![0u32; DV * DK]];
+    let mut outputs = [vec![0u32; t * hv * dv], vec![0u32; hv * dv * DK]];
     let params = n.encode();
     Box::new(move || {
         let ptrs: Vec<usize> = inputs.iter().map(|b| b.as_ptr() as usize).collect();

@@ -7,7 +7,7 @@ use mlxkern_arm64_kernels::probe;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: kernel_probe exact|chunked|heads|norm fastest|portable CALLS";
+    let usage = "usage: kernel_probe exact|decode|chunked|heads|norm fastest|portable CALLS";
     let (kernel, mode, calls) = match &args[1..] {
         [k, m, c] => (k.as_str(), m.as_str(), c.parse::<usize>().expect(usage)),
         _ => panic!("{usage}"),
