@@ -145,7 +145,7 @@ pub fn same_bits(what: &str, a: &[f32], b: &[f32]) {
     }
 }
 
-/// The float dtypes, with a name for messages.
+/// The float dtypes.
 pub const FLOATS: [Dtype; 3] = [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32];
 
 /// Values of a 16-bit type's every bit pattern (for the transcendental tables).
