@@ -35,7 +35,8 @@ case "$(uname -m)" in
     fi
     missing=()
     command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
-    [[ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ]] || missing+=(libc6-dev-arm64-cross)
+    [[ -e /usr/aarch64-linux-gnu/lib/libc.so && -e /usr/aarch64-linux-gnu/lib/Scrt1.o ]] ||
+      missing+=(libc6-dev-arm64-cross)
     command -v qemu-aarch64 >/dev/null || missing+=(qemu-user)
     if ((${#missing[@]})); then
       command -v apt-get >/dev/null || fail "install ${missing[*]} (Debian names)"
