@@ -6,6 +6,8 @@
 pub mod backward;
 #[cfg(target_arch = "x86_64")]
 mod backward_avx2;
+#[cfg(target_arch = "aarch64")]
+mod backward_neon;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;
