@@ -24,7 +24,7 @@ else
 endif
 LINK := -L$(LIBDIR) -lmlxkern -Wl,-rpath,$(LIBDIR)
 
-.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers test-layers fuzz clean
+.PHONY: test-consumers bootstrap build header demo bench bench-cuda test-cuda cuda-carry train-example install test test-rust test-doc test-rust-examples test-oracle test-c test-cpp test-interop test-host-mlx test-bun bun-pack test-metal-emu test-swift test-mlx-swift test-sanitizers test-layers test-arm64 fuzz clean
 
 bootstrap:
 	@./scripts/bootstrap.sh
@@ -51,7 +51,7 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-swift test-mlx-swift test-consumers test-python test-distributed
+test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-arm64 test-swift test-mlx-swift test-consumers test-python test-distributed
 
 test-rust:
 	$(CARGO) test
@@ -93,6 +93,12 @@ test-host-mlx: build
 
 test-metal-emu: build
 	./scripts/test/metal-emu.sh
+
+# The CPU kernels on arm64: NEON against portable, bit for bit, and the CPU modules' unit tests
+# (tests/arm64; under qemu-aarch64 on x86-64, natively on arm64 Linux). Needs no MLX; installs
+# the cross toolchain and qemu-user when missing (scripts/test-arm64.sh).
+test-arm64:
+	CARGO=$(CARGO) ./scripts/test-arm64.sh
 
 test-swift: build
 	./scripts/test/swift.sh

@@ -7,7 +7,8 @@ use std::sync::OnceLock;
 
 use crate::seams;
 
-/// The x86-64 extensions the kernels use (all false on other architectures).
+/// The extensions the kernels use: x86-64's (all false elsewhere) and arm64's NEON (false
+/// elsewhere).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Features {
     pub avx2: bool,
@@ -16,6 +17,8 @@ pub struct Features {
     /// AVX-512 Foundation, Byte/Word, Doubleword/Quadword and Vector Length extensions, as
     /// one: every AVX-512 CPU since Skylake-SP has all four.
     pub avx512: bool,
+    /// Advanced SIMD on arm64 (part of the base architecture: always there on aarch64).
+    pub neon: bool,
 }
 
 impl Features {
@@ -48,9 +51,17 @@ pub fn cpu() -> Features {
                 fma: has!("fma"),
                 f16c: has!("f16c"),
                 avx512: has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl"),
+                neon: false,
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        {
+            Features {
+                neon: std::arch::is_aarch64_feature_detected!("neon"),
+                ..Features::default()
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             Features::default()
         }

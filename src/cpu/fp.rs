@@ -1,23 +1,74 @@
 //! The floating-point mode of a kernel's threads. Intel cores take a microcode assist for every
 //! subnormal result or operand (roughly a hundred cycles each); the chunked form's running
 //! products of g pass through that range, so whether it runs fast would depend on the mode the
-//! host happens to leave in MXCSR. Kernels whose contract allows it (the chunked form, equal to
-//! the exact update only up to float32 rounding) run with subnormals flushed to zero instead.
+//! host happens to leave in MXCSR (FPCR on arm64). Kernels whose contract allows it (the
+//! chunked form, equal to the exact update only up to float32 rounding) run with subnormals
+//! flushed to zero instead.
 
 /// Runs `f` with subnormal results flushed to zero and subnormal operands read as zero (MXCSR
-/// FTZ and DAZ) on the calling thread, restoring the caller's mode afterwards — also when `f`
-/// panics. Elsewhere than x86-64 it just runs `f`. The compiler does not model the mode: only
-/// arithmetic whose results `f` stores to memory (as kernels do with their outputs) is sure to
-/// run inside it.
+/// FTZ and DAZ on x86-64, FPCR.FZ on arm64, which flushes both) on the calling thread,
+/// restoring the caller's mode afterwards — also when `f` panics. Elsewhere it just runs `f`.
+/// The compiler does not model the mode: only arithmetic whose results `f` stores to memory
+/// (as kernels do with their outputs) is sure to run inside it.
 pub fn flush_subnormals<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
     {
         let _mode = Flush::set();
         f()
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let _mode = arm64::Flush::set();
+        f()
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         f()
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod arm64 {
+    //! FPCR's flush-to-zero bit: subnormal operands and results of single and double
+    //! precision arithmetic become zeros of the same sign.
+
+    /// FPCR.FZ.
+    const FZ: u64 = 1 << 24;
+
+    /// Restores the saved FPCR when dropped.
+    pub(super) struct Flush {
+        saved: u64,
+    }
+
+    impl Flush {
+        pub(super) fn set() -> Flush {
+            let saved = fpcr();
+            if saved & FZ == 0 {
+                set_fpcr(saved | FZ);
+            }
+            Flush { saved }
+        }
+    }
+
+    impl Drop for Flush {
+        fn drop(&mut self) {
+            if fpcr() != self.saved {
+                set_fpcr(self.saved);
+            }
+        }
+    }
+
+    /// The calling thread's FPCR.
+    pub(super) fn fpcr() -> u64 {
+        let value: u64;
+        // SAFETY: reading FPCR has no side effect; it is readable at EL0.
+        unsafe { std::arch::asm!("mrs {}, fpcr", out(reg) value, options(nomem, nostack)) };
+        value
+    }
+
+    fn set_fpcr(value: u64) {
+        // SAFETY: writes back a value read from FPCR with the FZ mode bit changed.
+        unsafe { std::arch::asm!("msr fpcr, {}", in(reg) value, options(nomem, nostack)) };
     }
 }
 
@@ -105,5 +156,32 @@ mod tests {
         let caught = std::panic::catch_unwind(|| flush_subnormals(|| panic!("inside")));
         assert!(caught.is_err());
         assert_eq!(mode(mxcsr()), mode(before));
+    }
+}
+
+#[cfg(all(test, target_arch = "aarch64"))]
+mod tests_arm64 {
+    use super::*;
+
+    #[test]
+    fn flushes_inside_and_restores_after() {
+        let before = arm64::fpcr();
+        let tiny = std::hint::black_box(f32::MIN_POSITIVE);
+        let (product, read) = flush_subnormals(|| {
+            let p = std::hint::black_box(tiny) * std::hint::black_box(0.5f32);
+            let sub = std::hint::black_box(f32::from_bits(1));
+            (
+                std::hint::black_box(p),
+                std::hint::black_box(std::hint::black_box(sub) * std::hint::black_box(2.0f32)),
+            )
+        });
+        assert_eq!(product, 0.0, "a subnormal result is flushed");
+        assert_eq!(read, 0.0, "a subnormal operand reads as zero");
+        assert_eq!(arm64::fpcr(), before);
+        let p = std::hint::black_box(tiny) * std::hint::black_box(0.5f32);
+        assert!(p > 0.0);
+        let caught = std::panic::catch_unwind(|| flush_subnormals(|| panic!("inside")));
+        assert!(caught.is_err());
+        assert_eq!(arm64::fpcr(), before);
     }
 }

@@ -26,8 +26,13 @@
 //! recomputed at a time, so each job holds `(ceil(T/C) + C + 1)` states of one value head
 //! (`Dv · Dk` f32 each): O((T/C + C) · state), never O(T · state). The arithmetic is f32 in a
 //! plain sequential order (gradients are not part of the bit-exact contract), the same on
-//! every path: with AVX2 the row loops run in `backward_avx2`, which computes the same bits.
+//! every path: with AVX2 the row loops run in `backward_avx2`, with NEON (arm64) in
+//! `backward_neon`, which compute the same bits.
 
+#[cfg(target_arch = "x86_64")]
+use super::backward_avx2 as rows_simd;
+#[cfg(target_arch = "aarch64")]
+use super::backward_neon as rows_simd;
 use super::Dims;
 use crate::cpu::features;
 use crate::cpu::pool::{self, SharedMut};
@@ -76,11 +81,13 @@ struct Outs {
 /// The backward pass; `checkpoint` tokens between kept states (0: the default). Jobs run per
 /// (batch row, key head), each over the value heads that read that key head.
 pub fn backward(x: &Inputs, checkpoint: usize) -> Grads {
-    backward_on(x, checkpoint, features::kernels().avx2)
+    let f = features::kernels();
+    backward_on(x, checkpoint, f.avx2 || f.neon)
 }
 
-/// `backward` with the AVX2 row loops or the portable ones; `avx2` only where the CPU has it.
-fn backward_on(x: &Inputs, checkpoint: usize, avx2: bool) -> Grads {
+/// `backward` with the vector row loops (AVX2, NEON) or the portable ones; `vector` only where
+/// the CPU has AVX2 (x86-64) or NEON (arm64).
+fn backward_on(x: &Inputs, checkpoint: usize, vector: bool) -> Grads {
     let d = x.d;
     let checkpoint = if checkpoint == 0 {
         DEFAULT_CHECKPOINT
@@ -110,17 +117,17 @@ fn backward_on(x: &Inputs, checkpoint: usize, avx2: bool) -> Grads {
         for hv in hk * group..(hk + 1) * group {
             // SAFETY: the job for (b, hk) is the only writer of dq/dk rows (b, ·, hk) and of the
             // dv/dg/dbeta/dstate entries of its value heads; the buffers outlive the pool run;
-            // `avx2` says the CPU has it.
-            unsafe { value_head(x, outs, b, hk, hv, checkpoint, avx2) };
+            // `vector` says the CPU has the row loops' features.
+            unsafe { value_head(x, outs, b, hk, hv, checkpoint, vector) };
         }
     });
     g
 }
 
 /// # Safety
-/// No other thread writes the parts of `o` that (b, hk, hv) owns while this runs; `avx2`
-/// only where the CPU has AVX2.
-unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usize, avx2: bool) {
+/// No other thread writes the parts of `o` that (b, hk, hv) owns while this runs; `vector`
+/// only where the CPU has AVX2 (x86-64) or NEON (arm64).
+unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usize, vector: bool) {
     let d = x.d;
     let (dk, dv, t_len) = (d.dk, d.dv, d.t);
     let size = dv * dk;
@@ -129,8 +136,8 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
     let gate_at = |t: usize| (b * t_len + t) * d.hv + hv;
     let active = |t: usize| x.mask.is_none_or(|m| m[b * t_len + t] != 0);
     let state0 = (b * d.hv + hv) * size;
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = avx2;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = vector;
 
     // One forward token on `s` (Dv rows of Dk), in place.
     let step = |s: &mut [f32], t: usize| {
@@ -143,11 +150,11 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
             x.beta[gate_at(t)],
         );
         for (row, r) in s.chunks_exact_mut(dk).enumerate() {
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            if vector {
                 let (p, v) = (r.as_mut_ptr(), x.v[v_at(t) + row]);
-                // SAFETY: the CPU has AVX2; r and k hold Dk values.
-                unsafe { super::backward_avx2::step_row(p, p, k, g, v, beta) };
+                // SAFETY: the CPU has the row loops' features; r and k hold Dk values.
+                unsafe { rows_simd::step_row(p, p, k, g, v, beta) };
                 continue;
             }
             r.iter_mut().for_each(|si| *si *= g);
@@ -199,8 +206,8 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
         for t in t0..t1 {
             let i = t - t0;
             let (prev, next) = states.split_at_mut((i + 1) * size);
-            #[cfg(target_arch = "x86_64")]
-            if avx2 && active(t) {
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            if vector && active(t) {
                 // The copy fused into the step: the same values.
                 let (k, g, beta) = (
                     &x.k[qk_at(t)..qk_at(t) + dk],
@@ -210,17 +217,9 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
                 for row in 0..dv {
                     let (src, dst) = (&prev[i * size + row * dk..], &mut next[row * dk..]);
                     let v = x.v[v_at(t) + row];
-                    // SAFETY: the CPU has AVX2; src and dst hold Dk values each, disjoint.
-                    unsafe {
-                        super::backward_avx2::step_row(
-                            src.as_ptr(),
-                            dst.as_mut_ptr(),
-                            k,
-                            g,
-                            v,
-                            beta,
-                        )
-                    };
+                    // SAFETY: the CPU has the row loops' features; src and dst hold Dk values
+                    // each, disjoint.
+                    unsafe { rows_simd::step_row(src.as_ptr(), dst.as_mut_ptr(), k, g, v, beta) };
                 }
                 continue;
             }
@@ -246,12 +245,12 @@ unsafe fn value_head(x: &Inputs, o: Outs, b: usize, hk: usize, hv: usize, c: usi
                 );
                 let dsr = &mut ds[row * dk..(row + 1) * dk];
                 let dy = x.dy[v_at(t) + row];
-                #[cfg(target_arch = "x86_64")]
-                if avx2 {
+                #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+                if vector {
                     let vr = x.v[v_at(t) + row];
-                    // SAFETY: the CPU has AVX2; every slice holds Dk values.
+                    // SAFETY: the CPU has the row loops' features; every slice holds Dk values.
                     let (ddelta, err, dg_row) = unsafe {
-                        super::backward_avx2::grad_row(
+                        rows_simd::grad_row(
                             s_prev, s_next, dsr, q, k, &mut dq_t, &mut dk_t, dy, vr, g, beta,
                         )
                     };
@@ -614,12 +613,12 @@ mod tests {
         }
     }
 
-    /// The AVX2 row loops give the portable bits, also at key widths that leave a tail past
-    /// the last group of eight (the C ABI takes multiples of 32 only).
-    #[cfg(target_arch = "x86_64")]
+    /// The vector row loops (AVX2, NEON) give the portable bits, also at key widths that leave
+    /// a tail past the last group of eight (the C ABI takes multiples of 32 only).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[test]
-    fn the_avx2_loops_give_the_portable_bits() {
-        if !features::cpu().avx2 {
+    fn the_vector_loops_give_the_portable_bits() {
+        if !(features::cpu().avx2 || features::cpu().neon) {
             return;
         }
         for (n, dk) in [1, 7, 8, 13, 36, 100, 128, 259].into_iter().enumerate() {

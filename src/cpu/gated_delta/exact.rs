@@ -7,9 +7,12 @@
 //! processed in tiles; each value row keeps its state in registers/L1 across a tile. With AVX2
 //! and Dk = 128 a vectorized row kernel runs (8 lanes' partials per register, the butterfly as
 //! fixed shuffles; `exact_avx2`), with AVX-512 one of 16 lanes per register (`exact_avx512`);
-//! elsewhere the portable row kernel (`exact_row`). A decode step (one real token from a given
-//! state) takes a single-token AVX2 kernel that leaves the state in its natural layout and
-//! moves only the products into lane layout. All compute identical bits.
+//! on arm64 a NEON one of 4 lanes per register for Dk = 32, 64, 96, 128 and 256
+//! (`exact_neon`); elsewhere the portable row kernel (`exact_row`). A decode step (one real
+//! token from a given state) takes a single-token AVX2 kernel that leaves the state in its
+//! natural layout and moves only the products into lane layout (NEON's rows load and store
+//! the state with de-interleaving loads and stores, so decode needs no kernel of its own). All
+//! compute identical bits.
 
 use std::cell::RefCell;
 
@@ -17,6 +20,8 @@ use std::cell::RefCell;
 use super::exact_avx2 as avx2;
 #[cfg(target_arch = "x86_64")]
 use super::exact_avx512 as avx512;
+#[cfg(target_arch = "aarch64")]
+use super::exact_neon as neon;
 use super::exact_row::{row_portable, RowIo, Tile};
 use super::{Dims, Out, Rows, StateIn};
 use crate::cpu::elem::Elem;
@@ -31,12 +36,14 @@ const ROWS: usize = 4;
 /// Value rows the AVX-512 kernel interleaves.
 const ROWS_512: usize = 4;
 
-/// The row kernels a call uses: portable, AVX2 or AVX-512 (Dk = 128).
+/// The row kernels a call uses: portable, AVX2 or AVX-512 (Dk = 128), or NEON (Dk = 32, 64,
+/// 96, 128 or 256).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Path {
     Portable,
     Avx2,
     Avx512,
+    Neon,
 }
 
 /// Value rows the single-token (decode) kernel interleaves.
@@ -87,8 +94,10 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
     };
     // A decode step (one real token from a given state) takes the single-token kernel, which
     // works on the state in its natural layout: no transposed copy of the state to keep.
-    let single =
-        vectorized && tokens == 1 && src_state.is_some() && p.mask.is_none_or(|m| m[tok0] != 0);
+    let single = matches!(path, Path::Avx2 | Path::Avx512)
+        && tokens == 1
+        && src_state.is_some()
+        && p.mask.is_none_or(|m| m[tok0] != 0);
     SCRATCH.with(|scratch| {
         let s = &mut *scratch.borrow_mut();
         // Where the head's state lives while it runs: its output rows, or scratch.
@@ -187,7 +196,21 @@ fn head<T: Elem>(p: &Problem<T>, out: Out<T>, b: usize, hv: usize, path: Path) {
                 }
             }
             while dv < d.dv {
-                if path == Path::Avx512 {
+                if path == Path::Neon {
+                    #[cfg(target_arch = "aarch64")]
+                    // SAFETY: `Path::Neon` only where NEON was detected and
+                    // `neon::supports(Dk)`; `src`/`dst` address Dk values each (see above).
+                    unsafe {
+                        if dv + neon::MAX_ROWS <= d.dv {
+                            let io = std::array::from_fn(|r| row_io(dv + r));
+                            neon::rows_for::<T, { neon::MAX_ROWS }>(&tile, io, d.dk);
+                            dv += neon::MAX_ROWS;
+                        } else {
+                            neon::rows_for::<T, 1>(&tile, [row_io(dv)], d.dk);
+                            dv += 1;
+                        }
+                    }
+                } else if path == Path::Avx512 {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `Path::Avx512` only where AVX-512 was detected and Dk = 128.
                     unsafe {
@@ -249,16 +272,26 @@ fn widen<T: Elem>(src: &[T], dst: &mut [f32], path: Path) {
         match path {
             Path::Avx2 => avx2::to_lane_layout(dst),
             Path::Avx512 => avx512::to_lane_layout(dst),
-            Path::Portable => {}
+            Path::Portable | Path::Neon => {}
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    if path == Path::Neon {
+        // SAFETY: `Path::Neon` only where `neon::supports(Dk)`.
+        unsafe { neon::to_lane_layout(dst) }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = path;
 }
 
 pub(super) fn solve<T: Elem>(p: &Problem<T>, y: &mut [T], state: &mut [f32]) {
     let f = features::kernels();
+    #[cfg(target_arch = "aarch64")]
+    let neon_fits = neon::supports(p.d.dk);
+    #[cfg(not(target_arch = "aarch64"))]
+    let neon_fits = false;
     let path = match (p.d.dk == 128, f.avx2, f.avx512()) {
+        _ if f.neon && neon_fits => Path::Neon,
         (true, _, true) => Path::Avx512,
         (true, true, false) => Path::Avx2,
         _ => Path::Portable,

@@ -1,18 +1,21 @@
 //! The gated-delta update and its prefix replay on the CPU: the fused gates (`gates`), the exact
-//! recurrence (`exact`, its row kernels in `exact_row`, `exact_avx2` and `exact_avx512`) and
-//! the kernel nodes
-//! (`node`), which runs the exact form, the chunked form (`chunked`) or the replay. The
-//! types here are shared with the chunked form.
+//! recurrence (`exact`, its row kernels in `exact_row`, `exact_avx2`, `exact_avx512` and
+//! `exact_neon`) and the kernel nodes (`node`), which runs the exact form, the chunked form
+//! (`chunked`) or the replay. The types here are shared with the chunked form.
 
 pub mod backward;
 #[cfg(target_arch = "x86_64")]
 mod backward_avx2;
 pub mod chunked;
+#[cfg(target_arch = "aarch64")]
+mod backward_neon;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx512;
+#[cfg(target_arch = "aarch64")]
+mod exact_neon;
 mod exact_row;
 mod gates;
 pub(crate) mod node;

@@ -9,7 +9,7 @@
 //! columns at a time, and takes a bf16 or f16 gate's activation `g · sigmoid(g)` from a table
 //! of all 2^16 results (`simd::avx2::gate_table`; an f32 gate computes it). With AVX-512 and a
 //! 16-bit gate the same on sixteen lanes (two registers per SIMD group), the table read by
-//! gathers.
+//! gathers. On arm64 a NEON kernel (`gated_rms_norm/neon.rs`) on four lanes.
 
 pub mod backward;
 
@@ -107,7 +107,16 @@ pub fn norm<T: Lanes, G: Lanes>(
     let avx512 = kernels.avx512();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(rows);
-        if vectorized {
+        if kernels.neon {
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: the buffer sizes were checked above and each job writes only its own
+            // rows.
+            unsafe {
+                neon::rows(&p, range)
+            };
+            #[cfg(not(target_arch = "aarch64"))]
+            unreachable!("NEON is arm64's");
+        } else if vectorized {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `features::kernels()` checked AVX2, FMA and F16C (and AVX-512 for its
             // kernel); the buffer sizes were checked above and each job writes only its own
@@ -152,6 +161,9 @@ unsafe fn rows_portable<T: Elem, G: Elem>(p: &Problem<T, G>, rows: Range<usize>)
         }
     }
 }
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

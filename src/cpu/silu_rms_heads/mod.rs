@@ -8,7 +8,7 @@
 //! (`simd::avx2::silu_table`; f32 computes it eight lanes at a time), holds a head's activations
 //! in registers, sums each lane's four squares as a vertical chain after a 4×4 transpose, and
 //! runs the butterfly as fixed shuffles. With AVX-512 (bf16 and f16) the same on sixteen lanes,
-//! the table read by gathers.
+//! the table read by gathers. On arm64 a NEON kernel (`silu_rms_heads/neon.rs`) on four lanes.
 
 pub mod backward;
 
@@ -126,7 +126,16 @@ pub fn split<T: Lanes>(
     let avx512 = kernels.avx512();
     pool::run(jobs, &|job| {
         let range = job * per_job..((job + 1) * per_job).min(units);
-        if vectorized {
+        if kernels.neon {
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: the buffer sizes were checked above and each unit writes only its own
+            // head.
+            unsafe {
+                neon::heads(&p, range)
+            };
+            #[cfg(not(target_arch = "aarch64"))]
+            unreachable!("NEON is arm64's");
+        } else if vectorized {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `features::kernels()` checked AVX2, FMA and F16C (and AVX-512 for its
             // kernel); the buffer sizes were checked above and each unit writes only its own
@@ -198,6 +207,9 @@ unsafe fn heads_portable<T: Elem>(p: &Problem<T>, units: Range<usize>) {
         }
     }
 }
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {

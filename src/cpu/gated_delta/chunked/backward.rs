@@ -26,6 +26,8 @@
 //! a, A_log and dt_bias needs (`gated_delta::backward::gate_backward_log`).
 
 use super::backward_chunk::{self as bc, Chunk, Outs, Scratch};
+#[cfg(target_arch = "aarch64")]
+use super::gemm::Neon;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
@@ -114,7 +116,9 @@ pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -
         products == Products::Fastest && f.avx512(),
         products != Products::Portable && f.avx2_fma(),
     );
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    let neon = products == Products::Fastest && f.neon;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (f, products);
     // Buffers of finished jobs, taken by the next ones: as many sets as jobs run at once, each
     // set's pages faulted in once per call.
@@ -141,6 +145,11 @@ pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -
                     // SAFETY: AVX2 and FMA were detected; as above.
                     return unsafe { job_avx2(x, outs, w, c, b, hk) };
                 }
+            }
+            #[cfg(target_arch = "aarch64")]
+            if neon {
+                // SAFETY: NEON is part of arm64; job (b, hk) alone writes its entries.
+                return unsafe { run_job::<Neon>(x, outs, w, c, b, hk) };
             }
             // SAFETY: job (b, hk) alone writes its entries.
             unsafe { run_job::<Portable>(x, outs, w, c, b, hk) }

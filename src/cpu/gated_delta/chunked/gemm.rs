@@ -1,10 +1,10 @@
 //! The products of the chunked form. Every product goes through one register-blocked kernel:
-//! 6 rows × 16 columns with AVX2 + FMA intrinsics or as portable loops, or, with AVX-512, up to
-//! 12 rows × 32 columns (two panels per product); the kernel also stores the output rows and
+//! 6 rows × 16 columns with AVX2 + FMA intrinsics, NEON intrinsics (`gemm/neon.rs`) or as
+//! portable loops, or, with AVX-512, up to 12 rows × 32 columns (two panels per product); the kernel also stores the output rows and
 //! transposes the keys. A is read by rows or by columns (the products of K and Q read `[K; Q]ᵀ`:
 //! a step's broadcasts then come from one pointer at fixed offsets).
 //!
-//! The AVX2 and AVX-512 kernels compute the same bits: each element of a product is one chain
+//! The AVX2, AVX-512 and NEON kernels compute the same bits: each element of a product is one chain
 //! of fused multiply-adds over the steps in order from +0 (for a triangular A only the steps
 //! up to the diagonal), then the same epilogue, whatever the register tile.
 
@@ -657,3 +657,8 @@ mod avx512 {
         }
     }
 }
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
+#[cfg(target_arch = "aarch64")]
+pub(super) use neon::Neon;

@@ -5,6 +5,8 @@
 use std::cell::RefCell;
 
 use super::chunk::{unit_run, write_y, Job, NextRows, Pending, Problem, Scratch};
+#[cfg(target_arch = "aarch64")]
+use super::gemm::Neon;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
@@ -35,6 +37,8 @@ pub(super) enum KernelChoice {
     Avx2,
     /// Needs AVX-512 (F), AVX2 and FMA.
     Avx512,
+    /// Needs NEON (arm64).
+    Neon,
 }
 
 /// Runs a call's jobs over the pool, each on one `Span`.
@@ -83,7 +87,12 @@ pub(super) unsafe fn run<T: Elem>(problem: &Problem<T>, out: Out<T>, kernel: Ker
                     }
                     // SAFETY: as above.
                     KernelChoice::Avx2 => return unsafe { run_job_avx2(problem, out, s, span) },
-                    KernelChoice::Portable => {}
+                    KernelChoice::Portable | KernelChoice::Neon => {}
+                }
+                #[cfg(target_arch = "aarch64")]
+                if kernel == KernelChoice::Neon {
+                    // SAFETY: as above (NEON is part of arm64).
+                    return unsafe { run_job::<Neon, T>(problem, out, s, span) };
                 }
                 let _ = kernel;
                 // SAFETY: the jobs' spans are disjoint, as `run_job` requires.

@@ -68,8 +68,8 @@ const _: () = assert!(ChunkSize::MULTIPLE == NR);
 /// Which product kernel a call may use at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Products {
-    /// The fastest the CPU has (and `features::kernels()` allows): AVX-512, AVX2 + FMA or
-    /// portable.
+    /// The fastest the CPU has (and `features::kernels()` allows): AVX-512, AVX2 + FMA, NEON
+    /// or portable.
     Fastest,
     /// AVX2 + FMA where available, even on a CPU with AVX-512 (the same bits).
     Avx2,
@@ -235,6 +235,7 @@ pub fn chunked_recurrence_rows<T: Elem>(
     let f = features::kernels();
     let kernel = match opts.products {
         Products::Fastest if f.avx512() => job::KernelChoice::Avx512,
+        Products::Fastest if f.neon => job::KernelChoice::Neon,
         Products::Fastest | Products::Avx2 if f.avx2_fma() => job::KernelChoice::Avx2,
         _ => job::KernelChoice::Portable,
     };
