@@ -424,3 +424,12 @@ pub fn from_conv_arrays(
         },
     ]
 }
+
+/// The values of an array of any float dtype, converted to float32 by MLX.
+pub fn read_widened(a: H) -> Vec<f32> {
+    let mut as_f32 = null_mut();
+    ok(unsafe { mlxk_array_astype(a, MLXK_DTYPE_FLOAT32, &mut as_f32) });
+    let values = read_f32(as_f32);
+    free(as_f32);
+    values
+}
