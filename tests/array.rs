@@ -114,15 +114,7 @@ fn constructor_errors_name_the_argument() {
     );
     let negative = [2i32, -3];
     expect_err(
-        unsafe {
-            mlxk_array_new(
-                data.as_ptr().cast(),
-                negative.as_ptr(),
-                2,
-                MLXK_DTYPE_FLOAT32,
-                &mut out,
-            )
-        },
+        array_new_into(as_bytes(&data), &negative, MLXK_DTYPE_FLOAT32, &mut out),
         MLXK_ERR_SHAPE,
         &["shape", "-3"],
     );
@@ -148,15 +140,7 @@ fn constructor_errors_name_the_argument() {
     );
     let bad_bool = [0u8, 1, 7, 0];
     expect_err(
-        unsafe {
-            mlxk_array_new(
-                bad_bool.as_ptr().cast(),
-                shape.as_ptr(),
-                2,
-                MLXK_DTYPE_BOOL,
-                &mut out,
-            )
-        },
+        array_new_into(&bad_bool, &shape, MLXK_DTYPE_BOOL, &mut out),
         MLXK_ERR_INVALID_ARGUMENT,
         &["data", "element 2", "0 or 1"],
     );

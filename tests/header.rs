@@ -21,22 +21,14 @@ fn committed_header_matches_generated() {
 #[test]
 fn version_macros_follow_cargo_toml() {
     let h = mlxkern::GENERATED_HEADER;
-    assert!(h.contains(&format!(
-        "#define MLXK_VERSION \"{}\"",
-        env!("CARGO_PKG_VERSION")
-    )));
-    assert!(h.contains(&format!(
-        "#define MLXK_VERSION_MAJOR {}",
-        env!("CARGO_PKG_VERSION_MAJOR")
-    )));
-    assert!(h.contains(&format!(
-        "#define MLXK_VERSION_MINOR {}",
-        env!("CARGO_PKG_VERSION_MINOR")
-    )));
-    assert!(h.contains(&format!(
-        "#define MLXK_VERSION_PATCH {}",
-        env!("CARGO_PKG_VERSION_PATCH")
-    )));
+    for define in [
+        format!("MLXK_VERSION \"{}\"", env!("CARGO_PKG_VERSION")),
+        format!("MLXK_VERSION_MAJOR {}", env!("CARGO_PKG_VERSION_MAJOR")),
+        format!("MLXK_VERSION_MINOR {}", env!("CARGO_PKG_VERSION_MINOR")),
+        format!("MLXK_VERSION_PATCH {}", env!("CARGO_PKG_VERSION_PATCH")),
+    ] {
+        assert!(h.contains(&format!("#define {define}")), "{define}");
+    }
     let abi = mlxkern::capi::status::mlxk_abi_version();
     assert!(h.contains(&format!("#define MLXK_ABI_VERSION {abi}")));
     let toml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")).unwrap();

@@ -8,6 +8,14 @@ use crate::support::vjp_case::vjp;
 use crate::support::*;
 use std::ptr::null_mut;
 
+/// `f` run under a memory limit of `bytes`; the limit is lifted (0) after it.
+fn under_limit<R>(bytes: usize, f: impl FnOnce() -> R) -> R {
+    ok(mlxk_set_memory_limit(bytes));
+    let out = f();
+    ok(mlxk_set_memory_limit(0));
+    out
+}
+
 #[test]
 fn memory_limit_refuses_before_allocating() {
     let _serial = serial();
@@ -41,9 +49,7 @@ fn kernels_refuse_results_above_the_limit_before_building() {
     let mut rng = Rng::fresh();
     let r = Recurrence::random(&mut rng, [2, 64, 2, 4, 128, 128], true, false);
     // The new state alone is 2*4*128*128*4 = 512 KiB.
-    ok(mlxk_set_memory_limit(256 * 1024));
-    let (status, y, s) = r.run();
-    ok(mlxk_set_memory_limit(0));
+    let (status, y, s) = under_limit(256 * 1024, || r.run());
     expect_err(
         status,
         MLXK_ERR_OUT_OF_MEMORY,
@@ -60,13 +66,14 @@ fn kernels_refuse_results_above_the_limit_before_building() {
     let [q, k, v, a, b, al, dt, st, m] = r.args();
     let args = [q, k, v, a, b, al, dt, st, m, null_mut(), null_mut()];
     let mut grads: [H; 8] = [null_mut(); 8];
-    ok(mlxk_set_memory_limit(8 << 20));
-    let cpu = vjp(args.map(|h| h as *const mlxk_array), None, &mut grads);
-    let outs = grads.each_mut().map(|g| g as *mut H);
-    let ops = unsafe {
-        mlxkern::testing::gated_delta_update_vjp_via_gpu(GpuKernels::Cuda, false, args, outs)
-    };
-    ok(mlxk_set_memory_limit(0));
+    let (cpu, ops) = under_limit(8 << 20, || {
+        let cpu = vjp(args.map(|h| h as *const mlxk_array), None, &mut grads);
+        let outs = grads.each_mut().map(|g| g as *mut H);
+        let ops = unsafe {
+            mlxkern::testing::gated_delta_update_vjp_via_gpu(GpuKernels::Cuda, false, args, outs)
+        };
+        (cpu, ops)
+    });
     ok(cpu);
     expect_err(
         ops,
@@ -80,11 +87,9 @@ fn kernels_refuse_results_above_the_limit_before_building() {
     // The chunked form on a GPU keeps per-chunk matrices: 2 * 4 * 64 * (2 * 128 + 128 + 32 + 1)
     // floats (854 KB) here, refused under an 800 KiB limit that its results (y, state) fit.
     let (mut y, mut s) = (null_mut(), null_mut());
-    ok(mlxk_set_memory_limit(800 * 1024));
-    let status = unsafe {
+    let status = under_limit(800 * 1024, || unsafe {
         gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
-    };
-    ok(mlxk_set_memory_limit(0));
+    });
     expect_err(
         status,
         MLXK_ERR_OUT_OF_MEMORY,

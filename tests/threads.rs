@@ -9,9 +9,10 @@
 
 mod support;
 
+use crate::support::pool::update_pool_to;
 use crate::support::*;
 
-use std::ptr::null_mut;
+use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
@@ -489,24 +490,8 @@ impl Worker {
                 };
                 let fresh: Vec<u8> = slots.iter().map(|_| self.rng.below(2) as u8).collect();
                 let (mut y, mut p) = (null_mut(), null_mut());
-                let st = unsafe {
-                    mlxk_gated_delta_update_pool(
-                        h[0],
-                        h[1],
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        h[7],
-                        slots.as_ptr(),
-                        fresh.as_ptr(),
-                        slots.len(),
-                        null_mut(),
-                        &mut y,
-                        &mut p,
-                    )
-                };
+                let x = [h[0], h[1], h[2], h[3], h[4], h[5], h[6]].map(|h| h as *const mlxk_array);
+                let st = update_pool_to(x, h[7], &slots, fresh.as_ptr(), null(), &mut y, &mut p);
                 self.record(step, "mlxk_gated_delta_update_pool", st, vec![], None);
                 self.free(step, h[7]);
                 self.read(step, p);
@@ -517,24 +502,8 @@ impl Worker {
                 let (mut y2, mut p2): (H, H) = (null_mut(), null_mut());
                 let y2_out: *mut H = &mut y2;
                 let p2_out: *mut H = if d[0] > 1 { &mut p2 } else { y2_out };
-                let st = unsafe {
-                    mlxk_gated_delta_update_pool(
-                        h[0],
-                        h[1],
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        p,
-                        twice.as_ptr(),
-                        std::ptr::null(),
-                        twice.len(),
-                        null_mut(),
-                        y2_out,
-                        p2_out,
-                    )
-                };
+                let x = [h[0], h[1], h[2], h[3], h[4], h[5], h[6]].map(|h| h as *const mlxk_array);
+                let st = update_pool_to(x, p, &twice, null(), null(), y2_out, p2_out);
                 self.record(step, "mlxk_gated_delta_update_pool", st, vec![], None);
                 assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
                 self.free(step, p);

@@ -7,11 +7,10 @@
 //! chunked_against_exact_at_qwen_dims; both without a name); PROBE_T (lengths,
 //! comma-separated), PROBE_CHUNK, PROBE_NO_EXACT and PROBE_AVX2 vary it.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+mod common;
+use common::*;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
-use support::*;
 
 fn first_line(path: &str, key: &str) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -21,24 +20,11 @@ fn first_line(path: &str, key: &str) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// CPU seconds this process has used (all its threads).
-fn cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 /// Forward then backward of one path; (forward ms, backward ms, CPU ms of both).
-fn time_path(r: &Recurrence, dy: H, chunked: bool) -> (f64, f64, f64) {
+fn time_path(r: &Inputs, dy: H, chunked: bool) -> (f64, f64, f64) {
     let [q, k, v, a, b, al, dt, s, m] = r.args();
     // PROBE_CHUNK: the chunk size of both chunked calls (default 0: the library's).
-    let chunk: i32 = std::env::var("PROBE_CHUNK")
-        .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let chunk: i32 = env_or("PROBE_CHUNK", 0);
     let c0 = cpu_seconds();
     let t0 = Instant::now();
     let (mut y, mut st) = (null_mut(), null_mut());
@@ -132,8 +118,17 @@ fn chunked_and_exact_forward_plus_backward() {
     // PROBE_AVX2: the AVX2 product kernels even where the CPU has AVX-512.
     mlxkern::testing::force_avx2_kernels(std::env::var_os("PROBE_AVX2").is_some());
     for t in lengths {
-        let r = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
-        let dy = new_bf16(&rng.vec(t * 32 * 128, 1.0), &[1, t as i32, 32, 128]);
+        let r = Inputs::random(
+            &mut rng,
+            [1, t, 16, 32, 128, 128],
+            false,
+            MLXK_DTYPE_BFLOAT16,
+        );
+        let dy = array(
+            &rng.vec(t * 32 * 128, 1.0),
+            &[1, t, 32, 128],
+            MLXK_DTYPE_BFLOAT16,
+        );
         for (name, chunked) in [("chunked", true), ("exact", false)] {
             if !chunked && !exact {
                 continue;
@@ -171,26 +166,11 @@ fn chunked_against_exact_at_qwen_dims() {
     for t in [512usize, 4096] {
         // float32 inputs and gradients: the comparison sees the backwards, not a rounding to
         // bf16.
-        let ti = t as i32;
-        let norm = |rng: &mut Rng, scale: f32| -> Vec<f32> {
-            let mut x = rng.vec(t * 16 * 128, 1.0);
-            for head in x.chunks_mut(128) {
-                let n = head.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-                head.iter_mut().for_each(|v| *v *= scale / n);
-            }
-            x
-        };
-        let q = new_f32(&norm(&mut rng, 128f32.powf(-0.5)), &[1, ti, 16, 128]);
-        let k = new_f32(&norm(&mut rng, 1.0), &[1, ti, 16, 128]);
-        let v = new_f32(&rng.vec(t * 32 * 128, 1.0), &[1, ti, 32, 128]);
-        let a = new_f32(&rng.vec(t * 32, 2.0), &[1, ti, 32]);
-        let b = new_f32(&rng.vec(t * 32, 2.0), &[1, ti, 32]);
-        let al = new_f32(&rng.vec(32, 1.0), &[32]);
-        let dt = new_f32(&rng.vec(32, 1.0), &[32]);
-        let s = new_f32(&rng.vec(32 * 128 * 128, 0.5), &[1, 32, 128, 128]);
-        let m = null();
-        let dy = new_f32(&rng.vec(t * 32 * 128, 1.0), &[1, ti, 32, 128]);
-        let ds = new_f32(&rng.vec(32 * 128 * 128, 0.5), &[1, 32, 128, 128]);
+        let f32_ = MLXK_DTYPE_FLOAT32;
+        let inputs = Inputs::random(&mut rng, [1, t, 16, 32, 128, 128], true, f32_);
+        let [q, k, v, a, b, al, dt, s, m] = inputs.args();
+        let dy = array(&rng.vec(t * 32 * 128, 1.0), &[1, t, 32, 128], f32_);
+        let ds = array(&rng.vec(32 * 128 * 128, 0.5), &[1, 32, 128, 128], f32_);
         let grads = |chunked: bool| -> Vec<Vec<f32>> {
             let mut g = [null_mut(); 8];
             let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut g;
@@ -229,20 +209,15 @@ fn chunked_against_exact_at_qwen_dims() {
             "T={t}: chunked vs exact, error / largest: {}",
             table.join(", ")
         );
-        for h in [q, k, v, a, b, al, dt, s, dy, ds] {
+        for h in [dy, ds] {
             free(h);
         }
+        inputs.free();
     }
 }
 
-/// Runs the probes whose names contain one of the arguments (all without one); `cargo bench`
-/// passes `--bench`, which is not a name.
 fn main() {
-    let names: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let probes: [(&str, fn()); 2] = [
+    run_probes(&[
         (
             "chunked_and_exact_forward_plus_backward",
             chunked_and_exact_forward_plus_backward,
@@ -251,11 +226,5 @@ fn main() {
             "chunked_against_exact_at_qwen_dims",
             chunked_against_exact_at_qwen_dims,
         ),
-    ];
-    for (name, probe) in probes {
-        if names.is_empty() || names.iter().any(|n| name.contains(n.as_str())) {
-            println!("== {name}");
-            probe();
-        }
-    }
+    ]);
 }

@@ -2,26 +2,18 @@
 //! `cargo bench --bench perf_probe [-- NAME...]` (probe, subnormals_in_probe_state,
 //! prefill_only; all without a name).
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+mod common;
+use common::*;
 use std::ptr::{null, null_mut};
 use std::time::Instant;
-use support::*;
 
-fn cpu_seconds() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
+const BF16: mlxk_dtype = MLXK_DTYPE_BFLOAT16;
 
 fn probe() {
     let mut rng = Rng::seeded(7);
     let dims = [1, 1, 16, 32, 128, 128];
-    let r = Recurrence::random(&mut rng, dims, true, false);
-    let mut state = r.state.unwrap();
+    let r = Inputs::random(&mut rng, dims, true, BF16);
+    let mut state = r.handles[7];
     let [q, k, v, a, b, al, dt, _, _] = r.args();
     println!("cpu threads: {}", mlxkern::testing::cpu_threads());
     let rounds = if std::env::var_os("PROBE_DECODE_ONLY").is_some() {
@@ -60,12 +52,11 @@ fn probe() {
         return;
     }
     let t = 512;
-    let p = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
+    let p = Inputs::random(&mut rng, [1, t, 16, 32, 128, 128], false, BF16);
     for round in 0..2 {
         let t0 = Instant::now();
         let c0 = cpu_seconds();
-        let (status, y, s) = p.run();
-        ok(status);
+        let (y, s) = p.update();
         ok(mlxk_array_eval(s));
         println!(
             "prefill T={t} round {round}: {:.0} tok/s wall, {:.0} tok/s per cpu-second",
@@ -75,13 +66,16 @@ fn probe() {
         free(y);
         free(s);
     }
+    p.free();
+    for h in r.handles[..7].iter().chain([&state]) {
+        free(*h);
+    }
 }
 
 fn subnormals_in_probe_state() {
     let mut rng = Rng::seeded(7);
-    let r = Recurrence::random(&mut rng, [1, 64, 16, 32, 128, 128], false, false);
-    let (status, y, s) = r.run();
-    ok(status);
+    let r = Inputs::random(&mut rng, [1, 64, 16, 32, 128, 128], false, BF16);
+    let (y, s) = r.update();
     let v = read_f32(s);
     let sub = v.iter().filter(|x| x.is_subnormal()).count();
     let zero = v.iter().filter(|x| **x == 0.0).count();
@@ -92,38 +86,24 @@ fn subnormals_in_probe_state() {
     );
     free(y);
     free(s);
+    r.free();
 }
 
 fn prefill_only() {
     let mut rng = Rng::seeded(9);
-    let t: usize = std::env::var("PROBE_T")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
-    let p = Recurrence::random(&mut rng, [1, t, 16, 32, 128, 128], false, false);
-    let (status, y, s) = p.run();
-    ok(status);
+    let t: usize = env_or("PROBE_T", 64);
+    let p = Inputs::random(&mut rng, [1, t, 16, 32, 128, 128], false, BF16);
+    let (y, s) = p.update();
     ok(mlxk_array_eval(s));
     free(y);
     free(s);
+    p.free();
 }
 
-/// Runs the probes whose names contain one of the arguments (all without one); `cargo bench`
-/// passes `--bench`, which is not a name.
 fn main() {
-    let names: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let probes: [(&str, fn()); 3] = [
+    run_probes(&[
         ("probe", probe),
         ("subnormals_in_probe_state", subnormals_in_probe_state),
         ("prefill_only", prefill_only),
-    ];
-    for (name, probe) in probes {
-        if names.is_empty() || names.iter().any(|n| name.contains(n.as_str())) {
-            println!("== {name}");
-            probe();
-        }
-    }
+    ]);
 }

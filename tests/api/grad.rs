@@ -249,25 +249,17 @@ fn head_split_vjp_matches_the_c_abi() {
         let dk_ = cot(&mut rng, &[b, s, hk, dk], case != 2);
         let dv_ = cot(&mut rng, &[b, s, hv, dv], case != 3);
         let eps = 1e-6;
-        let mut outs = [null_mut(); 3];
-        let [o0, o1, o2] = &mut outs;
-        let status = unsafe {
-            mlxk_silu_rms_heads_vjp(
-                x.c,
-                qs.c,
-                ks.c,
-                hk as i32,
-                hv as i32,
-                dv as i32,
-                eps,
-                c_opt(&dq),
-                c_opt(&dk_),
-                c_opt(&dv_),
-                o0,
-                o1,
-                o2,
-            )
+        // The C call on these inputs and the given cotangents: its status and results.
+        let c_vjp = |dq: *const mlxk_array, dk: *const mlxk_array, dv_: *const mlxk_array| {
+            let mut outs = [null_mut(); 3];
+            let [o0, o1, o2] = &mut outs;
+            let (hk, hv, dv) = (hk as i32, hv as i32, dv as i32);
+            let status = unsafe {
+                mlxk_silu_rms_heads_vjp(x.c, qs.c, ks.c, hk, hv, dv, eps, dq, dk, dv_, o0, o1, o2)
+            };
+            (status, outs)
         };
+        let (status, outs) = c_vjp(c_opt(&dq), c_opt(&dk_), c_opt(&dv_));
         ok(status);
         let split = SiluRmsHeads {
             x: &x.r,
@@ -286,25 +278,7 @@ fn head_split_vjp_matches_the_c_abi() {
         );
         if case == 5 {
             let bad = Twin::random(&mut rng, &[b, s, hv, dv + 1], 1.0, dtype);
-            let mut outs = [null_mut(); 3];
-            let [o0, o1, o2] = &mut outs;
-            let status = unsafe {
-                mlxk_silu_rms_heads_vjp(
-                    x.c,
-                    qs.c,
-                    ks.c,
-                    hk as i32,
-                    hv as i32,
-                    dv as i32,
-                    eps,
-                    null_mut(),
-                    null_mut(),
-                    bad.c,
-                    o0,
-                    o1,
-                    o2,
-                )
-            };
+            let (status, _) = c_vjp(null_mut(), null_mut(), bad.c);
             let err = split.vjp(None, None, Some(&bad.r)).unwrap_err();
             let msg = same_error("mlxk_silu_rms_heads_vjp", status, err);
             assert!(msg.starts_with("dv: "), "{msg}");

@@ -177,19 +177,16 @@ void test_arrays(void) {
     CHECK_OK(mlxk_array_astype(f, MLXK_DTYPE_BFLOAT16, &h));
     check_shape(h, eight, 1, MLXK_DTYPE_BFLOAT16, __FILE__, __LINE__);
     uint16_t hb[8];
+    float hfv[8];
     CHECK_OK(mlxk_array_read(h, hb, sizeof hb));
-    int rne = 1;
+    CHECK_OK(mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &hf));
+    CHECK_OK(mlxk_array_read(hf, hfv, sizeof hfv));
+    int rne = 1, exact = 1;
     for (int i = 0; i < 8; i++) {
-        rne &= hb[i] == mlxkt_bf16_from_float(src[i]);
+        rne &= hb[i] == mlxkt_bf16_from_float(src[i]); /* round to nearest even */
+        exact &= hfv[i] == mlxkt_bf16_to_float(hb[i]); /* bf16 -> f32 is exact */
     }
     CHECK(rne);
-    CHECK_OK(mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &hf));
-    float hfv[8];
-    CHECK_OK(mlxk_array_read(hf, hfv, sizeof hfv));
-    int exact = 1;
-    for (int i = 0; i < 8; i++) {
-        exact &= hfv[i] == mlxkt_bf16_to_float(hb[i]);
-    }
     CHECK(exact);
     CHECK_OK(mlxk_array_astype(f, MLXK_DTYPE_INT32, &iv));
     int32_t ivv[8];

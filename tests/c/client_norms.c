@@ -104,6 +104,47 @@ void test_gated_rms_norm(void) {
     }
 }
 
+/* A float64 loss of three inputs; `rest` holds its other arguments. */
+typedef double (*loss3)(double *const in[3], const void *rest);
+
+/* Checks three gradients (each read, then freed) against a central difference of `loss` along a
+ * random direction per input (<grad, u> = dL/dt at t = 0 for in + t u); in[which] (counts[which]
+ * values) starts as src[which], dir[which] is drawn here. */
+static void check_along_directions(const char *fn, mlxk_array *grads[3],
+                                   const float *const src[3], const int counts[3],
+                                   double *const in[3], double *const dir[3], loss3 loss,
+                                   const void *rest) {
+    for (int which = 0; which < 3; which++) {
+        for (int i = 0; i < counts[which]; i++) {
+            in[which][i] = src[which][i];
+            dir[which][i] = mlxkt_rng_sym(&rng);
+        }
+    }
+    for (int which = 0; which < 3; which++) {
+        float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
+        double along = 0.0, scale = 0.0;
+        for (int i = 0; i < counts[which]; i++) {
+            along += got[i] * dir[which][i];
+            scale += fabs(got[i] * dir[which][i]);
+        }
+        const double h = 1e-6;
+        double *p = in[which];
+        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
+        double up = loss(in, rest);
+        for (int i = 0; i < counts[which]; i++) p[i] -= 2 * h * dir[which][i];
+        double down = loss(in, rest);
+        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
+        double want = (up - down) / (2 * h);
+        /* float32 gradients summed along u: a few float32 roundings of each term. */
+        CHECK(fabs(along - want) <= 1e-5 * scale + 1e-7);
+        if (fabs(along - want) > 1e-5 * scale + 1e-7) {
+            fprintf(stderr, "  %s input %d: %.9g vs %.9g\n", fn, which, along, want);
+        }
+        free(got);
+        free_ok(grads[which]);
+    }
+}
+
 /* sum(g * gated_rms_norm(x, z, w)) in float64 over ROWS rows of D. */
 static double norm_loss(const double *x, const double *z, const double *w, const float *g, int rows,
                         int d, double eps) {
@@ -119,6 +160,17 @@ static double norm_loss(const double *x, const double *z, const double *w, const
         }
     }
     return total;
+}
+
+struct norm_rest {
+    const float *g;
+    int rows, d;
+    double eps;
+};
+
+static double norm_loss3(double *const in[3], const void *rest) {
+    const struct norm_rest *r = rest;
+    return norm_loss(in[0], in[1], in[2], r->g, r->rows, r->d, r->eps);
 }
 
 /* The gated norm's backward pass: each gradient against a central difference of the float64
@@ -147,36 +199,10 @@ void test_gated_rms_norm_vjp(void) {
     check_shape(grads[1], xs, 2, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     check_shape(grads[2], ws, 1, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     const int counts[3] = {N, N, D};
-    for (int which = 0; which < 3; which++) {
-        const float *src = which == 0 ? x : which == 1 ? z : w;
-        for (int i = 0; i < counts[which]; i++) {
-            in[which][i] = src[i];
-            dir[which][i] = mlxkt_rng_sym(&rng);
-        }
-    }
-    for (int which = 0; which < 3; which++) {
-        float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
-        double along = 0.0, scale = 0.0;
-        for (int i = 0; i < counts[which]; i++) {
-            along += got[i] * dir[which][i];
-            scale += fabs(got[i] * dir[which][i]);
-        }
-        const double h = 1e-6;
-        double *p = in[which];
-        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
-        double up = norm_loss(in[0], in[1], in[2], g, ROWS, D, eps);
-        for (int i = 0; i < counts[which]; i++) p[i] -= 2 * h * dir[which][i];
-        double down = norm_loss(in[0], in[1], in[2], g, ROWS, D, eps);
-        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
-        double want = (up - down) / (2 * h);
-        /* float32 gradients summed along u: a few float32 roundings of each term. */
-        CHECK(fabs(along - want) <= 1e-5 * scale + 1e-7);
-        if (fabs(along - want) > 1e-5 * scale + 1e-7) {
-            fprintf(stderr, "  gated_rms_norm_vjp input %d: %.9g vs %.9g\n", which, along, want);
-        }
-        free(got);
-        free_ok(grads[which]);
-    }
+    const float *const src[3] = {x, z, w};
+    const struct norm_rest rest = {g, ROWS, D, eps};
+    check_along_directions(fn, grads, src, counts, (double *const[3]){in[0], in[1], in[2]},
+                           (double *const[3]){dir[0], dir[1], dir[2]}, norm_loss3, &rest);
     CHECK_OK(mlxk_gated_rms_norm_vjp(xa, za, wa, (float)eps, NULL, &grads[0], &grads[1], &grads[2]));
     for (int which = 0; which < 3; which++) {
         float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
@@ -329,6 +355,16 @@ static double split_loss(const double *x, const double *qs, const double *ks, co
     return total;
 }
 
+struct split_rest {
+    const float *gq, *gk, *gv;
+    double eps;
+};
+
+static double split_loss3(double *const in[3], const void *rest) {
+    const struct split_rest *r = rest;
+    return split_loss(in[0], in[1], in[2], r->gq, r->gk, r->gv, r->eps);
+}
+
 /* The head split's backward pass: each gradient against a central difference of the float64
  * loss along a random direction; absent cotangents are zeros; its own arguments named. */
 void test_silu_rms_heads_vjp(void) {
@@ -359,35 +395,10 @@ void test_silu_rms_heads_vjp(void) {
     check_shape(grads[1], ss, 1, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     check_shape(grads[2], ss, 1, MLXK_DTYPE_FLOAT32, __FILE__, __LINE__);
     const int counts[3] = {NX, SDK, SDK};
-    for (int which = 0; which < 3; which++) {
-        const float *src = which == 0 ? x : which == 1 ? qs : ks;
-        for (int i = 0; i < counts[which]; i++) {
-            in[which][i] = src[i];
-            dir[which][i] = mlxkt_rng_sym(&rng);
-        }
-    }
-    for (int which = 0; which < 3; which++) {
-        float *got = mlxkt_read_floats(grads[which], (size_t)counts[which]);
-        double along = 0.0, scale = 0.0;
-        for (int i = 0; i < counts[which]; i++) {
-            along += got[i] * dir[which][i];
-            scale += fabs(got[i] * dir[which][i]);
-        }
-        const double h = 1e-6;
-        double *p = in[which];
-        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
-        double up = split_loss(in[0], in[1], in[2], gq, gk, gv, eps);
-        for (int i = 0; i < counts[which]; i++) p[i] -= 2 * h * dir[which][i];
-        double down = split_loss(in[0], in[1], in[2], gq, gk, gv, eps);
-        for (int i = 0; i < counts[which]; i++) p[i] += h * dir[which][i];
-        double want = (up - down) / (2 * h);
-        CHECK(fabs(along - want) <= 1e-5 * scale + 1e-7);
-        if (fabs(along - want) > 1e-5 * scale + 1e-7) {
-            fprintf(stderr, "  silu_rms_heads_vjp input %d: %.9g vs %.9g\n", which, along, want);
-        }
-        free(got);
-        free_ok(grads[which]);
-    }
+    const float *const src[3] = {x, qs, ks};
+    const struct split_rest rest = {gq, gk, gv, eps};
+    check_along_directions(fn, grads, src, counts, (double *const[3]){in[0], in[1], in[2]},
+                           (double *const[3]){dir[0], dir[1], dir[2]}, split_loss3, &rest);
     /* Only dv: the scales get zero gradients, x only on its v channels. */
     CHECK_OK(mlxk_silu_rms_heads_vjp(xa, qa, ka, SHK, SHV, SDV, (float)eps, NULL, NULL, gva,
                                      &grads[0], &grads[1], &grads[2]));

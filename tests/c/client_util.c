@@ -167,13 +167,10 @@ Host host_random(Dims d, int bf16) {
 }
 
 void host_free(Host *h) {
-    free(h->q);
-    free(h->k);
-    free(h->v);
-    free(h->a);
-    free(h->b);
-    free(h->a_log);
-    free(h->dt_bias);
+    float *all[] = {h->q, h->k, h->v, h->a, h->b, h->a_log, h->dt_bias};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        free(all[i]);
+    }
 }
 
 /* The recurrence from `state` (in/out, [B, Hv, Dv, Dk]) writing y [B, T, Hv, Dv]; mask [B, T]
@@ -239,11 +236,8 @@ Args upload(const Host *h) {
 }
 
 void free_args(Args *x) {
-    free_ok(x->q);
-    free_ok(x->k);
-    free_ok(x->v);
-    free_ok(x->a);
-    free_ok(x->b);
-    free_ok(x->a_log);
-    free_ok(x->dt_bias);
+    mlxk_array *all[] = {x->q, x->k, x->v, x->a, x->b, x->a_log, x->dt_bias};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        free_ok(all[i]);
+    }
 }

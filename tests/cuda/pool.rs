@@ -6,6 +6,7 @@
 //! the kernel's own gates within `gate_bound`.
 
 use super::*;
+use crate::support::pool::update_pool_to;
 use std::ptr::null;
 
 /// The arrays of a pool call: the update's (`Update`, without its state) and the pool.
@@ -322,24 +323,16 @@ fn in_place_decode(rng: &mut Rng) {
         for _ in 0..4 {
             let [q, k, v, a, b, al, dt, _, m] = c.args();
             let (mut y, mut next) = (null_mut(), null_mut());
-            ok(unsafe {
-                mlxk_gated_delta_update_pool(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    c.slots.as_ptr(),
-                    null(),
-                    c.slots.len(),
-                    m,
-                    &mut y,
-                    &mut next,
-                )
-            });
+            let x = [q, k, v, a, b, al, dt];
+            ok(update_pool_to(
+                x,
+                pool,
+                &c.slots,
+                null(),
+                m,
+                &mut y,
+                &mut next,
+            ));
             free(pool);
             free(y);
             pool = next;

@@ -14,15 +14,6 @@ fn run_chunked(r: &Recurrence, chunk: i32) -> (mlxk_status, H, H) {
     (status, y, st)
 }
 
-/// y as f32 whatever its dtype.
-fn read_y(y: H) -> Vec<f32> {
-    let mut as_f32 = null_mut();
-    ok(unsafe { mlxk_array_astype(y, MLXK_DTYPE_FLOAT32, &mut as_f32) });
-    let values = read_f32(as_f32);
-    free(as_f32);
-    values
-}
-
 /// The spacing of `dtype`'s values near |x| (its unit in the last place).
 fn ulp(dtype: mlxk_dtype, x: f32) -> f32 {
     let mantissa_bits = match dtype {
@@ -77,7 +68,7 @@ fn compare(r: &Recurrence, chunk: i32, dtype: mlxk_dtype, label: &str) -> (f32, 
         MLXK_DTYPE_FLOAT32,
         "{label}: state dtype"
     );
-    let (ye, yc) = (read_y(y_exact), read_y(y_chunked));
+    let (ye, yc) = (read_widened(y_exact), read_widened(y_chunked));
     let (se, sc) = (read_f32(s_exact), read_f32(s_chunked));
     for h in [y_exact, y_chunked, s_exact, s_chunked] {
         free(h);
@@ -168,7 +159,7 @@ fn fully_masked_rows_keep_their_state_and_give_zeros() {
     let state_in = read_f32(r.state.unwrap());
     let (status, y, st) = run_chunked(&r, 0);
     ok(status);
-    let (yv, sv) = (read_y(y), read_f32(st));
+    let (yv, sv) = (read_widened(y), read_f32(st));
     let per_row_state = hv * dv * dk;
     assert_eq!(
         sv[per_row_state..2 * per_row_state]
@@ -466,7 +457,7 @@ fn nan_inputs_spread_as_in_the_exact_update() {
         for chunk in [0, 16, 64] {
             let (status, yc, sc) = run_chunked(&r, chunk);
             ok(status);
-            let (ye_v, yc_v) = (read_y(ye), read_y(yc));
+            let (ye_v, yc_v) = (read_widened(ye), read_widened(yc));
             let (se_v, sc_v) = (read_f32(se), read_f32(sc));
             for (i, (e, c)) in ye_v.iter().zip(&yc_v).enumerate() {
                 assert_eq!(

@@ -441,28 +441,18 @@ fn a_pool_given_up_before_eval_is_updated_in_its_own_buffer() {
     let address = mlxkern::testing::data_address(pool);
     assert_ne!(address, 0);
     let (_, expect) = pooled(&host, &pool0, n, &slots, None, None, None);
-    let s = slots.as_ptr();
     let update = |pool: H| {
         let (mut y, mut next) = (null_mut(), null_mut());
-        let status = unsafe {
-            mlxk_gated_delta_update_pool(
-                q,
-                k,
-                v,
-                a,
-                bb,
-                al,
-                dt,
-                pool,
-                s,
-                null(),
-                3,
-                null(),
-                &mut y,
-                &mut next,
-            )
-        };
-        ok(status);
+        let x = [q, k, v, a, bb, al, dt].map(|h| h as *const mlxk_array);
+        ok(update_pool_to(
+            x,
+            pool,
+            &slots,
+            null(),
+            null(),
+            &mut y,
+            &mut next,
+        ));
         (y, next)
     };
     for step in 0..3 {

@@ -32,214 +32,47 @@ fn every_argument_is_checked_and_named() {
         new_f32(&rng.vec(shape.iter().product::<i32>() as usize, 1.0), shape)
     };
 
+    #[rustfmt::skip]
     let cases: Vec<(usize, H, mlxk_status, Vec<&str>)> = vec![
         // q: rank, dtype, Dk rules
-        (
-            0,
-            f(&mut rng, &[b, t, hk]),
-            MLXK_ERR_SHAPE,
-            vec!["q", "rank 4"],
-        ),
-        (
-            0,
-            new_bytes(
-                &vec![0u8; (b * t * hk * dk * 4) as usize],
-                &[b, t, hk, dk],
-                MLXK_DTYPE_INT32,
-            ),
-            MLXK_ERR_DTYPE,
-            vec!["q", "int32"],
-        ),
+        (0, f(&mut rng, &[b, t, hk]), MLXK_ERR_SHAPE, vec!["q", "rank 4"]),
+        (0, new_bytes(&vec![0u8; (b * t * hk * dk * 4) as usize], &[b, t, hk, dk], MLXK_DTYPE_INT32), MLXK_ERR_DTYPE, vec!["q", "int32"]),
         // k: each dimension, dtype
-        (
-            1,
-            f(&mut rng, &[b + 1, t, hk, dk]),
-            MLXK_ERR_SHAPE,
-            vec!["k", "dimension 0 (B)"],
-        ),
-        (
-            1,
-            f(&mut rng, &[b, t + 1, hk, dk]),
-            MLXK_ERR_SHAPE,
-            vec!["k", "dimension 1 (T)"],
-        ),
-        (
-            1,
-            f(&mut rng, &[b, t, hk + 1, dk]),
-            MLXK_ERR_SHAPE,
-            vec!["k", "dimension 2 (Hk)"],
-        ),
-        (
-            1,
-            f(&mut rng, &[b, t, hk, dk + 32]),
-            MLXK_ERR_SHAPE,
-            vec!["k", "dimension 3 (Dk)"],
-        ),
-        (
-            1,
-            f32a(&mut rng, &[b, t, hk, dk]),
-            MLXK_ERR_DTYPE,
-            vec!["k", "float32", "q"],
-        ),
-        (
-            1,
-            f(&mut rng, &[b, t, hk, dk, 1]),
-            MLXK_ERR_SHAPE,
-            vec!["k", "rank 4"],
-        ),
+        (1, f(&mut rng, &[b + 1, t, hk, dk]), MLXK_ERR_SHAPE, vec!["k", "dimension 0 (B)"]),
+        (1, f(&mut rng, &[b, t + 1, hk, dk]), MLXK_ERR_SHAPE, vec!["k", "dimension 1 (T)"]),
+        (1, f(&mut rng, &[b, t, hk + 1, dk]), MLXK_ERR_SHAPE, vec!["k", "dimension 2 (Hk)"]),
+        (1, f(&mut rng, &[b, t, hk, dk + 32]), MLXK_ERR_SHAPE, vec!["k", "dimension 3 (Dk)"]),
+        (1, f32a(&mut rng, &[b, t, hk, dk]), MLXK_ERR_DTYPE, vec!["k", "float32", "q"]),
+        (1, f(&mut rng, &[b, t, hk, dk, 1]), MLXK_ERR_SHAPE, vec!["k", "rank 4"]),
         // v
-        (
-            2,
-            f(&mut rng, &[b + 1, t, hv, dv]),
-            MLXK_ERR_SHAPE,
-            vec!["v", "dimension 0 (B)"],
-        ),
-        (
-            2,
-            f(&mut rng, &[b, t + 2, hv, dv]),
-            MLXK_ERR_SHAPE,
-            vec!["v", "dimension 1 (T)"],
-        ),
-        (
-            2,
-            f(&mut rng, &[b, t, 3, dv]),
-            MLXK_ERR_SHAPE,
-            vec!["Hv", "multiple of Hk"],
-        ),
-        (
-            2,
-            f32a(&mut rng, &[b, t, hv, dv]),
-            MLXK_ERR_DTYPE,
-            vec!["v", "float32"],
-        ),
-        (
-            2,
-            f(&mut rng, &[b, t, hv]),
-            MLXK_ERR_SHAPE,
-            vec!["v", "rank 4"],
-        ),
+        (2, f(&mut rng, &[b + 1, t, hv, dv]), MLXK_ERR_SHAPE, vec!["v", "dimension 0 (B)"]),
+        (2, f(&mut rng, &[b, t + 2, hv, dv]), MLXK_ERR_SHAPE, vec!["v", "dimension 1 (T)"]),
+        (2, f(&mut rng, &[b, t, 3, dv]), MLXK_ERR_SHAPE, vec!["Hv", "multiple of Hk"]),
+        (2, f32a(&mut rng, &[b, t, hv, dv]), MLXK_ERR_DTYPE, vec!["v", "float32"]),
+        (2, f(&mut rng, &[b, t, hv]), MLXK_ERR_SHAPE, vec!["v", "rank 4"]),
         // a, b
-        (
-            3,
-            f(&mut rng, &[b, t, hv + 1]),
-            MLXK_ERR_SHAPE,
-            vec!["a", "dimension 2 (Hv)"],
-        ),
-        (
-            3,
-            f(&mut rng, &[b, t + 1, hv]),
-            MLXK_ERR_SHAPE,
-            vec!["a", "dimension 1 (T)"],
-        ),
-        (
-            3,
-            new_bytes(
-                &vec![1u8; (b * t * hv) as usize],
-                &[b, t, hv],
-                MLXK_DTYPE_UINT8,
-            ),
-            MLXK_ERR_DTYPE,
-            vec!["a", "uint8"],
-        ),
-        (
-            4,
-            f(&mut rng, &[b + 1, t, hv]),
-            MLXK_ERR_SHAPE,
-            vec!["b", "dimension 0 (B)"],
-        ),
-        (
-            4,
-            f(&mut rng, &[b, t, hv, 1]),
-            MLXK_ERR_SHAPE,
-            vec!["b", "rank 3"],
-        ),
+        (3, f(&mut rng, &[b, t, hv + 1]), MLXK_ERR_SHAPE, vec!["a", "dimension 2 (Hv)"]),
+        (3, f(&mut rng, &[b, t + 1, hv]), MLXK_ERR_SHAPE, vec!["a", "dimension 1 (T)"]),
+        (3, new_bytes(&vec![1u8; (b * t * hv) as usize], &[b, t, hv], MLXK_DTYPE_UINT8), MLXK_ERR_DTYPE, vec!["a", "uint8"]),
+        (4, f(&mut rng, &[b + 1, t, hv]), MLXK_ERR_SHAPE, vec!["b", "dimension 0 (B)"]),
+        (4, f(&mut rng, &[b, t, hv, 1]), MLXK_ERR_SHAPE, vec!["b", "rank 3"]),
         // a_log, dt_bias
-        (
-            5,
-            f32a(&mut rng, &[hv + 1]),
-            MLXK_ERR_SHAPE,
-            vec!["a_log", "Hv"],
-        ),
-        (
-            5,
-            new_bytes(&vec![0u8; (hv * 2) as usize], &[hv], MLXK_DTYPE_FLOAT16),
-            MLXK_ERR_DTYPE,
-            vec!["a_log", "float16"],
-        ),
-        (
-            5,
-            f32a(&mut rng, &[1, hv]),
-            MLXK_ERR_SHAPE,
-            vec!["a_log", "rank 1"],
-        ),
-        (
-            6,
-            f(&mut rng, &[hv - 1]),
-            MLXK_ERR_SHAPE,
-            vec!["dt_bias", "Hv"],
-        ),
-        (
-            6,
-            new_bytes(&vec![0u8; (hv * 4) as usize], &[hv], MLXK_DTYPE_INT32),
-            MLXK_ERR_DTYPE,
-            vec!["dt_bias", "int32"],
-        ),
+        (5, f32a(&mut rng, &[hv + 1]), MLXK_ERR_SHAPE, vec!["a_log", "Hv"]),
+        (5, new_bytes(&vec![0u8; (hv * 2) as usize], &[hv], MLXK_DTYPE_FLOAT16), MLXK_ERR_DTYPE, vec!["a_log", "float16"]),
+        (5, f32a(&mut rng, &[1, hv]), MLXK_ERR_SHAPE, vec!["a_log", "rank 1"]),
+        (6, f(&mut rng, &[hv - 1]), MLXK_ERR_SHAPE, vec!["dt_bias", "Hv"]),
+        (6, new_bytes(&vec![0u8; (hv * 4) as usize], &[hv], MLXK_DTYPE_INT32), MLXK_ERR_DTYPE, vec!["dt_bias", "int32"]),
         // state
-        (
-            7,
-            f32a(&mut rng, &[b, hv, dv, dk + 32]),
-            MLXK_ERR_SHAPE,
-            vec!["state", "dimension 3 (Dk)"],
-        ),
-        (
-            7,
-            f32a(&mut rng, &[b, hv, dv + 1, dk]),
-            MLXK_ERR_SHAPE,
-            vec!["state", "dimension 2 (Dv)"],
-        ),
-        (
-            7,
-            f32a(&mut rng, &[b, hv / 2, dv, dk]),
-            MLXK_ERR_SHAPE,
-            vec!["state", "dimension 1 (Hv)"],
-        ),
-        (
-            7,
-            f32a(&mut rng, &[b + 1, hv, dv, dk]),
-            MLXK_ERR_SHAPE,
-            vec!["state", "dimension 0 (B)"],
-        ),
-        (
-            7,
-            f(&mut rng, &[b, hv, dv, dk]),
-            MLXK_ERR_DTYPE,
-            vec!["state", "float32 only"],
-        ),
-        (
-            7,
-            f32a(&mut rng, &[b, hv, dv]),
-            MLXK_ERR_SHAPE,
-            vec!["state", "rank 4"],
-        ),
+        (7, f32a(&mut rng, &[b, hv, dv, dk + 32]), MLXK_ERR_SHAPE, vec!["state", "dimension 3 (Dk)"]),
+        (7, f32a(&mut rng, &[b, hv, dv + 1, dk]), MLXK_ERR_SHAPE, vec!["state", "dimension 2 (Dv)"]),
+        (7, f32a(&mut rng, &[b, hv / 2, dv, dk]), MLXK_ERR_SHAPE, vec!["state", "dimension 1 (Hv)"]),
+        (7, f32a(&mut rng, &[b + 1, hv, dv, dk]), MLXK_ERR_SHAPE, vec!["state", "dimension 0 (B)"]),
+        (7, f(&mut rng, &[b, hv, dv, dk]), MLXK_ERR_DTYPE, vec!["state", "float32 only"]),
+        (7, f32a(&mut rng, &[b, hv, dv]), MLXK_ERR_SHAPE, vec!["state", "rank 4"]),
         // mask
-        (
-            8,
-            new_bool(&vec![true; (b * (t + 1)) as usize], &[b, t + 1]),
-            MLXK_ERR_SHAPE,
-            vec!["mask", "dimension 1 (T)"],
-        ),
-        (
-            8,
-            new_bool(&vec![true; (b * t) as usize], &[b * t]),
-            MLXK_ERR_SHAPE,
-            vec!["mask", "rank 2"],
-        ),
-        (
-            8,
-            f32a(&mut rng, &[b, t]),
-            MLXK_ERR_DTYPE,
-            vec!["mask", "expected bool"],
-        ),
+        (8, new_bool(&vec![true; (b * (t + 1)) as usize], &[b, t + 1]), MLXK_ERR_SHAPE, vec!["mask", "dimension 1 (T)"]),
+        (8, new_bool(&vec![true; (b * t) as usize], &[b * t]), MLXK_ERR_SHAPE, vec!["mask", "rank 2"]),
+        (8, f32a(&mut rng, &[b, t]), MLXK_ERR_DTYPE, vec!["mask", "expected bool"]),
     ];
     for (slot, bad, status, needles) in cases {
         expect_arg_error(&base, slot, bad, status, &needles);

@@ -100,10 +100,7 @@ fn bf16_inputs_give_gradients_in_their_dtypes() {
     ];
     for (h, dtype) in outs.into_iter().zip(want) {
         assert_eq!(dtype_of(h), dtype);
-        let mut as_f32 = null_mut();
-        ok(unsafe { mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &mut as_f32) });
-        assert!(read_f32(as_f32).iter().all(|x| x.is_finite()));
-        free(as_f32);
+        assert!(read_widened(h).iter().all(|x| x.is_finite()));
         free(h);
     }
     for h in [q, k, v, a, bb, a_log, dt, dy] {
@@ -170,15 +167,6 @@ struct GpuCase {
 }
 
 const NAMES: [&str; 8] = GRADS;
-
-/// A gradient as f32 values, after checking it is a float array.
-fn widened(h: H) -> Vec<f32> {
-    let mut f = null_mut();
-    ok(unsafe { mlxk_array_astype(h, MLXK_DTYPE_FLOAT32, &mut f) });
-    let values = read_f32(f);
-    free(f);
-    values
-}
 
 /// The gradients of both paths: per gradient, (CPU values, fallback values, dtype code).
 type Paths = Vec<(Vec<f32>, Vec<f32>, i32)>;
@@ -256,7 +244,7 @@ fn both_paths_with_gates(
         .map(|((&x, &y), name)| {
             assert_eq!(shape_of(x), shape_of(y), "{name}: shape");
             assert_eq!(dtype_of(x), dtype_of(y), "{name}: dtype");
-            let out = (widened(x), widened(y), dtype_of(x));
+            let out = (read_widened(x), read_widened(y), dtype_of(x));
             free(x);
             free(y);
             out

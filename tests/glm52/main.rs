@@ -90,6 +90,14 @@ fn last_error() -> String {
         .into_owned()
 }
 
+/// `value` on MLXK_OK, else the status and the library's message.
+fn outcome<T>(status: mlxk_status, value: T) -> Result<T, (mlxk_status, String)> {
+    match status {
+        MLXK_OK => Ok(value),
+        _ => Err((status, last_error())),
+    }
+}
+
 fn canonical(
     hidden: u64,
     intermediate: u64,
@@ -99,11 +107,7 @@ fn canonical(
     let mut out = mlxk_glm52_layout::default();
     let status =
         unsafe { mlxk_glm52_layout_canonical(hidden, intermediate, bits, group_size, &mut out) };
-    if status == MLXK_OK {
-        Ok(out)
-    } else {
-        Err((status, last_error()))
-    }
+    outcome(status, out)
 }
 
 fn validate(
@@ -112,42 +116,40 @@ fn validate(
     group_size: u32,
 ) -> Result<(), (mlxk_status, String)> {
     let status = unsafe { mlxk_glm52_layout_validate(layout, bits, group_size) };
-    if status == MLXK_OK {
-        Ok(())
-    } else {
-        Err((status, last_error()))
-    }
+    outcome(status, ())
 }
 
 fn glm5(bits: u32, group_size: u32) -> mlxk_glm52_layout {
     canonical(GLM5_HIDDEN, GLM5_INTERMEDIATE, bits, group_size).unwrap()
 }
 
-/// Asserts a MLXK_ERR_INVALID_ARGUMENT whose message begins with `expected` after the name.
-fn assert_rejected(layout: &mlxk_glm52_layout, bits: u32, group_size: u32, expected: &str) {
-    let (status, message) = validate(layout, bits, group_size).expect_err(expected);
-    assert_eq!(status, MLXK_ERR_INVALID_ARGUMENT, "{message}");
-    let want = format!("mlxk_glm52_layout_validate: {expected}");
+/// Asserts the error `want` whose message begins with `expected` after `function`.
+#[track_caller]
+fn assert_refused<T: std::fmt::Debug>(
+    result: Result<T, (mlxk_status, String)>,
+    want: mlxk_status,
+    function: &str,
+    expected: &str,
+) {
+    let (status, message) = result.expect_err(expected);
+    assert_eq!(status, want, "{message}");
+    let want = format!("{function}: {expected}");
     assert!(
         message.starts_with(&want),
         "got {message:?}, expected it to start with {want:?}"
     );
 }
 
-fn assert_canonical_rejected(
-    hidden: u64,
-    intermediate: u64,
-    bits: u32,
-    group_size: u32,
-    expected: &str,
-) {
-    let (status, message) = canonical(hidden, intermediate, bits, group_size).expect_err(expected);
-    assert_eq!(status, MLXK_ERR_INVALID_ARGUMENT, "{message}");
-    let want = format!("mlxk_glm52_layout_canonical: {expected}");
-    assert!(
-        message.starts_with(&want),
-        "got {message:?}, expected it to start with {want:?}"
-    );
+fn assert_rejected(layout: &mlxk_glm52_layout, bits: u32, group_size: u32, expected: &str) {
+    let result = validate(layout, bits, group_size);
+    let invalid = MLXK_ERR_INVALID_ARGUMENT;
+    assert_refused(result, invalid, "mlxk_glm52_layout_validate", expected);
+}
+
+fn assert_canonical_rejected(hidden: u64, inter: u64, bits: u32, group_size: u32, expected: &str) {
+    let result = canonical(hidden, inter, bits, group_size);
+    let invalid = MLXK_ERR_INVALID_ARGUMENT;
+    assert_refused(result, invalid, "mlxk_glm52_layout_canonical", expected);
 }
 
 // ---- The independent model ----------------------------------------------------------------
@@ -254,33 +256,26 @@ fn slot_alignment_constant() {
     assert_eq!(MLXK_GLM52_EXPERT_SLOT_ALIGNMENT, 16384);
 }
 
+/// GLM-5's 4-bit and 8-bit layouts (group 64): the regions' offsets and the slot's bytes.
 #[test]
-fn design_table_q4_g64() {
-    let l = glm5(4, 64);
-    let offsets: Vec<u64> = (0..6).map(|r| offset(&l, r)).collect();
+fn design_table_q4_and_q8_g64() {
+    #[rustfmt::skip]
+    let rows: [(u32, [u64; 6], u64); 2] = [
+        (4, [0, 6291456, 12582912, 18874368, 19267584, 19660800], 20054016),
+        (8, [0, 12582912, 25165824, 37748736, 38141952, 38535168], 38928384),
+    ];
+    for (bits, offsets, slot_bytes) in rows {
+        let l = glm5(bits, 64);
+        let got: Vec<u64> = (0..6).map(|r| offset(&l, r)).collect();
+        assert_eq!(got, offsets, "q{bits}");
+        assert_eq!(l.slot_bytes, slot_bytes, "q{bits}");
+        assert_eq!((l.hidden_size, l.intermediate_size), (6144, 2048));
+    }
+    // The 4-bit layout field by field, in struct order.
     assert_eq!(
-        offsets,
-        [0, 6291456, 12582912, 18874368, 19267584, 19660800]
-    );
-    assert_eq!(l.slot_bytes, 20054016);
-    assert_eq!((l.hidden_size, l.intermediate_size), (6144, 2048));
-    // Field by field, in struct order.
-    assert_eq!(
-        fields(&l),
+        fields(&glm5(4, 64)),
         [6144, 2048, 20054016, 12582912, 0, 6291456, 19660800, 18874368, 19267584]
     );
-}
-
-#[test]
-fn design_table_q8_g64() {
-    let l = glm5(8, 64);
-    let offsets: Vec<u64> = (0..6).map(|r| offset(&l, r)).collect();
-    assert_eq!(
-        offsets,
-        [0, 12582912, 25165824, 37748736, 38141952, 38535168]
-    );
-    assert_eq!(l.slot_bytes, 38928384);
-    assert_eq!((l.hidden_size, l.intermediate_size), (6144, 2048));
 }
 
 #[test]
@@ -506,20 +501,13 @@ fn canonical_too_large_for_javascript() {
 
 #[test]
 fn null_pointers() {
+    let null = MLXK_ERR_NULL_POINTER;
     let status = unsafe { mlxk_glm52_layout_canonical(6144, 2048, 4, 64, ptr::null_mut()) };
-    assert_eq!(status, MLXK_ERR_NULL_POINTER);
-    assert!(
-        last_error().starts_with("mlxk_glm52_layout_canonical: out is NULL"),
-        "{}",
-        last_error()
-    );
+    let refused = outcome(status, ());
+    assert_refused(refused, null, "mlxk_glm52_layout_canonical", "out is NULL");
     let status = unsafe { mlxk_glm52_layout_validate(ptr::null(), 4, 64) };
-    assert_eq!(status, MLXK_ERR_NULL_POINTER);
-    assert!(
-        last_error().starts_with("mlxk_glm52_layout_validate: layout is NULL"),
-        "{}",
-        last_error()
-    );
+    let (refused, function) = (outcome(status, ()), "mlxk_glm52_layout_validate");
+    assert_refused(refused, null, function, "layout is NULL");
     // NULL is reported before a bad format.
     let status = unsafe { mlxk_glm52_layout_validate(ptr::null(), 3, 16) };
     assert_eq!(status, MLXK_ERR_NULL_POINTER);

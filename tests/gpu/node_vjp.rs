@@ -223,6 +223,22 @@ impl Recurrence {
         p
     }
 
+    /// `gpu_node_vjp` of the recurrence's node: its status and the gradients of `primals`.
+    fn node_vjp(
+        &self,
+        forward: GpuForward,
+        kernels: GpuKernels,
+        primals: &[H],
+        cotangents: &[H],
+    ) -> (mlxk_status, Vec<H>) {
+        let c = |l: &[H]| l.iter().map(|&h| h as *const _).collect::<Vec<_>>();
+        let mut outs = vec![null_mut(); primals.len()];
+        let (caller, primals, cotangents) = (c(&self.caller), c(primals), c(cotangents));
+        let status =
+            unsafe { gpu_node_vjp(forward, kernels, &caller, &primals, &cotangents, &mut outs) };
+        (status, outs)
+    }
+
     fn free(self) {
         for h in self
             .caller
@@ -246,18 +262,8 @@ fn the_recurrence_without_tokens_gives_zeros_and_passes_the_state_gradient() {
             let expect: Vec<(Vec<i32>, Float)> =
                 primals.iter().map(|&h| (shape_of(h), Float::F32)).collect();
             let forward = GpuForward::GatedDelta { fused, masked };
-            let mut outs = vec![null_mut(); primals.len()];
-            let c = |l: &[H]| l.iter().map(|&h| h as *const _).collect::<Vec<_>>();
-            ok(unsafe {
-                gpu_node_vjp(
-                    forward,
-                    kernels,
-                    &c(&r.caller),
-                    &c(&primals),
-                    &c(&[r.dy, r.dstate]),
-                    &mut outs,
-                )
-            });
+            let (status, outs) = r.node_vjp(forward, kernels, &primals, &[r.dy, r.dstate]);
+            ok(status);
             let dstate_out = read_f32(r.dstate);
             for (i, (&g, (shape, _))) in outs.iter().zip(&expect).enumerate() {
                 assert_eq!(
@@ -301,21 +307,11 @@ fn the_recurrence_with_tokens_reaches_the_backward_kernel() {
         ),
     ] {
         let primals = r.primals(fused);
-        let c = |l: &[H]| l.iter().map(|&h| h as *const _).collect::<Vec<_>>();
-        let mut outs = vec![null_mut(); primals.len()];
-        let status = unsafe {
-            gpu_node_vjp(
-                GpuForward::GatedDelta {
-                    fused,
-                    masked: true,
-                },
-                kernels,
-                &c(&r.caller),
-                &c(&primals),
-                &c(&[r.dy, r.dstate]),
-                &mut outs,
-            )
+        let forward = GpuForward::GatedDelta {
+            fused,
+            masked: true,
         };
+        let (status, outs) = r.node_vjp(forward, kernels, &primals, &[r.dy, r.dstate]);
         expect_err(status, MLXK_ERR_BACKEND, &[launch, back_end]);
         assert!(outs.iter().all(|h| h.is_null()));
     }
@@ -327,21 +323,11 @@ fn cotangents_that_do_not_fit_the_node_are_refused() {
     let mut rng = Rng::fresh();
     let r = Recurrence::new(&mut rng, [1, 0, 1, 1, 32, 4], false);
     let primals = r.primals(true);
-    let c = |l: &[H]| l.iter().map(|&h| h as *const _).collect::<Vec<_>>();
-    let mut outs = vec![null_mut(); primals.len()];
-    let status = unsafe {
-        gpu_node_vjp(
-            GpuForward::GatedDelta {
-                fused: true,
-                masked: false,
-            },
-            GpuKernels::Cuda,
-            &c(&r.caller),
-            &c(&primals),
-            &c(&[r.dy]),
-            &mut outs,
-        )
+    let forward = GpuForward::GatedDelta {
+        fused: true,
+        masked: false,
     };
+    let (status, _) = r.node_vjp(forward, GpuKernels::Cuda, &primals, &[r.dy]);
     expect_err(
         status,
         MLXK_ERR_BACKEND,

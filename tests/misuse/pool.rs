@@ -2,6 +2,7 @@
 //! among them) with valid host slots, offsets and lengths.
 
 use super::*;
+use crate::support::pool::update_pool_to;
 
 /// Every pool entry point on `r` (B = 2, T = 3; its state [2, Hv, Dv, Dk] serves as a pool of
 /// two slots), the packed ones on `p` (B = 1, T = 5), the update from the convolution's output
@@ -155,24 +156,8 @@ fn pool_calls_refuse_null_out_parameters() {
         (null_mut(), &mut y as *mut H, "y"),
         (&mut y as *mut H, null_mut(), "pool_out"),
     ] {
-        let st = unsafe {
-            mlxk_gated_delta_update_pool(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                s,
-                null(),
-                2,
-                null(),
-                y_out,
-                pool_out,
-            )
-        };
+        let x = [q, k, v, a, b, al, dt];
+        let st = update_pool_to(x, pool, &slots, null(), null(), y_out, pool_out);
         refused(st, MLXK_ERR_NULL_POINTER, f, &[arg], n);
         assert_eq!(y, sentinel(), "{f}: a refused call wrote an out-parameter");
     }

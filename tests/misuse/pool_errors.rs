@@ -1,6 +1,7 @@
 //! Argument errors of the pool and packed calls: each names the argument and what was
 //! expected, leaves the out-parameters untouched and makes no handle.
 
+use crate::support::pool::update_pool_to;
 use crate::support::*;
 use std::ptr::{null, null_mut};
 
@@ -185,25 +186,9 @@ fn the_pool_is_checked_and_named() {
     let (pool, s) = (c.pool, slots.as_ptr());
     let mut out = null_mut();
     let same = &mut out as *mut H;
+    let x = [q, k, v, a, b, al, dt].map(|h| h as *const mlxk_array);
     expect_err(
-        unsafe {
-            mlxk_gated_delta_update_pool(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                s,
-                null(),
-                2,
-                null(),
-                same,
-                same,
-            )
-        },
+        update_pool_to(x, pool, &slots, null(), null(), same, same),
         MLXK_ERR_INVALID_ARGUMENT,
         &["y", "pool_out"],
     );

@@ -77,11 +77,7 @@ def gated_delta(q, k, v, g, beta, state=None, mask=None, dtype="bfloat16"):
     g, beta: [B, T, Hv] float32; state: [B, Hv, Dv, Dk] float32 or None (zeros);
     mask: [B, T] bool or None. Returns (y [B, T, Hv, Dv] float32 holding `dtype` values,
     state [B, Hv, Dv, Dk] float32)."""
-    q = np.asarray(q, dtype=np.float32)
-    k = np.asarray(k, dtype=np.float32)
-    v = np.asarray(v, dtype=np.float32)
-    g = np.asarray(g, dtype=np.float32)
-    beta = np.asarray(beta, dtype=np.float32)
+    q, k, v, g, beta = (np.asarray(x, dtype=np.float32) for x in (q, k, v, g, beta))
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[2], v.shape[3]
     assert Dk % LANES == 0 and Hv % Hk == 0
@@ -293,10 +289,7 @@ def gated_delta_prefix_states(k, v, g, beta, state=None):
     """The recurrence's state after every prefix: [T + 1, B, Hv, Dv, Dk] float32, entry m the
     state after tokens [0, m) of every row (entry 0 is the start state). The same arithmetic
     as gated_delta, one step at a time (a step never looks at later tokens)."""
-    k = np.asarray(k, dtype=np.float32)
-    v = np.asarray(v, dtype=np.float32)
-    g = np.asarray(g, dtype=np.float32)
-    beta = np.asarray(beta, dtype=np.float32)
+    k, v, g, beta = (np.asarray(x, dtype=np.float32) for x in (k, v, g, beta))
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[2], v.shape[3]
     s = np.zeros((B, Hv, Dv, Dk), np.float32) if state is None else np.asarray(state, np.float32)

@@ -331,11 +331,15 @@ class Array:
     def __exit__(self, *exc):
         self.free()
 
+    def _query(self, fn, ctype):
+        """The value `fn` (an inspection entry point) writes to its out-parameter."""
+        out = ctype()
+        call(fn, self._as_arg, ctypes.byref(out))
+        return out.value
+
     @property
     def ndim(self):
-        n = ctypes.c_size_t()
-        call("mlxk_array_ndim", self._as_arg, ctypes.byref(n))
-        return n.value
+        return self._query("mlxk_array_ndim", ctypes.c_size_t)
 
     @property
     def shape(self):
@@ -347,15 +351,11 @@ class Array:
     @property
     def dtype(self):
         """The dtype code (see dtype_name)."""
-        d = ctypes.c_int32()
-        call("mlxk_array_dtype", self._as_arg, ctypes.byref(d))
-        return d.value
+        return self._query("mlxk_array_dtype", ctypes.c_int32)
 
     @property
     def nbytes(self):
-        n = ctypes.c_size_t()
-        call("mlxk_array_nbytes", self._as_arg, ctypes.byref(n))
-        return n.value
+        return self._query("mlxk_array_nbytes", ctypes.c_size_t)
 
     def eval(self):
         call("mlxk_array_eval", self._as_arg)

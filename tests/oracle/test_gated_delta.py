@@ -318,6 +318,16 @@ class SeededTestCase(unittest.TestCase):
     def msg(self, case, text):
         return f"{case}: {text} (MLXK_ORACLE_SEED={SEED})"
 
+    def assert_same_bits(self, case, what, got, want):
+        """got and want (storage of case.dtype) hold the same bits; want is not all zero."""
+        self.assertTrue(np.any(want != 0), self.msg(case, f"{what} all zero"))
+        bad = np.flatnonzero(mlxk.bits(got).reshape(-1) != mlxk.bits(want).reshape(-1))
+        self.assertEqual(bad.size, 0, self.msg(
+            case, f"{what}: {bad.size} of {got.size} values differ from the emulation, first at "
+                  f"flat index {bad[:3]}: "
+                  f"{mlxk.storage_to_f32(got.reshape(-1)[bad[:3]], case.dtype)} vs "
+                  f"{mlxk.storage_to_f32(want.reshape(-1)[bad[:3]], case.dtype)}"))
+
 
 # ---------------------------------------------------------------------------------------------
 

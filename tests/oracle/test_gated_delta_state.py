@@ -17,23 +17,15 @@ Inputs are fresh random values every run (the seed is printed when a test fails;
 MLXK_ORACLE_SEED to replay).
 """
 
-import os
-import sys
 import unittest
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 import emulate  # noqa: E402
 import mlxk  # noqa: E402
 from test_gated_delta import Case, Inputs, SeededTestCase, case_rng  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
-
-mx.set_default_device(mx.cpu)
 
 CASES = [
     # Qwen3.5-35B-A3B head layout, a verify window of 8 draft tokens.

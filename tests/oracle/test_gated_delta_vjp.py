@@ -24,15 +24,9 @@ values every run; the seed is printed when a test fails (MLXK_ORACLE_SEED replay
 """
 
 import functools
-import os
-import sys
 import unittest
 
 import numpy as np
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 import emulate  # noqa: E402
 import mlxk  # noqa: E402
@@ -40,8 +34,6 @@ import test_gated_delta as base  # noqa: E402  (a module: its test classes do no
 from test_gated_delta import MX_DTYPE, SEED, Case, Inputs, SeededTestCase, case_rng  # noqa: E402
 
 import mlx.core as mx  # noqa: E402
-
-mx.set_default_device(mx.cpu)
 gd = base.gd
 
 NAMES = mlxk.VJP_NAMES  # dq, dk, dv, da, db, da_log, ddt_bias, dstate

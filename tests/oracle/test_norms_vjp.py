@@ -37,26 +37,18 @@ print the worst of each side in these units. Inputs are fresh random values ever
 is printed when a test fails; MLXK_ORACLE_SEED replays).
 """
 
-import os
-import sys
 import unittest
 import zlib
-from dataclasses import dataclass
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
 import mlxk  # noqa: E402
+from shapes import HeadSplit as Split, NormRows as Norm  # noqa: E402
 from test_gated_delta import SEED, SeededTestCase, gd  # noqa: E402  (registers mlx_lm)
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import mlx_lm.models.qwen3_next as qwen3_next  # noqa: E402
-
-mx.set_default_device(mx.cpu)
 
 UNIT = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
 # Half the smallest subnormal: the largest error of rounding a value in the subnormal range.
@@ -181,25 +173,6 @@ class Checks(SeededTestCase):
 # The head split.
 
 
-@dataclass(frozen=True)
-class Split:
-    B: int
-    S: int
-    Hk: int
-    Hv: int
-    Dk: int
-    Dv: int
-    dtype: str = "bfloat16"
-
-    def __str__(self):
-        return (f"B{self.B} S{self.S} Hk{self.Hk} Hv{self.Hv} Dk{self.Dk} Dv{self.Dv} "
-                f"{self.dtype}")
-
-    @property
-    def C(self):
-        return 2 * self.Hk * self.Dk + self.Hv * self.Dv
-
-
 SPLITS = [
     Split(1, 8, 16, 32, 128, 128),  # Qwen3.5's heads
     Split(2, 5, 2, 4, 64, 64),
@@ -265,7 +238,7 @@ class HeadSplitVjp(Checks):
                 rng = case_rng("split", index)
                 dt = c.dtype
                 inv_scale = c.Dk ** -0.5
-                x = (rng.standard_normal((c.B, c.S, c.C)) *
+                x = (rng.standard_normal((c.B, c.S, c.channels)) *
                      rng.choice([0.5, 2.0, 4.0], (c.B, c.S, 1))).astype(np.float32)
                 x = mlxk.round_to(x, dt)
                 cot = [mlxk.round_to(rng.standard_normal(shape).astype(np.float32), dt)
@@ -304,21 +277,6 @@ class HeadSplitVjp(Checks):
 
 # ---------------------------------------------------------------------------------------------
 # The gated norm.
-
-
-@dataclass(frozen=True)
-class Norm:
-    lead: tuple
-    D: int
-    dtype: str = "bfloat16"
-    gate_dtype: str = None  # None: x's dtype
-
-    @property
-    def gate(self):
-        return self.gate_dtype or self.dtype
-
-    def __str__(self):
-        return f"x {self.lead + (self.D,)} {self.dtype} gate {self.gate}"
 
 
 NORMS = [

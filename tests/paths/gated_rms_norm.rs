@@ -2,10 +2,7 @@
 //! mixed gate dtypes included, against its portable code, bit for bit, through the C ABI: many
 //! shapes, all three dtypes, and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN
 //! outputs compare as a class. (It flips process-wide switches: tests/paths/main.rs.)
-//!
-//! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
-//! `cargo test --test gated_rms_norm_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
-//! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
+//! Its timing is a probe: `cargo bench --bench kernel_probe -- gated_rms_norm`.
 
 use crate::support::paths;
 use crate::support::*;
@@ -78,54 +75,4 @@ fn gated_norm_paths_agree_bit_for_bit() {
     eprintln!("{cases} gated norm cases");
     mlxkern::testing::force_portable_kernels(false);
     mlxkern::testing::force_avx2_kernels(false);
-}
-
-/// Prints per-call times (median and best) of the gated norm at Qwen3.5's dimensions, through
-/// the C ABI with eval and as the kernel alone, next to a memory copy of the same bytes.
-/// `MLXK_NUM_THREADS` picks the threads; `MLXK_TIMING_PORTABLE=1` times the portable kernels.
-#[test]
-#[ignore]
-fn timing() {
-    use half::bf16;
-    let _switch = serial();
-    let (mut rng, portable) = timing_start();
-    let width = 128;
-    for rows in [32usize, 512 * 32] {
-        let iters = match (rows, portable) {
-            (32, _) => 2000,
-            (_, true) => 5,
-            _ => 60,
-        };
-        let (xs, zs) = (
-            bf16_vec(&mut rng, rows * width),
-            bf16_vec(&mut rng, rows * width),
-        );
-        let ws = bf16_vec(&mut rng, width);
-        let shape = [rows as i32, width as i32];
-        let x = new_bytes(as_bytes(&xs), &shape, MLXK_DTYPE_BFLOAT16);
-        let z = new_bytes(as_bytes(&zs), &shape, MLXK_DTYPE_BFLOAT16);
-        let w = new_bytes(as_bytes(&ws), &[width as i32], MLXK_DTYPE_BFLOAT16);
-        let api = per_call(iters, || {
-            let mut out = null_mut();
-            ok(unsafe { mlxk_gated_rms_norm(x, z, w, 1e-6, &mut out) });
-            ok(mlxk_array_eval(out));
-            free(out);
-        });
-        let mut os = vec![bf16::ZERO; rows * width];
-        let kernel = per_call(iters, || {
-            mlxkern::cpu::gated_rms_norm::norm(width, 1e-6, &xs, &zs, &ws, &mut os)
-        });
-        let copy = copy_floor(2 * 2 * rows * width, 2 * rows * width, iters.min(200));
-        report(
-            &format!("gated norm {} x 32 rows x {width}", rows / 32),
-            api,
-            kernel,
-            copy,
-        );
-        for h in [x, z, w] {
-            free(h);
-        }
-    }
-    eval_round_trip(&mut rng);
-    mlxkern::testing::force_portable_kernels(false);
 }

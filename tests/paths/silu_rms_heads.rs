@@ -2,10 +2,7 @@
 //! against its portable code, bit for bit, through the C ABI: many shapes, all three dtypes,
 //! and special values (±0, ±inf, NaN, huge, tiny, subnormal). NaN outputs compare as a class.
 //! (It flips process-wide switches: tests/paths/main.rs.)
-//!
-//! The ignored `timing` test prints per-call times next to a memory copy of the same bytes:
-//! `cargo test --test silu_rms_heads_paths -- --ignored --nocapture timing`, with `MLXK_NUM_THREADS=1` or `2`
-//! (`MLXK_TIMING_AVX2=1`: the AVX2 kernels on a CPU with AVX-512).
+//! Its timing is a probe: `cargo bench --bench kernel_probe -- silu_rms_heads`.
 
 use crate::support::paths;
 use crate::support::*;
@@ -104,65 +101,4 @@ fn head_split_paths_agree_bit_for_bit() {
     eprintln!("{cases} head split cases");
     mlxkern::testing::force_portable_kernels(false);
     mlxkern::testing::force_avx2_kernels(false);
-}
-
-/// Prints per-call times (median and best) of the head split at Qwen3.5's dimensions, through
-/// the C ABI with eval and as the kernel alone, next to a memory copy of the same bytes.
-/// `MLXK_NUM_THREADS` picks the threads; `MLXK_TIMING_PORTABLE=1` times the portable kernels.
-#[test]
-#[ignore]
-fn timing() {
-    use half::bf16;
-    let _switch = serial();
-    let (mut rng, portable) = timing_start();
-    let (hk, hv, dk, dv) = (16usize, 32usize, 128usize, 128usize);
-    let c = 2 * hk * dk + hv * dv;
-    for s in [1usize, 512] {
-        let iters = match (s, portable) {
-            (1, _) => 2000,
-            (_, true) => 5,
-            _ => 40,
-        };
-        let xs = bf16_vec(&mut rng, s * c);
-        let scale = bf16_vec(&mut rng, dk);
-        let x = new_bytes(as_bytes(&xs), &[1, s as i32, c as i32], MLXK_DTYPE_BFLOAT16);
-        let qs = new_bytes(as_bytes(&scale), &[dk as i32], MLXK_DTYPE_BFLOAT16);
-        let api = per_call(iters, || {
-            let (mut q, mut k, mut v) = (null_mut(), null_mut(), null_mut());
-            ok(unsafe {
-                mlxk_silu_rms_heads(
-                    x, qs, qs, hk as i32, hv as i32, dv as i32, 1e-6, &mut q, &mut k, &mut v,
-                )
-            });
-            ok(mlxk_array_eval(q));
-            for h in [q, k, v] {
-                free(h);
-            }
-        });
-        let (mut qo, mut ko, mut vo) = (
-            vec![bf16::ZERO; s * hk * dk],
-            vec![bf16::ZERO; s * hk * dk],
-            vec![bf16::ZERO; s * hv * dv],
-        );
-        let dims = mlxkern::cpu::silu_rms_heads::Dims {
-            rows: s,
-            hk,
-            hv,
-            dk,
-            dv,
-        };
-        let kernel = per_call(iters, || {
-            mlxkern::cpu::silu_rms_heads::split(
-                dims, 1e-6, &xs, &scale, &scale, &mut qo, &mut ko, &mut vo,
-            )
-        });
-        let bytes = 2 * s * c; // S·C bf16 values in, as many out
-        let copy = copy_floor(bytes, bytes, iters.min(200));
-        report(&format!("head split S={s}"), api, kernel, copy);
-        for h in [x, qs] {
-            free(h);
-        }
-    }
-    eval_round_trip(&mut rng);
-    mlxkern::testing::force_portable_kernels(false);
 }

@@ -442,62 +442,21 @@ fn arguments_are_checked_and_named() {
     };
     let ok_heads = [1, 2, 3];
     let none = null_mut();
-    call(
-        ok_heads,
-        1e-6,
-        [dq_s, none, none],
-        MLXK_ERR_SHAPE,
-        &["dq: dimension 3 (Dk) is 3"],
-    );
-    call(
-        ok_heads,
-        1e-6,
-        [none, rank3, none],
-        MLXK_ERR_SHAPE,
-        &["dk: expected rank 4"],
-    );
-    call(
-        ok_heads,
-        1e-6,
-        [none, none, dv_b],
-        MLXK_ERR_SHAPE,
-        &["dv: dimension 2 (Hv) is 3"],
-    );
-    call(
-        ok_heads,
-        1e-6,
-        [none, ints, none],
-        MLXK_ERR_DTYPE,
-        &["dk: dtype int32"],
-    );
-    call(
-        ok_heads,
-        1e-6,
-        [dv, none, none],
-        MLXK_ERR_SHAPE,
-        &["dq: dimension 2 (Hk) is 2"],
-    );
-    call(
-        [1, 2, 4],
-        1e-6,
-        [dq, none, dv],
-        MLXK_ERR_SHAPE,
-        &["x: dimension 2 (channels)"],
-    );
-    call(
-        [0, 2, 3],
-        1e-6,
-        [dq, none, dv],
-        MLXK_ERR_INVALID_ARGUMENT,
-        &["key_heads is 0"],
-    );
-    call(
-        ok_heads,
-        -1.0,
-        [dq, none, dv],
-        MLXK_ERR_INVALID_ARGUMENT,
-        &["eps is -1"],
-    );
+    // (key_heads, value_heads, Dv), eps, (dq, dk, dv), the status, words of the message.
+    #[rustfmt::skip]
+    let refused: [([i32; 3], f32, [H; 3], mlxk_status, &[&str]); 8] = [
+        (ok_heads, 1e-6, [dq_s, none, none], MLXK_ERR_SHAPE, &["dq: dimension 3 (Dk) is 3"]),
+        (ok_heads, 1e-6, [none, rank3, none], MLXK_ERR_SHAPE, &["dk: expected rank 4"]),
+        (ok_heads, 1e-6, [none, none, dv_b], MLXK_ERR_SHAPE, &["dv: dimension 2 (Hv) is 3"]),
+        (ok_heads, 1e-6, [none, ints, none], MLXK_ERR_DTYPE, &["dk: dtype int32"]),
+        (ok_heads, 1e-6, [dv, none, none], MLXK_ERR_SHAPE, &["dq: dimension 2 (Hk) is 2"]),
+        ([1, 2, 4], 1e-6, [dq, none, dv], MLXK_ERR_SHAPE, &["x: dimension 2 (channels)"]),
+        ([0, 2, 3], 1e-6, [dq, none, dv], MLXK_ERR_INVALID_ARGUMENT, &["key_heads is 0"]),
+        (ok_heads, -1.0, [dq, none, dv], MLXK_ERR_INVALID_ARGUMENT, &["eps is -1"]),
+    ];
+    for (heads, eps, cot, want, needles) in refused {
+        call(heads, eps, cot, want, needles);
+    }
     // Out-parameters: NULL, and two at the same place.
     let (mut a, mut b) = (null_mut(), null_mut());
     let status = unsafe {

@@ -1,11 +1,10 @@
 //! Helpers of the portable-vs-vectorized suites of the head split and the gated norm
-//! (tests/silu_rms_heads_paths.rs, tests/gated_rms_norm_paths.rs): element kinds, special
-//! values, the switches forcing the portable and the AVX2 kernels, and the timing helpers.
-//! Included with `#[path]`.
+//! (tests/paths/silu_rms_heads.rs, tests/paths/gated_rms_norm.rs): element kinds, special
+//! values, the switches forcing the portable and the AVX2 kernels. (Their timings are probes:
+//! benches/rust/kernel_probe.rs.)
 #![allow(dead_code)]
 
 use super::*;
-use std::time::Instant;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Kind {
@@ -224,97 +223,4 @@ pub fn paths<R>(mut f: impl FnMut() -> R) -> (R, [(&'static str, R); 2]) {
     mlxkern::testing::force_avx2_kernels(false);
     let fastest = f();
     (portable, [("AVX2", avx2), ("fastest", fastest)])
-}
-
-/// Seconds per call over `iters` timed calls after two warm-up calls: (median, best).
-pub fn per_call(iters: usize, mut f: impl FnMut()) -> (f64, f64) {
-    f();
-    f();
-    let mut times: Vec<f64> = (0..iters)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    (times[iters / 2], times[0])
-}
-
-/// A memory copy moving as many bytes as the kernel (its inputs read, its outputs written):
-/// (in + out) / 2 bytes between buffers allocated once, the faster of `memcpy` (which on some
-/// virtual machines is slow at some alignments: `rep movsb`) and a plain loop of 64-byte moves.
-pub fn copy_floor(read: usize, written: usize, iters: usize) -> (f64, f64) {
-    let bytes = (read + written) / 2;
-    let src = vec![1u8; bytes];
-    let mut dst = vec![0u8; bytes];
-    let memcpy = per_call(iters, || {
-        dst.copy_from_slice(std::hint::black_box(&src));
-        std::hint::black_box(&mut dst);
-    });
-    let chunks = per_call(iters, || {
-        let src = std::hint::black_box(&src);
-        for (d, s) in dst.chunks_exact_mut(64).zip(src.chunks_exact(64)) {
-            let block: [u8; 64] = s.try_into().unwrap();
-            d.copy_from_slice(&block);
-        }
-        std::hint::black_box(&mut dst);
-    });
-    (memcpy.0.min(chunks.0), memcpy.1.min(chunks.1))
-}
-
-pub fn report(what: &str, api: (f64, f64), kernel: (f64, f64), copy: (f64, f64)) {
-    let us = |s: f64| s * 1e6;
-    println!(
-        "{what:<34} C ABI + eval {:>9.1} us (best {:>9.1})   kernel alone {:>9.1} us (best {:>9.1})   \
-         copy {:>7.1} us (best {:>7.1})   median ratio {:.2}",
-        us(api.0),
-        us(api.1),
-        us(kernel.0),
-        us(kernel.1),
-        us(copy.0),
-        us(copy.1),
-        api.0 / copy.0
-    );
-}
-
-/// Starts the timing test: prints the threads and which kernels run; returns the RNG and
-/// whether the portable kernels are timed (`MLXK_TIMING_PORTABLE=1`; `MLXK_TIMING_AVX2=1`
-/// times the AVX2 kernels on a CPU with AVX-512).
-pub fn timing_start() -> (Rng, bool) {
-    let rng = Rng::seeded(11);
-    let portable = std::env::var_os("MLXK_TIMING_PORTABLE").is_some();
-    mlxkern::testing::force_portable_kernels(portable);
-    mlxkern::testing::force_avx2_kernels(std::env::var_os("MLXK_TIMING_AVX2").is_some());
-    let (avx2, avx512) = mlxkern::testing::kernel_features();
-    println!(
-        "threads {} ({} kernels)",
-        mlxkern::testing::cpu_threads(),
-        match (avx2, avx512) {
-            (_, true) => "AVX-512",
-            (true, false) => "AVX2",
-            _ => "portable",
-        }
-    );
-    (rng, portable)
-}
-
-/// `n` random bfloat16 values in [-4, 4).
-pub fn bf16_vec(rng: &mut Rng, n: usize) -> Vec<half::bf16> {
-    (0..n)
-        .map(|_| half::bf16::from_f32(rng.uniform() * 4.0))
-        .collect()
-}
-
-/// Prints MLX's eval round trip on its own: a cheap op (astype of 32 values) through the C ABI.
-pub fn eval_round_trip(rng: &mut Rng) {
-    let small = new_bf16(&rng.vec(32, 1.0), &[32]);
-    let (t, _) = per_call(2000, || {
-        let mut out = std::ptr::null_mut();
-        ok(unsafe { mlxk_array_astype(small, MLXK_DTYPE_FLOAT32, &mut out) });
-        ok(mlxk_array_eval(out));
-        free(out);
-    });
-    println!("eval round trip (astype of 32 values) {:.1} us", t * 1e6);
-    free(small);
 }

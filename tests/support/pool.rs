@@ -136,3 +136,24 @@ pub fn resolved(text: &str) -> String {
         })
         .collect()
 }
+
+/// `mlxk_gated_delta_update_pool` on the seven inputs `x` (q, k, v, a, b, a_log, dt_bias), the
+/// pool, its slots with fresh flags (NULL: none) and the mask (NULL: none), the out-parameters
+/// as given (NULL, or one place twice, where a test wants).
+pub fn update_pool_to(
+    x: [*const mlxk_array; 7],
+    pool: *const mlxk_array,
+    slots: &[i32],
+    fresh: *const u8,
+    mask: *const mlxk_array,
+    y: *mut H,
+    pool_out: *mut H,
+) -> mlxk_status {
+    let [q, k, v, a, b, a_log, dt_bias] = x;
+    let (s, n) = (slots.as_ptr(), slots.len());
+    unsafe {
+        mlxk_gated_delta_update_pool(
+            q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, y, pool_out,
+        )
+    }
+}
