@@ -6,9 +6,9 @@
 pub mod backward;
 #[cfg(target_arch = "x86_64")]
 mod backward_avx2;
-pub mod chunked;
 #[cfg(target_arch = "aarch64")]
 mod backward_neon;
+pub mod chunked;
 mod exact;
 #[cfg(target_arch = "x86_64")]
 mod exact_avx2;

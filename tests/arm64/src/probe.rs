@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 
 use half::bf16;
 
-use crate::cpu::gated_delta::chunked::chunked_recurrence;
 use crate::cpu::features;
+use crate::cpu::gated_delta::chunked::chunked_recurrence;
 use crate::cpu::gated_delta::Dims;
 use crate::cpu::{gated_rms_norm, silu_rms_heads};
 use crate::dtype::Dtype;

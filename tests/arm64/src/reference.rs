@@ -6,8 +6,8 @@
 
 use half::bf16;
 
-use crate::cpu::gated_delta::chunked::chunked_recurrence;
 use crate::cpu::features;
+use crate::cpu::gated_delta::chunked::chunked_recurrence;
 use crate::cpu::gated_delta::Dims;
 
 fn values(seed: &mut u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {

@@ -261,7 +261,9 @@ fn chunked_update_matches_the_portable_kernel_to_rounding() {
         for dtype in FLOATS {
             for (has_state, has_mask) in [(false, false), (true, true)] {
                 seed += 1;
-                let form = Form::Chunked { chunk };
+                let form = Form::Chunked {
+                    chunk: crate::node::gated_delta::ChunkSize::new(chunk).unwrap(),
+                };
                 let case = Case::new(node(dims, dtype, has_state, has_mask, form), None, seed);
                 let (neon, portable) = neon_and_portable(|| case.run());
                 let what = format!(
