@@ -27,13 +27,20 @@ pub struct Inputs<'a> {
 
 /// Validates `mlxk_silu_rms_heads`'s arguments, then the size of its results.
 pub fn check(x: &Inputs) -> Result<Node> {
+    check_named(x, ["q", "k", "v"])
+}
+
+/// [`check`] for a call whose q, k and v are called `names` in its messages: the head split's
+/// own results, or another call's buffers (`q (internal)` in the update from the convolution's
+/// output, whose parameters have no q, k or v).
+pub(crate) fn check_named(x: &Inputs, [q, k, v]: [&str; 3]) -> Result<Node> {
     let node = check_args(x)?;
     let d = node.dims;
     let shape = |heads: usize, width: usize| [d.b, d.s, heads, width].map(|v| v as i64);
     memory::check_outputs(&[
-        ("q", &shape(d.hk, d.dk), node.dtype),
-        ("k", &shape(d.hk, d.dk), node.dtype),
-        ("v", &shape(d.hv, d.dv), node.dtype),
+        (q, &shape(d.hk, d.dk), node.dtype),
+        (k, &shape(d.hk, d.dk), node.dtype),
+        (v, &shape(d.hv, d.dv), node.dtype),
     ])?;
     Ok(node)
 }

@@ -24,6 +24,7 @@ use crate::support::*;
 
 mod empty;
 mod handles;
+mod names;
 mod nan_inf;
 mod null_out;
 mod pool;
@@ -64,6 +65,7 @@ fn refused(
         msg.starts_with(&format!("{function}: ")),
         "message does not name {function}: {msg:?}"
     );
+    names::names_only_its_parameters(function, &msg);
     for n in needles {
         assert!(msg.contains(n), "{function}: message {msg:?} lacks {n:?}");
     }
@@ -389,6 +391,7 @@ impl Entry {
             name(st)
         );
         assert!(msg.starts_with(&format!("{}: ", self.function)), "{msg:?}");
+        names::names_only_its_parameters(self.function, &msg);
         assert!(
             msg.contains(arg),
             "{} with {what} as {arg}: message {msg:?} does not name it",

@@ -294,7 +294,32 @@ fn commit_lengths_are_checked_and_named() {
             MLXK_ERR_INVALID_ARGUMENT,
             &needles,
         );
+        crate::names::names_only_its_parameters("mlxk_gated_delta_state_pool", &last_error());
         assert!(out.is_null());
     }
+    // One slot (and so one length) for two batch rows: the message counts them by this call's
+    // own parameter, n_slots.
+    expect_err(
+        unsafe {
+            mlxk_gated_delta_state_pool(
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                c.pool,
+                [0].as_ptr(),
+                null(),
+                [1].as_ptr(),
+                1,
+                &mut out,
+            )
+        },
+        MLXK_ERR_INVALID_ARGUMENT,
+        &["n_slots is 1", "B = 2"],
+    );
+    crate::names::names_only_its_parameters("mlxk_gated_delta_state_pool", &last_error());
+    assert!(out.is_null());
     c.free();
 }

@@ -11,7 +11,7 @@ use crate::ops::shape::ArgInfo;
 use crate::ops::{silu_rms_heads, Backend};
 
 use super::graph::{build, build_gpu, two_outputs, Arrays};
-use super::{check_update_rest, dims, gate_dtypes};
+use super::{check_update_rest, dims, gate_dtypes, Results};
 
 /// The arrays and arguments of one update from the convolution's output
 /// (`mlxk_gated_delta_update_from_conv`): the head split's, then the update's without q, k, v.
@@ -26,12 +26,13 @@ pub struct FromConvInputs<'a> {
 }
 
 /// Validates every argument of `mlxk_gated_delta_update_from_conv`: the head split's (its
-/// checks and messages, the size of its q, k and v included), then what the update needs
+/// checks and messages, the size of its q, k and v included, named as this call's buffers), then what the update needs
 /// beyond them, named by the caller's arguments, and the size of the update's results: the
 /// checks of the two calls it stands for, in their order. Returns the update's node and the
 /// head split's.
 pub(super) fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitNode)> {
-    let split = silu_rms_heads::check(&x.split)?;
+    let split =
+        silu_rms_heads::check_named(&x.split, ["q (internal)", "k (internal)", "v (internal)"])?;
     let d = split.dims;
     let [bsz, t, hk, hv, dk, dv] = [d.b, d.s, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);
     if hv % hk != 0 {
@@ -60,6 +61,7 @@ pub(super) fn check_update_from_conv(x: &FromConvInputs) -> Result<(Node, SplitN
         sources,
         [bsz, t, hv, dv, dk],
         split.dtype,
+        Results::Update,
     )?;
     let node = Node {
         dims: dims(bsz, t, hk, hv, dk, dv),

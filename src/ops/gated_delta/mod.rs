@@ -83,6 +83,22 @@ pub fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> Result<UniquePtr<
 
 /// Validates every argument of `mlxk_gated_delta_update` (before any graph is built).
 pub fn check_update(x: &Inputs) -> Result<Node> {
+    check_update_as(x, Results::Update)
+}
+
+/// What the call that checks the update's arguments makes, for its memory check and its
+/// messages, which name only that call's parameters: the update's results (y and state_out);
+/// a pool call's (y, and the batch rows' states before they go into the pool, which the pool
+/// call checks itself as pool_out); or the backward pass's, which checks its gradients itself.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Results {
+    Update,
+    Pool,
+    Backward,
+}
+
+/// [`check_update`] for the call that makes `results`.
+pub(crate) fn check_update_as(x: &Inputs, results: Results) -> Result<Node> {
     let q = ArgInfo::of("q", x.q)?;
     let k = ArgInfo::of("k", x.k)?;
     let v = ArgInfo::of("v", x.v)?;
@@ -113,6 +129,7 @@ pub fn check_update(x: &Inputs) -> Result<Node> {
         ("q", "v"),
         [bsz, t, hv, dv, dk],
         q.dtype,
+        results,
     )?;
     Ok(Node {
         dims: dims(bsz, t, hk, hv, dk, dv),
@@ -135,6 +152,7 @@ fn check_update_rest(
     sources: (&str, &str),
     [bsz, t, hv, dv, dk]: [i64; 5],
     dtype: Dtype,
+    results: Results,
 ) -> Result<()> {
     let (keys, values) = sources;
     for gate in [a, b] {
@@ -146,12 +164,29 @@ fn check_update_rest(
     }
     check_gate(a_log, a, dt_bias, hv)?;
     check_state_and_mask(state, mask, sources, bsz, t, hv, dv, dk)?;
-    memory::check_outputs(&[
-        ("y", &[bsz, t, hv, dv], dtype),
-        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+    let gates: [(&str, &[i64], Dtype); 2] = [
         ("g (internal)", &[bsz, t, hv], Dtype::Float32),
         ("beta (internal)", &[bsz, t, hv], b.dtype),
-    ])
+    ];
+    match results {
+        Results::Update => memory::check_outputs(&[
+            ("y", &[bsz, t, hv, dv], dtype),
+            ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+            gates[0],
+            gates[1],
+        ]),
+        Results::Pool => memory::check_outputs(&[
+            ("y", &[bsz, t, hv, dv], dtype),
+            (
+                "the rows' states (internal)",
+                &[bsz, hv, dv, dk],
+                Dtype::Float32,
+            ),
+            gates[0],
+            gates[1],
+        ]),
+        Results::Backward => memory::check_outputs(&gates),
+    }
 }
 
 /// Head counts and widths every recurrence kernel needs.
@@ -235,6 +270,14 @@ pub struct StateInputs<'a> {
 
 /// Validates every argument of `mlxk_gated_delta_state`.
 pub fn check_state(x: &StateInputs) -> Result<Node> {
+    check_state_counted(x, "n_lengths", Results::Update)
+}
+
+/// [`check_state`] for a call whose count of accepted lengths is the parameter `count`
+/// (`n_lengths` for `mlxk_gated_delta_state`, `n_slots` for `mlxk_gated_delta_state_pool`),
+/// which a message about that count names, and that makes `results` (`Update`: state_out;
+/// `Pool`: the rows' states, which the pool call checks itself as pool_out).
+pub(crate) fn check_state_counted(x: &StateInputs, count: &str, results: Results) -> Result<Node> {
     let k = ArgInfo::of("k", x.k)?;
     let v = ArgInfo::of("v", x.v)?;
     let a = ArgInfo::of("a", x.a)?;
@@ -263,7 +306,7 @@ pub fn check_state(x: &StateInputs) -> Result<Node> {
     check_state_and_mask(x.state, None, ("k", "v"), bsz, t, hv, dv, dk)?;
     if x.accepted_lengths.len() as i64 != bsz {
         return Err(Error::InvalidArgument(format!(
-            "accepted_lengths: n_lengths is {}, expected one length per batch row (B = {bsz})",
+            "accepted_lengths: {count} is {}, expected one length per batch row (B = {bsz})",
             x.accepted_lengths.len()
         )));
     }
@@ -274,8 +317,12 @@ pub fn check_state(x: &StateInputs) -> Result<Node> {
             )));
         }
     }
+    let states = match results {
+        Results::Pool => "the rows' states (internal)",
+        Results::Update | Results::Backward => "state_out",
+    };
     memory::check_outputs(&[
-        ("state_out", &[bsz, hv, dv, dk], Dtype::Float32),
+        (states, &[bsz, hv, dv, dk], Dtype::Float32),
         ("g (internal)", &[bsz, t, hv], Dtype::Float32),
         ("beta (internal)", &[bsz, t, hv], b.dtype),
     ])?;

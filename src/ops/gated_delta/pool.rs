@@ -21,7 +21,7 @@ use crate::ops::Backend;
 use super::from_conv::{check_update_from_conv, FromConvInputs};
 use super::graph::{build, Arrays};
 use super::replay::ints_array;
-use super::{check_state, check_update, Inputs, StateInputs};
+use super::{check_state_counted, check_update_as, Inputs, Results, StateInputs};
 
 /// How the caller names each row's state: pool rows by slot (negative: a padding row), and
 /// optionally rows that start from zeros instead of their slot's state.
@@ -262,7 +262,7 @@ pub fn update_pool(
         PoolForm::Chunked(c) => Some(c),
         _ => None,
     };
-    let mut node = check_update(x)?;
+    let mut node = check_update_as(x, Results::Pool)?;
     let d = node.dims;
     let n = check_pool(s.pool, [d.hv, d.dv, d.dk].map(|v| v as i64), ("q", "v"))?;
     let (rows, what) = match layout {
@@ -336,7 +336,7 @@ pub fn update_from_conv_pool(
 /// The replay on a pool (`mlxk_gated_delta_state_pool`): each row's accepted prefix, from its
 /// slot's state (or zeros), committed into its slot; returns the new pool, lazy.
 pub fn state_pool(x: &StateInputs, s: &Slots, backend: Backend) -> Result<UniquePtr<Array>> {
-    let mut node = check_state(x)?;
+    let mut node = check_state_counted(x, "n_slots", Results::Pool)?;
     let d = node.dims;
     let n = check_pool(s.pool, [d.hv, d.dv, d.dk].map(|v| v as i64), ("k", "v"))?;
     check_slots(s, d.b as i64, n, "batch row")?;
@@ -373,7 +373,7 @@ fn check_fresh(s: &Slots) -> Result<()> {
     }
 }
 
-/// A pool call's own results on top of the checks `check_update` / `check_state` made: the new
+/// A pool call's own results on top of the checks `check_update_as` / `check_state_counted` made: the new
 /// pool when the caller may keep the old one (a copy of N states).
 fn check_pool_memory(node: &Node, n: i64, writes: bool) -> Result<()> {
     let d = node.dims;

@@ -15,7 +15,7 @@ use crate::ops::{cpu_node, gpu_node, silu_rms_heads, Backend};
 
 use super::chunked_vjp;
 use super::graph::{caller_array, gpu_inputs};
-use super::{check_update, Inputs};
+use super::{check_update_as, Inputs, Results};
 
 /// The gradients of one update, as `mlxk_gated_delta_update_vjp` returns them: dq, dk, dv, da,
 /// db, da_log, ddt_bias, dstate (lazy).
@@ -90,7 +90,7 @@ pub fn update_vjp(
     dstate_out: Option<&Array>,
     backend: Backend,
 ) -> Result<Gradients> {
-    let node = check_update(x)?;
+    let node = check_update_as(x, Results::Backward)?;
     let backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
         return update_vjp_gpu(x, &node, dy, dstate_out, backend);
@@ -109,7 +109,7 @@ pub fn update_chunked_vjp(
     dstate_out: Option<&Array>,
     backend: Backend,
 ) -> Result<Gradients> {
-    let node = check_update(x)?;
+    let node = check_update_as(x, Results::Backward)?;
     let mut backward = check_vjp(&node, dy, dstate_out)?;
     if backend != Backend::Cpu {
         // The chunked kernels (`kernels/metal/gated_delta_chunked_backward.metal`).
