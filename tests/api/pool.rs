@@ -214,7 +214,9 @@ fn packed_pool_calls_equal_the_c_abi_bit_for_bit() {
         let (c, n, s_ptr, f) = (cu32.as_ptr(), cu32.len(), slots.as_ptr(), c_fresh(&fresh));
         let (mut y, mut p) = (null_mut(), null_mut());
         let status = unsafe {
-            mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, n, s_ptr, f, &mut y, &mut p)
+            mlxk_gated_delta_update_packed(
+                q, k, v, a, b, al, dt, pool, c, n, s_ptr, f, &mut y, &mut p,
+            )
         };
         let r = x.safe().update_packed(s, &cu).map(pair);
         assert_eq!(
