@@ -40,7 +40,7 @@ def import_mlx_lm():
 
 def import_lora_linear():
     """mlx_lm.tuner.lora.LoRALinear. mlx_lm/tuner/__init__.py imports the trainer, whose
-    terminal UI needs `rich` (not in the project's environment): without it a bare package is
+    terminal UI needs `rich` (build/py-deps, or absent): without it a bare package is
     registered over the tuner folder, as for mlx_lm itself."""
     import_mlx_lm()
     try:

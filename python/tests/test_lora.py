@@ -11,6 +11,8 @@ same loss formula, which also compares the first step's gradients directly."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import tempfile
 import unittest
@@ -121,8 +123,11 @@ def trainer_run(patched, dataset, steps, batch_size):
         def __init__(self):
             self.losses = []
 
+            self.tok_s = []
+
         def on_train_loss_report(self, info):
             self.losses.append(info["train_loss"])
+            self.tok_s.append(info["tokens_per_second"])
 
     mx.random.seed(SEED)
     np.random.seed(SEED % (1 << 32))  # the trainer's batch order
@@ -138,10 +143,12 @@ def trainer_run(patched, dataset, steps, batch_size):
             args = TrainingArgs(batch_size=batch_size, iters=steps, steps_per_report=1,
                                 steps_per_save=steps + 1, max_seq_length=256,
                                 adapter_file=os.path.join(tmp, "adapters.safetensors"))
-            train_fn(model, opt, dataset, args=args, training_callback=record)
+            quiet = contextlib.redirect_stdout(io.StringIO()) if QUIET else contextlib.nullcontext()
+            with quiet:  # the trainer's terminal UI
+                train_fn(model, opt, dataset, args=args, training_callback=record)
     finally:
         mkl.unpatch()
-    return record.losses
+    return record.losses, record.tok_s
 
 
 class LoraTrainer(unittest.TestCase):
@@ -163,16 +170,19 @@ class LoraTrainer(unittest.TestCase):
 
         mkl._mk.gated_delta_update_chunked = spy
         try:
-            patched = trainer_run(True, dataset, STEPS, B)
+            patched, fast = trainer_run(True, dataset, STEPS, B)
         finally:
             mkl._mk.gated_delta_update_chunked = original
-        ref = trainer_run(False, dataset, STEPS, B)
+        ref, slow = trainer_run(False, dataset, STEPS, B)
         if not QUIET:
             print(f"\n  mlx-lm's trainer, LoRA rank 8, batch {B} x {T} tokens, Adam 1e-3, "
                   f"{n} sequences; train_loss per step:")
             print("  step  mlx-lm    mlxkern   |diff|")
             for i, (a, b) in enumerate(zip(ref, patched)):
                 print(f"  {i + 1:4d}  {a:.6f}  {b:.6f}  {abs(a - b):.2e}")
+            print(f"  trainer's tokens/s after the first step (median): mlx-lm "
+                  f"{sorted(slow[1:])[len(slow) // 2 - 1]:.0f}, mlxkern "
+                  f"{sorted(fast[1:])[len(fast) // 2 - 1]:.0f}")
         self.assertEqual(len(ref), STEPS)
         self.assertEqual(len(patched), STEPS)
         # the compiled step traces the model once: 3 linear-attention layers through the kernel
