@@ -18,6 +18,8 @@ echo "python: installing mlx-lm's trainer dependencies into $DEPS (${PINS[*]})" 
 rm -rf "$DEPS"
 NUMPY=$(.venv/bin/python3 -c 'import numpy; print(numpy.__version__)')
 # numpy pinned to .venv's: the copy pip puts beside transformers is never the one imported.
+# pip then lists mlx-lm's other requirements (jinja2, protobuf, sentencepiece) as not installed:
+# the trainer does not import them, and the status stays 0.
 .venv/bin/python3 -m pip install --quiet --disable-pip-version-check --target "$DEPS" \
   "${PINS[@]}" "numpy==$NUMPY"
 rm -rf "$DEPS/numpy" "$DEPS/numpy.libs" "$DEPS"/numpy-*.dist-info
