@@ -184,16 +184,20 @@ cuda-carry:
 # ---- Python package (python/, docs/python.md) --------------------------------------------------
 # python-wheel: build/wheel/mlxkern-<v>-<python>-<platform>.whl, bundling the release library.
 # test-python: the wheel bundling target/debug's library (the optimized profile `make build`
-# made), its suite on .venv's MLX and mlx-lm (python/tests), then the wheel installed into a fresh
-# virtual environment outside the repository with mlx[cpu]==0.32.4 from the package index.
+# made), its suite on .venv's MLX and mlx-lm (python/tests; mlx-lm's trainer's imports, rich and
+# transformers, pinned into build/py-deps by scripts/python/trainer-deps.sh), then the wheel
+# installed into a fresh virtual environment outside the repository with mlx[cpu]==0.32.4 from
+# the package index.
 # bench-python: mlx-lm prefill and generation tokens/s with and without mlxkern.mlx_lm.patch()
-# (build/bench/python.{log,json}; MLXK_BENCH_QUICK=1 for a short run).
+# (build/bench/python.{log,json}; MLXK_BENCH_QUICK=1 for a short run). `make bench` runs the
+# short one as its last row (scripts/bench/run.sh; MLXK_BENCH_ONLY=python for it alone).
 .PHONY: python-wheel test-python bench-python
 python-wheel: bootstrap
 	./scripts/python/dev-build.sh
 
 test-python: build
 	MLXKERN_LIB=$(LIB) ./scripts/python/dev-build.sh
+	./scripts/python/trainer-deps.sh
 	PYTHONPATH=build/py-site $(PY) -m unittest discover -s python/tests -v
 	./scripts/python/test-fresh-venv.sh
 

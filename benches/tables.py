@@ -146,6 +146,23 @@ def chunked_grad_table(results):
     return table
 
 
+def python_table(results):
+    """results.json's "python" (scripts/python/bench.py): mlx-lm with and without the patch."""
+    py = results.get("python")
+    if not py:
+        return ""
+    m = py.get("machine", {})
+    lines = [[name, f"{r['prefill_tok_s']:.1f}", f"{r['generate_tok_s']:.1f}"]
+             for name, r in py["rows"].items()]
+    lines += [[f"one layer's update alone, T = {T} (ms a call)", f"mlx-lm {r['mlx-lm']:.2f}",
+               f"mlxkern {r['mlxkern']:.2f} ({r['mlx-lm'] / r['mlxkern']:.1f}×)"]
+              for T, r in py.get("update_alone_ms", {}).items()]
+    head = [f"{py['dtype']} on {m.get('device', '?')}, {py['prompt']}-token prompt, "
+            f"{py['generated']} generated, {py['repeats']} repeat(s)",
+            "prefill tok/s", "generate tok/s"]
+    return md_table(head, lines)
+
+
 def cpu(path):
     with open(path) as f:
         results = json.load(f)
@@ -153,7 +170,8 @@ def cpu(path):
     for title, table in (("Kernels, one layer (medians)", kernel_table(results)),
                          ("The whole layer (medians per step)", engine_table(results)),
                          ("Gradients (medians per call)", grad_table(results)),
-                         ("Chunked forms and gradients (medians per call)", chunked_grad_table(results))):
+                         ("Chunked forms and gradients (medians per call)", chunked_grad_table(results)),
+                         ("mlx-lm in Python, with and without mlxkern.mlx_lm.patch()", python_table(results))):
         if table:
             print(f"\n**{title}**\n\n{table}")
 

@@ -89,8 +89,14 @@ def patch(chunked_min_tokens: int = 64, chunk_size: int = 0, device: str = "auto
         raise ValueError(f"patch: device is {device!r}, expected 'auto', 'cpu' or 'gpu'")
     _mk.set_default_device(device)
     _settings.update(chunked_min_tokens=chunked_min_tokens, chunk_size=chunk_size)
-    for name in MODULES:
-        module = importlib.import_module(name)
+    modules = {}
+    for name in MODULES:  # all imported before any is patched
+        try:
+            modules[name] = importlib.import_module(name)
+        except ImportError as e:
+            raise ImportError(f"patch: mlx-lm's {name} cannot be imported ({e}); mlxkern.mlx_lm "
+                              "patches an installed mlx-lm: pip install mlx-lm") from e
+    for name, module in modules.items():
         if name not in _originals:
             _originals[name] = module.gated_delta_update
         module.gated_delta_update = gated_delta_update

@@ -1,15 +1,23 @@
-"""A LoRA training run on mlx-lm's qwen3_5.Model (small random configuration) with and without
+"""LoRA training on mlx-lm's qwen3_5.Model (small random configuration) with and without
 mlxkern.mlx_lm.patch(): the same adapters (mlx-lm's LoRALinear on the linear-attention and
 attention projections), data, optimizer (mlx.optimizers.Adam) and seed; the loss curves side by
 side must agree step by step, and the patched run's gradients go through mlxkern's kernels
-(chunked form: sequences of 64 tokens). mlx-lm's own trainer (mlx_lm.tuner.trainer) is not used:
-it imports `rich` for its terminal UI, which the project's environment does not install; the
-loss is its default_loss formula (masked mean cross-entropy of next tokens)."""
+(chunked form: sequences of 64 tokens).
+
+Two runs of each: mlx-lm's own trainer (mlx_lm.tuner.trainer.train, its compiled step, batching
+and default_loss, losses read through a TrainingCallback; it needs rich and transformers, which
+scripts/python/trainer-deps.sh installs into build/py-deps), and a step written here with the
+same loss formula, which also compares the first step's gradients directly."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import tempfile
 import unittest
+
+import numpy as np
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -102,6 +110,84 @@ class Lora(unittest.TestCase):
                 print(f"  {i:4d}  {a:.6f}  {b:.6f}  {abs(a - b):.2e}")
         self.assertEqual(len(calls), 3 * STEPS)  # 3 linear-attention layers a step, chunked
         self.assertLess(worst, 1e-3)
+        for a, b in zip(ref, patched):
+            self.assertLess(abs(a - b), 2e-3 * max(1.0, abs(a)))
+        self.assertLess(patched[-1], patched[0] - 0.05, "the loss falls")
+
+
+def trainer_run(patched, dataset, steps, batch_size):
+    """mlx-lm's train() for `steps` iterations, a loss report every step; returns the losses."""
+    train_fn, TrainingArgs, TrainingCallback = support.import_trainer()
+
+    class Record(TrainingCallback):
+        def __init__(self):
+            self.losses = []
+
+            self.tok_s = []
+
+        def on_train_loss_report(self, info):
+            self.losses.append(info["train_loss"])
+            self.tok_s.append(info["tokens_per_second"])
+
+    mx.random.seed(SEED)
+    np.random.seed(SEED % (1 << 32))  # the trainer's batch order
+    LoRALinear = support.import_lora_linear()
+    model = qwen35(mx.float32)
+    add_lora(model, LoRALinear)
+    opt = optim.Adam(learning_rate=1e-3)
+    record = Record()
+    if patched:
+        mkl.patch()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            args = TrainingArgs(batch_size=batch_size, iters=steps, steps_per_report=1,
+                                steps_per_save=steps + 1, max_seq_length=256,
+                                adapter_file=os.path.join(tmp, "adapters.safetensors"))
+            quiet = contextlib.redirect_stdout(io.StringIO()) if QUIET else contextlib.nullcontext()
+            with quiet:  # the trainer's terminal UI
+                train_fn(model, opt, dataset, args=args, training_callback=record)
+    finally:
+        mkl.unpatch()
+    return record.losses, record.tok_s
+
+
+class LoraTrainer(unittest.TestCase):
+    def test_trainer_loss_curves_agree(self):
+        support.import_trainer()
+        mx.random.seed(SEED + 6)
+        # 6 sequences of 64 tokens, each a short random motif repeated; batches of 2 (the
+        # trainer pads them to 65 columns: 64 input tokens a row)
+        n, T, B = 6, 64, 2
+        motifs = mx.random.randint(0, 512, (n, 7)).tolist()
+        dataset = [((m * (T // len(m) + 1))[:T], 0) for m in motifs]
+
+        calls = []
+        original = mkl._mk.gated_delta_update_chunked
+
+        def spy(*a, **kw):
+            calls.append(a[0].shape)
+            return original(*a, **kw)
+
+        mkl._mk.gated_delta_update_chunked = spy
+        try:
+            patched, fast = trainer_run(True, dataset, STEPS, B)
+        finally:
+            mkl._mk.gated_delta_update_chunked = original
+        ref, slow = trainer_run(False, dataset, STEPS, B)
+        if not QUIET:
+            print(f"\n  mlx-lm's trainer, LoRA rank 8, batch {B} x {T} tokens, Adam 1e-3, "
+                  f"{n} sequences; train_loss per step:")
+            print("  step  mlx-lm    mlxkern   |diff|")
+            for i, (a, b) in enumerate(zip(ref, patched)):
+                print(f"  {i + 1:4d}  {a:.6f}  {b:.6f}  {abs(a - b):.2e}")
+            print(f"  trainer's tokens/s after the first step (median): mlx-lm "
+                  f"{sorted(slow[1:])[len(slow) // 2 - 1]:.0f}, mlxkern "
+                  f"{sorted(fast[1:])[len(fast) // 2 - 1]:.0f}")
+        self.assertEqual(len(ref), STEPS)
+        self.assertEqual(len(patched), STEPS)
+        # the compiled step traces the model once: 3 linear-attention layers through the kernel
+        self.assertGreaterEqual(len(calls), 3)
+        self.assertTrue(all(shape == (B, T) + shape[2:] for shape in calls), calls)
         for a, b in zip(ref, patched):
             self.assertLess(abs(a - b), 2e-3 * max(1.0, abs(a)))
         self.assertLess(patched[-1], patched[0] - 0.05, "the loss falls")

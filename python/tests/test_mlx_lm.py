@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import unittest
 
 import mlx.core as mx
@@ -234,6 +235,25 @@ class PaddedBatch(unittest.TestCase):
         # masks matter: the padded rows' states differ from running the padding as tokens
         unmasked, unmasked_states = self.run_batch(model, tokens, [T, T, T])
         self.assertGreater(float(mx.abs(unmasked_states[0][2] - states[0][2]).max()), 1e-3)
+
+
+class PatchWithoutMlxLm(unittest.TestCase):
+    def test_missing_module_named_and_nothing_patched(self):
+        from mlx_lm.models import qwen3_5 as module
+
+        own = module.gated_delta_update
+        saved = sys.modules.get("mlx_lm.models.qwen3_next")
+        sys.modules["mlx_lm.models.qwen3_next"] = None  # an import of it raises ImportError
+        try:
+            with self.assertRaisesRegex(ImportError, r"mlx_lm\.models\.qwen3_next.*pip install mlx-lm"):
+                mkl.patch()
+        finally:
+            if saved is None:
+                del sys.modules["mlx_lm.models.qwen3_next"]
+            else:
+                sys.modules["mlx_lm.models.qwen3_next"] = saved
+            mkl.unpatch()
+        self.assertIs(module.gated_delta_update, own)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,16 @@
 # as MLX ops, and the dense kernel alone; packed prefill of 16 prompts (64-2048 tokens) packed,
 # padded and one call per prompt, exact and chunked. Its table and results.json's "pool".
 #
+# Last, the Python row (scripts/python/bench.py on the wheel scripts/python/dev-build.sh builds
+# with this LIBDIR's library into build/py-site): mlx-lm's own Qwen3.5 model, prefill and
+# generation tokens/s with and without mlxkern.mlx_lm.patch(), and one layer's update alone.
+# Short by default (a 128-token prompt, 16 generated tokens, one repeat: minutes here, where
+# mlx[cpu]'s reference BLAS makes the model's projections slow); MLXK_BENCH_PYTHON_FULL=1 runs
+# the full one (512-token prompt, 64 tokens, 3 repeats; about 20 min here). Its log and json in
+# build/bench/python.{log,json}, results.json's "python". Building the wheel needs the package
+# index once (nanobind, scikit-build-core, cmake into build/pyenv); where that fails the row is
+# skipped with one line and the rest is kept.
+#
 # The llama.cpp peer needs ggml, fetched and built once into build/llama.cpp/ by
 # scripts/bench/llama-peer.sh (network for the first `pip download`, cmake, a C++ compiler); without
 # them it is skipped with one line and the rest runs. A disagreement of its outputs with
@@ -42,7 +52,8 @@
 # MLXK_BENCH_QUICK=1 (short run; gradients at T = 512 only); MLXK_BENCH_PEER_FULL=1 (run MLX's
 # prefill at T=4096 too, about 10 s a call per path, instead of scaling its T=512 figure);
 # MLXK_BENCH_ONLY=grad (the gradient section alone), MLXK_BENCH_ONLY=pool (the pool section
-# alone; results.json then holds only it); MLXK_BENCH_GRAD_PEER_MAX_S and
+# alone; results.json then holds only it), MLXK_BENCH_ONLY=python (the Python row alone, the
+# same way); MLXK_BENCH_GRAD_PEER_MAX_S and
 # MLXK_BENCH_GRAD_PEER_MEM_GIB (benches/grad_peer.py's limits).
 set -euo pipefail
 
@@ -55,8 +66,8 @@ OUT=$ROOT/build/bench
 PY=$ROOT/.venv/bin/python3
 ONLY=${MLXK_BENCH_ONLY:-}
 case $ONLY in
-  ""|grad|pool) ;;
-  *) echo "bench: MLXK_BENCH_ONLY must be empty, grad or pool, not $ONLY" >&2; exit 2 ;;
+  ""|grad|pool|python) ;;
+  *) echo "bench: MLXK_BENCH_ONLY must be empty, grad, pool or python, not $ONLY" >&2; exit 2 ;;
 esac
 quick=0
 case ${MLXK_BENCH_QUICK:-} in ""|0) ;; *) quick=1 ;; esac
@@ -170,7 +181,7 @@ grad_lengths=(512 2048 4096)
 if [ "$quick" = 1 ]; then
   grad_lengths=(512)
 fi
-if [ "$ONLY" = pool ]; then
+if [ "$ONLY" = pool ] || [ "$ONLY" = python ]; then
   grad_lengths=()
 fi
 grad_parts=()
@@ -204,6 +215,28 @@ for t in ${grad_lengths[@]+"${grad_lengths[@]}"}; do
   grad_peer_parts+=("$PARTS/grad-peer-T$t.json")
   echo
 done
+
+# The Python row: mlx-lm with and without mlxkern.mlx_lm.patch() (scripts/python/bench.py).
+python_rc=0
+if [ -z "$ONLY" ] || [ "$ONLY" = python ]; then
+  echo "== python: mlx-lm prefill and generation, with and without mlxkern.mlx_lm.patch() =="
+  py_quick=1
+  case ${MLXK_BENCH_PYTHON_FULL:-} in ""|0) ;; *) py_quick=0 ;; esac
+  if MLXKERN_LIB=$LIB "$ROOT/scripts/python/dev-build.sh" >"$PARTS/python-build.log" 2>&1; then
+    MLXK_BENCH_QUICK=$py_quick PYTHONPATH="$ROOT/build/py-site:$ROOT/python/tests" \
+      "$PY" "$ROOT/scripts/python/bench.py" "$PARTS/python.json" >"$OUT/python.log" \
+      || python_rc=$?
+    cat "$OUT/python.log"
+    if [ "$python_rc" = 0 ]; then
+      cp "$PARTS/python.json" "$OUT/python.json"
+    else
+      echo "bench: PYTHON ROW FAILED (exit status $python_rc)" >&2
+    fi
+  else
+    echo "bench: python row skipped: the wheel did not build (log: $PARTS/python-build.log)" >&2
+  fi
+  echo
+fi
 load_end=$(loadavg)
 printf '{"loadavg_start": %s, "loadavg_end": %s, "seconds": %d}\n' "$load_start" "$load_end" \
   "$(( $(date +%s) - start ))" >"$PARTS/run.json"
@@ -217,30 +250,35 @@ if [ -z "$ONLY" ]; then
   kernel_args=(--mlxkern "${kern_parts[@]}" --peer "${peer_parts[@]}" ${llama_args[@]+"${llama_args[@]}"}
                --engine "$PARTS/engine.json" "$PARTS/engine-peer.json")
 fi
-if [ "$ONLY" != pool ]; then
+if [ -z "$ONLY" ] || [ "$ONLY" = grad ]; then
   "$PY" "$ROOT/benches/report.py" "$OUT" --run "$PARTS/run.json" ${kernel_args[@]+"${kernel_args[@]}"} \
     --grad "${grad_parts[@]}" --grad-peer "${grad_peer_parts[@]}" \
     ${native_parts[@]+--grad-native "${native_parts[@]}"}
 fi
-# results.json's "pool": the part as written (MLXK_BENCH_ONLY=pool: results.json holds it alone).
-if [ -f "$PARTS/pool.json" ]; then
-  "$PY" - "$OUT/results.json" "$PARTS/pool.json" "$ONLY" <<'EOF'
+# results.json's "pool" and "python": the parts as written (MLXK_BENCH_ONLY=pool or python:
+# results.json holds that one alone).
+for key in pool python; do
+  [ -f "$PARTS/$key.json" ] || continue
+  "$PY" - "$OUT/results.json" "$PARTS/$key.json" "$key" "$ONLY" <<'EOF'
 import json, sys
-path, part, only = sys.argv[1:]
+path, part, key, only = sys.argv[1:]
 results = {}
-if only != "pool":
+if not only:
     with open(path) as f:
         results = json.load(f)
 with open(part) as f:
-    results["pool"] = json.load(f)
+    results[key] = json.load(f)
 with open(path, "w") as f:
     json.dump(results, f, indent=1)
-print(f"bench: results.json's \"pool\" from {part}")
+print(f"bench: results.json's \"{key}\" from {part}")
 EOF
-fi
+done
 # The same figures as markdown tables in docs/performance-cpu.md's layout, with the run's context.
 if [ -f "$OUT/results.json" ]; then
   "$PY" "$ROOT/benches/tables.py" "$OUT/results.json" >"$OUT/tables.md" && echo "bench: wrote $OUT/tables.md"
 fi
 echo "bench: total $(( $(date +%s) - start )) s"
-exit "$pool_rc"
+if [ "$pool_rc" != 0 ]; then
+  exit "$pool_rc"
+fi
+exit "$python_rc"
