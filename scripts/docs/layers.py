@@ -62,11 +62,6 @@ def files_under(folder, exts=(".rs",)):
     return sorted(out)
 
 
-def lines(path):
-    with open(path, encoding="utf-8") as f:
-        return sum(1 for _ in f)
-
-
 def top_module(path):
     parts = os.path.relpath(path, SRC).split(os.sep)
     name = parts[0]
@@ -162,8 +157,8 @@ def page():
     w("")
     w("## Layers, bottom to top")
     w("")
-    w("| layer | modules | files | lines | holds |")
-    w("|---|---|---|---|---|")
+    w("| layer | modules | files | holds |")
+    w("|---|---|---|---|")
     counted = set()
     for name, modules, holds in LAYERS:
         paths = []
@@ -183,10 +178,10 @@ def page():
             )
             for m in modules
         )
-        w(f"| {name} | {shown} | {len(paths)} | {sum(lines(p) for p in paths)} | {holds} |")
+        w(f"| {name} | {shown} | {len(paths)} | {holds} |")
     rest = [p for p in files_under(SRC, (".rs", ".cc", ".h")) if p not in counted]
     w(f"| (root) | {', '.join('`' + os.path.relpath(p, SRC) + '`' for p in rest)} | {len(rest)} "
-      f"| {sum(lines(p) for p in rest)} | the crate root: module list, re-exports |")
+      "| the crate root: module list, re-exports |")
     w("")
     w("## The import rule")
     w("")
