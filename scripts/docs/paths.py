@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lists the backticked paths in README.md and docs/*.md that name no file or folder of the
+"""Lists the backticked paths in the READMEs and docs/ pages that name no file or folder of the
 repository, so that a moved file cannot leave a page pointing at its old place.
 
 A backticked word is taken as a path when it ends in a source or document suffix (`.rs`, `.metal`,
@@ -20,7 +20,8 @@ SUFFIXES = (".rs", ".metal", ".h", ".hpp", ".cuh", ".c", ".cc", ".cpp", ".py", "
             ".swift", ".md", ".toml", ".txt", ".cmake", ".supp", ".json", ".in")
 SKIP = ("...", "*", "<", "$", " ", "build/", "target/", ".venv", "~", "http", "::")
 # Paths of other projects and of an install, which the pages name on purpose.
-OUTSIDE = ("mlx/", "include/mlx/", "lib/", "bf16_math.h", "MLXConfig.cmake", "crate/")
+OUTSIDE = ("mlx/", "include/mlx/", "lib/", "backend/", "gemms/", "bf16_math.h", "MLXConfig.cmake",
+           "crate/", "Resources/")
 
 
 def tracked():
@@ -56,8 +57,10 @@ def main():
         tail = "/" if n.endswith("/") else ""
         for i in range(len(parts)):
             suffixes.add("/" + "/".join(parts[i:]) + tail)
-    pages = ["README.md"] + sorted("docs/" + f for f in os.listdir(os.path.join(ROOT, "docs"))
-                                   if f.endswith(".md"))
+    pages = ["README.md", "bun/README.md", "swift/README.md", "tests/metal_emu/README.md"]
+    for folder in ("docs", "docs/hosts"):
+        pages += sorted(folder + "/" + f for f in os.listdir(os.path.join(ROOT, folder))
+                        if f.endswith(".md"))
     stale = 0
     for page in pages:
         with open(os.path.join(ROOT, page), encoding="utf-8") as f:
