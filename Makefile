@@ -57,9 +57,11 @@ test-rust:
 	$(CARGO) test
 
 # docs/layers.md is what scripts/docs/layers.py prints from the code, and no import breaks the
-# layer rule.
+# layer rule; every path the READMEs and docs/ pages name in backticks exists
+# (scripts/docs/paths.py).
 test-layers:
 	python3 scripts/docs/layers.py --check
+	python3 scripts/docs/paths.py
 
 # The crate's documentation (the safe Rust API) builds without a warning; `cargo test` runs its
 # examples (doctests).

@@ -10,8 +10,8 @@
 // with MLX's CPU formulas and rounding points, as the CPU kernel's fused gates do
 // (src/cpu/gated_delta/gates.rs, src/cpu/math.rs). The one formula not ported is log1p inside
 // softplus: here CUDA's log1pf, on the CPU glibc's log1pf; both are within an ulp and the result
-// is rounded to a bf16/f16 softplus for 16-bit gate inputs (tests/cuda.rs counts the gates that
-// differ).
+// is rounded to a bf16/f16 softplus for 16-bit gate inputs (tests/cuda/main.rs counts the gates
+// that differ).
 
 namespace mlxk_cuda {
 

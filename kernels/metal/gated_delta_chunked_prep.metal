@@ -1,6 +1,7 @@
 // The chunked (WY / UT) gated delta rule on the GPU, first of two launches: the work within each
-// chunk of C tokens, all chunks and value heads in parallel (docs/DESIGN.md §3 "Chunked update";
-// the maths as in src/cpu/gated_delta/chunked/mod.rs). Per chunk of one (batch row, value head), with keys
+// chunk of C tokens, all chunks and value heads in parallel (docs/DESIGN.md §3 "The chunked
+// form", docs/backends.md; its bounds in §4 "Chunked update", docs/numerics.md; the maths as in
+// src/cpu/gated_delta/chunked/mod.rs). Per chunk of one (batch row, value head), with keys
 // K, queries Q, values V and gates g, β of its C tokens (a masked token, and a token past T in
 // the last chunk, is an identity step: g = 1, β = 0, its k, q, v read as 0):
 //   γ_t = g_0 ⋯ g_t,  Γ(t, s) = g_{s+1} ⋯ g_t (running products, never a ratio),

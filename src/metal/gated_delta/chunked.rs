@@ -1,5 +1,6 @@
-//! The chunked (WY / UT) form's forward launches (docs/DESIGN.md §3 "Chunked update"): the prep
-//! launch (the work within every chunk) and the scan launch (the walk over the chunks).
+//! The chunked (WY / UT) form's forward launches (docs/DESIGN.md §3 "The chunked form", in
+//! docs/backends.md): the prep launch (the work within every chunk) and the scan launch (the walk
+//! over the chunks).
 
 use super::super::{launch, names, MetalLaunch};
 use crate::dtype::Dtype;

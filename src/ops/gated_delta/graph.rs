@@ -222,11 +222,13 @@ impl MetalInputs {
     }
 }
 
-/// The chunked update's GPU graph (docs/DESIGN.md §3 "Chunked update"): the prep launch (the work
-/// within every chunk, `metal::gated_delta::chunked::gated_delta_chunked_prep_launch`), its five outputs behind MLX's
-/// stop_gradient, then the scan launch (`metal::gated_delta::chunked::gated_delta_chunked_scan_launch`) over the chunks,
-/// which makes y and the state. The scan node also takes the exact update's launch inputs, in
-/// that launch's order, and carries the chunked form's GPU gradient (`gpu_vjp`, which takes the
+/// The chunked update's GPU graph (docs/DESIGN.md §3 "The chunked form", in docs/backends.md;
+/// its bounds in §4 "Chunked update", docs/numerics.md): the prep launch (the work within every
+/// chunk, `metal::gated_delta::chunked::gated_delta_chunked_prep_launch`), its five outputs
+/// behind MLX's stop_gradient, then the scan launch
+/// (`metal::gated_delta::chunked::gated_delta_chunked_scan_launch`) over the chunks, which makes y
+/// and the state. The scan node also takes the exact update's launch inputs, in that launch's
+/// order, and carries the chunked form's GPU gradient (`gpu_vjp`, which takes the
 /// chunked backward for `Form::Chunked`; the prep's outputs get zeros). `node`:
 /// `Form::Chunked`, dense, B ≥ 1, T ≥ 1.
 pub(super) fn build_gpu_chunked(

@@ -209,7 +209,7 @@ struct KernelInputs<'a> {
 }
 
 /// The GPU backward of `node`'s form: the chunked kernels for `Form::Chunked`
-/// (`vjp_chunked`), else the exact form's kernel.
+/// (`chunked_vjp`), else the exact form's kernel.
 fn backward_gpu_any(
     node: &Node,
     x: &KernelInputs,
