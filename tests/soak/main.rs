@@ -87,7 +87,10 @@ fn main() {
         .unwrap_or(1);
     let seed = env_number("SOAK_SEED", clock);
     let rss_limit_mib = env_number("SOAK_RSS_LIMIT_MIB", 16);
-    println!("soak: {seconds} s, seed {seed:#x} (SOAK_SEED replays each own pool's rounds; the shared pool's interleaving varies)");
+    println!(
+        "soak: {seconds} s, seed {seed:#x} (SOAK_SEED replays each own pool's rounds; the \
+         shared pool's interleaving varies)"
+    );
 
     let shared = Arc::new(Shared {
         deadline: Instant::now() + Duration::from_secs(seconds),
@@ -242,14 +245,16 @@ fn main() {
         println!("  {kind:?} rounds: {n}");
     }
     println!(
-        "  chunked calls {}, dense reference calls {}, slot states compared {}, sequences admitted {} / evicted {}",
+        "  chunked calls {}, dense reference calls {}, slot states compared {}, sequences \
+         admitted {} / evicted {}",
         total.chunked_calls, total.ref_calls, total.slots_compared, total.admitted, total.evicted
     );
     println!("  shared pool: rounds per thread {per_thread:?}");
     let writes = total.pool_calls - total.verify_calls;
     let in_place = mlxkern::testing::in_place_updates() as u64;
     println!(
-        "  pool writes in place (the old pool's buffer taken over): {in_place} of {writes} writing calls"
+        "  pool writes in place (the old pool's buffer taken over): {in_place} of {writes} \
+         writing calls"
     );
     println!("  drift: none found (every slot bit-equal to its dense reference after every call)");
     println!(
@@ -295,7 +300,8 @@ fn main() {
     // The dense reference calls keep their input state, so only the pool calls write in place.
     if in_place < writes {
         failures.push(format!(
-            "{} of {writes} pool calls that write states copied the pool instead of writing in place",
+            "{} of {writes} pool calls that write states copied the pool instead of writing in \
+             place",
             writes - in_place
         ));
     }

@@ -322,7 +322,8 @@ impl Server {
         for (slot, (got, want)) in bits.chunks(per).zip(&self.mirror).enumerate() {
             if let Some(i) = (0..per).find(|&i| got[i] != want[i]) {
                 return Err(format!(
-                    "pool slot {slot} ({}): element {i} is {:e} ({:#010x}), its dense reference {:e} ({:#010x})",
+                    "pool slot {slot} ({}): element {i} is {:e} ({:#010x}), its dense reference \
+                     {:e} ({:#010x})",
                     if self.live[slot] { "live" } else { "free" },
                     f32::from_bits(got[i]),
                     got[i],
