@@ -20,6 +20,7 @@
 //! `SOAK_SECONDS=14400 make soak` for hours.
 
 mod capi;
+mod exact;
 mod server;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -256,7 +257,15 @@ fn main() {
         "  pool writes in place (the old pool's buffer taken over): {in_place} of {writes} \
          writing calls"
     );
-    println!("  drift: none found (every slot bit-equal to its dense reference after every call)");
+    println!("  drift: none (every slot bit-equal to its dense reference after every call)");
+    println!(
+        "  float32 pool against float64: largest |state - exact| {:.3e} (largest |value| then \
+         {:.3e}; bound {:.0e} x max(1, that)), sequences followed up to {} tokens",
+        total.drift,
+        total.drift_scale,
+        server::DRIFT_BOUND,
+        total.longest
+    );
     println!(
         "  RSS: {:.1} MiB at first sample, {:.1} MiB peak, {:.1} MiB at the end",
         rss_first as f64 / (1 << 20) as f64,
