@@ -20,7 +20,7 @@ pub struct Dims {
 }
 
 /// The kinds of round, in the order of `Stats::rounds`. A new kind (tree verify) is one more
-/// entry here and one more arm in `Server::round`.
+/// entry here, its weight in `Server::pick` and its arm in `Server::round`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Admit,
@@ -34,7 +34,7 @@ pub const KINDS: [Kind; 4] = [Kind::Admit, Kind::Evict, Kind::Decode, Kind::Veri
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
     /// Rounds run, per `KINDS`.
-    pub rounds: [u64; 4],
+    pub rounds: [u64; KINDS.len()],
     /// Pool calls (each checked against the dense calls).
     pub pool_calls: u64,
     /// Verify calls (the pool calls that write no state).
