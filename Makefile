@@ -51,7 +51,7 @@ demo: build
 	  -o $(BUILD)/qwen35_demo
 	$(BUILD)/qwen35_demo
 
-test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-arm64 test-swift test-mlx-swift test-consumers test-python test-distributed
+test: bootstrap test-layers test-rust test-doc test-rust-examples test-oracle test-c test-sanitizers test-cpp test-interop test-host-mlx test-bun test-metal-emu test-arm64 test-swift test-mlx-swift test-consumers test-python test-distributed test-soak
 
 test-rust:
 	$(CARGO) test
@@ -72,6 +72,17 @@ test-doc: bootstrap
 test-rust-examples: bootstrap
 	$(CARGO) run --example decode_loop
 	$(CARGO) run --example gated_norm_grad
+
+# The serving soak (tests/soak/, docs/serving.md "Soak"): simulated servers on state pools from
+# several threads, every pool call checked bit for bit against the dense per-sequence calls;
+# zero live handles and flat resident memory at the end. test-soak: 45 s; soak: SOAK_SECONDS
+# (default 300; SOAK_SECONDS=14400 for four hours), SOAK_SEED replays.
+.PHONY: soak test-soak
+test-soak: bootstrap
+	SOAK_SECONDS=45 $(CARGO) test --test soak
+
+soak: bootstrap
+	SOAK_SECONDS=$${SOAK_SECONDS:-300} $(CARGO) test --test soak
 
 test-oracle: build
 	$(PY) tests/oracle/run.py
