@@ -54,8 +54,10 @@ fn flags(masked: bool, with_state: bool) -> String {
     format!("masked {}\nwith_state {}\n", masked as i32, with_state as i32)
 }
 
-fn masked_word(masked: bool) -> &'static str {
-    if masked { "masked" } else { "unmasked" }
+/// A gated-delta case's label head: masked or not, its dtype and b's.
+fn head_label(c: &Case, masked: bool) -> String {
+    let word = if masked { "masked" } else { "unmasked" };
+    format!("{word} {} b:{}", c.dtype.name(), c.aux.name())
 }
 
 fn zero_state(with_state: bool) -> &'static str {
@@ -112,10 +114,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 inputs.extend(gd_input(c, d, F32, "mask"));
             }
             let label = format!(
-                "{} {} b:{} {}{}",
-                masked_word(*masked),
-                name(c.dtype),
-                name(c.aux),
+                "{} {}{}",
+                head_label(c, *masked),
                 dims_label(d),
                 zero_state(*with_state)
             ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
@@ -192,10 +192,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 inputs.extend(gd_input(c, d, F32, "mask"));
             }
             let label = format!(
-                "{} {} b:{} dy:{} {}{} NSG={} P={} RP={} C={}",
-                masked_word(*masked),
-                name(c.dtype),
-                name(c.aux),
+                "{} dy:{} {}{} NSG={} P={} RP={} C={}",
+                head_label(c, *masked),
                 name(*dy_dtype),
                 dims_label(d),
                 zero_state(*with_state),
@@ -271,10 +269,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 })
                 .collect();
             let label = format!(
-                "{} {} b:{} dy:{} {}{} chunk={} (C={}) stage {} of case {}",
-                masked_word(*masked),
-                name(c.dtype),
-                name(c.aux),
+                "{} dy:{} {}{} chunk={} (C={}) stage {} of case {}",
+                head_label(c, *masked),
                 name(*dy_dtype),
                 dims_label(d),
                 zero_state(*with_state),
@@ -585,10 +581,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             assert_eq!(l.threadgroup, [256, 1, 1]);
             assert_eq!(l.header, if *masked { metal::gated_delta::chunked::CHUNK_MASK_HEADER } else { "" });
             let label = format!(
-                "{} {} b:{} {} chunk {} (runs {}){}",
-                masked_word(*masked),
-                name(c.dtype),
-                name(c.aux),
+                "{} {} chunk {} (runs {}){}",
+                head_label(c, *masked),
                 dims_label(d),
                 chunk,
                 cg,
