@@ -60,6 +60,12 @@ fn head_label(c: &Case, masked: bool) -> String {
     format!("{word} {} b:{}", c.dtype.name(), c.aux.name())
 }
 
+/// A backward case's label before its launch's own numbers.
+fn backward_label(c: &Case, d: &Dims, dy: Dtype, masked: bool, with_state: bool) -> String {
+    let head = head_label(c, masked);
+    format!("{head} dy:{} {}{}", dy.name(), dims_label(d), zero_state(with_state))
+}
+
 fn zero_state(with_state: bool) -> &'static str {
     if with_state { "" } else { " zero-state" }
 }
@@ -191,17 +197,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             if *masked {
                 inputs.extend(gd_input(c, d, F32, "mask"));
             }
-            let label = format!(
-                "{} dy:{} {}{} NSG={} P={} RP={} C={}",
-                head_label(c, *masked),
-                name(*dy_dtype),
-                dims_label(d),
-                zero_state(*with_state),
-                nsg,
-                parts,
-                rp,
-                ckpt
-            );
+            let head = backward_label(c, d, *dy_dtype, *masked, *with_state);
+            let label = format!("{head} NSG={nsg} P={parts} RP={rp} C={ckpt}");
             let extra = flags(*masked, *with_state)
                 + &format!("checkpoint {ckpt}\ntwin {}\n", twin.map_or(-1, |t| t as i64));
             let kind = if *masked {
@@ -268,17 +265,8 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     }
                 })
                 .collect();
-            let label = format!(
-                "{} dy:{} {}{} chunk={} (C={}) stage {} of case {}",
-                head_label(c, *masked),
-                name(*dy_dtype),
-                dims_label(d),
-                zero_state(*with_state),
-                chunk,
-                cc,
-                stage,
-                first
-            );
+            let head = backward_label(c, d, *dy_dtype, *masked, *with_state);
+            let label = format!("{head} chunk={chunk} (C={cc}) stage {stage} of case {first}");
             let extra = flags(*masked, *with_state) + &format!("checkpoint {cc}\ntwin -1\n");
             let kind = match (*stage, *masked) {
                 (0, false) => "backward_chunked",
