@@ -177,19 +177,14 @@ fn pool_cases(list: &mut Vec<Case>) {
     ]);
 }
 
+/// What a backward case and a chunked backward case both name: the forward's dtype, b's, dy's,
+/// the dims, masked, with a state.
+type BackwardRow = (Dtype, Dtype, Dtype, Dims, bool, bool);
+
 /// A backward case with the library's checkpoint interval, then one more case for each interval
 /// in `also` (same draws, its `twin`): their outputs must be the same bits.
-#[allow(clippy::too_many_arguments)]
-fn backward(
-    list: &mut Vec<Case>,
-    dtype: Dtype,
-    b_dtype: Dtype,
-    dy_dtype: Dtype,
-    d: Dims,
-    masked: bool,
-    with_state: bool,
-    also: &[usize],
-) {
+fn backward(list: &mut Vec<Case>, row: BackwardRow, also: &[usize]) {
+    let (dtype, b_dtype, dy_dtype, d, masked, with_state) = row;
     let first = list.len();
     let case = |checkpoint, twin| Case {
         kind: Kind::Backward {
@@ -216,31 +211,22 @@ fn backward(
 /// and one Qwen3-Next-like head layout (Hk 2, Hv 4, Dk = Dv = 128).
 #[rustfmt::skip]
 fn backward_cases(list: &mut Vec<Case>) {
-    backward(list, BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true, &[1, 5]);
-    backward(list, BF16, F32, BF16, dims(1, 17, 1, 2, 64, 48), false, false, &[]);
-    backward(list, F16, F16, F16, dims(3, 5, 1, 4, 128, 9), true, true, &[]);
-    backward(list, F32, F32, F32, dims(2, 64, 1, 2, 32, 5), true, true, &[1, 64]);
-    backward(list, BF16, BF16, F32, dims(1, 100, 1, 2, 32, 3), false, true, &[1, 100]);
-    backward(list, F16, F32, F32, dims(3, 1, 2, 2, 64, 7), true, false, &[]);
-    backward(list, F32, BF16, F32, dims(1, 3, 1, 2, 256, 130), false, true, &[]);
-    backward(list, BF16, BF16, BF16, dims(2, 4, 1, 4, 256, 33), true, false, &[]);
-    backward(list, F16, F16, F32, dims(2, 17, 2, 4, 32, 12), true, true, &[1, 17]);
-    backward(list, F32, F32, F32, dims(2, 17, 1, 4, 128, 16), false, true, &[]);
-    backward(list, BF16, BF16, BF16, dims(1, 20, 2, 4, 128, 128), false, true, &[]);
+    backward(list, (BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true), &[1, 5]);
+    backward(list, (BF16, F32, BF16, dims(1, 17, 1, 2, 64, 48), false, false), &[]);
+    backward(list, (F16, F16, F16, dims(3, 5, 1, 4, 128, 9), true, true), &[]);
+    backward(list, (F32, F32, F32, dims(2, 64, 1, 2, 32, 5), true, true), &[1, 64]);
+    backward(list, (BF16, BF16, F32, dims(1, 100, 1, 2, 32, 3), false, true), &[1, 100]);
+    backward(list, (F16, F32, F32, dims(3, 1, 2, 2, 64, 7), true, false), &[]);
+    backward(list, (F32, BF16, F32, dims(1, 3, 1, 2, 256, 130), false, true), &[]);
+    backward(list, (BF16, BF16, BF16, dims(2, 4, 1, 4, 256, 33), true, false), &[]);
+    backward(list, (F16, F16, F32, dims(2, 17, 2, 4, 32, 12), true, true), &[1, 17]);
+    backward(list, (F32, F32, F32, dims(2, 17, 1, 4, 128, 16), false, true), &[]);
+    backward(list, (BF16, BF16, BF16, dims(1, 20, 2, 4, 128, 128), false, true), &[]);
 }
 
 /// A chunked backward case: its five stage launches (`Kind::ChunkedBackward`).
-#[allow(clippy::too_many_arguments)]
-fn chunked_backward(
-    list: &mut Vec<Case>,
-    dtype: Dtype,
-    b_dtype: Dtype,
-    dy_dtype: Dtype,
-    d: Dims,
-    masked: bool,
-    with_state: bool,
-    chunk: usize,
-) {
+fn chunked_backward(list: &mut Vec<Case>, row: BackwardRow, chunk: usize) {
+    let (dtype, b_dtype, dy_dtype, d, masked, with_state) = row;
     let first = list.len();
     for stage in 0..metal_chunked::CHUNKED_BACKWARD_STAGES {
         list.push(Case {
@@ -266,17 +252,17 @@ fn chunked_backward(
 /// state.
 #[rustfmt::skip]
 fn chunked_backward_cases(list: &mut Vec<Case>) {
-    chunked_backward(list, BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true, 0);
-    chunked_backward(list, F32, F32, F32, dims(2, 70, 1, 2, 32, 5), true, true, 16);
-    chunked_backward(list, F32, BF16, F32, dims(1, 1, 1, 3, 64, 4), false, true, 0);
-    chunked_backward(list, F16, F16, F16, dims(3, 37, 1, 4, 128, 9), true, false, 32);
-    chunked_backward(list, BF16, F32, BF16, dims(1, 33, 2, 6, 64, 16), false, false, 128);
-    chunked_backward(list, F32, F32, F32, dims(2, 45, 1, 2, 256, 3), true, true, 0);
-    chunked_backward(list, F16, F32, F32, dims(1, 64, 1, 4, 32, 33), false, true, 16);
+    chunked_backward(list, (BF16, BF16, F32, dims(2, 5, 2, 2, 32, 7), false, true), 0);
+    chunked_backward(list, (F32, F32, F32, dims(2, 70, 1, 2, 32, 5), true, true), 16);
+    chunked_backward(list, (F32, BF16, F32, dims(1, 1, 1, 3, 64, 4), false, true), 0);
+    chunked_backward(list, (F16, F16, F16, dims(3, 37, 1, 4, 128, 9), true, false), 32);
+    chunked_backward(list, (BF16, F32, BF16, dims(1, 33, 2, 6, 64, 16), false, false), 128);
+    chunked_backward(list, (F32, F32, F32, dims(2, 45, 1, 2, 256, 3), true, true), 0);
+    chunked_backward(list, (F16, F32, F32, dims(1, 64, 1, 4, 32, 33), false, true), 16);
     // Dk = 160: five columns a lane, tiles of at most 25 columns.
-    chunked_backward(list, F32, BF16, F32, dims(2, 40, 1, 2, 160, 24), true, false, 32);
+    chunked_backward(list, (F32, BF16, F32, dims(2, 40, 1, 2, 160, 24), true, false), 32);
     // 64 value heads of 128 columns: tiles of 16 (fewer heads get 8).
-    chunked_backward(list, BF16, BF16, F32, dims(2, 3, 8, 32, 32, 128), true, true, 0);
+    chunked_backward(list, (BF16, BF16, F32, dims(2, 3, 8, 32, 32, 128), true, true), 0);
 }
 
 /// The cases: every kernel over Dk 32/64/128/256, GQA ratios 1-4, B > 1, partial threadgroups

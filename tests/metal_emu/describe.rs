@@ -4,6 +4,72 @@ use super::*;
 
 type Inputs = Vec<(&'static str, Dtype, Vec<i64>)>;
 
+/// A gated-delta input by name, as the library's ops build it: q, k, v in the case's dtype, g
+/// (f32, compute_g), beta (sigmoid(b): b's dtype), state_in and dstate_out (f32; zeros when
+/// absent), dy in `dy`'s dtype, mask (bool [B, T]). None for any other name.
+fn gd_input(c: &Case, d: &Dims, dy: Dtype, name: &str) -> Option<(&'static str, Dtype, Vec<i64>)> {
+    Some(match name {
+        "q" => ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+        "k" => ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
+        "v" => ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
+        "g" => ("g", F32, vec![d.b, d.t, d.hv]),
+        "beta" => ("beta", c.aux, vec![d.b, d.t, d.hv]),
+        "state_in" => ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+        "dy" => ("dy", dy, vec![d.b, d.t, d.hv, d.dv]),
+        "dstate_out" => ("dstate_out", F32, vec![d.b, d.hv, d.dv, d.dk]),
+        "mask" => ("mask", Dtype::Bool, vec![d.b, d.t]),
+        _ => return None,
+    })
+}
+
+/// The named gated-delta inputs, in order (`gd_input`).
+fn gd_inputs(c: &Case, d: &Dims, dy: Dtype, names: &[&str]) -> Inputs {
+    names
+        .iter()
+        .map(|&n| gd_input(c, d, dy, n).unwrap_or_else(|| panic!("input {n}")))
+        .collect()
+}
+
+/// A case's dimensions in labels: "B=.. T=.. Hk=.. Hv=.. (GQA ..) Dk=.. Dv=..".
+fn dims_label(d: &Dims) -> String {
+    format!(
+        "B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}",
+        d.b,
+        d.t,
+        d.hk,
+        d.hv,
+        d.hv / d.hk,
+        d.dk,
+        d.dv
+    )
+}
+
+/// A gated-delta case's dimensions as the harness reads them.
+fn case_dims(d: &Dims) -> Vec<i64> {
+    vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv]
+}
+
+/// The harness's first two extra lines.
+fn flags(masked: bool, with_state: bool) -> String {
+    format!("masked {}\nwith_state {}\n", masked as i32, with_state as i32)
+}
+
+/// A gated-delta case's label head: masked or not, its dtype and b's.
+fn head_label(c: &Case, masked: bool) -> String {
+    let word = if masked { "masked" } else { "unmasked" };
+    format!("{word} {} b:{}", c.dtype.name(), c.aux.name())
+}
+
+/// A backward case's label before its launch's own numbers.
+fn backward_label(c: &Case, d: &Dims, dy: Dtype, masked: bool, with_state: bool) -> String {
+    let head = head_label(c, masked);
+    format!("{head} dy:{} {}{}", dy.name(), dims_label(d), zero_state(with_state))
+}
+
+fn zero_state(with_state: bool) -> &'static str {
+    if with_state { "" } else { " zero-state" }
+}
+
 /// The gated-delta node the library builds for a case (b's dtype is the case's aux dtype).
 fn gated_delta_node(d: &Dims, c: &Case, form: Form, masked: bool, with_state: bool) -> gd::Node {
     let u = |x: i64| x as usize;
@@ -49,35 +115,17 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             // src/ops/gated_delta/ `update` (graph.rs), Backend::Metal: q, k, v, g (f32, compute_g),
             // beta (sigmoid(b): b's dtype), state (f32; zeros when absent), mask (bool [B, T]);
             // T from k's shape (k_shape).
-            let mut inputs: Inputs = vec![
-                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
-                ("g", F32, vec![d.b, d.t, d.hv]),
-                ("beta", c.aux, vec![d.b, d.t, d.hv]),
-                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
-            ];
+            let mut inputs = gd_inputs(c, d, F32, &["q", "k", "v", "g", "beta", "state_in"]);
             if *masked {
-                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+                inputs.extend(gd_input(c, d, F32, "mask"));
             }
             let label = format!(
-                "{} {} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{}",
-                if *masked { "masked" } else { "unmasked" },
-                name(c.dtype),
-                name(c.aux),
-                d.b,
-                d.t,
-                d.hk,
-                d.hv,
-                d.hv / d.hk,
-                d.dk,
-                d.dv,
-                if *with_state { "" } else { " zero-state" }
+                "{} {}{}",
+                head_label(c, *masked),
+                dims_label(d),
+                zero_state(*with_state)
             ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
-            let extra = format!(
-                "masked {}\nwith_state {}\n",
-                *masked as i32, *with_state as i32
-            );
+            let extra = flags(*masked, *with_state);
             let kind = if *masked {
                 "recurrence_masked"
             } else {
@@ -87,7 +135,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 l,
                 kind,
                 label,
-                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                case_dims(d),
                 inputs,
                 extra,
             )
@@ -139,45 +187,20 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             // dtype, g (f32, compute_g), beta (sigmoid(b): b's dtype, as the forward gets it),
             // state_in (f32; zeros when absent), dy, dstate_out (f32), Tin = {T, C} (int32),
             // mask (bool [B, T]).
-            let mut inputs: Inputs = vec![
-                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
-                ("g", F32, vec![d.b, d.t, d.hv]),
-                ("beta", c.aux, vec![d.b, d.t, d.hv]),
-                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
-                ("dy", *dy_dtype, vec![d.b, d.t, d.hv, d.dv]),
-                ("dstate_out", F32, vec![d.b, d.hv, d.dv, d.dk]),
-                ("Tin", Dtype::Int32, vec![2]),
-            ];
+            let mut inputs = gd_inputs(
+                c,
+                d,
+                *dy_dtype,
+                &["q", "k", "v", "g", "beta", "state_in", "dy", "dstate_out"],
+            );
+            inputs.push(("Tin", Dtype::Int32, vec![2]));
             if *masked {
-                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+                inputs.extend(gd_input(c, d, F32, "mask"));
             }
-            let label = format!(
-                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} NSG={} P={} RP={} C={}",
-                if *masked { "masked" } else { "unmasked" },
-                name(c.dtype),
-                name(c.aux),
-                name(*dy_dtype),
-                d.b,
-                d.t,
-                d.hk,
-                d.hv,
-                d.hv / d.hk,
-                d.dk,
-                d.dv,
-                if *with_state { "" } else { " zero-state" },
-                nsg,
-                parts,
-                rp,
-                ckpt
-            );
-            let extra = format!(
-                "masked {}\nwith_state {}\ncheckpoint {ckpt}\ntwin {}\n",
-                *masked as i32,
-                *with_state as i32,
-                twin.map_or(-1, |t| t as i64)
-            );
+            let head = backward_label(c, d, *dy_dtype, *masked, *with_state);
+            let label = format!("{head} NSG={nsg} P={parts} RP={rp} C={ckpt}");
+            let extra = flags(*masked, *with_state)
+                + &format!("checkpoint {ckpt}\ntwin {}\n", twin.map_or(-1, |t| t as i64));
             let kind = if *masked {
                 "backward_masked"
             } else {
@@ -187,7 +210,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 l,
                 kind,
                 label,
-                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                case_dims(d),
                 inputs,
                 extra,
             )
@@ -229,16 +252,10 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 .input_names
                 .iter()
                 .map(|name| match name.as_str() {
-                    "q" => ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                    "k" => ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                    "v" => ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
-                    "g" => ("g", F32, vec![d.b, d.t, d.hv]),
-                    "beta" => ("beta", c.aux, vec![d.b, d.t, d.hv]),
-                    "state_in" => ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
-                    "dy" => ("dy", *dy_dtype, vec![d.b, d.t, d.hv, d.dv]),
-                    "dstate_out" => ("dstate_out", F32, vec![d.b, d.hv, d.dv, d.dk]),
                     "Tin" => ("Tin", Dtype::Int32, vec![1]),
-                    "mask" => ("mask", Dtype::Bool, vec![d.b, d.t]),
+                    other if gd_input(c, d, *dy_dtype, other).is_some() => {
+                        gd_input(c, d, *dy_dtype, other).unwrap()
+                    }
                     other => {
                         let (n, shape) = scratch
                             .iter()
@@ -248,30 +265,9 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     }
                 })
                 .collect();
-            let label = format!(
-                "{} {} b:{} dy:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={}{} chunk={} (C={}) \
-                 stage {} of case {}",
-                if *masked { "masked" } else { "unmasked" },
-                name(c.dtype),
-                name(c.aux),
-                name(*dy_dtype),
-                d.b,
-                d.t,
-                d.hk,
-                d.hv,
-                d.hv / d.hk,
-                d.dk,
-                d.dv,
-                if *with_state { "" } else { " zero-state" },
-                chunk,
-                cc,
-                stage,
-                first
-            );
-            let extra = format!(
-                "masked {}\nwith_state {}\ncheckpoint {cc}\ntwin -1\n",
-                *masked as i32, *with_state as i32
-            );
+            let head = backward_label(c, d, *dy_dtype, *masked, *with_state);
+            let label = format!("{head} chunk={chunk} (C={cc}) stage {stage} of case {first}");
+            let extra = flags(*masked, *with_state) + &format!("checkpoint {cc}\ntwin -1\n");
             let kind = match (*stage, *masked) {
                 (0, false) => "backward_chunked",
                 (0, true) => "backward_chunked_masked",
@@ -281,7 +277,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 l,
                 kind,
                 label,
-                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                case_dims(d),
                 inputs,
                 extra,
             )
@@ -298,32 +294,20 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             assert_eq!(l.grid, [32, (d.dv / *rows as i64) as i32, (d.b * d.hv) as i32]);
             assert_eq!(l.threadgroup, [32, 4, 1]);
             // src/ops/gated_delta/replay.rs `state`, Backend::Metal.
-            let inputs: Inputs = vec![
-                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
-                ("g", F32, vec![d.b, d.t, d.hv]),
-                ("beta", c.aux, vec![d.b, d.t, d.hv]),
-                ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
-                ("lengths", Dtype::Int32, vec![d.b]),
-            ];
+            let mut inputs = gd_inputs(c, d, F32, &["k", "v", "g", "beta", "state_in"]);
+            inputs.push(("lengths", Dtype::Int32, vec![d.b]));
             let label = format!(
-                "{} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} lengths {:?}{}",
+                "{} b:{} {} lengths {:?}{}",
                 name(c.dtype),
                 name(c.aux),
-                d.b,
-                d.t,
-                d.hk,
-                d.hv,
-                d.hv / d.hk,
-                d.dk,
-                d.dv,
+                dims_label(d),
                 lengths,
-                if *with_state { "" } else { " zero-state" }
+                zero_state(*with_state)
             ) + &if *rows > 1 { format!(" ROWS={rows}") } else { String::new() };
-            let extra = format!(
-                "masked 0\nwith_state {}\nlengths {}\n",
-                *with_state as i32,
-                lengths
+            let extra = flags(false, *with_state)
+                + &format!(
+                    "lengths {}\n",
+                    lengths
                     .iter()
                     .map(|l| l.to_string())
                     .collect::<Vec<_>>()
@@ -333,7 +317,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 l,
                 "replay",
                 label,
-                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                case_dims(d),
                 inputs,
                 extra,
             )
@@ -427,18 +411,11 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             // graph.rs `build_gpu`, Backend::Metal: the node's inputs, the pool as state_in and
             // the row table as rows; q, k, v, g, beta, mask over the tensors' [B, T].
             let mut inputs: Inputs = vec![];
-            if !replay {
-                inputs.push(("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]));
-            }
-            inputs.extend([
-                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
-                ("g", F32, vec![d.b, d.t, d.hv]),
-                ("beta", c.aux, vec![d.b, d.t, d.hv]),
-                ("state_in", F32, vec![*n as i64, d.hv, d.dv, d.dk]),
-            ]);
+            let names: &[&str] = if replay { &["k", "v", "g", "beta"] } else { &["q", "k", "v", "g", "beta"] };
+            inputs.extend(gd_inputs(c, d, F32, names));
+            inputs.push(("state_in", F32, vec![*n as i64, d.hv, d.dv, d.dk]));
             if *masked {
-                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+                inputs.extend(gd_input(c, d, F32, "mask"));
             }
             inputs.push(("rows", Dtype::Int32, vec![r, 5]));
             let list = |v: &[i32]| {
@@ -473,25 +450,18 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 }
             };
             let label = format!(
-                "{what}{} {} b:{} R={r} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} N={n} slots \
-                 {slots:?} fresh {fresh:?} W={written}{}",
+                "{what}{} {} b:{} R={r} {} N={n} slots {slots:?} fresh {fresh:?} W={written}{}",
                 if *masked { " masked" } else { "" },
                 name(c.dtype),
                 name(c.aux),
-                d.b,
-                d.t,
-                d.hk,
-                d.hv,
-                d.hv / d.hk,
-                d.dk,
-                d.dv,
+                dims_label(d),
                 if *rows > 1 { format!(" ROWS={rows}") } else { String::new() },
             );
             (
                 l,
                 kind,
                 label,
-                vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv],
+                case_dims(d),
                 inputs,
                 extra,
             )
@@ -563,18 +533,12 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the exact
             // update's launch inputs (q, k, v, g, beta, state_in, mask), the prep launch without
             // the state; the scan launch then takes the prep launch's outputs.
-            let mut inputs: Inputs = vec![
-                ("q", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("k", c.dtype, vec![d.b, d.t, d.hk, d.dk]),
-                ("v", c.dtype, vec![d.b, d.t, d.hv, d.dv]),
-                ("g", F32, vec![d.b, d.t, d.hv]),
-                ("beta", c.aux, vec![d.b, d.t, d.hv]),
-            ];
+            let mut inputs = gd_inputs(c, d, F32, &["q", "k", "v", "g", "beta"]);
             if *scan {
-                inputs.push(("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]));
+                inputs.extend(gd_input(c, d, F32, "state_in"));
             }
             if *masked {
-                inputs.push(("mask", Dtype::Bool, vec![d.b, d.t]));
+                inputs.extend(gd_input(c, d, F32, "mask"));
             }
             let l = if *scan {
                 let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
@@ -605,27 +569,16 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             assert_eq!(l.threadgroup, [256, 1, 1]);
             assert_eq!(l.header, if *masked { metal::gated_delta::chunked::CHUNK_MASK_HEADER } else { "" });
             let label = format!(
-                "{} {} b:{} B={} T={} Hk={} Hv={} (GQA {}) Dk={} Dv={} chunk {} (runs {}){}",
-                if *masked { "masked" } else { "unmasked" },
-                name(c.dtype),
-                name(c.aux),
-                d.b,
-                d.t,
-                d.hk,
-                d.hv,
-                d.hv / d.hk,
-                d.dk,
-                d.dv,
+                "{} {} chunk {} (runs {}){}",
+                head_label(c, *masked),
+                dims_label(d),
                 chunk,
                 cg,
-                if *with_state { "" } else { " zero-state" }
+                zero_state(*with_state)
             ) + if *cuda { " (CUDA's scan tile)" } else { "" };
-            let extra = format!(
-                "masked {}\nwith_state {}\ncheckpoint {}\n",
-                *masked as i32, *with_state as i32, chunk
-            );
+            let extra = flags(*masked, *with_state) + &format!("checkpoint {chunk}\n");
             let kind = if *scan { "chunk_scan" } else { "chunk_prep" };
-            (l, kind, label, vec![d.b, d.t, d.hk, d.hv, d.dk, d.dv], inputs, extra)
+            (l, kind, label, case_dims(d), inputs, extra)
         }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {
