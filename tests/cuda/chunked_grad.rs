@@ -1,4 +1,4 @@
-//! The chunked form's GPU backward on MLX CUDA (tests/cuda.rs runs it):
+//! The chunked form's GPU backward on MLX CUDA (tests/cuda/main.rs runs it):
 //! `kernels/metal/gated_delta_chunked_backward.metal`'s five stages through
 //! `testing::gated_delta_update_chunked_vjp_via_gpu`, against the CPU backward of the exact
 //! update (`mlxk_gated_delta_update_vjp` on the CPU device) and, where small enough, a float64

@@ -1,4 +1,4 @@
-//! The pool calls on MLX CUDA against the CPU pool calls (tests/cuda.rs runs them): the update
+//! The pool calls on MLX CUDA against the CPU pool calls (tests/cuda/main.rs runs them): the update
 //! on a pool (decode and prefill, masks, fresh and padding rows, 1 to 16 value rows a warp),
 //! packed sequences (lengths 0, 1, past 32), the verify then the commit of the accepted
 //! prefixes, and the replay. With g and beta from MLX's CPU ops the GPU's y and new pool equal
@@ -367,7 +367,7 @@ fn in_place_decode(rng: &mut Rng) {
     c.free();
 }
 
-/// Every pool case (tests/cuda.rs calls it on a CUDA machine): with the in-place launch (the
+/// Every pool case (tests/cuda/main.rs calls it on a CUDA machine): with the in-place launch (the
 /// default on MLX CUDA), then with the written rows and MLX's scatter, then the in-place decode.
 pub fn pool_calls_match_the_cpu(rng: &mut Rng) {
     use mlxkern::testing::pool_in_place;

@@ -132,7 +132,7 @@ fn vectorized_and_portable_kernels_agree_bit_for_bit() {
 /// The chunked form through the C ABI with the AVX2 products forced and with the fastest (on an
 /// AVX-512 CPU, the AVX-512 products): the same bits. The portable products round differently
 /// (no fused multiply-adds); their agreement within float32 rounding is
-/// tests/gated_delta_update_chunked_kernel.rs's.
+/// tests/gated_delta/chunked_kernel.rs's.
 #[test]
 fn chunked_products_agree_bit_for_bit() {
     let _switch = serial();

@@ -1,5 +1,5 @@
 //! Helpers of the gradient suites of the head split and the gated norm
-//! (tests/silu_rms_heads_vjp.rs, tests/gated_rms_norm_vjp.rs): float element kinds, the float64
+//! (tests/silu_rms_heads/vjp.rs, tests/gated_rms_norm/vjp.rs): float element kinds, the float64
 //! SiLU and its slope, central differences, and the error table each suite prints. Included
 //! with `#[path]`.
 #![allow(dead_code)]

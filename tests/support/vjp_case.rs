@@ -1,5 +1,5 @@
-//! The update's gradient suites' shared case (tests/gated_delta_update_vjp.rs,
-//! tests/gated_delta_update_chunked_vjp.rs): one call's host inputs, the float64 loss whose
+//! The update's gradient suites' shared case (tests/gated_delta/vjp.rs,
+//! tests/gated_delta/chunked_vjp.rs): one call's host inputs, the float64 loss whose
 //! gradients the VJPs compute, and the C call of the exact or the chunked VJP. Included with
 //! `#[path]`.
 #![allow(dead_code)]
