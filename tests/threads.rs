@@ -76,6 +76,65 @@ struct Record {
     data: Vec<u8>,
 }
 
+/// The recurrence inputs `[q, k, v, a, b, A_log, dt_bias]` of `[.., state]` as const inputs.
+fn inputs(h: [H; 8]) -> [*const mlxk_array; 7] {
+    let [q, k, v, a, b, al, dt, _] = h;
+    [q, k, v, a, b, al, dt].map(|h| h as *const mlxk_array)
+}
+
+fn update(h: [H; 8], y: &mut H, s: &mut H) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, s0] = h;
+    unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s0, null_mut(), y, s) }
+}
+
+fn state(h: [H; 8], lengths: &[i32], out: &mut H) -> mlxk_status {
+    let [_, k, v, a, b, al, dt, s0] = h;
+    let (l, n) = (lengths.as_ptr(), lengths.len());
+    unsafe { mlxk_gated_delta_state(k, v, a, b, al, dt, s0, l, n, out) }
+}
+
+fn verify_pool(h: [H; 8], slots: &[i32], y: &mut H) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, p] = h;
+    let (sl, n) = (slots.as_ptr(), slots.len());
+    unsafe { mlxk_gated_delta_verify_pool(q, k, v, a, b, al, dt, p, sl, null(), n, null_mut(), y) }
+}
+
+fn state_pool(h: [H; 8], slots: &[i32], lengths: &[i32], out: &mut H) -> mlxk_status {
+    let [_, k, v, a, b, al, dt, p] = h;
+    let (sl, l, n) = (slots.as_ptr(), lengths.as_ptr(), slots.len());
+    unsafe { mlxk_gated_delta_state_pool(k, v, a, b, al, dt, p, sl, null(), l, n, out) }
+}
+
+fn update_packed(h: [H; 8], cu: &[i32], slots: &[i32], y: &mut H, out: &mut H) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, p] = h;
+    let (c, nc, sl) = (cu.as_ptr(), cu.len(), slots.as_ptr());
+    unsafe { mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, p, c, nc, sl, null(), y, out) }
+}
+
+fn update_pool_chunked(h: [H; 8], slots: &[i32], y: &mut H, out: &mut H) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, p] = h;
+    let (sl, n, chunk) = (slots.as_ptr(), slots.len(), 16);
+    unsafe {
+        mlxk_gated_delta_update_pool_chunked(
+            q,
+            k,
+            v,
+            a,
+            b,
+            al,
+            dt,
+            p,
+            sl,
+            null(),
+            n,
+            null_mut(),
+            chunk,
+            y,
+            out,
+        )
+    }
+}
+
 /// One thread's script: deterministic from `(thread, seed)`.
 struct Worker {
     thread: usize,
@@ -137,6 +196,18 @@ impl Worker {
             message,
             data,
         });
+    }
+
+    /// Records a call with one result, then reads the result back and frees it.
+    fn result(&mut self, step: usize, function: &'static str, st: mlxk_status, out: H) {
+        self.record(step, function, st, vec![], None);
+        self.read(step, out);
+        self.free(step, out);
+    }
+
+    /// Records a failure whose message must carry `marker`.
+    fn failed(&mut self, step: usize, function: &'static str, st: mlxk_status, marker: &str) {
+        self.record(step, function, st, vec![], Some(marker));
     }
 
     /// The message of this thread's last failure is still there (successes do not clear it,
@@ -206,6 +277,13 @@ impl Worker {
         ([q, k, v, a, bb, al, dt, s], [b, t, hk, hv, dk, dv])
     }
 
+    /// Random accepted lengths in 0..=t, one a sequence.
+    fn lengths(&mut self, b: i32, t: i32) -> Vec<i32> {
+        (0..b)
+            .map(|_| self.rng.below(t as u64 + 1) as i32)
+            .collect()
+    }
+
     fn step(&mut self, step: usize) {
         let marker_n = 1000 + self.thread as i32; // thread-specific values in invalid arguments
         match self.rng.below(16) {
@@ -215,38 +293,20 @@ impl Worker {
                 self.read(step, h);
                 let mut out = null_mut();
                 let st = unsafe { mlxk_array_astype(h, MLXK_DTYPE_BFLOAT16, &mut out) };
-                self.record(step, "mlxk_array_astype", st, vec![], None);
-                self.read(step, out);
-                self.free(step, out);
+                self.result(step, "mlxk_array_astype", st, out);
                 self.free(step, h);
             }
             1 => {
                 let (h, _) = self.recurrence(step);
                 let mut g = null_mut();
                 let st = unsafe { mlxk_compute_g(h[5], h[3], h[6], &mut g) };
-                self.record(step, "mlxk_compute_g", st, vec![], None);
-                self.read(step, g);
-                self.free(step, g);
+                self.result(step, "mlxk_compute_g", st, g);
                 h.into_iter().for_each(|x| self.free(step, x));
             }
             2 | 3 => {
                 let (h, _) = self.recurrence(step);
                 let (mut y, mut s) = (null_mut(), null_mut());
-                let st = unsafe {
-                    mlxk_gated_delta_update(
-                        h[0],
-                        h[1],
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        h[7],
-                        null_mut(),
-                        &mut y,
-                        &mut s,
-                    )
-                };
+                let st = update(h, &mut y, &mut s);
                 self.record(step, "mlxk_gated_delta_update", st, vec![], None);
                 // The decode-loop pattern half the time: free the old state before evaluating.
                 if self.rng.below(2) == 0 {
@@ -264,27 +324,10 @@ impl Worker {
             }
             4 => {
                 let (h, d) = self.recurrence(step);
-                let lengths: Vec<i32> = (0..d[0])
-                    .map(|_| self.rng.below(d[1] as u64 + 1) as i32)
-                    .collect();
+                let lengths = self.lengths(d[0], d[1]);
                 let mut s = null_mut();
-                let st = unsafe {
-                    mlxk_gated_delta_state(
-                        h[1],
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        h[7],
-                        lengths.as_ptr(),
-                        lengths.len(),
-                        &mut s,
-                    )
-                };
-                self.record(step, "mlxk_gated_delta_state", st, vec![], None);
-                self.read(step, s);
-                self.free(step, s);
+                let st = state(h, &lengths, &mut s);
+                self.result(step, "mlxk_gated_delta_state", st, s);
                 h.into_iter().for_each(|x| self.free(step, x));
             }
             5 => {
@@ -388,27 +431,14 @@ impl Worker {
                     &[b, t, hk, marker_n],
                 );
                 let (mut y, mut s) = (null_mut(), null_mut());
-                let st = unsafe {
-                    mlxk_gated_delta_update(
-                        h[0],
-                        bad_k,
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        h[7],
-                        null_mut(),
-                        &mut y,
-                        &mut s,
-                    )
-                };
-                self.record(
+                let mut x = h;
+                x[1] = bad_k;
+                let st = update(x, &mut y, &mut s);
+                self.failed(
                     step,
                     "mlxk_gated_delta_update",
                     st,
-                    vec![],
-                    Some(&format!("is {marker_n}")),
+                    &format!("is {marker_n}"),
                 );
                 assert_eq!(st, MLXK_ERR_SHAPE);
                 self.free(step, bad_k);
@@ -425,13 +455,7 @@ impl Worker {
                         &mut out,
                     )
                 };
-                self.record(
-                    step,
-                    "mlxk_array_new",
-                    st,
-                    vec![],
-                    Some(&marker_n.to_string()),
-                );
+                self.failed(step, "mlxk_array_new", st, &marker_n.to_string());
                 assert_eq!(st, MLXK_ERR_DTYPE);
             }
             9 => {
@@ -440,13 +464,7 @@ impl Worker {
                 let eps = -(marker_n as f32);
                 let mut out = null_mut();
                 let st = unsafe { mlxk_gated_rms_norm(x, x, w, eps, &mut out) };
-                self.record(
-                    step,
-                    "mlxk_gated_rms_norm",
-                    st,
-                    vec![],
-                    Some(&format!("eps is {eps}")),
-                );
+                self.failed(step, "mlxk_gated_rms_norm", st, &format!("eps is {eps}"));
                 assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
                 self.free(step, x);
                 self.free(step, w);
@@ -460,22 +478,10 @@ impl Worker {
                 };
                 let mut nd = 0usize;
                 let st = unsafe { mlxk_array_ndim(dead, &mut nd) };
-                self.record(
-                    step,
-                    "mlxk_array_ndim",
-                    st,
-                    vec![],
-                    Some(&format!("{dead:p}")),
-                );
+                self.failed(step, "mlxk_array_ndim", st, &format!("{dead:p}"));
                 assert_eq!(st, MLXK_ERR_INVALID_HANDLE);
                 let st = mlxk_array_free(dead);
-                self.record(
-                    step,
-                    "mlxk_array_free",
-                    st,
-                    vec![],
-                    Some(&format!("{dead:p}")),
-                );
+                self.failed(step, "mlxk_array_free", st, &format!("{dead:p}"));
                 assert_eq!(st, MLXK_ERR_INVALID_HANDLE);
             }
             13 => {
@@ -490,7 +496,7 @@ impl Worker {
                 };
                 let fresh: Vec<u8> = slots.iter().map(|_| self.rng.below(2) as u8).collect();
                 let (mut y, mut p) = (null_mut(), null_mut());
-                let x = [h[0], h[1], h[2], h[3], h[4], h[5], h[6]].map(|h| h as *const mlxk_array);
+                let x = inputs(h);
                 let st = update_pool_to(x, h[7], &slots, fresh.as_ptr(), null(), &mut y, &mut p);
                 self.record(step, "mlxk_gated_delta_update_pool", st, vec![], None);
                 self.free(step, h[7]);
@@ -502,7 +508,7 @@ impl Worker {
                 let (mut y2, mut p2): (H, H) = (null_mut(), null_mut());
                 let y2_out: *mut H = &mut y2;
                 let p2_out: *mut H = if d[0] > 1 { &mut p2 } else { y2_out };
-                let x = [h[0], h[1], h[2], h[3], h[4], h[5], h[6]].map(|h| h as *const mlxk_array);
+                let x = inputs(h);
                 let st = update_pool_to(x, p, &twice, null(), null(), y2_out, p2_out);
                 self.record(step, "mlxk_gated_delta_update_pool", st, vec![], None);
                 assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
@@ -513,47 +519,12 @@ impl Worker {
                 // A verify on the pool, then the commit of random accepted lengths.
                 let (h, d) = self.recurrence(step);
                 let slots: Vec<i32> = (0..d[0]).rev().collect();
-                let lengths: Vec<i32> = (0..d[0])
-                    .map(|_| self.rng.below(d[1] as u64 + 1) as i32)
-                    .collect();
+                let lengths = self.lengths(d[0], d[1]);
                 let mut y = null_mut();
-                let st = unsafe {
-                    mlxk_gated_delta_verify_pool(
-                        h[0],
-                        h[1],
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        h[7],
-                        slots.as_ptr(),
-                        std::ptr::null(),
-                        slots.len(),
-                        null_mut(),
-                        &mut y,
-                    )
-                };
-                self.record(step, "mlxk_gated_delta_verify_pool", st, vec![], None);
-                self.read(step, y);
-                self.free(step, y);
+                let st = verify_pool(h, &slots, &mut y);
+                self.result(step, "mlxk_gated_delta_verify_pool", st, y);
                 let mut p = null_mut();
-                let st = unsafe {
-                    mlxk_gated_delta_state_pool(
-                        h[1],
-                        h[2],
-                        h[3],
-                        h[4],
-                        h[5],
-                        h[6],
-                        h[7],
-                        slots.as_ptr(),
-                        std::ptr::null(),
-                        lengths.as_ptr(),
-                        slots.len(),
-                        &mut p,
-                    )
-                };
+                let st = state_pool(h, &slots, &lengths, &mut p);
                 self.record(step, "mlxk_gated_delta_state_pool", st, vec![], None);
                 self.free(step, h[7]);
                 self.read(step, p);
@@ -569,47 +540,12 @@ impl Worker {
                     let cut = self.rng.below(d[1] as u64 + 1) as i32;
                     let cu = [0, cut, d[1]];
                     let slots = [0i32, -1];
-                    let st = unsafe {
-                        mlxk_gated_delta_update_packed(
-                            h[0],
-                            h[1],
-                            h[2],
-                            h[3],
-                            h[4],
-                            h[5],
-                            h[6],
-                            h[7],
-                            cu.as_ptr(),
-                            3,
-                            slots.as_ptr(),
-                            std::ptr::null(),
-                            &mut y,
-                            &mut p,
-                        )
-                    };
+                    let st = update_packed(h, &cu, &slots, &mut y, &mut p);
                     self.record(step, "mlxk_gated_delta_update_packed", st, vec![], None);
                     st
                 } else {
                     let slots: Vec<i32> = (0..d[0]).rev().collect();
-                    let st = unsafe {
-                        mlxk_gated_delta_update_pool_chunked(
-                            h[0],
-                            h[1],
-                            h[2],
-                            h[3],
-                            h[4],
-                            h[5],
-                            h[6],
-                            h[7],
-                            slots.as_ptr(),
-                            std::ptr::null(),
-                            slots.len(),
-                            null_mut(),
-                            16,
-                            &mut y,
-                            &mut p,
-                        )
-                    };
+                    let st = update_pool_chunked(h, &slots, &mut y, &mut p);
                     self.record(
                         step,
                         "mlxk_gated_delta_update_pool_chunked",
@@ -633,12 +569,11 @@ impl Worker {
                     ..Default::default()
                 };
                 let st = unsafe { mlxk_glm52_layout_validate(&layout, 4, 64) };
-                self.record(
+                self.failed(
                     step,
                     "mlxk_glm52_layout_validate",
                     st,
-                    vec![],
-                    Some(&format!("slot bytes {marker_n}")),
+                    &format!("slot bytes {marker_n}"),
                 );
                 assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
             }

@@ -25,16 +25,8 @@ fn gated_delta_vjp_matches_the_c_abi() {
         ];
         let dtype = rng.pick(&FLOATS);
         let gate = rng.pick(&FLOATS);
-        let q = Twin::new(
-            &heads(&mut rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)),
-            &[b, t, hk, dk],
-            dtype,
-        );
-        let k = Twin::new(
-            &heads(&mut rng, b * t * hk * dk, dk, 1.0),
-            &[b, t, hk, dk],
-            dtype,
-        );
+        let q = Twin::heads(&mut rng, [b, t, hk, dk], (dk as f32).powf(-0.5), dtype);
+        let k = Twin::heads(&mut rng, [b, t, hk, dk], 1.0, dtype);
         let v = Twin::random(&mut rng, &[b, t, hv, dv], 1.0, dtype);
         let a = Twin::random(&mut rng, &[b, t, hv], 2.0, gate);
         let bb = Twin::random(&mut rng, &[b, t, hv], 2.0, gate);

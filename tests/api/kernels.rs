@@ -32,13 +32,7 @@ impl Rec {
         let gate = rng.pick(&FLOATS);
         let a_log_dtype = rng.pick(&[Dtype::Float32, Dtype::Bfloat16]);
         let dt_dtype = rng.pick(&FLOATS);
-        let qk = |rng: &mut Rng, scale: f32| {
-            Twin::new(
-                &heads(rng, b * t * hk * dk, dk, scale),
-                &[b, t, hk, dk],
-                dtype,
-            )
-        };
+        let qk = |rng: &mut Rng, scale: f32| Twin::heads(rng, [b, t, hk, dk], scale, dtype);
         Rec {
             q: qk(rng, (dk as f32).powf(-0.5)),
             k: qk(rng, 1.0),

@@ -27,13 +27,7 @@ impl Inputs {
     /// `dims` = [B, T, Hk, Hv, Dk, Dv]; a pool of `n` states.
     fn random(rng: &mut Rng, dims: [usize; 6], n: usize, dtype: Dtype, mask: bool) -> Inputs {
         let [b, t, hk, hv, dk, dv] = dims;
-        let qk = |rng: &mut Rng, scale: f32| {
-            Twin::new(
-                &heads(rng, b * t * hk * dk, dk, scale),
-                &[b, t, hk, dk],
-                dtype,
-            )
-        };
+        let qk = |rng: &mut Rng, scale: f32| Twin::heads(rng, [b, t, hk, dk], scale, dtype);
         Inputs {
             x: [
                 qk(rng, (dk as f32).powf(-0.5)),

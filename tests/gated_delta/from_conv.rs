@@ -263,63 +263,41 @@ fn bad_arguments_are_refused_with_their_names() {
         MLXK_ERR_INVALID_ARGUMENT,
         &["eps"],
     );
-    // Value heads not a multiple of the key heads: the split alone would take it.
-    let odd = Layer::random(
-        &mut rng,
-        [1, 2, 2, 3, 64, 8],
-        MLXK_DTYPE_BFLOAT16,
-        false,
-        false,
-    );
-    expect_err(
-        call_with(&odd, None, odd.heads, odd.eps),
-        MLXK_ERR_INVALID_ARGUMENT,
-        &["value_heads", "multiple of key_heads"],
-    );
-    odd.free();
-    // A head width the split takes and the update does not (Dk = 40).
-    let narrow = Layer::random(
-        &mut rng,
-        [1, 2, 1, 2, 40, 8],
-        MLXK_DTYPE_BFLOAT16,
-        false,
-        false,
-    );
-    expect_err(
-        call_with(&narrow, None, narrow.heads, narrow.eps),
-        MLXK_ERR_SHAPE,
-        &["q_scale", "Dk", "multiple of 32"],
-    );
-    narrow.free();
+    // Value heads not a multiple of the key heads (the split alone would take it), and a head
+    // width the split takes and the update does not (Dk = 40).
+    for (dims, status, needles) in [
+        (
+            [1, 2, 2, 3, 64, 8],
+            MLXK_ERR_INVALID_ARGUMENT,
+            &["value_heads", "multiple of key_heads"][..],
+        ),
+        (
+            [1, 2, 1, 2, 40, 8],
+            MLXK_ERR_SHAPE,
+            &["q_scale", "Dk", "multiple of 32"][..],
+        ),
+    ] {
+        let bad = Layer::random(&mut rng, dims, MLXK_DTYPE_BFLOAT16, false, false);
+        expect_err(call_with(&bad, None, bad.heads, bad.eps), status, needles);
+        bad.free();
+    }
     // Both results into one place.
     let [x, qs, ks, a, b, al, dt, s, m] = layer.args();
+    let [hk, hv, dv] = heads;
+    let call_to = |y: *mut H, s_out: *mut H| unsafe {
+        mlxk_gated_delta_update_from_conv(x, qs, ks, hk, hv, dv, eps, a, b, al, dt, s, m, y, s_out)
+    };
     let mut same = null_mut();
-    let status = unsafe {
-        mlxk_gated_delta_update_from_conv(
-            x, qs, ks, heads[0], heads[1], heads[2], eps, a, b, al, dt, s, m, &mut same, &mut same,
-        )
-    };
-    expect_err(status, MLXK_ERR_INVALID_ARGUMENT, &["y", "state_out"]);
-    let status = unsafe {
-        mlxk_gated_delta_update_from_conv(
-            x,
-            qs,
-            ks,
-            heads[0],
-            heads[1],
-            heads[2],
-            eps,
-            a,
-            b,
-            al,
-            dt,
-            s,
-            m,
-            null_mut(),
-            &mut same,
-        )
-    };
-    expect_err(status, MLXK_ERR_NULL_POINTER, &["y"]);
+    expect_err(
+        call_to(&mut same, &mut same),
+        MLXK_ERR_INVALID_ARGUMENT,
+        &["y", "state_out"],
+    );
+    expect_err(
+        call_to(null_mut(), &mut same),
+        MLXK_ERR_NULL_POINTER,
+        &["y"],
+    );
     // A freed handle.
     let gone = bf(&[2, 3, 4]);
     free(gone);

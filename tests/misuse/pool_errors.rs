@@ -38,23 +38,9 @@ impl Call {
         let sentinel = 0x5a5a as H;
         let (mut y, mut p) = (sentinel, sentinel);
         let (yo, po) = (&mut y as *mut H, &mut p as *mut H);
+        let m = null();
         let status = unsafe {
-            mlxk_gated_delta_update_pool(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                slots,
-                fresh,
-                n,
-                null(),
-                yo,
-                po,
-            )
+            mlxk_gated_delta_update_pool(q, k, v, a, b, al, dt, pool, slots, fresh, n, m, yo, po)
         };
         if status != MLXK_OK {
             assert_eq!((y, p), (sentinel, sentinel), "out-parameters written");
@@ -70,23 +56,9 @@ impl Call {
         let (mut y, mut p) = (null_mut(), null_mut());
         let (c, s, pool) = (cu.as_ptr(), slots.as_ptr(), self.pool);
         let (yo, po) = (&mut y as *mut H, &mut p as *mut H);
+        let (n, f) = (cu.len(), null());
         let status = unsafe {
-            mlxk_gated_delta_update_packed(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                c,
-                cu.len(),
-                s,
-                null(),
-                yo,
-                po,
-            )
+            mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, n, s, f, yo, po)
         };
         if status == MLXK_OK {
             free(y);
@@ -95,6 +67,13 @@ impl Call {
             assert!(y.is_null() && p.is_null(), "out-parameters written");
         }
         status
+    }
+
+    /// mlxk_gated_delta_state_pool on these slots and accepted lengths, one each.
+    fn commit(&self, slots: &[i32], lengths: &[i32], out: &mut H) -> mlxk_status {
+        let [_, k, v, a, b, al, dt] = self.x;
+        let (s, l, n, pool) = (slots.as_ptr(), lengths.as_ptr(), slots.len(), self.pool);
+        unsafe { mlxk_gated_delta_state_pool(k, v, a, b, al, dt, pool, s, null(), l, n, out) }
     }
 
     fn free(self) {
@@ -195,29 +174,11 @@ fn the_pool_is_checked_and_named() {
     // A chunk size the chunked form refuses.
     let (mut y, mut p) = (null_mut(), null_mut());
     let (y, p) = (&mut y as *mut H, &mut p as *mut H);
-    expect_err(
-        unsafe {
-            mlxk_gated_delta_update_pool_chunked(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                s,
-                null(),
-                2,
-                null(),
-                17,
-                y,
-                p,
-            )
-        },
-        MLXK_ERR_INVALID_ARGUMENT,
-        &["chunk_size is 17"],
-    );
+    let (z, m) = (null(), null());
+    let st = unsafe {
+        mlxk_gated_delta_update_pool_chunked(q, k, v, a, b, al, dt, pool, s, z, 2, m, 17, y, p)
+    };
+    expect_err(st, MLXK_ERR_INVALID_ARGUMENT, &["chunk_size is 17"]);
     c.free();
 }
 
@@ -268,29 +229,13 @@ fn commit_lengths_are_checked_and_named() {
     let _serial = serial();
     let mut rng = Rng::fresh();
     let c = Call::new(&mut rng, 2, 3, 3);
-    let [_, k, v, a, b, al, dt] = c.x;
     let mut out = null_mut();
     for (lengths, needles) in [
         ([0, 4], vec!["accepted_lengths[1] is 4", "T (3)"]),
         ([-1, 0], vec!["accepted_lengths[0] is -1"]),
     ] {
         expect_err(
-            unsafe {
-                mlxk_gated_delta_state_pool(
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    c.pool,
-                    [0, 2].as_ptr(),
-                    null(),
-                    lengths.as_ptr(),
-                    2,
-                    &mut out,
-                )
-            },
+            c.commit(&[0, 2], &lengths, &mut out),
             MLXK_ERR_INVALID_ARGUMENT,
             &needles,
         );
@@ -300,22 +245,7 @@ fn commit_lengths_are_checked_and_named() {
     // One slot (and so one length) for two batch rows: the message counts them by this call's
     // own parameter, n_slots.
     expect_err(
-        unsafe {
-            mlxk_gated_delta_state_pool(
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                c.pool,
-                [0].as_ptr(),
-                null(),
-                [1].as_ptr(),
-                1,
-                &mut out,
-            )
-        },
+        c.commit(&[0], &[1], &mut out),
         MLXK_ERR_INVALID_ARGUMENT,
         &["n_slots is 1", "B = 2"],
     );

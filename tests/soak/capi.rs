@@ -5,8 +5,8 @@ use std::ffi::CStr;
 use std::ptr::null_mut;
 
 pub use mlxkern::capi::array::*;
+pub use mlxkern::capi::gated_delta::pool::*;
 pub use mlxkern::capi::gated_delta::*;
-pub use mlxkern::capi::gated_delta_pool::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;
 
@@ -98,7 +98,6 @@ pub fn bf16_bits(x: f32) -> u16 {
 
 /// An array of `elem` holding `data` (already representable in it).
 pub fn new_array(data: &[f32], shape: &[usize], elem: Elem) -> Result<H, String> {
-    let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
     let bytes: Vec<u8> = match elem {
         Elem::F32 => data.iter().flat_map(|x| x.to_ne_bytes()).collect(),
         Elem::Bf16 => data
@@ -106,30 +105,24 @@ pub fn new_array(data: &[f32], shape: &[usize], elem: Elem) -> Result<H, String>
             .flat_map(|&x| bf16_bits(x).to_ne_bytes())
             .collect(),
     };
-    let mut out = null_mut();
-    let status = unsafe {
-        mlxk_array_new(
-            bytes.as_ptr().cast(),
-            dims.as_ptr(),
-            dims.len(),
-            elem.dtype(),
-            &mut out,
-        )
-    };
-    check("mlxk_array_new", status)?;
-    Ok(out)
+    from_bytes(&bytes, shape, elem.dtype())
 }
 
 pub fn new_bool(data: &[bool], shape: &[usize]) -> Result<H, String> {
-    let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
     let bytes: Vec<u8> = data.iter().map(|&b| u8::from(b)).collect();
+    from_bytes(&bytes, shape, MLXK_DTYPE_BOOL)
+}
+
+/// An array of `dtype` from its host bytes.
+fn from_bytes(bytes: &[u8], shape: &[usize], dtype: mlxk_dtype) -> Result<H, String> {
+    let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
     let mut out = null_mut();
     let status = unsafe {
         mlxk_array_new(
             bytes.as_ptr().cast(),
             dims.as_ptr(),
             dims.len(),
-            MLXK_DTYPE_BOOL,
+            dtype,
             &mut out,
         )
     };

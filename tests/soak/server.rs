@@ -150,6 +150,28 @@ fn stack(
     ])
 }
 
+/// The pool update of `x = [q, k, v, a, b, A_log, dt_bias, pool]` on `slots` in `form`.
+fn update_pool(
+    form: Form,
+    x: [H; 8],
+    slots: &[i32],
+    m: *const mlxk_array,
+    y: &mut H,
+    o: &mut H,
+) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, p] = x;
+    let (s, n, z) = (slots.as_ptr(), slots.len(), null());
+    // SAFETY: every pointer is valid for the call; the outputs are written once.
+    unsafe {
+        match form {
+            Form::Exact => mlxk_gated_delta_update_pool(q, k, v, a, b, al, dt, p, s, z, n, m, y, o),
+            Form::Chunked(c) => {
+                mlxk_gated_delta_update_pool_chunked(q, k, v, a, b, al, dt, p, s, z, n, m, c, y, o)
+            }
+        }
+    }
+}
+
 /// The pool form of a call: exact, or chunked with a chunk size (0: the default).
 #[derive(Debug, Clone, Copy)]
 enum Form {
@@ -572,44 +594,8 @@ impl Server {
             None => null(),
         };
         let (mut y, mut next) = (null_mut(), null_mut());
-        let (al, dt, pool) = (self.a_log, self.dt_bias, self.pool);
-        let status = unsafe {
-            match form {
-                Form::Exact => mlxk_gated_delta_update_pool(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    slots.as_ptr(),
-                    null(),
-                    bsz,
-                    m,
-                    &mut y,
-                    &mut next,
-                ),
-                Form::Chunked(c) => mlxk_gated_delta_update_pool_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    slots.as_ptr(),
-                    null(),
-                    bsz,
-                    m,
-                    c,
-                    &mut y,
-                    &mut next,
-                ),
-            }
-        };
+        let x = [q, k, v, a, b, self.a_log, self.dt_bias, self.pool];
+        let status = update_pool(form, x, &slots, m, &mut y, &mut next);
         check(&format!("decode {form:?}, T {t}, slots {slots:?}"), status)?;
         scope.keep(y);
         self.count_call(form, bsz * t);

@@ -34,6 +34,12 @@ impl Twin {
         Twin::new(&rng.vec(n, scale), shape, dtype)
     }
 
+    /// Query or key heads `[B, T, Hk, Dk]` as `heads` makes them, each row scaled by `scale`.
+    pub fn heads(rng: &mut Rng, shape: [usize; 4], scale: f32, dtype: Dtype) -> Twin {
+        let [b, t, hk, dk] = shape;
+        Twin::new(&heads(rng, b * t * hk * dk, dk, scale), &shape, dtype)
+    }
+
     pub fn bools(data: &[bool], shape: &[usize]) -> Twin {
         let dims: Vec<i32> = shape.iter().map(|&d| d as i32).collect();
         let c = new_bool(data, &dims);
