@@ -35,6 +35,8 @@
 //            mlxk_gated_delta_update_pool, _packed, gather -> dense kernel -> scatter as MLX ops,
 //            the dense kernel alone (bench_cuda_pool.cc)
 //   packed   packed prefill of 16 prompts (64-2048 tokens): packed, padded, per prompt
+//   packed16k  packed prefill of 8 prompts of mixed lengths summing 16384 against one sequence
+//            of 16384 tokens
 // For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
 // must move (inputs read + outputs written) and the GB/s that gives, and the ratio to the floor.
 // Output: a table on stdout and JSON lines in $MLXK_BENCH_JSON (if set).
@@ -208,7 +210,7 @@ int main() {
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
   // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad, pool,
-  // packed).
+  // packed, packed16k).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -264,6 +266,7 @@ int main() {
   };
   guarded("pool", [&] { checked("pool", pool_batching(quick)); });
   guarded("packed", [&] { checked("packed", pool_prefill(quick)); });
+  guarded("packed16k", [&] { checked("packed16k", packed_mixed(quick)); });
   if (json) std::fclose(json);
   return failed ? 1 : 0;
 }
