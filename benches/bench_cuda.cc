@@ -251,13 +251,22 @@ int main() {
     copies(CustomCopies(), warmup, iters);
     pipelined = false;
   });
+  // MLXK_BENCH_T=<T>: the prefill and grad groups at that length alone (for a profiler).
+  const char* only_t = std::getenv("MLXK_BENCH_T");
+  auto length = [&](int t) { return !only_t || std::atoi(only_t) == t; };
   guarded("prefill", [&] {
-    for (int t : {512, 4096, 16384}) prefill(t, 2, quick ? 3 : 10);
+    for (int t : {512, 4096, 16384}) {
+      if (length(t)) prefill(t, 2, quick ? 3 : 10);
+    }
   });
   guarded("dispatch", [&] { dispatch(warmup, iters); });
   guarded("grad", [&] {
-    for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5);
-    for (int t : {512, 4096}) grad_chunked(t, 2, quick ? 3 : 5);
+    for (int t : {512, 2048, 4096}) {
+      if (length(t)) grad(t, 2, quick ? 3 : 5);
+    }
+    for (int t : {512, 4096}) {
+      if (length(t)) grad_chunked(t, 2, quick ? 3 : 5);
+    }
   });
   auto checked = [&](const char* what, bool ok) {
     if (ok) return;
