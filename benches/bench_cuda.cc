@@ -210,7 +210,7 @@ int main() {
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
   // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad, pool,
-  // packed, packed16k).
+  // packed, packed16k; gradchunked: the grad group's chunked rows alone).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -268,6 +268,14 @@ int main() {
       if (length(t)) grad_chunked(t, 2, quick ? 3 : 5);
     }
   });
+  // gradchunked: the grad group's chunked rows alone (named only: the grad group has them).
+  if (only != nullptr) {
+    guarded("gradchunked", [&] {
+      for (int t : {512, 4096}) {
+        if (length(t)) grad_chunked(t, 2, quick ? 3 : 5);
+      }
+    });
+  }
   auto checked = [&](const char* what, bool ok) {
     if (ok) return;
     std::printf("FAIL: %s: a bit-for-bit comparison failed (above)\n", what);

@@ -80,7 +80,7 @@ for launch in $launches; do
       count=12 profile_many chunked4096 prefill "mlxk_gated_delta_chunked" 24 MLXK_BENCH_T=4096 \
         MLXK_BENCH_CHUNK=64 ;;
     chunkedgrad4096)
-      flops_kind=fwdbwd count=16 profile_many chunkedgrad4096 grad "mlxk_gated_delta_chunked" 48 MLXK_BENCH_T=4096 ;;
+      flops_kind=fwdbwd count=16 profile_many chunkedgrad4096 gradchunked "mlxk_gated_delta_chunked" 14 MLXK_BENCH_T=4096 ;;
     *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, fromconv32, rowsB.R, replay32.R)"; exit 2 ;;
   esac
 done
