@@ -319,7 +319,7 @@ Result run_case(const EmuCase& c) {
   if (kind == "backward_chunked" || kind == "backward_chunked_masked") {
     return run_backward_chunked(c);
   }
-  if (kind == "chunk_scan") return run_chunked(c);
+  if (kind == "chunk_out") return run_chunked(c);
   Rng rng{c.seed ^ g_seed_offset};
   Built built;
   if (kind == "recurrence" || kind == "recurrence_masked" || kind == "replay") {
