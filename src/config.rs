@@ -9,6 +9,9 @@
 //!   own is ignored.
 //! - `MLXK_CUDA_INLINE_TEXT`: any value but empty or 0 keeps the CUDA kernel texts inline in
 //!   the launches instead of in files (`cuda::files`).
+//! - `MLXK_CUDA_TILES`: `tf32` (the default), `bf16` or `fma`, the form of the matrix tiles in
+//!   MLX CUDA launches (`cuda::TileForm`): tensor cores on tf32 or bf16 inputs, or float32
+//!   fused multiply-adds. Any other value is ignored.
 
 use std::sync::OnceLock;
 
@@ -21,6 +24,8 @@ pub struct Config {
     pub chunk_scan_columns: Option<usize>,
     /// `MLXK_CUDA_INLINE_TEXT` set to something other than empty or 0.
     pub cuda_inline_text: bool,
+    /// `MLXK_CUDA_TILES` when it names a form.
+    pub cuda_tiles: Option<crate::cuda::TileForm>,
 }
 
 impl Config {
@@ -36,6 +41,9 @@ impl Config {
             chunk_scan_columns: number("MLXK_CHUNK_SCAN_COLUMNS")
                 .filter(|vt| [8, 16, 32].contains(vt)),
             cuda_inline_text: matches!(inline.as_deref(), Ok(v) if !v.is_empty() && v != "0"),
+            cuda_tiles: std::env::var("MLXK_CUDA_TILES")
+                .ok()
+                .and_then(|v| crate::cuda::TileForm::from_name(&v)),
         }
     }
 }

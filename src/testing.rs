@@ -694,3 +694,34 @@ pub unsafe fn gpu_node_vjp(
         Ok(())
     })
 }
+
+/// Any launch description (`crate::metal`'s, e.g. `metal::tiles::tiles_check_launch`) run as
+/// the library runs its own: through `mx::fast::metal_kernel`, or through `cuda::launch` (the
+/// CUDA header, the tiles' CUDA form, CUDA's geometry) and `mx::fast::cuda_kernel` (`gpu =
+/// false`: on a CPU stream, where MLX refuses). One handle per launch output into `outs`.
+///
+/// # Safety
+/// `outs` has room for one handle per output of `launch`.
+pub unsafe fn gpu_launch(
+    kernels: GpuKernels,
+    gpu: bool,
+    launch: crate::bridge::MetalLaunch,
+    inputs: &[*const mlxk_array],
+    outs: &mut [*mut mlxk_array],
+) -> mlxk_status {
+    boundary("gpu_launch", || {
+        assert_eq!(launch.input_names.len(), inputs.len(), "one array per launch input");
+        assert_eq!(launch.output_names.len(), outs.len(), "one handle per launch output");
+        let mut mlx = registry::lock();
+        let arrays = inputs
+            .iter()
+            .zip(&launch.input_names)
+            .map(|(&h, name)| mlx.get(h, name))
+            .collect::<crate::error::Result<Vec<_>>>()?;
+        let outputs = crate::ops::gpu_node(None, || launch, &arrays, kernels.backend(gpu), None)?;
+        for (out, array) in outs.iter_mut().zip(outputs) {
+            *out = mlx.insert(array);
+        }
+        Ok(())
+    })
+}
