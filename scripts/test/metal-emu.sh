@@ -101,7 +101,7 @@ if stale "$OUT/executor.o" "$SRC/executor.cc" "${HEADERS[@]}"; then
   "$CXX" "${KFLAGS[@]}" -c "$SRC/executor.cc" -o "$OUT/executor.o" || fail "executor.cc"
 fi
 HARNESS_O=()  # the harness's files (harness.h), compiled
-for part in harness harness_cases harness_backward harness_backward_chunked harness_pool harness_chunked; do
+for part in harness harness_cases harness_backward harness_backward_chunked harness_pool harness_chunked harness_tiles; do
   HARNESS_O+=("$OUT/$part.o")
   if stale "$OUT/$part.o" "$SRC/$part.cc" "${HEADERS[@]}" "$ROOT/include/mlxkern.h"; then
     "$CXX" "${KFLAGS[@]}" -c "$SRC/$part.cc" -o "$OUT/$part.o" || fail "$part.cc"

@@ -580,6 +580,28 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let kind = if *scan { "chunk_scan" } else { "chunk_prep" };
             (l, kind, label, case_dims(d), inputs, extra)
         }
+        Kind::Tiles { items, m, k, n } => {
+            let u = |x: i64| x as usize;
+            let l = metal::tiles::tiles_check_launch(u(*items), u(*m), u(*k), u(*n));
+            assert_eq!(l.grid, [(128 * items) as i32, 1, 1]);
+            assert_eq!(l.threadgroup, [128, 1, 1]);
+            assert_eq!(l.header, metal::tiles::TILES_HEADER);
+            let inputs: Inputs = vec![
+                ("a", F32, vec![*items, *m, *k]),
+                ("b", F32, vec![*items, *k, *n]),
+                ("gate", F32, vec![*items, *m]),
+                ("c0", F32, vec![*items, *m, *n]),
+            ];
+            let label = format!("items {items} M {m} K {k} N {n}");
+            (
+                l,
+                "tiles",
+                label,
+                vec![*items, *m, *k, *n],
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
+        }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {
                 shape: shape.iter().map(|&d| d as usize).collect(),

@@ -163,7 +163,8 @@ int main(int argc, char** argv) {
                   r.stats.simd_collectives, r.stats.barriers);
     const KnownDifference* k = variant.empty() ? known_difference(c) : nullptr;
     const bool tolerance =
-        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_scan") == 0;
+        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_scan") == 0 ||
+        std::strcmp(c.kind, "tiles") == 0;
     if (r.exact && k == nullptr) {
       ++(tolerance ? within : passes);
       std::printf("PASS: %s %s %s: %s (%s); %s\n", tag.c_str(), c.kind, c.label,
