@@ -1,4 +1,4 @@
-// Matrix tiles for the chunked kernels' products, Metal form (docs/DESIGN.md §3, "Tiles"): the
+// Matrix tiles for the chunked kernels' products, Metal form (docs/backends.md, "Tiles"): the
 // header of the launches whose text multiplies matrices with them. The same API has an MLX CUDA
 // form (kernels/cuda/tiles.cuh, which src/cuda.rs puts in this text's place) and runs in the
 // Metal emulator on this very text (tests/metal_emu/metal_shim.h's simdgroup matrices).
