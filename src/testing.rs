@@ -710,8 +710,16 @@ pub unsafe fn gpu_launch(
     outs: &mut [*mut mlxk_array],
 ) -> mlxk_status {
     boundary("gpu_launch", || {
-        assert_eq!(launch.input_names.len(), inputs.len(), "one array per launch input");
-        assert_eq!(launch.output_names.len(), outs.len(), "one handle per launch output");
+        assert_eq!(
+            launch.input_names.len(),
+            inputs.len(),
+            "one array per launch input"
+        );
+        assert_eq!(
+            launch.output_names.len(),
+            outs.len(),
+            "one handle per launch output"
+        );
         let mut mlx = registry::lock();
         let arrays = inputs
             .iter()

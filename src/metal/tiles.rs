@@ -40,7 +40,11 @@ pub fn tiles_check_launch(items: usize, m: usize, k: usize, n: usize) -> MetalLa
         (m * k + k * n + m * m) * 4 <= 32 * 1024,
         "M {m} K {k} N {n}: over Metal's 32 KiB of threadgroup memory"
     );
-    let outputs = f32_outputs(vec![vec![items, m, n], vec![items, k, k], vec![items, m, m]]);
+    let outputs = f32_outputs(vec![
+        vec![items, m, n],
+        vec![items, k, k],
+        vec![items, m, m],
+    ]);
     let mut l = launch(
         "mlxk_tiles_check",
         TILES_CHECK_SOURCE.to_string(),

@@ -406,10 +406,21 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
     }
     // The matrix tiles' self-test and benchmark, in each tile form (kernels/cuda/tiles.cuh).
     for form in cuda::TileForm::ALL {
-        let l = cuda::with_tile_form(mlxkern::metal::tiles::tiles_check_launch(2, 32, 64, 32), form);
-        check(format!("tiles check {}", form.name()), l, vec![Dtype::Float32; 4]);
+        let l = cuda::with_tile_form(
+            mlxkern::metal::tiles::tiles_check_launch(2, 32, 64, 32),
+            form,
+        );
+        check(
+            format!("tiles check {}", form.name()),
+            l,
+            vec![Dtype::Float32; 4],
+        );
         let l = cuda::with_tile_form(mlxkern::metal::tiles::tiles_bench_launch(8, 32, 4), form);
-        check(format!("tiles bench {}", form.name()), l, vec![Dtype::Float32; 2]);
+        check(
+            format!("tiles bench {}", form.name()),
+            l,
+            vec![Dtype::Float32; 2],
+        );
     }
     println!(
         "PASS: {} CUDA kernel texts compile as MLX assembles them: {}",

@@ -126,15 +126,33 @@ fn check(rng: &mut Rng, form: TileForm, items: usize, m: usize, k: usize, n: usi
             }
         }
         let rel = bound(form, k);
-        worst[0] = worst[0].max(worst_ratio(&out[0][g * m * n..][..m * n], &y, &sy, rel, &extra));
+        worst[0] = worst[0].max(worst_ratio(
+            &out[0][g * m * n..][..m * n],
+            &y,
+            &sy,
+            rel,
+            &extra,
+        ));
         // z = Aᵀ A (a sum of m terms), w = A Aᵀ (k terms).
         let (z, sz) = product(k, m, k, |i, l| ag(l, i), ag);
         let zero = vec![0.0; k * k];
         let rz = bound(form, m);
-        worst[1] = worst[1].max(worst_ratio(&out[1][g * k * k..][..k * k], &z, &sz, rz, &zero));
+        worst[1] = worst[1].max(worst_ratio(
+            &out[1][g * k * k..][..k * k],
+            &z,
+            &sz,
+            rz,
+            &zero,
+        ));
         let (w, sw) = product(m, k, m, ag, |l, j| ag(j, l));
         let zero = vec![0.0; m * m];
-        worst[2] = worst[2].max(worst_ratio(&out[2][g * m * m..][..m * m], &w, &sw, rel, &zero));
+        worst[2] = worst[2].max(worst_ratio(
+            &out[2][g * m * m..][..m * m],
+            &w,
+            &sw,
+            rel,
+            &zero,
+        ));
     }
     worst
 }
@@ -148,7 +166,12 @@ fn tiles_products_within_bounds() {
     let _serial = serial();
     let mut rng = Rng::fresh();
     for form in TileForm::ALL {
-        for (items, m, k, n) in [(3, 32, 64, 32), (2, 16, 16, 64), (5, 64, 32, 16), (1, 48, 48, 48)] {
+        for (items, m, k, n) in [
+            (3, 32, 64, 32),
+            (2, 16, 16, 64),
+            (5, 64, 32, 16),
+            (1, 48, 48, 48),
+        ] {
             let w = check(&mut rng, form, items, m, k, n);
             println!(
                 "tiles {} items {items} M {m} K {k} N {n}: worst error / bound y {:.3} z {:.3} w {:.3} \
@@ -160,7 +183,10 @@ fn tiles_products_within_bounds() {
                 bound(form, k)
             );
             for (what, r) in ["y", "z", "w"].iter().zip(w) {
-                assert!(r <= 1.0, "{form:?} M {m} K {k} N {n}: {what} {r:.3} of its bound");
+                assert!(
+                    r <= 1.0,
+                    "{form:?} M {m} K {k} N {n}: {what} {r:.3} of its bound"
+                );
             }
         }
     }
@@ -191,9 +217,7 @@ fn tiles_speed() {
         for i in 0..12 {
             let mut out = [null_mut()];
             let start = std::time::Instant::now();
-            ok(unsafe {
-                gpu_launch(GpuKernels::Cuda, true, launch.clone(), &[a, b], &mut out)
-            });
+            ok(unsafe { gpu_launch(GpuKernels::Cuda, true, launch.clone(), &[a, b], &mut out) });
             ok(mlxk_array_eval(out[0]));
             let t = start.elapsed().as_secs_f64();
             if i >= 2 {
@@ -223,10 +247,13 @@ fn tiles_speed() {
                     .iter()
                     .zip(&last)
                     .fold(0.0f64, |m, (r, g)| m.max((*r as f64 - *g as f64).abs()));
-                println!("  largest difference from fma: {:.2e} of the largest |y|", worst / scale);
+                println!(
+                    "  largest difference from fma: {:.2e} of the largest |y|",
+                    worst / scale
+                );
                 // Each element sums reps · k terms of magnitude <= 1, so S <= reps · k.
-                let allowed = (bound(form, reps * k) + bound(TileForm::Fma, reps * k))
-                    * (reps * k) as f64;
+                let allowed =
+                    (bound(form, reps * k) + bound(TileForm::Fma, reps * k)) * (reps * k) as f64;
                 assert!(worst <= allowed, "{form:?}: {worst} > {allowed}");
             }
         }
