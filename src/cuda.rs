@@ -349,6 +349,33 @@ mod tests {
     }
 
     #[test]
+    fn tile_launches_carry_the_cuda_form_of_their_choice() {
+        use crate::metal::tiles::tiles_check_launch;
+        let configured = launch(tiles_check_launch(1, 32, 32, 32)).unwrap();
+        let text = resolved(&configured.header);
+        assert!(
+            !text.contains("simdgroup_float8x8"),
+            "the Metal form left in"
+        );
+        assert!(text.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"));
+        assert!(text.starts_with(&strip_comments(METAL_COMPAT_HEADER)));
+        let first = text.find("#define MLXK_TILE_FORM ").unwrap();
+        assert!(text[first..].starts_with(&TileForm::configured().define()));
+        for form in TileForm::ALL {
+            let l = launch(with_tile_form(tiles_check_launch(1, 32, 32, 32), form)).unwrap();
+            let text = resolved(&l.header);
+            // The form's line comes first (tiles.cuh's own default follows, under #ifndef).
+            let first = text.find("#define MLXK_TILE_FORM ").unwrap();
+            assert!(text[first..].starts_with(&form.define()), "{form:?}");
+            assert_eq!(TileForm::from_name(form.name()), Some(form));
+        }
+        assert_eq!(TileForm::from_name("fp32"), None);
+        // A launch without tiles keeps its header.
+        let plain = launch(metal("mlxk_gated_delta_step", [32, 4, 1], [32, 4, 1])).unwrap();
+        assert!(!resolved(&plain.header).contains("MLXK_TILE_FORM"));
+    }
+
+    #[test]
     fn comments_go_and_code_stays() {
         let text = "// head\n#define A(x) ((x) * 2)  // doubles\n\n  int y = A(1);\n  // x\n\
                     #define B \\\n  1\n";
