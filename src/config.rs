@@ -9,9 +9,9 @@
 //!   own is ignored.
 //! - `MLXK_CUDA_INLINE_TEXT`: any value but empty or 0 keeps the CUDA kernel texts inline in
 //!   the launches instead of in files (`cuda::files`).
-//! - `MLXK_CUDA_TILES`: `tf32` (the default), `bf16` or `fma`, the form of the matrix tiles in
-//!   MLX CUDA launches (`cuda::TileForm`): tensor cores on tf32 or bf16 inputs, or float32
-//!   fused multiply-adds. Any other value is ignored.
+//! - `MLXK_CUDA_TILES`: `fma` (the default), `tf32` or `bf16`, the form of the matrix tiles in
+//!   MLX CUDA launches (`cuda::TileForm`): float32 fused multiply-adds, or tensor cores on tf32
+//!   or bf16 inputs. Any other value is ignored.
 
 use std::sync::OnceLock;
 

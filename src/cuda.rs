@@ -25,10 +25,11 @@ pub const TILES_HEADER: &str = include_str!("../kernels/cuda/tiles.cuh");
 /// How the matrix tiles multiply on MLX CUDA (`kernels/cuda/tiles.cuh`, `MLXK_TILE_FORM`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TileForm {
-    /// Float32 fused multiply-adds, no tensor core: the reference form.
+    /// Float32 fused multiply-adds, no tensor core: the reference form, and the default (its
+    /// results keep the float32 bounds of the kernels' tests; tf32 and bf16 have their own).
     Fma,
     /// Tensor cores (`mma.sync` m16n8k8) on inputs rounded to tf32 (10-bit mantissa), float32
-    /// accumulation: the default.
+    /// accumulation.
     Tf32,
     /// Tensor cores on inputs rounded to bf16 (7-bit mantissa), float32 accumulation.
     Bf16,
@@ -61,9 +62,11 @@ impl TileForm {
         format!("#define MLXK_TILE_FORM {form}\n")
     }
 
-    /// The form CUDA launches take: `MLXK_CUDA_TILES`, else tf32.
+    /// The form CUDA launches take: `MLXK_CUDA_TILES`, else fma.
     pub fn configured() -> TileForm {
-        crate::config::get().cuda_tiles.unwrap_or(TileForm::Tf32)
+        crate::seams::cuda_tile_form()
+            .or(crate::config::get().cuda_tiles)
+            .unwrap_or(TileForm::Fma)
     }
 }
 

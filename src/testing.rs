@@ -161,6 +161,19 @@ pub fn from_conv_one_kernel_any_tokens(on: bool) {
     crate::seams::switches::FROM_CONV_ANY_T.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Makes MLX CUDA launches that use the matrix tiles take `form` (`None`: the configured one,
+/// `MLXK_CUDA_TILES` or fma), so that one process checks every form. Process-wide; the launches
+/// made afterwards see it.
+pub fn cuda_tile_form(form: Option<crate::cuda::TileForm>) {
+    let code = form.map_or(0, |f| {
+        1 + crate::cuda::TileForm::ALL
+            .iter()
+            .position(|&x| x == f)
+            .expect("a listed form") as u8
+    });
+    crate::seams::switches::CUDA_TILE_FORM.store(code, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Threads the CPU kernels use (the calling thread plus the pool's helpers).
 pub fn cpu_threads() -> usize {
     crate::cpu::pool::threads()

@@ -3,7 +3,7 @@
 // after metal_compat.cuh. One warp owns each tile; every operation is a warp collective.
 //
 // Three forms, chosen by MLXK_TILE_FORM (a line of the launch's header; src/cuda.rs writes it
-// from MLXK_CUDA_TILES, tf32 by default), all with one accumulator layout:
+// from MLXK_CUDA_TILES, fma by default), all with one accumulator layout:
 //   MLXK_TILE_TF32  mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: inputs rounded to tf32
 //                   by cvt.rna.tf32.f32 (10-bit mantissa, nearest, ties away: relative error
 //                   <= 2^-11 per input), float32 accumulation;
@@ -30,7 +30,7 @@
 #define MLXK_TILE_TF32 1
 #define MLXK_TILE_BF16 2
 #ifndef MLXK_TILE_FORM
-#define MLXK_TILE_FORM MLXK_TILE_TF32
+#define MLXK_TILE_FORM MLXK_TILE_FMA
 #endif
 
 namespace mlxk_tile {

@@ -11,8 +11,9 @@
 //! measured truncation). y = c0 + gate ⊙ (A B) adds two roundings of 2^-24 of
 //! |gate| S + |c0|. Masked elements (column > row) must be c0's bits exactly (c0 + 0).
 //!
-//! `tiles_speed` (ignored; run on the device, `scripts/cuda/device.sh tiles`) times a large
-//! product in the three forms in one process.
+//! `chunked_backward_in_every_tile_form` runs the chunked backward in each form
+//! (tests/cuda/chunked_grad.rs gives its bounds). `tiles_speed` (ignored; run on the device,
+//! `scripts/cuda/device.sh tiles`) times a large product in the three forms in one process.
 
 use super::*;
 use mlxkern::cuda::TileForm;
@@ -191,6 +192,20 @@ fn tiles_products_within_bounds() {
         }
     }
     println!("PASS: tiles: every form within its bounds, masks exact");
+}
+
+/// The chunked backward, whose sequential stages multiply on the tiles, in each tile form
+/// within that form's bounds (tests/cuda/chunked_grad.rs).
+#[test]
+fn chunked_backward_in_every_tile_form() {
+    if !cuda() {
+        eprintln!("skipped: the loaded MLX has no CUDA backend; `make test-cuda` runs this");
+        return;
+    }
+    let _serial = serial();
+    let mut rng = Rng::fresh();
+    crate::chunked_grad::chunked_backward_tile_forms(&mut rng);
+    println!("PASS: tiles: the chunked backward within its bounds in every tile form");
 }
 
 /// Times `reps` repetitions of a 64 x k x 64 product per work item over `items` items in each

@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
   }
   const std::string backward =
       within
-          ? "; " + std::to_string(within) + " backward and chunked cases within tolerance, invariants exact"
+          ? "; " + std::to_string(within) + " backward, chunked and tile cases within tolerance, invariants exact"
           : "";
   if (known) {
     std::printf("PASS: %s: %d cases bit-identical; %d known differences (README.md)%s\n",
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     std::printf("PASS: %s: all %d cases bit-identical%s\n", tag.c_str(), passes,
                 backward.c_str());
   } else {
-    std::printf("PASS: %s: %d backward cases within tolerance, invariants exact\n", tag.c_str(),
+    std::printf("PASS: %s: %d backward, chunked and tile cases within tolerance, invariants exact\n", tag.c_str(),
                 within);
   }
   return 0;
