@@ -9,6 +9,9 @@
 //!   own is ignored.
 //! - `MLXK_CUDA_INLINE_TEXT`: any value but empty or 0 keeps the CUDA kernel texts inline in
 //!   the launches instead of in files (`cuda::files`).
+//! - `MLXK_CUDA_TILES`: `fma` (the default), `tf32` or `bf16`, the form of the matrix tiles in
+//!   MLX CUDA launches (`cuda::TileForm`): float32 fused multiply-adds, or tensor cores on tf32
+//!   or bf16 inputs. Any other value is ignored.
 
 use std::sync::OnceLock;
 
@@ -21,6 +24,8 @@ pub struct Config {
     pub chunk_state_columns: Option<usize>,
     /// `MLXK_CUDA_INLINE_TEXT` set to something other than empty or 0.
     pub cuda_inline_text: bool,
+    /// `MLXK_CUDA_TILES` when it names a form.
+    pub cuda_tiles: Option<crate::cuda::TileForm>,
 }
 
 impl Config {
@@ -36,6 +41,9 @@ impl Config {
             chunk_state_columns: number("MLXK_CHUNK_STATE_COLUMNS")
                 .filter(|vt| [8, 16, 32].contains(vt)),
             cuda_inline_text: matches!(inline.as_deref(), Ok(v) if !v.is_empty() && v != "0"),
+            cuda_tiles: std::env::var("MLXK_CUDA_TILES")
+                .ok()
+                .and_then(|v| crate::cuda::TileForm::from_name(&v)),
         }
     }
 }

@@ -12,7 +12,9 @@
 #           SOAK_CHUNKED (default 1; 0 for exact calls only)
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
-# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [soak] [chunked] (test and bench by
+#   tiles   test_cuda's matrix-tile cases (tests/cuda/tiles.rs): every tile form (fma, tf32,
+#           bf16) against float64 products, then their timing on a large product
+# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [soak] [chunked] [tiles] (test and bench by
 # default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
@@ -62,6 +64,11 @@ if [[ " $what " == *" chunked "* ]]; then
     "$carry"/wheels/*.whl >/dev/null 2>&1
   PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla.py "$out/fla-prefill.jsonl" \
     prefill 2>&1 | tee "$out/fla-prefill.log"
+fi
+if [[ " $what " == *" tiles "* ]]; then
+  "$carry/test_cuda" --test-threads=1 --nocapture --include-ignored tiles:: 2>&1 |
+    tee "$out/test-tiles.log"
+  status=$((status | PIPESTATUS[0]))
 fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)
