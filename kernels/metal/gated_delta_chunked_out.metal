@@ -16,11 +16,19 @@
 // gradient), then p [B·Hv, Tp, C], gam [B·Hv, Tp], states [B·Hv, NC + 1, Dv, Dk], u
 // [B·Hv, Tp, Dv] (f32, Tp = NC·C). Outputs y [B, T, Hv, Dv] (InT; +0 for a masked token; a
 // padded row of the last chunk is not written) and state_out [B, Hv, Dv, Dk] (f32).
+// With MLXK_POOL defined (a pool or packed call; the launch's header): grid (NT·NCH,
+// ceil(Dv / VO), Hv), chunk j of the prep's chunk table per grid x; inputs q, the mask (where
+// given), rows [R, 5] (node::gated_delta::Pool), chunks [NCH, 2], then p, gam, u [Hv, NCH·C, ·]
+// and states [Hv, NCH + R, Dv, Dk] (gated_delta_chunked_state.metal); output y only (the state
+// pass writes the rows' states: the pool's node has no gradient). A row's y covers its span
+// tokens from tok0 (+0 past len: all of a padding row's).
+#ifndef MLXK_POOL
     (void)k;  // the exact update's inputs that only the gradient reads
     (void)v;
     (void)g;
     (void)beta;
     (void)state_in;
+#endif
     constexpr int NT = C * VO / 16;       // threads a threadgroup
     constexpr int RG = C / 4;             // row groups: thread tid owns rows rg + RG·i, i < 4,
     constexpr int CG = VO / 4;            // and columns cg + CG·j, j < 4 (rg = tid / CG)
@@ -32,22 +40,38 @@
     constexpr int NA = Dk / KP;           // a chunk's steps: NA panels of Q and H_c,
     constexpr int NP = C / KP;            // then NP of P and U
     constexpr int NS = NA + NP;
+    const int tid = int(thread_position_in_threadgroup.x);
+    const int tile = int(threadgroup_position_in_grid.y);
+#ifdef MLXK_POOL
+    // Grid x: chunk jc of the chunk table, chunk c of row r, whose tokens start at tok0 of the
+    // flattened token axis; it runs T = len of its span tokens (the rest get y = +0).
+    (void)q_shape;  // MLX passes it (the text names it), unused here
+    const int jc = int(threadgroup_position_in_grid.x);
+    const int hv_idx = int(threadgroup_position_in_grid.z);
+    const int r = chunks[2 * jc], c = chunks[2 * jc + 1];
+    const size_t base = size_t(rows[5 * r]);
+    const int span = rows[5 * r + 1], T = rows[5 * r + 2];
+    const int NCH = chunks_shape[0], R = rows_shape[0];
+    const size_t row0 = (size_t(hv_idx) * size_t(NCH) + jc) * C;
+    const size_t slot = (size_t(hv_idx) * size_t(NCH + R) + jc + r) * Dv;
+#else
     const int T = q_shape[1];  // q: [B, T, Hk, Dk]
     const int NC = (T + C - 1) / C;
-    const int tid = int(thread_position_in_threadgroup.x);
     const int c = int(threadgroup_position_in_grid.x);
-    const int tile = int(threadgroup_position_in_grid.y);
     const int n = int(threadgroup_position_in_grid.z);
     const int b_idx = n / Hv;
     const int hv_idx = n % Hv;
+    const int span = T;
+    const size_t base = size_t(b_idx) * T;  // the row's first token (flattened)
+    const size_t row0 = size_t(n) * size_t(NC) * C + c * C;  // the chunk's first row of p, gam, u
+    const size_t slot = (size_t(n) * size_t(NC + 1) + c) * Dv;  // H_c's first row in states
+#endif
     const int hk_idx = hv_idx / (Hv / Hk);
     const int rg = tid / CG;
     const int cg = tid % CG;
     const int t0 = c * C;
     const int d0 = tile * VO;
-    const size_t row0 = size_t(n) * size_t(NC) * C + t0;  // the chunk's first row of p, gam, u
-    const size_t slot = (size_t(n) * size_t(NC + 1) + c) * Dv;  // H_c's first row in states
-    const size_t qk0 = (size_t(b_idx) * T + t0) * Hk * Dk + hk_idx * Dk;
+    const size_t qk0 = (base + t0) * Hk * Dk + hk_idx * Dk;
 
     threadgroup float sa[KP * CP];  // the row-role panel: Q or P, column-major
     threadgroup float sc[KP * VP];  // the column-role panel: H_c or U, row-major
@@ -129,23 +153,25 @@
       }
     }
 
-    // y = γ Q H_c + P U; +0 for a masked token; the last chunk's padded rows are not written.
+    // y = γ Q H_c + P U; +0 for a masked token (and a token of the span past T); the last
+    // chunk's padded rows are not written.
     for (int i = 0; i < 4; ++i) {
       const int tt = t0 + rg + RG * i;
-      if (tt < T) {
-        bool act = true;
+      if (tt < span) {
+        bool act = tt < T;
 #ifdef MLXK_MASKED
-        act = mask[b_idx * T + tt];
+        act = act && mask[base + tt];
 #endif
-        for (int j = 0; j < 4; ++j) {
-          const int d = d0 + cg + CG * j;
+        for (int jj = 0; jj < 4; ++jj) {
+          const int d = d0 + cg + CG * jj;
           if (d < Dv) {
-            y[((size_t(b_idx) * T + tt) * Hv + hv_idx) * Dv + d] =
-                act ? static_cast<InT>(gr[i] * ay[i][j] + py[i][j]) : static_cast<InT>(0);
+            y[((base + tt) * Hv + hv_idx) * Dv + d] =
+                act ? static_cast<InT>(gr[i] * ay[i][jj] + py[i][jj]) : static_cast<InT>(0);
           }
         }
       }
     }
+#ifndef MLXK_POOL
     // The final state (slot NC), the tile's columns, from the last chunk's threadgroups.
     if (c == NC - 1) {
       const size_t last = (size_t(n) * size_t(NC + 1) + NC) * Dv;
@@ -154,3 +180,4 @@
         if (d < Dv) state_out[(size_t(n) * Dv + d) * Dk + kq] = states[(last + d) * Dk + kq];
       }
     }
+#endif

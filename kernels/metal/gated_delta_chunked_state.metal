@@ -10,11 +10,18 @@
 // Products: two panel products a step, each a loop over a (rows x KP) x (KP x VT) block of
 // threadgroup memory: W's panel (C x KP) times H's rows k0 .. k0 + KP, Kdᵀ's panel (Dk x KP)
 // times U's rows s0 .. s0 + KP.
-// Launch: grid (256, ceil(Dv / VT), B·Hv), threadgroup (256, 1, 1); template Dk, Dv, C, VT
+// Launch: grid (256, ceil(Dv / VT), B·Hv), threadgroup (256, 1, 1); template Dk, Dv, Hv, C, VT
 // (8, 16 or 32). Inputs: state_in [B, Hv, Dv, Dk] (f32), w [B·Hv, Tp, Dk], u0 [B·Hv, Tp, Dv],
 // kd [B·Hv, Tp, Dk], gam [B·Hv, Tp] (f32, Tp = NC·C). Outputs (f32): states
 // [B·Hv, NC + 1, Dv, Dk] (slot c: the state entering chunk c, laid out as the state; slot NC:
 // the final state), u [B·Hv, Tp, Dv].
+// With MLXK_POOL defined (a pool or packed call; the launch's header), grid z is (row, value
+// head) of R·Hv; after gam come rows [R, 5] (node::gated_delta::Pool) and firsts [R + 1] (row
+// r's chunks are chunks firsts[r] .. firsts[r + 1] − 1 of the prep's chunk table): the state
+// starts from the pool's row src (state_in [N, Hv, Dv, Dk]; zeros where src < 0), w, u0, kd,
+// gam and u are [Hv, NCH·C, ·], states [Hv, NCH + R, Dv, Dk] (row r's slots f + r for its
+// chunks f, then its final state), and the final state also goes to row dst of state_out
+// [W, Hv, Dv, Dk] (not where dst < 0). The pool's node has no gradient, so this pass writes it.
     constexpr int NT = 256;                // threads a threadgroup
     constexpr int CC = VT >= 16 ? 4 : 2;   // tile columns a thread owns: cb + CB·c, c < CC
     constexpr int CB = VT / CC;
@@ -30,23 +37,43 @@
     constexpr int NA = Dk / KP;            // a chunk's steps: NA panels of W,
     constexpr int NP = C / KP;             // then NP of Kd
     constexpr int NS = NA + NP;
-    const int NC = w_shape[1] / C;
     const int tid = int(thread_position_in_threadgroup.x);
     const int tile = int(threadgroup_position_in_grid.y);
     const int n = int(threadgroup_position_in_grid.z);
     const int cb = tid % CB;
     const int rb = tid / CB;
+#ifdef MLXK_POOL
+    // Row r's NC chunks are chunks f0 .. f0 + NC − 1 of the table; its slots of states
+    // f0 + r .. f0 + r + NC (of NCH + R a value head).
+    const int r = n / Hv, hv_idx = n % Hv;
+    const int NCH = w_shape[1] / C;
+    const int R = firsts_shape[0] - 1;
+    const int f0 = firsts[r];
+    const int NC = firsts[r + 1] - f0;
+    const int src = rows[5 * r + 3], dst = rows[5 * r + 4];
+    const size_t head = (size_t(hv_idx) * size_t(NCH) + f0) * C;
+    const size_t kept = size_t(hv_idx) * size_t(NCH + R) + f0 + r;
+#else
+    const int NC = w_shape[1] / C;
     const size_t head = size_t(n) * size_t(NC) * C;  // the head's first row of w, u0, kd, u
     const size_t kept = size_t(n) * size_t(NC + 1);  // the head's first slot of states
+#endif
 
     threadgroup float ht[Dk][VT];  // H's tile
     threadgroup float us[C][VT];   // U's tile
     threadgroup float sb[SB];      // the panel: W (column-major) or Kd (token-major)
 
-    // state_in [B, Hv, Dv, Dk]: H[k][d] = S[d][k] (k fastest: the reads are contiguous).
+    // state_in [B, Hv, Dv, Dk]: H[k][d] = S[d][k] (k fastest: the reads are contiguous). On a
+    // pool: its row src (zeros where src < 0).
     for (int e = tid; e < Dk * VT; e += NT) {
       const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
+#ifdef MLXK_POOL
+      ht[kq][cc] = d < Dv && src >= 0
+                       ? state_in[((size_t(src) * Hv + hv_idx) * Dv + d) * Dk + kq]
+                       : 0.0f;
+#else
       ht[kq][cc] = d < Dv ? state_in[(size_t(n) * Dv + d) * Dk + kq] : 0.0f;
+#endif
     }
 
     // Every step's panel is loaded into registers (pf) while the step before it computes,
@@ -67,7 +94,7 @@
     // Step 0 of chunk 0.
     for (int i = 0; i < PE; ++i) {
       const int e = tid + NT * i, t = e / KP, j = e % KP;
-      pf[i] = e < C * KP ? w[(head + t) * Dk + j] : 0.0f;
+      pf[i] = NC > 0 && e < C * KP ? w[(head + t) * Dk + j] : 0.0f;
     }
     for (int c = 0; c < NC; ++c) {
       const size_t row0 = head + size_t(c) * C;
@@ -186,8 +213,13 @@
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
-    // The final state to slot NC.
+    // The final state to slot NC (on a pool also to row dst of state_out, where dst ≥ 0).
     for (int e = tid; e < Dk * VT; e += NT) {
       const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
       if (d < Dv) states[((kept + NC) * Dv + d) * Dk + kq] = ht[kq][cc];
+#ifdef MLXK_POOL
+      if (d < Dv && dst >= 0) {
+        state_out[((size_t(dst) * Hv + hv_idx) * Dv + d) * Dk + kq] = ht[kq][cc];
+      }
+#endif
     }

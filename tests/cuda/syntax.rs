@@ -152,7 +152,7 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
             "state_in" | "dstate_out" => Dtype::Float32,
             "dy" => n.dtype,
             "mask" => Dtype::Bool,
-            "lengths" | "Tin" | "rows" => Dtype::Int32,
+            "lengths" | "Tin" | "rows" | "chunks" | "firsts" => Dtype::Int32,
             "w" | "u0" | "kd" | "p" | "gam" | "states" | "u" => Dtype::Float32,
             "a_log" => n.gates.a_log,
             "dt_bias" => n.gates.dt_bias,
@@ -326,6 +326,45 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                         inputs,
                     );
                 }
+                // The same three on a pool (src/ops/gated_delta/graph.rs
+                // `build_gpu_chunked_pool`): 7 chunks over R = 32 rows, 5 of them written.
+                let mut p = n;
+                p.pool = Some(Pool {
+                    slots: 40,
+                    write: PoolWrite::Rows(5),
+                    packed: false,
+                });
+                for fused_gates in [true, false] {
+                    let prep = gated_delta_chunked_pool_prep_launch(&p, 7);
+                    let prep = if fused_gates {
+                        cuda::with_fused_gates(prep)
+                    } else {
+                        prep
+                    };
+                    let inputs = gated_delta_inputs(&prep, &p, fused_gates);
+                    check(
+                        format!(
+                            "chunk pool prep {dtype:?} masked={masked} C={chunk} Dk={dk} fused gates={fused_gates}"
+                        ),
+                        prep,
+                        inputs,
+                    );
+                }
+                let vt = chunk_state_columns_for(p.dims, chunk, true);
+                let state = gated_delta_chunked_pool_state_launch(&p, 7, vt);
+                let inputs = gated_delta_inputs(&state, &p, false);
+                check(
+                    format!("chunk pool state {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt}"),
+                    state,
+                    inputs,
+                );
+                let out = gated_delta_chunked_pool_out_launch(&p, 7);
+                let inputs = gated_delta_inputs(&out, &p, false);
+                check(
+                    format!("chunk pool out {dtype:?} masked={masked} C={chunk} Dk={dk} Dv={dv}"),
+                    out,
+                    inputs,
+                );
             }
         }
         let n = gated_delta_node(dtype, gate, Form::State, false);

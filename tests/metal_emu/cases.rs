@@ -359,6 +359,7 @@ pub(super) fn cases() -> Vec<Case> {
             eps: 0.0,
         });
     }
+    chunked_pool_cases(&mut list);
     list
 }
 
@@ -413,4 +414,60 @@ fn chunked_cases(list: &mut Vec<Case>) {
     all(F32, F32, dims(1, 130, 1, 2, 128, 64), true, true, 64);
     all(F32, F32, dims(1, 150, 1, 2, 32, 4), false, true, 128);
     all(F32, F32, dims(2, 70, 1, 2, 64, 72), true, true, 32);
+}
+
+/// The chunked update on a pool: the dense call it must equal (every row padded to the
+/// longest, the padding masked; its three cases also run as a chunked case of their own), then
+/// the pool's three launches.
+fn chunked_pool_cases(list: &mut Vec<Case>) {
+    let mut pool = |dtype: Dtype, d: Dims, masked: bool, chunk: usize, n: usize, slots: &[i32], fresh: &[u8], cu: Option<Vec<i32>>| {
+        let r = slots.len() as i64;
+        let longest = match &cu {
+            Some(cu) => cu.windows(2).map(|w| (w[1] - w[0]) as i64).max().unwrap_or(0),
+            None => d.t,
+        };
+        let padded = dims(r, longest, d.hk, d.hv, d.dk, d.dv);
+        let node_dims = gd::Dims {
+            b: r as usize,
+            t: longest as usize,
+            hk: d.hk as usize,
+            hv: d.hv as usize,
+            dk: d.dk as usize,
+            dv: d.dv as usize,
+        };
+        let c = metal::gated_delta::chunked::gpu_chunk(chunk_size(chunk));
+        let columns = metal::gated_delta::chunked::chunk_state_columns_for(node_dims, c, false);
+        for stage in 0..3 {
+            list.push(Case {
+                kind: Kind::Chunked { d: padded, masked: true, with_state: true, chunk, stage, columns },
+                dtype,
+                aux: dtype,
+                eps: 0.0,
+            });
+        }
+        for stage in 0..3 {
+            list.push(Case {
+                kind: Kind::ChunkedPool {
+                    d,
+                    masked,
+                    chunk,
+                    stage,
+                    n,
+                    slots: slots.to_vec(),
+                    fresh: fresh.to_vec(),
+                    cu: cu.clone(),
+                },
+                dtype,
+                aux: dtype,
+                eps: 0.0,
+            });
+        }
+    };
+    // Dense rows with a padding row, a fresh row and a mask (row 0 fully masked); packed
+    // sequences of lengths 0, 1, 40 and 5 (a chunk starting mid-chunk of the tokens, an empty
+    // sequence keeping its slot's state) and a padding sequence; chunks of 16 and 32; GQA.
+    pool(BF16, dims(3, 37, 1, 2, 32, 8), true, 16, 5, &[3, -1, 0], &[0, 0, 1], None);
+    pool(F32, dims(2, 20, 2, 4, 64, 40), false, 32, 3, &[1, 2], &[0, 1], None);
+    pool(BF16, dims(1, 46, 1, 2, 32, 8), false, 16, 6, &[2, 0, 4, -1, 5], &[0, 1, 0, 0, 0], Some(vec![0, 0, 1, 41, 46, 46]));
+    pool(F16, dims(1, 90, 2, 4, 128, 12), false, 32, 3, &[1, 0, 2], &[0, 0, 1], Some(vec![0, 33, 33, 90]));
 }

@@ -634,6 +634,119 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 "masked 0\nwith_state 0\n".to_string(),
             )
         }
+        Kind::ChunkedPool {
+            d,
+            masked,
+            chunk,
+            stage,
+            n,
+            slots,
+            fresh,
+            cu,
+        } => {
+            use metal::gated_delta::chunked;
+            let r = slots.len();
+            assert_eq!(fresh.len(), r);
+            match cu {
+                Some(cu) => assert!(d.b == 1 && !*masked && cu.len() == r + 1 && cu[r] as i64 == d.t),
+                None => assert_eq!(d.b as usize, r),
+            }
+            // src/ops/gated_delta/pool.rs `row_table` on a GPU (compact numbering): per row
+            // (tok0, span, len, src, dst).
+            let mut table = Vec::new();
+            let mut written = 0;
+            for (i, &slot) in slots.iter().enumerate() {
+                let (tok0, span) = match cu {
+                    Some(cu) => (cu[i], cu[i + 1] - cu[i]),
+                    None => (i as i32 * d.t as i32, d.t as i32),
+                };
+                let len = if slot < 0 { 0 } else { span };
+                let src = if slot < 0 || fresh[i] != 0 { -1 } else { slot };
+                let dst = if slot < 0 { -1 } else { written += 1; written - 1 };
+                table.extend([tok0, span, len, src, dst]);
+            }
+            let mut node = gated_delta_node(d, c, Form::Chunked { chunk: chunk_size(*chunk) }, *masked, true);
+            node.dims.b = r;
+            node.pool = Some(gd::Pool {
+                slots: *n,
+                write: gd::PoolWrite::Rows(written as usize),
+                packed: cu.is_some(),
+            });
+            let cg = chunked::gpu_chunk(chunk_size(*chunk));
+            let (chunks, firsts) = chunked::pool_chunk_table(&table, cg);
+            assert_eq!(firsts.len(), r + 1);
+            let nch = (chunks.len() / 2) as i64;
+            let (hv, dv, dk) = (d.hv, d.dv, d.dk);
+            let rows = nch * cg as i64;
+            let columns = chunked::chunk_state_columns_for(node.dims, cg, false);
+            let mut inputs: Inputs = vec![];
+            let kind = ["chunk_pool_prep", "chunk_pool_state", "chunk_pool_out"][*stage];
+            let l = match stage {
+                0 => {
+                    inputs.extend(gd_inputs(c, d, F32, &["q", "k", "v", "g", "beta"]));
+                    if *masked {
+                        inputs.extend(gd_input(c, d, F32, "mask"));
+                    }
+                    inputs.push(("rows", Dtype::Int32, vec![r as i64, 5]));
+                    inputs.push(("chunks", Dtype::Int32, vec![nch, 2]));
+                    let l = chunked::gated_delta_chunked_pool_prep_launch(&node, nch as usize);
+                    assert_eq!(l.grid, [256, nch as i32, hv as i32]);
+                    l
+                }
+                1 => {
+                    inputs = vec![
+                        ("state_in", F32, vec![*n as i64, hv, dv, dk]),
+                        ("w", F32, vec![hv, rows, dk]),
+                        ("u0", F32, vec![hv, rows, dv]),
+                        ("kd", F32, vec![hv, rows, dk]),
+                        ("gam", F32, vec![hv, rows]),
+                        ("rows", Dtype::Int32, vec![r as i64, 5]),
+                        ("firsts", Dtype::Int32, vec![r as i64 + 1]),
+                    ];
+                    let l = chunked::gated_delta_chunked_pool_state_launch(&node, nch as usize, columns);
+                    assert_eq!(l.grid, [256, (dv as usize).div_ceil(columns) as i32, (r as i64 * hv) as i32]);
+                    assert_eq!(l.output_names, ["states", "u", "state_out"]);
+                    l
+                }
+                _ => {
+                    inputs.extend(gd_inputs(c, d, F32, &["q"]));
+                    if *masked {
+                        inputs.extend(gd_input(c, d, F32, "mask"));
+                    }
+                    inputs.extend([
+                        ("rows", Dtype::Int32, vec![r as i64, 5]),
+                        ("chunks", Dtype::Int32, vec![nch, 2]),
+                        ("p", F32, vec![hv, rows, cg as i64]),
+                        ("gam", F32, vec![hv, rows]),
+                        ("states", F32, vec![hv, nch + r as i64, dv, dk]),
+                        ("u", F32, vec![hv, rows, dv]),
+                    ]);
+                    let l = chunked::gated_delta_chunked_pool_out_launch(&node, nch as usize);
+                    let threads = chunked::chunk_out_threads(cg, dv as usize) as i64;
+                    assert_eq!(l.grid[0] as i64, threads * nch);
+                    l
+                }
+            };
+            let list = |v: &[i32]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ");
+            let fresh32: Vec<i32> = fresh.iter().map(|&f| f as i32).collect();
+            let mut extra = format!(
+                "masked {}\nwith_state 1\npool_n {n}\nslots {}\nfresh {}\ncheckpoint {chunk}\n",
+                *masked as i32,
+                list(slots),
+                list(&fresh32)
+            );
+            if let Some(cu) = cu {
+                extra += &format!("cu_seqlens {}\n", list(cu));
+            }
+            let label = format!(
+                "{}{} {} chunk {chunk} (runs {cg}) N={n} slots {slots:?} fresh {fresh:?} W={written} chunks {nch}{}",
+                head_label(c, *masked),
+                match cu { Some(cu) => format!(" packed cu_seqlens {cu:?}"), None => String::new() },
+                dims_label(d),
+                format!(" state tile {columns}"),
+            );
+            (l, kind, label, case_dims(d), inputs, extra)
+        }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {
                 shape: shape.iter().map(|&d| d as usize).collect(),

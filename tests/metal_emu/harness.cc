@@ -152,7 +152,9 @@ int main(int argc, char** argv) {
     // The chunked backward's later stages run with their stage 0 case.
     if (std::strcmp(c.kind, "backward_chunked_stage") == 0) continue;
     // A chunk prep and state case run with their output pass's case (two and one later).
-    if (std::strcmp(c.kind, "chunk_prep") == 0 || std::strcmp(c.kind, "chunk_state") == 0) {
+    if (std::strcmp(c.kind, "chunk_prep") == 0 || std::strcmp(c.kind, "chunk_state") == 0 ||
+        std::strcmp(c.kind, "chunk_pool_prep") == 0 ||
+        std::strcmp(c.kind, "chunk_pool_state") == 0) {
       continue;
     }
     const Result r = run_case(c);

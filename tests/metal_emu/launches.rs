@@ -164,6 +164,22 @@ enum Kind {
         /// The state pass's tile of value columns (8, 16 or 32).
         columns: usize,
     },
+    /// One launch of the chunked update on a pool (src/ops/gated_delta/graph.rs
+    /// `build_gpu_chunked_pool`): `stage` 0 the prep, 1 the state pass, 2 the output pass over
+    /// the chunk table of the rows `slots` (`fresh` flags; `cu`: packed sequences, B = 1) of a
+    /// pool of `n` rows. The three cases follow the three of the dense call they must equal
+    /// (`Kind::Chunked`: every row padded to the longest, the padding masked) and run together,
+    /// with those, from the output pass's case.
+    ChunkedPool {
+        d: Dims,
+        masked: bool,
+        chunk: usize,
+        stage: usize,
+        n: usize,
+        slots: Vec<i32>,
+        fresh: Vec<u8>,
+        cu: Option<Vec<i32>>,
+    },
     /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
     /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
     /// choice). `twin`: the id of a case with the same inputs (same draws) and another
@@ -304,6 +320,7 @@ fn main() {
             Kind::Backward { twin: Some(t), .. } => t,
             Kind::ChunkedBackward { first, .. } => first,
             Kind::Chunked { stage, .. } => id - stage,
+            Kind::ChunkedPool { stage, .. } => id - stage,
             _ => id,
         };
         let (file, defines) = locate_source(root, &launch);

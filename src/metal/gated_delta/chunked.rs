@@ -148,8 +148,14 @@ pub fn gated_delta_chunked_state_launch(n: &gated_delta::Node, columns: usize) -
     );
     l.grid = [256, d.dv.div_ceil(columns) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [256, 1, 1];
-    l.template_int_names = names(&["Dk", "Dv", "C", "VT"]);
-    l.template_int_values = vec![d.dk as i32, d.dv as i32, chunk as i32, columns as i32];
+    l.template_int_names = names(&["Dk", "Dv", "Hv", "C", "VT"]);
+    l.template_int_values = vec![
+        d.dk as i32,
+        d.dv as i32,
+        d.hv as i32,
+        chunk as i32,
+        columns as i32,
+    ];
     l
 }
 
@@ -251,6 +257,130 @@ pub fn chunk_state_columns_for(d: gated_delta::Dims, chunk: usize, cuda: bool) -
         vt /= 2;
     }
     vt
+}
+
+/// A pool node's chunk table (`node.pool`, `Form::Chunked`), from its row table `[R, 5]`
+/// (`node::gated_delta::Pool`: tok0, span, len, src, dst): row r's ceil(span / C) chunks in
+/// order, as `chunks` `[NCH, 2]` (row, chunk of the row) and `firsts` `[R + 1]` (row r's chunks
+/// are `firsts[r] .. firsts[r + 1]`). Each chunk belongs to one row, so a sequence's chunks
+/// start at its first token whatever the lengths before it.
+pub fn pool_chunk_table(table: &[i32], chunk: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut chunks = Vec::new();
+    let mut firsts = vec![0];
+    for (r, row) in table.chunks_exact(5).enumerate() {
+        let count = (row[1].max(0) as usize).div_ceil(chunk);
+        for c in 0..count {
+            chunks.extend([r as i32, c as i32]);
+        }
+        firsts.push((chunks.len() / 2) as i32);
+    }
+    (chunks, firsts)
+}
+
+/// The header of a chunked launch on a pool node: `CHUNK_MASK_HEADER` where masked, then
+/// `super::POOL_HEADER`.
+fn pool_header(n: &gated_delta::Node) -> String {
+    let mask = if n.has_mask { CHUNK_MASK_HEADER } else { "" };
+    format!("{mask}{}", super::POOL_HEADER)
+}
+
+/// The prep launch of a pool node `n` (`Form::Chunked`, `n.pool` set; R = `n.dims.b` rows)
+/// with `chunks` chunks in its table (`pool_chunk_table`, at least one): grid (256, NCH, Hv).
+/// Inputs: the pool node's Metal inputs without the state (q, k, v, g, beta, the mask where
+/// given, rows), then `chunks`; outputs `CHUNK_PARTS`, `[Hv, NCH·C, ·]`.
+pub fn gated_delta_chunked_pool_prep_launch(n: &gated_delta::Node, chunks: usize) -> MetalLaunch {
+    assert!(n.pool.is_some() && chunks > 0, "a pool node with chunks");
+    let chunk = launch_chunk(n);
+    let mut l = gated_delta_chunked_prep_launch(n);
+    l.input_names.push("chunks".to_string());
+    let d = gated_delta::Dims {
+        b: 1,
+        t: chunks * chunk,
+        ..n.dims
+    };
+    let (output_dims, output_ndims, _) = crate::node::flatten(&chunk_parts(d, chunk));
+    l.output_dims = output_dims;
+    l.output_ndims = output_ndims;
+    l.name.push_str("_pool");
+    l.header = pool_header(n);
+    l.grid = [256, chunks as i32, n.dims.hv as i32];
+    l
+}
+
+/// The state pass of a pool node (R = `n.dims.b` rows, `chunks` chunks in its table): grid
+/// (256, ceil(Dv / VT), R·Hv). Inputs `CHUNK_STATE_INPUTS` (the pool as state_in), rows,
+/// firsts; outputs `CHUNK_STATE_OUTPUTS` (`[Hv, NCH + R, Dv, Dk]`, `[Hv, NCH·C, Dv]`) and the
+/// node's state output (the written rows `[W, Hv, Dv, Dk]`, one row no thread writes where W
+/// is 0, as for the exact pool launch).
+pub fn gated_delta_chunked_pool_state_launch(
+    n: &gated_delta::Node,
+    chunks: usize,
+    columns: usize,
+) -> MetalLaunch {
+    assert!(n.pool.is_some(), "a pool node");
+    let d = n.dims;
+    let chunk = launch_chunk(n);
+    let mut l = gated_delta_chunked_state_launch(n, columns);
+    l.input_names
+        .extend(["rows".to_string(), "firsts".to_string()]);
+    let f32 = |shape: Vec<usize>| Output {
+        shape,
+        dtype: Dtype::Float32,
+    };
+    let mut rows = n.outputs().pop().expect("a pool node's state output");
+    rows.shape[0] = rows.shape[0].max(1);
+    let outputs = [
+        f32(vec![d.hv, chunks + d.b, d.dv, d.dk]),
+        f32(vec![d.hv, chunks * chunk, d.dv]),
+        rows,
+    ];
+    let (output_dims, output_ndims, output_dtypes) = crate::node::flatten(&outputs);
+    l.output_names.push("state_out".to_string());
+    l.output_dims = output_dims;
+    l.output_ndims = output_ndims;
+    l.output_dtypes = output_dtypes;
+    l.name.push_str("_pool");
+    l.header = super::POOL_HEADER.to_string();
+    l
+}
+
+/// The output pass of a pool node (`chunks` chunks in its table): grid (NT·NCH,
+/// ceil(Dv / VO), Hv). Inputs q, the mask where given, rows, chunks, then
+/// `CHUNK_OUT_PARTS`; output y (the node's, `[R, T, Hv, Dv]` or packed `[1, T, Hv, Dv]`).
+pub fn gated_delta_chunked_pool_out_launch(n: &gated_delta::Node, chunks: usize) -> MetalLaunch {
+    assert!(n.pool.is_some() && chunks > 0, "a pool node with chunks");
+    let d = n.dims;
+    let chunk = launch_chunk(n);
+    let columns = chunk_out_columns(d.dv);
+    let threads = chunk_out_threads(chunk, d.dv);
+    let mut inputs = vec!["q".to_string()];
+    if n.has_mask {
+        inputs.push("mask".to_string());
+    }
+    inputs.extend(["rows".to_string(), "chunks".to_string()]);
+    inputs.extend(CHUNK_OUT_PARTS.iter().map(|s| s.to_string()));
+    let y = n.outputs().swap_remove(0);
+    let mut l = launch(
+        "mlxk_gated_delta_chunked_out_pool",
+        GATED_DELTA_CHUNKED_OUT_SOURCE.to_string(),
+        inputs,
+        (&["y"], &[y]),
+    );
+    if n.has_mask {
+        l.name.push_str("_mask");
+    }
+    l.header = pool_header(n);
+    let grid_x = (threads as u64).saturating_mul(chunks as u64);
+    l.grid = [
+        grid_x.min(i32::MAX as u64) as i32,
+        d.dv.div_ceil(columns) as i32,
+        d.hv as i32,
+    ];
+    l.threadgroup = [threads as i32, 1, 1];
+    chunk_templates(&mut l, n, chunk);
+    l.template_int_names.push("VO".to_string());
+    l.template_int_values.push(columns as i32);
+    l
 }
 
 fn chunk_templates(l: &mut MetalLaunch, n: &gated_delta::Node, chunk: usize) {

@@ -358,3 +358,133 @@ pub(super) fn build_gpu_chunked(
         GpuLaunch::Plain,
     )
 }
+
+/// The chunked update of a pool node on a GPU (`mlxk_gated_delta_update_pool_chunked`,
+/// `_packed_chunked`; fla's variable-length form): `build_gpu_chunked`'s three launches over a
+/// chunk table (`chunked::pool_chunk_table` of the row table `table`), each chunk one row's:
+/// the prep per (chunk, value head), the state pass per (row, value head, tile) from the row's
+/// pool slot (or zeros), the output pass per (chunk, value head, tile). A row runs what the
+/// dense call on its tokens alone runs, so its y and state are that call's bits. Returns y
+/// and the written rows' states (`PoolWrite::Rows`, from the state pass; the pool node has no
+/// gradient). `node`: `Form::Chunked`, `node.pool` set, T ≥ 1; `x` holds the pool as its state
+/// and the row table as `rows`.
+pub(super) fn build_gpu_chunked_pool(
+    node: &Node,
+    x: &Arrays,
+    gpu: Backend,
+    table: &[i32],
+) -> Result<Vec<UniquePtr<Array>>> {
+    assert!(
+        matches!(node.form, Form::Chunked { .. })
+            && matches!(node.pool.map(|p| p.write), Some(PoolWrite::Rows(_))),
+        "a chunked pool node writing its rows"
+    );
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !crate::seams::gpu_gates_on_cpu();
+    let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
+    let order = gpu_inputs(node, fused, false);
+    let input = |input: Input| -> &Array {
+        match input {
+            Input::G => m.g.as_deref().expect("gates made for this launch"),
+            Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
+            other => caller_array(x, other),
+        }
+    };
+    let chunk = chunked::launch_chunk(node);
+    let (table_chunks, firsts) = chunked::pool_chunk_table(table, chunk);
+    let nch = table_chunks.len() / 2;
+    let chunks = super::replay::ints_array(&table_chunks, &[nch as i32, 2])?;
+    let firsts = super::replay::ints_array(&firsts, &[firsts.len() as i32])?;
+    let mut words = vec![fused as i64];
+    words.extend(node.encode());
+    words.extend([-5, nch as i64]);
+    let stopped = |parts: Vec<UniquePtr<Array>>| {
+        parts
+            .iter()
+            .map(|a| bridge::array_stop_gradient(a, gpu.gpu_stream()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
+
+    // The prep: the pool node's Metal launch inputs but the pool, then the chunk table, then
+    // (fused gates) A_log and dt_bias, as `cuda::with_fused_gates` names them.
+    let gates = [Input::ALog, Input::DtBias];
+    let mut prep_inputs: Vec<&Array> = order
+        .iter()
+        .filter(|&&i| i != Input::State && !gates.contains(&i))
+        .map(|&i| input(i))
+        .collect();
+    prep_inputs.push(&chunks);
+    if fused {
+        prep_inputs.extend(gates.map(input));
+    }
+    let make_prep = || {
+        let l = chunked::gated_delta_chunked_pool_prep_launch(node, nch);
+        if fused {
+            cuda::with_fused_gates(l)
+        } else {
+            l
+        }
+    };
+    let mut prep_key = words.clone();
+    prep_key.push(-2);
+    let parts = stopped(gpu_node_as(
+        Some(prep_key),
+        make_prep,
+        &prep_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?)?;
+    let part = |name: &str| -> &Array {
+        let at = chunked::CHUNK_PARTS
+            .iter()
+            .position(|p| *p == name)
+            .expect("a prep output");
+        &parts[at]
+    };
+
+    // The state pass: the pool, w, u0, kd, γ, the rows and their chunks; it writes the rows'
+    // states.
+    let cuda = matches!(gpu, Backend::Cuda { .. });
+    let mut columns = chunked::chunk_state_columns_for(node.dims, chunk, cuda);
+    if let Some(vt) = crate::config::get().chunk_state_columns {
+        columns = columns.min(vt);
+    }
+    let mut state_inputs: Vec<&Array> = vec![input(Input::State)];
+    state_inputs.extend(
+        chunked::CHUNK_STATE_INPUTS[1..]
+            .iter()
+            .map(|name| part(name)),
+    );
+    state_inputs.extend([input(Input::Rows), &*firsts]);
+    let mut state_key = words.clone();
+    state_key.extend([-3, columns as i64]);
+    let mut kept = gpu_node_as(
+        Some(state_key),
+        || chunked::gated_delta_chunked_pool_state_launch(node, nch, columns),
+        &state_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?;
+    let rows_out = kept.pop().expect("the rows' states");
+    let kept = stopped(kept)?;
+
+    // The output pass: q, the mask, the rows and chunks, then P, γ, the states and U.
+    let mut out_inputs: Vec<&Array> = vec![input(Input::Q)];
+    if node.has_mask {
+        out_inputs.push(input(Input::Mask));
+    }
+    out_inputs.extend([input(Input::Rows), &*chunks]);
+    out_inputs.extend([part("p"), part("gam"), &*kept[0], &*kept[1]]);
+    let mut out_key = words;
+    out_key.push(-4);
+    let mut y = gpu_node_as(
+        Some(out_key),
+        || chunked::gated_delta_chunked_pool_out_launch(node, nch),
+        &out_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?;
+    Ok(vec![y.pop().expect("y"), rows_out])
+}
