@@ -23,6 +23,7 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::memory;
 use crate::node::gated_delta::{Form, Pool};
+use crate::ops::shape::ArgInfo;
 use crate::ops::Backend;
 
 use super::graph::Arrays;
@@ -314,6 +315,9 @@ pub fn commit_tree_pool(
     paths: &[i32],
     backend: Backend,
 ) -> Result<UniquePtr<Array>> {
+    let k = ArgInfo::of("k", x.k)?;
+    k.rank(4, "[B, T, Hk, Dk]")?;
+    check_packed_rows(k.shape[0] as usize, "k")?;
     // The shapes and dtypes, checked as the replay of one row that accepts nothing.
     let shapes = StateInputs {
         accepted_lengths: &[0],
@@ -321,7 +325,6 @@ pub fn commit_tree_pool(
     };
     let node = check_state_counted(&shapes, "accepted_lengths", Results::Pool)?;
     let d = node.dims;
-    check_packed_rows(d.b, "k")?;
     let n = check_pool(s.pool, [d.hv, d.dv, d.dk].map(|v| v as i64), ("k", "v"))?;
     check_tree(tree, s, n, (d.t as i64, "k"))?;
     check_accepted(tree, x.accepted_lengths, paths)?;
