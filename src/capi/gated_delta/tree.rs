@@ -10,11 +10,11 @@ use crate::ops::Backend;
 
 /// The caller's trees: `n_cu_nodes` offsets and `n_nodes` parents.
 #[derive(Clone, Copy)]
-struct HostTree {
-    cu_nodes: *const i32,
-    n_cu_nodes: usize,
-    parents: *const i32,
-    n_nodes: usize,
+pub(crate) struct HostTree {
+    pub(crate) cu_nodes: *const i32,
+    pub(crate) n_cu_nodes: usize,
+    pub(crate) parents: *const i32,
+    pub(crate) n_nodes: usize,
 }
 
 impl HostTree {
@@ -39,6 +39,94 @@ impl HostTree {
             n_slots: self.n_cu_nodes.saturating_sub(1),
         }
     }
+}
+
+/// The accepted paths of a commit: one length a tree, `n_accepted` node indices.
+#[derive(Clone, Copy)]
+pub(crate) struct Accepted {
+    pub(crate) lengths: *const i32,
+    pub(crate) paths: *const i32,
+    pub(crate) n_accepted: usize,
+}
+
+/// The tree verify under the name `function`.
+///
+/// # Safety
+/// The host arrays hold what they announce (`HostTree`, one slot and fresh flag a tree); `y`
+/// is NULL or valid for writing one handle.
+pub(crate) unsafe fn verify(
+    function: &str,
+    args: [*const mlxk_array; 8],
+    tree: HostTree,
+    slots: *const i32,
+    fresh: *const u8,
+    y: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        // SAFETY: the documented contract on `y`.
+        let y = unsafe { Out::new(y, "y") }?;
+        // SAFETY: the documented contract on the host arrays.
+        let trees = unsafe { tree.get() }?;
+        let mut mlx = crate::registry::lock();
+        let [q, k, v, a, b, a_log, dt_bias, pool] = args;
+        let inputs = update_inputs(&mlx, [q, k, v, a, b, a_log, dt_bias, std::ptr::null()])?;
+        // SAFETY: the documented contract on the host arrays.
+        let slots = unsafe { tree.rows(slots, fresh).slots(&mlx, pool) }?;
+        let result = ops::verify_tree_pool(&inputs, &slots, &trees, Backend::current())?;
+        y.write(mlx.insert(result));
+        Ok(())
+    })
+}
+
+/// The tree commit under the name `function`.
+///
+/// # Safety
+/// As `verify`; `accepted` holds one length a tree and `n_accepted` node indices; `pool_out`
+/// is NULL or valid for writing one handle.
+pub(crate) unsafe fn commit(
+    function: &str,
+    args: [*const mlxk_array; 7],
+    tree: HostTree,
+    (slots, fresh): (*const i32, *const u8),
+    accepted: Accepted,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    boundary(function, || {
+        // SAFETY: the documented contract on `pool_out`.
+        let pool_out = unsafe { Out::new(pool_out, "pool_out") }?;
+        // SAFETY: the documented contract on the host arrays.
+        let trees = unsafe { tree.get() }?;
+        let rows = tree.rows(slots, fresh);
+        // SAFETY: the documented contract on the host arrays.
+        let lengths = unsafe {
+            host(
+                accepted.lengths,
+                rows.n_slots,
+                "accepted_lengths",
+                "n_cu_nodes",
+            )
+        }?;
+        let (paths, n) = (accepted.paths, accepted.n_accepted);
+        // SAFETY: the documented contract on the host arrays.
+        let paths = unsafe { host(paths, n, "accepted_paths", "n_accepted") }?;
+        let mut mlx = crate::registry::lock();
+        let [k, v, a, b, a_log, dt_bias, pool] = args;
+        let inputs = StateInputs {
+            k: mlx.get(k, "k")?,
+            v: mlx.get(v, "v")?,
+            a: mlx.get(a, "a")?,
+            b: mlx.get(b, "b")?,
+            a_log: mlx.get(a_log, "a_log")?,
+            dt_bias: mlx.get(dt_bias, "dt_bias")?,
+            state: None,
+            accepted_lengths: lengths,
+        };
+        // SAFETY: the documented contract on the host arrays.
+        let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let result = ops::commit_tree_pool(&inputs, &slots, &trees, paths, Backend::current())?;
+        pool_out.write(mlx.insert(result));
+        Ok(())
+    })
 }
 
 /// Tree verify on a pool, for speculative decoding with a tree of drafts (EAGLE-style or
@@ -95,20 +183,18 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_tree_pool(
         parents,
         n_nodes,
     };
-    boundary("mlxk_gated_delta_verify_tree_pool", || {
-        // SAFETY: the documented contract on `y`.
-        let y = unsafe { Out::new(y, "y") }?;
-        // SAFETY: the documented contract on the host arrays.
-        let trees = unsafe { tree.get() }?;
-        let mut mlx = crate::registry::lock();
-        let args = [q, k, v, a, b, a_log, dt_bias, std::ptr::null()];
-        let inputs = update_inputs(&mlx, args)?;
-        // SAFETY: the documented contract on the host arrays.
-        let slots = unsafe { tree.rows(slots, fresh).slots(&mlx, pool) }?;
-        let result = ops::verify_tree_pool(&inputs, &slots, &trees, Backend::current())?;
-        y.write(mlx.insert(result));
-        Ok(())
-    })
+    let args = [q, k, v, a, b, a_log, dt_bias, pool];
+    // SAFETY: forwarded contract.
+    unsafe {
+        verify(
+            "mlxk_gated_delta_verify_tree_pool",
+            args,
+            tree,
+            slots,
+            fresh,
+            y,
+        )
+    }
 }
 
 /// The commit after a tree verify on a pool: tree i's accepted path, root to leaf, replayed from
@@ -156,38 +242,13 @@ pub unsafe extern "C" fn mlxk_gated_delta_commit_tree_pool(
         parents,
         n_nodes,
     };
-    boundary("mlxk_gated_delta_commit_tree_pool", || {
-        // SAFETY: the documented contract on `pool_out`.
-        let pool_out = unsafe { Out::new(pool_out, "pool_out") }?;
-        // SAFETY: the documented contract on the host arrays.
-        let trees = unsafe { tree.get() }?;
-        let rows = tree.rows(slots, fresh);
-        // SAFETY: the documented contract on the host arrays.
-        let lengths = unsafe {
-            host(
-                accepted_lengths,
-                rows.n_slots,
-                "accepted_lengths",
-                "n_cu_nodes",
-            )
-        }?;
-        // SAFETY: the documented contract on the host arrays.
-        let paths = unsafe { host(accepted_paths, n_accepted, "accepted_paths", "n_accepted") }?;
-        let mut mlx = crate::registry::lock();
-        let inputs = StateInputs {
-            k: mlx.get(k, "k")?,
-            v: mlx.get(v, "v")?,
-            a: mlx.get(a, "a")?,
-            b: mlx.get(b, "b")?,
-            a_log: mlx.get(a_log, "a_log")?,
-            dt_bias: mlx.get(dt_bias, "dt_bias")?,
-            state: None,
-            accepted_lengths: lengths,
-        };
-        // SAFETY: the documented contract on the host arrays.
-        let slots = unsafe { rows.slots(&mlx, pool) }?;
-        let result = ops::commit_tree_pool(&inputs, &slots, &trees, paths, Backend::current())?;
-        pool_out.write(mlx.insert(result));
-        Ok(())
-    })
+    let accepted = Accepted {
+        lengths: accepted_lengths,
+        paths: accepted_paths,
+        n_accepted,
+    };
+    let args = [k, v, a, b, a_log, dt_bias, pool];
+    let function = "mlxk_gated_delta_commit_tree_pool";
+    // SAFETY: forwarded contract.
+    unsafe { commit(function, args, tree, (slots, fresh), accepted, pool_out) }
 }
