@@ -110,9 +110,11 @@ impl Call {
             };
             slots.push(s);
         }
-        let fresh = input
-            .chance(128)
-            .then(|| (0..trees).map(|_| (input.u8() % 3 == 0) as u8).collect());
+        let fresh = input.chance(128).then(|| {
+            (0..trees)
+                .map(|_| input.u8().is_multiple_of(3) as u8)
+                .collect()
+        });
         let unit = |fill: &mut Fill| {
             let mut x = floats(fill, t * hk * dk, 1.0);
             for head in x.chunks_mut(dk) {

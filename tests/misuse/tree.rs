@@ -242,7 +242,9 @@ fn accepted_lengths_and_paths_are_checked_and_named() {
     ok(t.commit(t.host(), [3, 2].as_ptr(), &[0, 1, 3, 1, 2], 5));
     ok(t.commit(t.host(), [0, 0].as_ptr(), &[], 0));
     ok(t.commit(t.host(), [1, 1].as_ptr(), &[0, 0], 2));
-    let cases: [([i32; 2], &[i32], usize, &[&str]); 8] = [
+    // (accepted_lengths, accepted_paths, n_accepted, what the message says)
+    type Case<'a> = ([i32; 2], &'a [i32], usize, &'a [&'a str]);
+    let cases: [Case; 8] = [
         (
             [5, 0],
             &[0, 1, 3, 0, 0],
