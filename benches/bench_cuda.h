@@ -147,6 +147,7 @@ void dispatch(int warmup, int iters);
 // bench_cuda_pool.cc (cases in pool_cases.h); false where a bit-for-bit comparison failed.
 bool pool_batching(bool quick);
 bool pool_prefill(bool quick);
+bool pool_tree(bool quick);
 
 }  // namespace bench_cuda
 
