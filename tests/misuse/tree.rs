@@ -310,6 +310,29 @@ fn accepted_lengths_and_paths_are_checked_and_named() {
     t.free();
 }
 
+/// The leaves' paths are checked against the memory limit too: one tree of 7 nodes whose three
+/// leaves share a chain of 4 (15 path tokens: 2640 bytes of gathered inputs, y and gates) under a
+/// limit of 2000 bytes, which the call's own results (1220 bytes) fit.
+#[test]
+fn the_leaves_paths_count_against_the_memory_limit() {
+    let _s = serial();
+    let t = Trees::new(1);
+    let (cu, parents, slot) = ([0i32, 7], [-1i32, 0, 1, 2, 3, 3, 3], [2i32]);
+    let host = ((cu.as_ptr(), 2), (parents.as_ptr(), 7), slot.as_ptr());
+    let before = live_handles();
+    ok(mlxk_set_memory_limit(2000));
+    let st = t.verify(host);
+    ok(mlxk_set_memory_limit(0));
+    let needles = [
+        "the leaves' paths' q and k (internal)",
+        "2640 bytes",
+        "2000 bytes",
+    ];
+    refused(st, MLXK_ERR_OUT_OF_MEMORY, VERIFY, &needles, before);
+    ok(t.verify(host));
+    t.free();
+}
+
 #[test]
 fn tree_calls_refuse_null_out_parameters() {
     let _s = serial();

@@ -183,22 +183,22 @@ pub fn verify_tree_pool(
     let [tp, hk, hv, dk, dv] = [p, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);
     memory::check_outputs(&[
         (
-            "the q, k of the leaves' paths (internal)",
+            "the leaves' paths' q and k (internal)",
             &[2, tp, hk, dk],
             node.dtype,
         ),
         (
-            "the v of the leaves' paths (internal)",
+            "the leaves' paths' v (internal)",
             &[1, tp, hv, dv],
             node.dtype,
         ),
         (
-            "the y of the leaves' paths (internal)",
+            "the leaves' paths' y (internal)",
             &[1, tp, hv, dv],
             node.dtype,
         ),
         (
-            "the gates of the leaves' paths (internal)",
+            "the leaves' paths' gates (internal)",
             &[2, tp, hv],
             Dtype::Float32,
         ),
@@ -333,12 +333,12 @@ pub fn commit_tree_pool(
     let [rows, cols, hk, hv, dk, dv] = [trees, width, d.hk, d.hv, d.dk, d.dv].map(|v| v as i64);
     memory::check_outputs(&[
         (
-            "the k of the accepted paths (internal)",
+            "the accepted paths' k (internal)",
             &[rows, cols, hk, dk],
             node.dtype,
         ),
         (
-            "the v of the accepted paths (internal)",
+            "the accepted paths' v (internal)",
             &[rows, cols, hv, dv],
             node.dtype,
         ),
