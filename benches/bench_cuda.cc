@@ -37,6 +37,7 @@
 //   packed   packed prefill of 16 prompts (64-2048 tokens): packed, padded, per prompt
 //   packed16k  packed prefill of 8 prompts of mixed lengths summing 16384 against one sequence
 //            of 16384 tokens
+//   tree     a draft tree of 16, 32, 64 nodes: one tree verify against chain verifies per node
 // For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
 // must move (inputs read + outputs written) and the GB/s that gives, and the ratio to the floor.
 // Output: a table on stdout and JSON lines in $MLXK_BENCH_JSON (if set).
@@ -210,7 +211,7 @@ int main() {
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
   // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad, pool,
-  // packed, packed16k; gradchunked: the grad group's chunked rows alone).
+  // packed, packed16k, tree; gradchunked: the grad group's chunked rows alone).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -284,6 +285,7 @@ int main() {
   guarded("pool", [&] { checked("pool", pool_batching(quick)); });
   guarded("packed", [&] { checked("packed", pool_prefill(quick)); });
   guarded("packed16k", [&] { checked("packed16k", packed_mixed(quick)); });
+  guarded("tree", [&] { checked("tree", pool_tree(quick)); });
   if (json) std::fclose(json);
   return failed ? 1 : 0;
 }

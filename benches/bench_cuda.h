@@ -149,6 +149,7 @@ bool pool_batching(bool quick);
 bool pool_prefill(bool quick);
 // The packed16k rows (bench_cuda_pool.cc): 8 prompts of mixed lengths summing 16384 tokens.
 bool packed_mixed(bool quick);
+bool pool_tree(bool quick);
 
 }  // namespace bench_cuda
 

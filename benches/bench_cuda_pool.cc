@@ -15,12 +15,16 @@
 //           (kMixedLengths; the same lengths as benches/peer_fla.py's varlen row), the same
 //           rows, and one sequence of 16384 tokens, exact and chunked: the packed call's
 //           yardstick (packed / one sequence, aimed at 1.1 at most)
+//   tree    speculative trees of 16, 32 and 64 nodes (benches/tree_cases.h), one layer: one
+//           mlxk_gated_delta_verify_tree_pool call against the same nodes as separate
+//           mlxk_gated_delta_verify_pool calls (one eval)
 // Before timing, the pool paths' y and pools are compared bit for bit, and packed against per
 // prompt; a failed comparison is printed and makes the run's exit status nonzero. A call that
 // fails skips its row with the error printed.
 
 #include "bench_cuda.h"
 #include "pool_cases.h"
+#include "tree_cases.h"
 
 namespace bench_cuda {
 
@@ -168,6 +172,35 @@ bool packed_mixed(bool quick) {
                    "\"packed_over_one\":%.4f,\"vs_floor\":0}\n",
                    name.c_str(), impl.c_str(), us, packed_us > 0 ? packed_us / us : 0.0);
       std::fflush(json);
+    }
+  }
+  return ok;
+}
+
+bool pool_tree(bool quick) {
+  using namespace pool_cases;
+  bool ok = true;
+  for (const auto& [width, depth] : {std::pair{4, 4}, std::pair{8, 4}, std::pair{8, 8}}) {
+    TreeConfig c;
+    c.width = width;
+    c.depth = depth;
+    c.rounds = quick ? 3 : 20;
+    const TreeResult r = run_tree(c);
+    ok = ok && r.ok;
+    const std::string name = std::to_string(r.nodes) + " nodes (width " + std::to_string(width) +
+                             ", depth " + std::to_string(depth) + ")";
+    const double tree = median(r.rows[0].s) * 1e6;
+    for (const TreeRow& x : r.rows) {
+      const double us = median(x.s) * 1e6;
+      std::printf("tree     %-34s %-12s %10.1f us  (%.0f tokens through the kernel)  %5.2fx the tree call\n",
+                  name.c_str(), x.name.c_str(), us, x.tokens, us / tree);
+      if (json) {
+        std::fprintf(json,
+                     "{\"group\":\"tree\",\"case\":\"%s\",\"impl\":\"%s\",\"us_per_layer\":%.3f,"
+                     "\"kernel_tokens\":%.0f,\"over_tree\":%.4f,\"vs_floor\":0}\n",
+                     name.c_str(), x.name.c_str(), us, x.tokens, us / tree);
+        std::fflush(json);
+      }
     }
   }
   return ok;

@@ -17,11 +17,14 @@
 //                        observed), the ratios (a)/(c) (target <= 1.05) and (b)/(a)
 //   packed prefill       16 prompts of 64-2048 tokens (fixed seed): packed, padded with a mask,
 //                        one call per prompt; exact and chunked; tokens/s of real tokens
+//   speculative trees    a draft tree of 16, 32 and 64 nodes (benches/tree_cases.h): one tree
+//                        verify against the same nodes as separate chain verifies; ms a verify
 //
-//   pool OUTPUT.json       (MLXK_BENCH_QUICK=1: fewer rounds)
+//   pool OUTPUT.json [batching|prefill|tree]   (MLXK_BENCH_QUICK=1: fewer rounds)
 //
 // Built by scripts/bench/run.sh against the .venv's MLX (the libmlx mlxkern links).
 #include "pool_cases.h"
+#include "tree_cases.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -205,10 +208,55 @@ PrefillResult prefill_section(bool quick) {
   return r;
 }
 
+std::vector<TreeResult> tree_section(bool quick) {
+  std::printf("== speculative trees: one draft tree on a slot of a pool of 8, verified as one tree "
+              "call and as one chain verify per node (one eval); median of %d ==\n",
+              quick ? 3 : 20);
+  std::printf("  %-7s %6s %7s %10s %10s %12s  %s\n", "nodes", "width", "depth", "row", "ms/verify",
+              "kernel tok", "chains / tree");
+  std::vector<TreeResult> out;
+  for (const auto& [width, depth] : {std::pair{4, 4}, std::pair{8, 4}, std::pair{8, 8}}) {
+    TreeConfig c;
+    c.width = width;
+    c.depth = depth;
+    c.rounds = quick ? 3 : 20;
+    TreeResult r = run_tree(c);
+    const double tree = median(r.rows[0].s), chains = median(r.rows[1].s);
+    for (const TreeRow& row : r.rows) {
+      std::printf("  %-7d %6d %7d %10s %10.3f %12.0f", r.nodes, width, depth, row.name.c_str(),
+                  median(row.s) * 1e3, row.tokens);
+      if (row.name == "chains") std::printf("  %7.3fx", chains / tree);
+      std::printf("\n");
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void json_trees(FILE* f, const std::vector<TreeResult>& trees) {
+  std::fprintf(f, "[");
+  for (std::size_t i = 0; i < trees.size(); ++i) {
+    const TreeResult& r = trees[i];
+    std::fprintf(f, "%s{\"nodes\": %d, \"leaves\": %d, \"width\": %d, \"depth\": %d, "
+                    "\"rounds\": %d, \"checks\": ",
+                 i ? ", " : "", r.nodes, r.leaves, r.cfg.width, r.cfg.depth, r.cfg.rounds);
+    json_checks(f, r.checks);
+    std::fprintf(f, ", \"rows\": [");
+    for (std::size_t j = 0; j < r.rows.size(); ++j)
+      std::fprintf(f, "%s{\"row\": \"%s\", \"kernel_tokens\": %.0f, \"ms_per_verify\": %.4f}",
+                   j ? ", " : "", r.rows[j].name.c_str(), r.rows[j].tokens,
+                   median(r.rows[j].s) * 1e3);
+    std::fprintf(f, "], \"chains_over_tree\": %.4f}",
+                 median(r.rows[1].s) / median(r.rows[0].s));
+  }
+  std::fprintf(f, "]");
+}
+
 int run(int argc, char** argv) {
   const std::string only = argc == 3 ? argv[2] : "";
-  if (argc < 2 || argc > 3 || (argc == 3 && only != "batching" && only != "prefill")) {
-    std::fprintf(stderr, "usage: %s OUTPUT.json [batching|prefill]\n", argv[0]);
+  if (argc < 2 || argc > 3 ||
+      (argc == 3 && only != "batching" && only != "prefill" && only != "tree")) {
+    std::fprintf(stderr, "usage: %s OUTPUT.json [batching|prefill|tree]\n", argv[0]);
     return 2;
   }
   const char* quick_env = std::getenv("MLXK_BENCH_QUICK");
@@ -222,9 +270,13 @@ int run(int argc, char** argv) {
               mlxk_version(), mlxk_mlx_version(), quick ? "; quick mode" : "", host_text, load_start);
 
   BatchingResult batching;
-  if (only != "prefill") batching = batching_section(quick);
+  if (only.empty() || only == "batching") batching = batching_section(quick);
   PrefillResult prefill;
-  if (only != "batching") prefill = prefill_section(quick);
+  if (only.empty() || only == "prefill") prefill = prefill_section(quick);
+  std::vector<TreeResult> trees;
+  if (only.empty() || only == "tree") trees = tree_section(quick);
+  bool trees_ok = true;
+  for (const TreeResult& t : trees) trees_ok = trees_ok && t.ok;
 
   read_loadavg(load_end, sizeof load_end);
   const double total = seconds_since(begin);
@@ -241,18 +293,22 @@ int run(int argc, char** argv) {
                   "\"state\": \"float32\"}, \"loadavg_start\": %s, \"loadavg_end\": %s, "
                   "\"total_s\": %.1f",
                kHk, kHv, kD, kD, load_start, load_end, total);
-  if (only != "prefill") {
+  if (only.empty() || only == "batching") {
     std::fprintf(f, ",\n \"continuous_batching\": ");
     json_batching(f, batching);
   }
-  if (only != "batching") {
+  if (only.empty() || only == "prefill") {
     std::fprintf(f, ",\n \"packed_prefill\": ");
     json_prefill(f, prefill);
+  }
+  if (only.empty() || only == "tree") {
+    std::fprintf(f, ",\n \"speculative_trees\": ");
+    json_trees(f, trees);
   }
   std::fprintf(f, "}\n");
   std::fclose(f);
   std::printf("  1-minute load average at end: %s\npool: %.1f s -> %s\n", load_end, total, argv[1]);
-  if (!batching.ok || !prefill.ok) {
+  if (!batching.ok || !prefill.ok || !trees_ok) {
     std::fprintf(stderr, "pool: a documented bit-for-bit equality FAILED (above)\n");
     return 3;
   }

@@ -613,6 +613,61 @@ mlxk_status mlxk_gated_delta_state_pool(const struct mlxk_array *k, const struct
 mlxk_status mlxk_gated_delta_update_from_conv_pool(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **pool_out);
 
 /**
+ * Tree verify on a pool, for speculative decoding with a tree of drafts (EAGLE-style or
+ * multi-token-prediction drafters): y for every node of one or several draft trees, each node
+ * from its parent's state, reading the pool and writing nothing. Node y is bit for bit the last
+ * y of mlxk_gated_delta_verify_pool on the chain of its path (root, ..., node) from the tree's
+ * slot.
+ *
+ * The trees are packed along T, one after another: q, k [1, n_nodes, Hk, Dk], v [1, n_nodes,
+ * Hv, Dv], a, b [1, n_nodes, Hv] (dtypes as mlxk_gated_delta_update); `cu_nodes` holds
+ * `n_cu_nodes` = trees + 1 int32 offsets (0, then each tree's end; never decreasing; the last
+ * is n_nodes), tree i owning nodes [cu_nodes[i], cu_nodes[i + 1]) (an empty tree allowed).
+ * `parents` holds n_nodes int32 values: node j of tree i (its index in the tree; token
+ * cu_nodes[i] + j) has parent `parents[cu_nodes[i] + j]`, an index in the same tree below j
+ * (a parent comes before its children), or -1: it follows the tree's slot state (several roots
+ * allowed). `slots` and `fresh` (NULL: none) hold one value a tree, with the rules of
+ * mlxk_gated_delta_update_pool (a negative slot: the tree's y is zeros; two trees may not name
+ * one slot; a fresh tree starts from zeros). Result: `*y` [1, n_nodes, Hv, Dv] in q's dtype.
+ * Commit the accepted path of each tree with mlxk_gated_delta_commit_tree_pool.
+ *
+ * Memory and work: no state per node. Each leaf's path is gathered into one packed sequence
+ * and verified from the tree's slot (the state read in place), so the call holds the inputs
+ * and y of P tokens, P the sum of the leaves' depths: at most n_nodes × depth, n_nodes for a
+ * chain, width × depth for `width` chains from one root; it runs P recurrence steps (a state
+ * per node would take n_nodes × Hv × Dv × Dk × 4 bytes).
+ *
+ * Ownership: inputs borrowed (host arrays only for the call); `*y` a new handle. NULL: `fresh`
+ * may be NULL; a host array only when its count is 0. Errors: MLXK_ERR_NULL_POINTER,
+ * MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE, MLXK_ERR_INVALID_ARGUMENT
+ * (`cu_nodes`, `parents`, `n_nodes` other than q's T, `slots`), MLXK_ERR_OUT_OF_MEMORY.
+ * Thread: any. Lazy: computation errors surface at eval/read.
+ */
+mlxk_status mlxk_gated_delta_verify_tree_pool(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_nodes, size_t n_cu_nodes, const int32_t *parents, size_t n_nodes, const int32_t *slots, const uint8_t *fresh, struct mlxk_array **y);
+
+/**
+ * The commit after a tree verify on a pool: tree i's accepted path, root to leaf, replayed from
+ * its slot's state (zeros where `fresh` says so) and written into that slot. Bit for bit
+ * mlxk_gated_delta_state_pool on the chain of that path with its length accepted.
+ *
+ * k, v, a, b, `cu_nodes`, `parents`, `slots` and `fresh` as the verify's (the same trees).
+ * `accepted_lengths` holds one int32 length a tree (n_cu_nodes - 1 values, each from 0 to the
+ * tree's node count); `accepted_paths` holds `n_accepted` int32 node indices, each tree's path
+ * one after another (`accepted_lengths[i]` of them for tree i; n_accepted is their sum): node
+ * indices within the tree, the first a root (parent -1), each next a child of the one before.
+ * A length of 0 leaves the slot unchanged (a fresh one becomes zeros); a negative slot is a
+ * padding tree (its path checked, nothing written). Result: `*pool_out` [N, Hv, Dv, Dk], with
+ * the in-place rule of mlxk_gated_delta_update_pool (free the old pool before evaluating and
+ * the trees' slots are written into its buffer).
+ *
+ * Memory: the accepted paths' k, v and gates as a window of trees × the longest path tokens.
+ * Errors as mlxk_gated_delta_verify_tree_pool, and MLXK_ERR_INVALID_ARGUMENT for a length out
+ * of range, `n_accepted` other than the lengths' sum, or a path that is not a chain from a
+ * root. NULL: `fresh`; a host array only when its count is 0.
+ */
+mlxk_status mlxk_gated_delta_commit_tree_pool(const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_nodes, size_t n_cu_nodes, const int32_t *parents, size_t n_nodes, const int32_t *slots, const uint8_t *fresh, const int32_t *accepted_lengths, const int32_t *accepted_paths, size_t n_accepted, struct mlxk_array **pool_out);
+
+/**
  * Gated RMSNorm over the last axis (mlx-lm's `Qwen3NextRMSNormGated`):
  * `out = T(silu_f32(gate) · f32(T(weight · T(x · rsqrt(mean(x²) + eps)))))`.
  *

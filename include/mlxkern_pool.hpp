@@ -76,6 +76,17 @@ inline void check_packed_slots(Span<std::int32_t> cu_seqlens, Span<std::int32_t>
   }
 }
 
+/** A tree call reads cu_nodes.size() - 1 slots (and accepted lengths): check that many. */
+inline void check_tree_slots(Span<std::int32_t> cu_nodes, std::size_t values,
+                             const char *function, const char *name) {
+  if (cu_nodes.size() != 0 && values != cu_nodes.size() - 1) {
+    throw Error(MLXK_ERR_INVALID_ARGUMENT,
+                std::string(function) + ": " + name + ": " + std::to_string(values) +
+                    " values for " + std::to_string(cu_nodes.size() - 1) +
+                    " trees (cu_nodes holds trees + 1 offsets); expected one per tree");
+  }
+}
+
 }  // namespace detail
 
 /** gated_delta_update on a pool: row b starts from pool[slots[b]] (zeros where fresh) and its
@@ -190,6 +201,51 @@ inline void check_packed_slots(Span<std::int32_t> cu_seqlens, Span<std::int32_t>
                                     dt_bias.get(), pool.get(), slots.data(), flags,
                                     accepted_lengths.data(),
                                     slots.size(), OutHandle(pool_out)));
+  return pool_out;
+}
+
+/** Tree verify on a pool (speculative decoding with a tree of drafts): y [1, n_nodes, Hv, Dv]
+ * for every node of the draft trees packed along T of q, k, v, a, b ([1, n_nodes, ...]), each
+ * node from its parent's state, bit for bit the last y of gated_delta_verify_pool on the chain
+ * of its path. Tree i owns nodes [cu_nodes[i], cu_nodes[i + 1]) and slot slots[i]; node j of a
+ * tree follows parents[cu_nodes[i] + j], a node of its tree before it, or -1: the slot's state.
+ * Reads the pool, writes nothing; no state per node is kept. */
+[[nodiscard]] inline Array gated_delta_verify_tree_pool(
+    const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
+    const Array &a_log, const Array &dt_bias, const Array &pool, Span<std::int32_t> cu_nodes,
+    Span<std::int32_t> parents, Span<std::int32_t> slots,
+    const FreshFlags &fresh = std::nullopt) {
+  const char *function = "gated_delta_verify_tree_pool";
+  detail::check_tree_slots(cu_nodes, slots.size(), function, "slots");
+  const std::uint8_t *flags = detail::fresh_flags(fresh, slots.size(), function);
+  Array y;
+  check(mlxk_gated_delta_verify_tree_pool(
+      q.get(), k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(), pool.get(),
+      cu_nodes.data(), cu_nodes.size(), parents.data(), parents.size(), slots.data(), flags,
+      OutHandle(y)));
+  return y;
+}
+
+/** The commit after gated_delta_verify_tree_pool: tree i's accepted path (the next
+ * accepted_lengths[i] node indices of accepted_paths, a root first, each next a child of the
+ * one before) replayed from its slot (zeros where fresh) into the slot, bit for bit
+ * gated_delta_state_pool on the chain of that path. k ... fresh as the verify's. Returns the
+ * new pool (in place under the rule above). */
+[[nodiscard]] inline Array gated_delta_commit_tree_pool(
+    const Array &k, const Array &v, const Array &a, const Array &b, const Array &a_log,
+    const Array &dt_bias, const Array &pool, Span<std::int32_t> cu_nodes,
+    Span<std::int32_t> parents, Span<std::int32_t> slots, Span<std::int32_t> accepted_lengths,
+    Span<std::int32_t> accepted_paths, const FreshFlags &fresh = std::nullopt) {
+  const char *function = "gated_delta_commit_tree_pool";
+  detail::check_tree_slots(cu_nodes, slots.size(), function, "slots");
+  detail::check_per_slot(accepted_lengths.size(), slots.size(), function, "accepted_lengths");
+  const std::uint8_t *flags = detail::fresh_flags(fresh, slots.size(), function);
+  Array pool_out;
+  check(mlxk_gated_delta_commit_tree_pool(
+      k.get(), v.get(), a.get(), b.get(), a_log.get(), dt_bias.get(), pool.get(), cu_nodes.data(),
+      cu_nodes.size(), parents.data(), parents.size(), slots.data(), flags,
+      accepted_lengths.data(), accepted_paths.data(), accepted_paths.size(),
+      OutHandle(pool_out)));
   return pool_out;
 }
 

@@ -106,6 +106,11 @@ fn corpus_pool() {
     replay(Target::Pool, 50);
 }
 
+#[test]
+fn corpus_tree() {
+    replay(Target::Tree, 50);
+}
+
 /// Replays one file given by MLXK_FUZZ_REPLAY (for debugging a crash artifact).
 #[test]
 fn replay_file_from_env() {

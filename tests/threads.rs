@@ -277,6 +277,62 @@ impl Worker {
         ([q, k, v, a, bb, al, dt, s], [b, t, hk, hv, dk, dv])
     }
 
+    /// The T tokens of `h` (B = 1) as a random draft tree in slot 0: its verify, the commit of
+    /// a random path, and a verify refused for a parent (this thread's marker) after its node.
+    fn tree(&mut self, step: usize, h: [H; 8], t: i32, marker_n: i32) {
+        let [q, k, v, a, b, al, dt, p] = h;
+        let mut parents: Vec<i32> = (0..t)
+            .map(|j| self.rng.below(j as u64 + 1) as i32 - 1)
+            .collect();
+        let cu = [0, t];
+        let (slot, fresh) = ([0i32], [self.rng.below(2) as u8]);
+        let (c, pp, n) = (cu.as_ptr(), parents.as_ptr(), t as usize);
+        let (sp, fp) = (slot.as_ptr(), fresh.as_ptr());
+        let mut y = null_mut();
+        let st = unsafe {
+            mlxk_gated_delta_verify_tree_pool(q, k, v, a, b, al, dt, p, c, 2, pp, n, sp, fp, &mut y)
+        };
+        self.result(step, "mlxk_gated_delta_verify_tree_pool", st, y);
+        let mut path = vec![self.rng.below(t as u64) as i32];
+        while parents[*path.last().unwrap() as usize] >= 0 {
+            path.push(parents[*path.last().unwrap() as usize]);
+        }
+        path.reverse();
+        let len = [path.len() as i32];
+        let mut out = null_mut();
+        let st = unsafe {
+            mlxk_gated_delta_commit_tree_pool(
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                p,
+                c,
+                2,
+                pp,
+                n,
+                sp,
+                fp,
+                len.as_ptr(),
+                path.as_ptr(),
+                path.len(),
+                &mut out,
+            )
+        };
+        self.result(step, "mlxk_gated_delta_commit_tree_pool", st, out);
+        parents[0] = marker_n;
+        let pp = parents.as_ptr();
+        let mut y = null_mut();
+        let st = unsafe {
+            mlxk_gated_delta_verify_tree_pool(q, k, v, a, b, al, dt, p, c, 2, pp, n, sp, fp, &mut y)
+        };
+        let marker = format!("parents[0] is {marker_n}");
+        self.failed(step, "mlxk_gated_delta_verify_tree_pool", st, &marker);
+        assert_eq!(st, MLXK_ERR_INVALID_ARGUMENT);
+    }
+
     /// Random accepted lengths in 0..=t, one a sequence.
     fn lengths(&mut self, b: i32, t: i32) -> Vec<i32> {
         (0..b)
@@ -526,6 +582,9 @@ impl Worker {
                 let mut p = null_mut();
                 let st = state_pool(h, &slots, &lengths, &mut p);
                 self.record(step, "mlxk_gated_delta_state_pool", st, vec![], None);
+                if d[0] == 1 {
+                    self.tree(step, h, d[1], marker_n);
+                }
                 self.free(step, h[7]);
                 self.read(step, p);
                 self.free(step, p);

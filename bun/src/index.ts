@@ -70,6 +70,7 @@ export type {
   HeadSplitGradients,
 } from "./kernels";
 export {
+  gatedDeltaCommitTreePool,
   gatedDeltaStatePool,
   gatedDeltaUpdateFromConvPool,
   gatedDeltaUpdatePacked,
@@ -77,6 +78,7 @@ export {
   gatedDeltaUpdatePool,
   gatedDeltaUpdatePoolChunked,
   gatedDeltaVerifyPool,
+  gatedDeltaVerifyTreePool,
 } from "./pool";
 export type { FreshInit, GatedDeltaPoolResult, Int32Init } from "./pool";
 export { GLM52_LAYOUT_KEYS, glm52Canonical, glm52Validate } from "./glm52";

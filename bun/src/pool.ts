@@ -309,3 +309,107 @@ export function gatedDeltaUpdateFromConvPool(
     lib.mlxk_gated_delta_update_from_conv_pool(...split, ...gates, hostPtr(r.s), hostPtr(r.f), r.n, optionalHandle(mask), y, p),
   );
 }
+
+/** A tree call reads cuNodes.length - 1 slots: check that the caller gave that many. */
+function perTree(fn: string, name: string, values: ArrayLike<unknown>, cuNodes: Int32Array): void {
+  if (cuNodes.length !== 0 && values.length !== cuNodes.length - 1) {
+    throw new InvalidArgumentError(
+      MLXK_ERR_INVALID_ARGUMENT,
+      statusName(MLXK_ERR_INVALID_ARGUMENT),
+      `${fn}: ${name}: ${values.length} values for ${cuNodes.length - 1} trees (cuNodes holds trees + 1 offsets); expected one per tree`,
+    );
+  }
+}
+
+/**
+ * Tree verify on a pool (speculative decoding with a tree of drafts): y [1, nNodes, Hv, Dv] for
+ * every node of the draft trees packed along T of q, k, v, a, b ([1, nNodes, ...]), each node
+ * from its parent's state, bit for bit the last y of gatedDeltaVerifyPool on the chain of its
+ * path. Tree i owns nodes [cuNodes[i], cuNodes[i + 1]) and slot slots[i]; node j of a tree
+ * follows parents[cuNodes[i] + j], a node of its tree before it, or -1: the slot's state. Reads
+ * the pool, writes nothing; no state per node is kept.
+ */
+export function gatedDeltaVerifyTreePool(
+  q: MlxArray,
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  pool: MlxArray,
+  cuNodes: Int32Init,
+  parents: Int32Init,
+  slots: Int32Init,
+  fresh: FreshInit = null,
+): MlxArray {
+  const fn = "gatedDeltaVerifyTreePool";
+  const args = updateArgs(q, k, v, a, b, aLog, dtBias, pool);
+  const cu = int32s("cuNodes", cuNodes);
+  const p = int32s("parents", parents);
+  const r = rows(fn, slots, fresh);
+  perTree(fn, "slots", r.s, cu);
+  const y = outSlot();
+  check(
+    lib.mlxk_gated_delta_verify_tree_pool(...args, hostPtr(cu), cu.length, hostPtr(p), p.length, hostPtr(r.s), hostPtr(r.f), y),
+  );
+  return adopt(y, `${fn} y`);
+}
+
+/**
+ * The commit after gatedDeltaVerifyTreePool: tree i's accepted path (the next acceptedLengths[i]
+ * node indices of acceptedPaths, a root first, each next a child of the one before) replayed
+ * from its slot (zeros where fresh) into the slot; bit for bit gatedDeltaStatePool on the chain
+ * of that path. k ... fresh as the verify's. Returns the new pool (in place under the rule
+ * above).
+ */
+export function gatedDeltaCommitTreePool(
+  k: MlxArray,
+  v: MlxArray,
+  a: MlxArray,
+  b: MlxArray,
+  aLog: MlxArray,
+  dtBias: MlxArray,
+  pool: MlxArray,
+  cuNodes: Int32Init,
+  parents: Int32Init,
+  slots: Int32Init,
+  acceptedLengths: Int32Init,
+  acceptedPaths: Int32Init,
+  fresh: FreshInit = null,
+): MlxArray {
+  const fn = "gatedDeltaCommitTreePool";
+  const args = [
+    handleOf(k, "k"),
+    handleOf(v, "v"),
+    handleOf(a, "a"),
+    handleOf(b, "b"),
+    handleOf(aLog, "aLog"),
+    handleOf(dtBias, "dtBias"),
+    handleOf(pool, "pool"),
+  ] as const;
+  const cu = int32s("cuNodes", cuNodes);
+  const p = int32s("parents", parents);
+  const r = rows(fn, slots, fresh);
+  perTree(fn, "slots", r.s, cu);
+  const lengths = int32s("acceptedLengths", acceptedLengths);
+  perSlot(fn, "acceptedLengths", lengths, r.n);
+  const paths = int32s("acceptedPaths", acceptedPaths);
+  const out = outSlot();
+  check(
+    lib.mlxk_gated_delta_commit_tree_pool(
+      ...args,
+      hostPtr(cu),
+      cu.length,
+      hostPtr(p),
+      p.length,
+      hostPtr(r.s),
+      hostPtr(r.f),
+      hostPtr(lengths),
+      hostPtr(paths),
+      paths.length,
+      out,
+    ),
+  );
+  return adopt(out, `${fn} pool`);
+}

@@ -116,6 +116,10 @@ export const symbols = {
   mlxk_gated_delta_state_pool: { args: ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "usize", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_delta_update_from_conv_pool(const struct mlxk_array * x, const struct mlxk_array * q_scale, const struct mlxk_array * k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * pool, const int32_t * slots, const uint8_t * fresh, size_t n_slots, const struct mlxk_array * mask, struct mlxk_array ** y, struct mlxk_array ** pool_out)
   mlxk_gated_delta_update_from_conv_pool: { args: ["ptr", "ptr", "ptr", "i32", "i32", "i32", "f32", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "usize", "ptr", "ptr", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_gated_delta_verify_tree_pool(const struct mlxk_array * q, const struct mlxk_array * k, const struct mlxk_array * v, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * pool, const int32_t * cu_nodes, size_t n_cu_nodes, const int32_t * parents, size_t n_nodes, const int32_t * slots, const uint8_t * fresh, struct mlxk_array ** y)
+  mlxk_gated_delta_verify_tree_pool: { args: ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "usize", "ptr", "usize", "ptr", "ptr", "ptr"], returns: "i32" },
+  // mlxk_status mlxk_gated_delta_commit_tree_pool(const struct mlxk_array * k, const struct mlxk_array * v, const struct mlxk_array * a, const struct mlxk_array * b, const struct mlxk_array * a_log, const struct mlxk_array * dt_bias, const struct mlxk_array * pool, const int32_t * cu_nodes, size_t n_cu_nodes, const int32_t * parents, size_t n_nodes, const int32_t * slots, const uint8_t * fresh, const int32_t * accepted_lengths, const int32_t * accepted_paths, size_t n_accepted, struct mlxk_array ** pool_out)
+  mlxk_gated_delta_commit_tree_pool: { args: ["ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "usize", "ptr", "usize", "ptr", "ptr", "ptr", "ptr", "usize", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_rms_norm(const struct mlxk_array * x, const struct mlxk_array * gate, const struct mlxk_array * weight, float eps, struct mlxk_array ** out)
   mlxk_gated_rms_norm: { args: ["ptr", "ptr", "ptr", "f32", "ptr"], returns: "i32" },
   // mlxk_status mlxk_gated_rms_norm_vjp(const struct mlxk_array * x, const struct mlxk_array * gate, const struct mlxk_array * weight, float eps, const struct mlxk_array * dout, struct mlxk_array ** dx, struct mlxk_array ** dgate, struct mlxk_array ** dweight)
@@ -181,6 +185,8 @@ export const parameterNames = {
   mlxk_gated_delta_update_packed_chunked: ["q", "k", "v", "a", "b", "a_log", "dt_bias", "pool", "cu_seqlens", "n_cu_seqlens", "slots", "fresh", "chunk_size", "y", "pool_out"],
   mlxk_gated_delta_state_pool: ["k", "v", "a", "b", "a_log", "dt_bias", "pool", "slots", "fresh", "accepted_lengths", "n_slots", "pool_out"],
   mlxk_gated_delta_update_from_conv_pool: ["x", "q_scale", "k_scale", "key_heads", "value_heads", "value_width", "eps", "a", "b", "a_log", "dt_bias", "pool", "slots", "fresh", "n_slots", "mask", "y", "pool_out"],
+  mlxk_gated_delta_verify_tree_pool: ["q", "k", "v", "a", "b", "a_log", "dt_bias", "pool", "cu_nodes", "n_cu_nodes", "parents", "n_nodes", "slots", "fresh", "y"],
+  mlxk_gated_delta_commit_tree_pool: ["k", "v", "a", "b", "a_log", "dt_bias", "pool", "cu_nodes", "n_cu_nodes", "parents", "n_nodes", "slots", "fresh", "accepted_lengths", "accepted_paths", "n_accepted", "pool_out"],
   mlxk_gated_rms_norm: ["x", "gate", "weight", "eps", "out"],
   mlxk_gated_rms_norm_vjp: ["x", "gate", "weight", "eps", "dout", "dx", "dgate", "dweight"],
   mlxk_glm52_layout_canonical: ["hidden", "intermediate", "bits", "group_size", "out"],

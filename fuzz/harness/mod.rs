@@ -44,6 +44,7 @@ pub mod gated_delta;
 pub mod glm52;
 pub mod norms;
 pub mod pool;
+pub mod tree;
 
 /// The memory limit the harness runs under (process-wide).
 pub const MEMORY_LIMIT: usize = 64 << 20;
@@ -61,10 +62,11 @@ pub enum Target {
     GatedDeltaVjp,
     Glm52,
     Pool,
+    Tree,
 }
 
 impl Target {
-    pub const ALL: [Target; 7] = [
+    pub const ALL: [Target; 8] = [
         Target::Array,
         Target::GatedDelta,
         Target::Norms,
@@ -72,6 +74,7 @@ impl Target {
         Target::GatedDeltaVjp,
         Target::Glm52,
         Target::Pool,
+        Target::Tree,
     ];
 
     /// The target's name: its fuzz_targets/<name>.rs and corpus/<name>/.
@@ -84,6 +87,7 @@ impl Target {
             Target::GatedDeltaVjp => "gated_delta_vjp",
             Target::Glm52 => "glm52",
             Target::Pool => "pool",
+            Target::Tree => "tree",
         }
     }
 }
@@ -113,6 +117,7 @@ pub fn run(target: Target, data: &[u8]) {
         Target::GatedDeltaVjp => gated_delta::run_vjp(&mut input),
         Target::Glm52 => glm52::run(&mut input),
         Target::Pool => pool::run(&mut input),
+        Target::Tree => tree::run(&mut input),
     }
     let after = mlxkern::capi::live_handles();
     assert_eq!(

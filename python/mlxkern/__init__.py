@@ -268,6 +268,35 @@ def gated_delta_state_pool(k: _Arr, v: _Arr, a: _Arr, b: _Arr, A_log: _Arr, dt_b
                                        list(accepted_lengths), _fresh(fresh))
 
 
+def gated_delta_verify_tree_pool(q: _Arr, k: _Arr, v: _Arr, a: _Arr, b: _Arr, A_log: _Arr,
+                                 dt_bias: _Arr, pool: _Arr, cu_nodes: Sequence[int],
+                                 parents: Sequence[int], slots: Sequence[int],
+                                 fresh: Optional[Sequence[bool]] = None) -> mx.array:
+    """Tree verify on a pool: y ``[1, n_nodes, Hv, Dv]`` for every node of draft trees packed
+    along T (tree i owns nodes ``[cu_nodes[i], cu_nodes[i+1])`` and slot ``slots[i]``; node j
+    follows ``parents[cu_nodes[i] + j]``, an earlier node of its tree, or -1: the slot's state),
+    each bit for bit the last y of :func:`gated_delta_verify_pool` on its path. The pool is
+    only read; no state per node is kept."""
+    return _ext.gated_delta_verify_tree_pool(q, k, v, a, b, A_log, dt_bias, pool,
+                                             list(cu_nodes), list(parents), list(slots),
+                                             _fresh(fresh))
+
+
+def gated_delta_commit_tree_pool(k: _Arr, v: _Arr, a: _Arr, b: _Arr, A_log: _Arr,
+                                 dt_bias: _Arr, pool: _Arr, cu_nodes: Sequence[int],
+                                 parents: Sequence[int], slots: Sequence[int],
+                                 accepted_lengths: Sequence[int],
+                                 accepted_paths: Sequence[int],
+                                 fresh: Optional[Sequence[bool]] = None) -> mx.array:
+    """Commit after a tree verify: tree i's accepted path (the next ``accepted_lengths[i]``
+    node indices of ``accepted_paths``, a root first, each next a child of the one before)
+    replayed from its slot into the slot, bit for bit :func:`gated_delta_state_pool` on that
+    chain. Returns the new pool."""
+    return _ext.gated_delta_commit_tree_pool(k, v, a, b, A_log, dt_bias, pool, list(cu_nodes),
+                                             list(parents), list(slots), list(accepted_lengths),
+                                             list(accepted_paths), _fresh(fresh))
+
+
 def gated_delta_update_packed(q: _Arr, k: _Arr, v: _Arr, a: _Arr, b: _Arr, A_log: _Arr,
                               dt_bias: _Arr, pool: _Arr, cu_seqlens: Sequence[int],
                               slots: Sequence[int], fresh: Optional[Sequence[bool]] = None,
@@ -345,7 +374,8 @@ __all__ = [
     "gated_delta_update_chunked", "gated_delta_update_chunked_vjp",
     "gated_delta_update_from_conv", "gated_delta_update_from_conv_pool",
     "gated_delta_update_packed", "gated_delta_update_pool", "gated_delta_update_vjp",
-    "gated_delta_verify_pool", "gated_rms_norm", "gated_rms_norm_vjp", "glm52_layout_canonical",
+    "gated_delta_verify_pool", "gated_delta_verify_tree_pool", "gated_delta_commit_tree_pool",
+    "gated_rms_norm", "gated_rms_norm_vjp", "glm52_layout_canonical",
     "glm52_layout_validate", "gpu_backend", "memory_limit", "mlx_version", "set_cache_limit",
     "set_default_device", "set_memory_limit", "silu_rms_heads", "silu_rms_heads_vjp", "version",
 ]

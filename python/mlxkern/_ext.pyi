@@ -62,6 +62,14 @@ def gated_delta_update_packed_chunked(q: _A, k: _A, v: _A, a: _A, b: _A, A_log: 
 def gated_delta_state_pool(k: _A, v: _A, a: _A, b: _A, A_log: _A, dt_bias: _A, pool: _A,
                            slots: Sequence[int], accepted_lengths: Sequence[int],
                            fresh: _Flags = None) -> mx.array: ...
+def gated_delta_verify_tree_pool(q: _A, k: _A, v: _A, a: _A, b: _A, A_log: _A, dt_bias: _A,
+                                 pool: _A, cu_nodes: Sequence[int], parents: Sequence[int],
+                                 slots: Sequence[int], fresh: _Flags = None) -> mx.array: ...
+def gated_delta_commit_tree_pool(k: _A, v: _A, a: _A, b: _A, A_log: _A, dt_bias: _A, pool: _A,
+                                 cu_nodes: Sequence[int], parents: Sequence[int],
+                                 slots: Sequence[int], accepted_lengths: Sequence[int],
+                                 accepted_paths: Sequence[int],
+                                 fresh: _Flags = None) -> mx.array: ...
 def gated_delta_update_from_conv_pool(x: _A, q_scale: _A, k_scale: _A, key_heads: int,
                                       value_heads: int, value_width: int, eps: float, a: _A,
                                       b: _A, A_log: _A, dt_bias: _A, pool: _A,

@@ -268,6 +268,60 @@ nb::object verify_pool(A q, A k, A v, A a, A b, A A_log, A dt_bias, A pool,
   return out(y);
 }
 
+// The tree calls read one slot (and one accepted length) per tree: len(cu_nodes) - 1.
+void check_trees(const char* FN, const char* name, std::size_t values,
+                 const std::vector<int32_t>& cu_nodes) {
+  if (!cu_nodes.empty() && values + 1 != cu_nodes.size()) {
+    throw Failure{MLXK_ERR_INVALID_ARGUMENT,
+                  std::string(FN) + ": " + name + " has " + std::to_string(values) +
+                      " values, expected one per tree (len(cu_nodes) - 1 = " +
+                      std::to_string(cu_nodes.size() - 1) + ")"};
+  }
+}
+
+const int32_t* ints(const std::vector<int32_t>& v) { return v.empty() ? nullptr : v.data(); }
+
+nb::object verify_tree_pool(A q, A k, A v, A a, A b, A A_log, A dt_bias, A pool,
+                            const std::vector<int32_t>& cu_nodes,
+                            const std::vector<int32_t>& parents,
+                            const std::vector<int32_t>& slots, A fresh) {
+  constexpr const char* FN = "gated_delta_verify_tree_pool";
+  Handle hq = IN(q), hk = IN(k), hv = IN(v), ha = IN(a), hb = IN(b), hl = in(FN, "A_log", A_log),
+         hd = IN(dt_bias), hp = IN(pool), y;
+  check_trees(FN, "slots", slots.size(), cu_nodes);
+  std::vector<uint8_t> f = fresh_flags(FN, fresh, slots.size());
+  check(mlxk_gated_delta_verify_tree_pool(hq.raw, hk.raw, hv.raw, ha.raw, hb.raw, hl.raw, hd.raw,
+                                          hp.raw, ints(cu_nodes), cu_nodes.size(), ints(parents),
+                                          parents.size(), ints(slots), flags(f), &y.raw));
+  return out(y);
+}
+
+nb::object commit_tree_pool(A k, A v, A a, A b, A A_log, A dt_bias, A pool,
+                            const std::vector<int32_t>& cu_nodes,
+                            const std::vector<int32_t>& parents,
+                            const std::vector<int32_t>& slots,
+                            const std::vector<int32_t>& accepted_lengths,
+                            const std::vector<int32_t>& accepted_paths, A fresh) {
+  constexpr const char* FN = "gated_delta_commit_tree_pool";
+  Handle hk = IN(k), hv = IN(v), ha = IN(a), hb = IN(b), hl = in(FN, "A_log", A_log),
+         hd = IN(dt_bias), hp = IN(pool), p;
+  check_trees(FN, "slots", slots.size(), cu_nodes);
+  check_trees(FN, "accepted_lengths", accepted_lengths.size(), cu_nodes);
+  if (accepted_lengths.size() != slots.size()) {
+    throw Failure{MLXK_ERR_INVALID_ARGUMENT,
+                  std::string(FN) + ": accepted_lengths has " +
+                      std::to_string(accepted_lengths.size()) +
+                      " values, expected one per slot (" + std::to_string(slots.size()) + ")"};
+  }
+  std::vector<uint8_t> f = fresh_flags(FN, fresh, slots.size());
+  check(mlxk_gated_delta_commit_tree_pool(hk.raw, hv.raw, ha.raw, hb.raw, hl.raw, hd.raw, hp.raw,
+                                          ints(cu_nodes), cu_nodes.size(), ints(parents),
+                                          parents.size(), ints(slots), flags(f),
+                                          ints(accepted_lengths), ints(accepted_paths),
+                                          accepted_paths.size(), &p.raw));
+  return out(p);
+}
+
 nb::tuple update_packed_impl(const char* FN, bool chunked, A q, A k, A v, A a, A b, A A_log,
                              A dt_bias, A pool, const std::vector<int32_t>& cu_seqlens,
                              const std::vector<int32_t>& slots, A fresh, int32_t chunk_size) {
@@ -510,6 +564,12 @@ NB_MODULE(_ext, m) {
         "fresh"_a = nb::none(), "chunk_size"_a = 0);
   m.def("gated_delta_state_pool", &state_pool, arr("k"), arr("v"), arr("a"), arr("b"), arr("A_log"),
         arr("dt_bias"), arr("pool"), "slots"_a, "accepted_lengths"_a, "fresh"_a = nb::none());
+  m.def("gated_delta_verify_tree_pool", &verify_tree_pool, arr("q"), arr("k"), arr("v"), arr("a"),
+        arr("b"), arr("A_log"), arr("dt_bias"), arr("pool"), "cu_nodes"_a, "parents"_a, "slots"_a,
+        "fresh"_a = nb::none());
+  m.def("gated_delta_commit_tree_pool", &commit_tree_pool, arr("k"), arr("v"), arr("a"), arr("b"),
+        arr("A_log"), arr("dt_bias"), arr("pool"), "cu_nodes"_a, "parents"_a, "slots"_a,
+        "accepted_lengths"_a, "accepted_paths"_a, "fresh"_a = nb::none());
   m.def("gated_delta_update_from_conv_pool", &from_conv_pool, arr("x"), arr("q_scale"),
         arr("k_scale"), "key_heads"_a, "value_heads"_a, "value_width"_a, "eps"_a, arr("a"),
         arr("b"), arr("A_log"), arr("dt_bias"), arr("pool"), "slots"_a, "fresh"_a = nb::none(),

@@ -29,7 +29,9 @@
 # batching (64 slots, 32 decoding, a join with a 16-64 token prefill every 8 steps) through
 # mlxk_gated_delta_update_pool, mlxk_gated_delta_update_packed, gather -> dense kernel -> scatter
 # as MLX ops, and the dense kernel alone; packed prefill of 16 prompts (64-2048 tokens) packed,
-# padded and one call per prompt, exact and chunked. Its table and results.json's "pool".
+# padded and one call per prompt, exact and chunked; speculative trees of 16, 32 and 64 nodes
+# (benches/tree_cases.h), one tree verify against the same nodes as chain verifies. Its table
+# and results.json's "pool".
 #
 # With it, on macOS with an Apple GPU, the Metal chunked forward beside MLX 0.32.4's own
 # gated-delta Metal kernels (benches/metal_chunked.py, build/bench/metal_chunked.jsonl).
@@ -168,7 +170,7 @@ fi
 # The pool section: its own table; merged into results.json at the end.
 pool_rc=0
 if [ -z "$ONLY" ] || [ "$ONLY" = pool ]; then
-  echo "== pool: continuous batching and packed prefill (C ABI on a pool of states) =="
+  echo "== pool: continuous batching, packed prefill and speculative trees (C ABI on a pool of states) =="
   "$OUT/pool" "$PARTS/pool.json" || pool_rc=$?
   if [ "$pool_rc" = 3 ]; then
     echo "bench: POOL: a documented bit-for-bit equality FAILED (above); its figures are kept" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The C++ side of mlxkern, end to end:
-#   1. include/mlxkern.hpp: its tests (tests/cpp/test_mlxkern_hpp.cpp) built with strict
-#      warnings (-Werror, conversions, old-style casts) and run under ASan + LSan + UBSan; then
+#   1. include/mlxkern.hpp: its tests (tests/cpp/test_mlxkern_hpp.cpp, and the tree calls'
+#      tests/cpp/test_mlxkern_tree.cpp) built with strict warnings (-Werror, conversions,
+#      old-style casts) and run under ASan + LSan + UBSan; then
 #      its MLX part (MLXKERN_WITH_MLX: Array::from_mlx / to_mlx) the same way, built against
 #      libmlx with MLX's headers as -isystem (tests/cpp/test_mlxkern_hpp_mlx.cpp);
 #   2. the example engine layer (examples/cpp/qwen35_layer.cpp: MLX ops and mlxkern kernels in
@@ -80,6 +81,19 @@ fi
 grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer report"; }
 echo "PASS: include/mlxkern.hpp: $(tail -n 1 "$log") under ASan + LSan + UBSan" \
   "(-Werror -Wconversion -Wold-style-cast -pedantic, included twice) [$(since "$start")]"
+
+start=$(now)
+"$CXX" "${STRICT[@]}" -Wconversion -Wsign-conversion -g -O1 -fsanitize=address,undefined \
+  -fno-sanitize-recover=all -fno-omit-frame-pointer "$ROOT/tests/cpp/test_mlxkern_tree.cpp" \
+  "${IN_TREE[@]}" -o "$OUT/test_mlxkern_tree" || fail "tests/cpp/test_mlxkern_tree.cpp does not build"
+log=$OUT/test_mlxkern_tree.log
+if ! ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 "$OUT/test_mlxkern_tree" >"$log" 2>&1; then
+  cat "$log" >&2
+  fail "tests/cpp/test_mlxkern_tree under ASan + LSan + UBSan"
+fi
+grep -q "Sanitizer\|runtime error" "$log" && { cat "$log" >&2; fail "sanitizer report"; }
+echo "PASS: include/mlxkern_pool.hpp's tree calls: $(tail -n 1 "$log") under ASan + LSan +" \
+  "UBSan [$(since "$start")]"
 
 start=$(now)
 "$CXX" "${STRICT_MLX[@]}" -Wconversion -Wsign-conversion -g -O1 -fsanitize=address,undefined \

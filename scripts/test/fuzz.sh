@@ -4,7 +4,7 @@
 #   scripts/test/fuzz.sh [seconds per target] [target ...]     (default: 600 s, every target)
 #
 # Targets (fuzz/fuzz_targets/): array, gated_delta, norms, norms_vjp, gated_delta_vjp,
-# glm52, pool. Each decodes its input into C
+# glm52, pool, tree. Each decodes its input into C
 # ABI calls and checks them against the header's contract (fuzz/harness/). New coverage is
 # added to fuzz/corpus/<target>/ (committed; `cargo test --test fuzz_corpus` replays it); a
 # crash lands in fuzz/artifacts/<target>/ and fails the run: copy it to
@@ -29,7 +29,7 @@ CARGO_FUZZ_VERSION=0.13.2
 SECONDS_PER_TARGET=${1:-600}
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(array gated_delta norms norms_vjp gated_delta_vjp glm52 pool)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(array gated_delta norms norms_vjp gated_delta_vjp glm52 pool tree)
 JOBS=${FUZZ_JOBS:-1}
 MAX_LEN=${FUZZ_MAX_LEN:-1024}
 

@@ -17,6 +17,7 @@ pub use device::{
     GpuBackend, MlxLock,
 };
 pub use gated_delta::pool::{PoolSlots, PoolUpdate};
+pub use gated_delta::tree::DraftTrees;
 pub use gated_delta::{
     compute_g, GatedDelta, GatedDeltaFromConv, GatedDeltaGrads, StateReplay, Update,
 };

@@ -412,6 +412,14 @@ std::unique_ptr<Array> pool_scatter(const Array& pool, const Array& slots, const
       mx::scatter(pool, {slots}, mx::reshape(states, shape, s), std::vector<int>{0}, s));
 }
 
+std::unique_ptr<Array> take_tokens(const Array& a, const Array& tokens, bool gpu) {
+  // a [1, T, ...] as [T, ...]; MLX's take along axis 0 puts the indices' shape in front.
+  auto s = stream_for(gpu);
+  auto shape = a.shape();
+  mx::Shape rest(shape.begin() + 1, shape.end());
+  return std::make_unique<Array>(mx::take(mx::reshape(a, rest, s), tokens, 0, s));
+}
+
 // The backward passes as MLX ops (the GPU default device's path, docs/DESIGN.md §4
 // "Gradients"): each forward written with MLX ops in mlx-lm's formulation, differentiated by
 // mx::vjp on the chosen stream, each gradient cast to its primal's dtype.

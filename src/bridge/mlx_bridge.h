@@ -48,6 +48,7 @@ std::unique_ptr<ArrayList> cuda_pool_kernel_op(const MetalLaunch& launch,
 bool cuda_pool_in_place_available();
 std::unique_ptr<Array> pool_scatter(const Array& pool, const Array& slots, const Array& states,
                                     bool gpu);
+std::unique_ptr<Array> take_tokens(const Array& a, const Array& tokens, bool gpu);
 std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
                                                   int32_t value_heads, int32_t value_width,
                                                   float eps, bool has_dq, bool has_dk,

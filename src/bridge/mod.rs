@@ -99,6 +99,10 @@ pub mod ffi {
             states: &Array,
             gpu: bool,
         ) -> Result<UniquePtr<Array>>;
+        /// Tokens gathered: `a[0, tokens[...]]` (MLX's take along the token axis). a
+        /// `[1, T, ...]`, tokens int32 of any shape, each below T; the result is shaped as
+        /// tokens followed by a's dimensions after T.
+        fn take_tokens(a: &Array, tokens: &Array, gpu: bool) -> Result<UniquePtr<Array>>;
 
         /// The head split's backward pass as MLX ops: `mx::vjp` of mlx-lm's SiLU, head split
         /// and `mx::fast::rms_norm(q, q_scale, eps)` (k likewise). `inputs`: x, q_scale,

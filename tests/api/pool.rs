@@ -2,10 +2,13 @@
 //! `verify_pool`, `update_packed`, `_packed_chunked`, `StateReplay::commit_pool`,
 //! `GatedDeltaFromConv::update_pool`) against the C ABI on the same inputs: results bit for
 //! bit, errors with the same status and message naming the argument; the pool updated in
-//! place (the same buffer) when the caller drops the old one.
+//! place (the same buffer) when the caller drops the old one. The tree verify and commit
+//! (`GatedDelta::verify_tree_pool`, `StateReplay::commit_tree_pool`) likewise (`tree`).
 
 #[path = "../support/mod.rs"]
 mod support;
+
+mod tree;
 
 use std::ptr::{null, null_mut};
 

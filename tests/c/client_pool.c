@@ -2,8 +2,8 @@
  * The pool and packed calls from C: each row's y and state against the float64 reference from
  * its slot's state (zeros when fresh), padding rows zero, slots not named untouched; the
  * verify's y equal to the update's; the commit equal to mlxk_gated_delta_state on the gathered
- * states; the chunked, packed and from-conv forms against the dense calls bit for bit; the
- * argument errors by name.
+ * states; the chunked, packed and from-conv forms against the dense calls bit for bit; the tree
+ * verify and commit against chain verifies and commits bit for bit; the argument errors by name.
  */
 
 #include <stdio.h>
@@ -317,9 +317,122 @@ static void check_pool_errors(void) {
     host_free(&h);
 }
 
+/* The host values of tokens `tokens` (n of them) of row 0 of `h`, as one row. */
+static Host host_tokens(const Host *h, const int *tokens, int n) {
+    Host out = *h;
+    Dims d = h->d;
+    out.d.t = n;
+    size_t qk = (size_t)d.hk * d.dk, vv = (size_t)d.hv * d.dv, g = (size_t)d.hv;
+    out.q = alloc_floats(n * qk);
+    out.k = alloc_floats(n * qk);
+    out.v = alloc_floats(n * vv);
+    out.a = alloc_floats(n * g);
+    out.b = alloc_floats(n * g);
+    for (int i = 0; i < n; i++) {
+        size_t t = (size_t)tokens[i];
+        memcpy(out.q + i * qk, h->q + t * qk, qk * sizeof(float));
+        memcpy(out.k + i * qk, h->k + t * qk, qk * sizeof(float));
+        memcpy(out.v + i * vv, h->v + t * vv, vv * sizeof(float));
+        memcpy(out.a + i * g, h->a + t * g, g * sizeof(float));
+        memcpy(out.b + i * g, h->b + t * g, g * sizeof(float));
+    }
+    return out;
+}
+
+static void free_tokens(Host *h) {
+    free(h->q);
+    free(h->k);
+    free(h->v);
+    free(h->a);
+    free(h->b);
+}
+
+/* The tree verify: every node's y the last y of the chain verify of its path, bit for bit; the
+ * commit of a path the chain commit of it; a parent after its child refused by name. */
+static void check_tree_calls(void) {
+    enum { NODES = 5, TREES = 2 };
+    Dims d = {1, NODES, 1, 2, 32, 4};
+    size_t per = (size_t)d.hv * d.dv * d.dk, tok = (size_t)d.hv * d.dv;
+    Host h = host_random(d, 1);
+    Args x = upload(&h);
+    float *pool = alloc_floats(N_POOL * per);
+    for (size_t i = 0; i < N_POOL * per; i++) {
+        pool[i] = (float)mlxkt_rng_uniform(&rng) - 0.5f;
+    }
+    int32_t pool_shape[4] = {N_POOL, d.hv, d.dv, d.dk};
+    mlxk_array *p = new_f32(pool, pool_shape, 4);
+    /* Tree 0: node 0 from slot 2, nodes 1 and 2 after it, node 3 after node 1; tree 1: one
+     * node from zeros (fresh), slot 4. */
+    int32_t cu[TREES + 1] = {0, 4, 5}, parents[NODES] = {-1, 0, 0, 1, -1};
+    int32_t slots[TREES] = {2, 4};
+    uint8_t fresh[TREES] = {0, 1};
+    mlxk_array *y = NULL;
+    CHECK_OK(mlxk_gated_delta_verify_tree_pool(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, p,
+                                               cu, TREES + 1, parents, NODES, slots, fresh, &y));
+    uint16_t *y_got = malloc(NODES * tok * 2);
+    CHECK_OK(mlxk_array_read(y, y_got, NODES * tok * 2));
+    static const int paths[NODES][3] = {{0}, {0, 1}, {0, 2}, {0, 1, 3}, {4}};
+    static const int depth[NODES] = {1, 2, 2, 3, 1};
+    for (int node = 0; node < NODES; node++) {
+        int tree = node < 4 ? 0 : 1;
+        Host one = host_tokens(&h, paths[node], depth[node]);
+        Args xo = upload(&one);
+        mlxk_array *yo = NULL;
+        CHECK_OK(mlxk_gated_delta_verify_pool(xo.q, xo.k, xo.v, xo.a, xo.b, xo.a_log, xo.dt_bias,
+                                              p, &slots[tree], &fresh[tree], 1, NULL, &yo));
+        uint16_t *yo_got = malloc(depth[node] * tok * 2);
+        CHECK_OK(mlxk_array_read(yo, yo_got, depth[node] * tok * 2));
+        CHECK(memcmp(yo_got + (depth[node] - 1) * tok, y_got + node * tok, tok * 2) == 0);
+        free(yo_got);
+        free_ok(yo);
+        free_args(&xo);
+        free_tokens(&one);
+    }
+    free(y_got);
+    /* The commit of 0 -> 1 -> 3 in tree 0 and of its one node in tree 1. */
+    int32_t lengths[TREES] = {3, 1}, accepted[4] = {0, 1, 3, 0};
+    mlxk_array *committed = NULL;
+    CHECK_OK(mlxk_gated_delta_commit_tree_pool(x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, p, cu,
+                                               TREES + 1, parents, NODES, slots, fresh, lengths,
+                                               accepted, 4, &committed));
+    float *c_got = mlxkt_read_floats(committed, N_POOL * per);
+    for (int tree = 0; tree < TREES; tree++) {
+        Host one = host_tokens(&h, paths[tree == 0 ? 3 : 4], lengths[tree]);
+        Args xo = upload(&one);
+        mlxk_array *chain = NULL;
+        CHECK_OK(mlxk_gated_delta_state_pool(xo.k, xo.v, xo.a, xo.b, xo.a_log, xo.dt_bias, p,
+                                             &slots[tree], &fresh[tree], &lengths[tree], 1,
+                                             &chain));
+        float *want = mlxkt_read_floats(chain, N_POOL * per);
+        size_t at = (size_t)slots[tree] * per;
+        CHECK(memcmp(c_got + at, want + at, per * sizeof(float)) == 0);
+        free(want);
+        free_ok(chain);
+        free_args(&xo);
+        free_tokens(&one);
+    }
+    CHECK(memcmp(c_got, pool, 2 * per * sizeof(float)) == 0); /* slots 0, 1 not named */
+    free(c_got);
+    /* A parent after its child, refused by name; the out-parameter untouched. */
+    mlxk_array *sentinel = (mlxk_array *)(uintptr_t)0x5E57, *y2 = sentinel;
+    int32_t late[NODES] = {-1, 2, 0, 1, -1};
+    EXPECT_ERROR(mlxk_gated_delta_verify_tree_pool(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias,
+                                                   p, cu, TREES + 1, late, NODES, slots, fresh,
+                                                   &y2),
+                 MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_verify_tree_pool", "parents[1] is 2");
+    CHECK(y2 == sentinel);
+    free_ok(committed);
+    free_ok(y);
+    free_ok(p);
+    free(pool);
+    free_args(&x);
+    host_free(&h);
+}
+
 void test_gated_delta_pool(void) {
     check_pool_calls();
     check_packed();
     check_from_conv_pool();
     check_pool_errors();
+    check_tree_calls();
 }

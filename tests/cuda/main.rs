@@ -12,7 +12,8 @@
 //!   the bound is `gate_bound` below, and every case prints how many outputs differ;
 //! - replay over the whole window equals the update's state, bit for bit, on the GPU;
 //! - the pool calls (update, packed, verify then commit, replay: tests/cuda/pool.rs) the same
-//!   way against the CPU pool calls, every slot of the new pool compared;
+//!   way against the CPU pool calls, every slot of the new pool compared; the tree verify and
+//!   commit (tests/cuda/tree.rs) too, and against chain verifies and commits on the GPU;
 //! - the chunked form's GPU backward (tests/cuda/chunked_grad.rs) within bounds of the CPU
 //!   backward and of a float64 backward, T up to 4096;
 //! - a 40-step decode loop (each state feeding the next step) equals the CPU loop's bits;
@@ -32,6 +33,7 @@ mod pool;
 mod syntax;
 mod text;
 mod tiles;
+mod tree;
 use crate::support::*;
 use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;
@@ -616,6 +618,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
         gated_norm(&mut rng, rows, d, dtype, gate);
     }
     pool::pool_calls_match_the_cpu(&mut rng);
+    tree::tree_calls_match_the_cpu(&mut rng);
     chunked_grad::chunked_backward_matches(&mut rng);
     chunked::chunked_within_bounds(&mut rng);
     pool::chunked_pool_calls_match_the_dense_calls(&mut rng);

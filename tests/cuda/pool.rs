@@ -167,7 +167,12 @@ impl PoolCall {
 /// Runs `call` on the CPU, then on the GPU with CPU-op gates (each output bit for bit the
 /// CPU's) and with the kernel's gates (within `gate_bound`; the outputs named in `y_like` are
 /// y, the others states). Prints the counts; frees everything.
-fn against_the_cpu(label: &str, dtype: mlxk_dtype, names: &[&str], call: impl Fn() -> Vec<H>) {
+pub(super) fn against_the_cpu(
+    label: &str,
+    dtype: mlxk_dtype,
+    names: &[&str],
+    call: impl Fn() -> Vec<H>,
+) {
     on_gpu(false);
     let cpu = call();
     on_gpu(true);

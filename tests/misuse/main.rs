@@ -30,6 +30,7 @@ mod null_out;
 mod pool;
 mod pool_errors;
 mod sizes;
+mod tree;
 
 use std::ptr::{null, null_mut};
 
@@ -150,6 +151,7 @@ impl Fixture {
     fn entries(&self) -> Vec<Entry> {
         let mut entries = self.base_entries();
         entries.extend(pool::entries(&self.rec, &self.packed, self.conv));
+        entries.extend(tree::entries(&self.packed, self.rec.state.unwrap()));
         entries
     }
 

@@ -191,6 +191,8 @@ fn every_constructor_and_kernel_refuses_results_above_the_memory_limit() {
         "mlxk_gated_delta_update_packed_chunked",
         "mlxk_gated_delta_state_pool",
         "mlxk_gated_delta_update_from_conv_pool",
+        "mlxk_gated_delta_verify_tree_pool",
+        "mlxk_gated_delta_commit_tree_pool",
     ];
     ok(mlxk_set_memory_limit(8));
     let mut refused_count = 0;

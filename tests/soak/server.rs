@@ -1,14 +1,16 @@
 //! One simulated server: a pool of N states, the set of live sequences, and the rounds an engine
-//! runs on it (admissions by packed prefill, evictions, decode steps, verify + commit). Every
-//! pool call is checked at once against the dense per-sequence calls (`mlxk_gated_delta_update`,
-//! `_chunked`) on a host copy of each slot's state: y and the state bit for bit, and every slot
-//! of the pool, touched or not, equal to its copy. The copies are only ever written from the
+//! runs on it (admissions by packed prefill, evictions, decode steps, verify + commit, draft
+//! trees: `tree`). Every pool call is checked at once against the dense per-sequence calls
+//! (`mlxk_gated_delta_update`, `_chunked`) on a host copy of each slot's state: y and the state
+//! bit for bit, and every slot of the pool, touched or not, equal to its copy. The copies are only ever written from the
 //! dense calls' results, so nothing of the pool feeds its own reference.
 
 use std::ptr::{null, null_mut};
 
 use crate::capi::*;
 use crate::exact::{self, Gates, Tokens};
+
+mod tree;
 
 /// Heads and widths of one server's layer.
 #[derive(Debug, Clone, Copy)]
@@ -19,17 +21,24 @@ pub struct Dims {
     pub dv: usize,
 }
 
-/// The kinds of round, in the order of `Stats::rounds`. A new kind (tree verify) is one more
-/// entry here, its weight in `Server::pick` and its arm in `Server::round`.
+/// The kinds of round, in the order of `Stats::rounds`. A new kind is one more entry here, its
+/// weight in `Server::pick` and its arm in `Server::round`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Admit,
     Evict,
     Decode,
     Verify,
+    Tree,
 }
 
-pub const KINDS: [Kind; 4] = [Kind::Admit, Kind::Evict, Kind::Decode, Kind::Verify];
+pub const KINDS: [Kind; 5] = [
+    Kind::Admit,
+    Kind::Evict,
+    Kind::Decode,
+    Kind::Verify,
+    Kind::Tree,
+];
 
 #[derive(Debug, Default, Clone)]
 pub struct Stats {
@@ -319,7 +328,7 @@ impl Server {
     }
 
     /// A kind of round fitting the pool's occupancy: admissions when few sequences are live,
-    /// evictions when it is full, decode and verify in between.
+    /// evictions when it is full, decode, verify and trees in between.
     pub fn pick(&self, rng: &mut Rng) -> Kind {
         let live = self.live_slots().len();
         if live == 0 {
@@ -328,7 +337,7 @@ impl Server {
         let free = self.n - live;
         let admit = if free == 0 { 0 } else { 1 + 3 * free / self.n };
         let evict = if free == 0 { 3 } else { 1 };
-        let weights = [admit, evict, 6, 4];
+        let weights = [admit, evict, 6, 4, 2];
         let total: usize = weights.iter().sum();
         let mut r = rng.below(total);
         for (kind, w) in KINDS.iter().zip(weights) {
@@ -351,6 +360,7 @@ impl Server {
             }
             Kind::Decode => self.decode(rng),
             Kind::Verify => self.verify(rng),
+            Kind::Tree => self.tree(rng),
         };
         self.stats.rounds[KINDS.iter().position(|&k| k == kind).unwrap()] += 1;
         r.map_err(|e| format!("{} round {} ({kind:?}): {e}", self.name, self.round_no))

@@ -6,6 +6,7 @@
 //! - `grad`: float kinds, float64 SiLU, central differences, the gradient error table;
 //! - `paths`: portable-vs-vectorized kernels (element kinds, special values, timing);
 //! - `pool`: host inputs of the pool calls, pool shapes and slots, recorded launches;
+//! - `tree`: random draft trees, paths, a host window of chosen tokens;
 //! - `vjp_case`: the update's gradient case, its float64 loss and the C call of either VJP.
 #![allow(dead_code, unused_imports)]
 
@@ -13,6 +14,7 @@ pub mod api;
 pub mod grad;
 pub mod paths;
 pub mod pool;
+pub mod tree;
 pub mod vjp_case;
 
 // The generator is the probes' too (benches/rust/common.rs), so it lives beside them.
@@ -27,6 +29,7 @@ use std::sync::{Mutex, MutexGuard};
 pub use mlxkern::capi::array::*;
 pub use mlxkern::capi::device::*;
 pub use mlxkern::capi::gated_delta::pool::*;
+pub use mlxkern::capi::gated_delta::tree::*;
 pub use mlxkern::capi::gated_delta::*;
 pub use mlxkern::capi::mlx::*;
 pub use mlxkern::capi::mlxk_array;

@@ -3,6 +3,7 @@
 //! [`StateReplay`].
 
 pub mod pool;
+pub mod tree;
 
 use cxx::UniquePtr;
 

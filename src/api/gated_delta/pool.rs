@@ -49,7 +49,7 @@ pub struct PoolUpdate {
 
 impl PoolSlots<'_> {
     /// The ops' view of the slots (under the lock), the fresh flags as the bytes in `fresh`.
-    fn get<'s>(&'s self, fresh: &'s Option<Vec<u8>>) -> Result<Slots<'s>> {
+    pub(super) fn get<'s>(&'s self, fresh: &'s Option<Vec<u8>>) -> Result<Slots<'s>> {
         Ok(Slots {
             pool: self.pool.get("pool")?,
             slots: self.slots,
@@ -57,13 +57,13 @@ impl PoolSlots<'_> {
         })
     }
 
-    fn fresh_bytes(&self) -> Option<Vec<u8>> {
+    pub(super) fn fresh_bytes(&self) -> Option<Vec<u8>> {
         self.fresh.map(|f| f.iter().map(|&x| u8::from(x)).collect())
     }
 }
 
 /// A pool call takes its states from the pool: a state given as well is refused.
-fn no_state(state: Option<&Array>) -> Result<()> {
+pub(super) fn no_state(state: Option<&Array>) -> Result<()> {
     match state {
         None => Ok(()),
         Some(_) => Err(Error::InvalidArgument(

@@ -2,6 +2,7 @@
 //! chunked form), `mlxk_gated_delta_state`.
 
 pub mod pool;
+pub mod tree;
 
 use super::status::mlxk_status;
 use super::{boundary, distinct_outs, mlxk_array, Out};

@@ -28,7 +28,12 @@ const MAX_ROWS: usize = i32::MAX as usize;
 ///
 /// # Safety
 /// `ptr` is NULL or holds `n` readable values.
-unsafe fn host<'a, T>(ptr: *const T, n: usize, arg: &str, count: &str) -> Result<&'a [T]> {
+pub(super) unsafe fn host<'a, T>(
+    ptr: *const T,
+    n: usize,
+    arg: &str,
+    count: &str,
+) -> Result<&'a [T]> {
     if n > MAX_ROWS {
         return Err(Error::InvalidArgument(format!(
             "{count} is {n}; expected at most {MAX_ROWS}"
@@ -43,7 +48,11 @@ impl HostRows {
     ///
     /// # Safety
     /// `slots` holds `n_slots` int32 values; `fresh` is NULL or holds `n_slots` bytes.
-    unsafe fn slots<'a>(&self, mlx: &'a Mlx, pool: *const mlxk_array) -> Result<Slots<'a>> {
+    pub(super) unsafe fn slots<'a>(
+        &self,
+        mlx: &'a Mlx,
+        pool: *const mlxk_array,
+    ) -> Result<Slots<'a>> {
         // SAFETY: the contract above.
         let slots = unsafe { host(self.slots, self.n_slots, "slots", "n_slots") }?;
         let fresh = match self.fresh.is_null() {
@@ -60,7 +69,7 @@ impl HostRows {
 }
 
 /// The update's arrays without a state (the pool holds the states).
-fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 8]) -> Result<Inputs<'_>> {
+pub(super) fn update_inputs(mlx: &Mlx, args: [*const mlxk_array; 8]) -> Result<Inputs<'_>> {
     let [q, k, v, a, b, a_log, dt_bias, mask] = args;
     Ok(Inputs {
         q: mlx.get(q, "q")?,

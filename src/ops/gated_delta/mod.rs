@@ -8,11 +8,13 @@ mod from_conv;
 mod graph;
 mod pool;
 mod replay;
+mod tree;
 mod vjp;
 
 pub use from_conv::{update_from_conv, FromConvInputs};
 pub use pool::{state_pool, update_from_conv_pool, update_pool, Layout, PoolForm, Slots};
 pub use replay::state;
+pub use tree::{commit_tree_pool, verify_tree_pool, Tree};
 pub(crate) use vjp::{from_conv_gpu_vjp, gpu_vjp};
 pub use vjp::{update_chunked_vjp, update_vjp};
 

@@ -56,7 +56,11 @@ pub enum PoolForm {
 }
 
 /// Checks the pool against the call's head dimensions: `[N, Hv, Dv, Dk]` float32; returns N.
-fn check_pool(pool: &Array, [hv, dv, dk]: [i64; 3], (keys, values): (&str, &str)) -> Result<i64> {
+pub(super) fn check_pool(
+    pool: &Array,
+    [hv, dv, dk]: [i64; 3],
+    (keys, values): (&str, &str),
+) -> Result<i64> {
     let p = ArgInfo::of("pool", pool)?;
     p.rank(4, "[N, Hv, Dv, Dk]")?
         .dim(1, "Hv", hv, values)?
@@ -73,7 +77,7 @@ fn check_pool(pool: &Array, [hv, dv, dk]: [i64; 3], (keys, values): (&str, &str)
 
 /// Checks the slots (one per row, each below N or negative, no pool row named twice) and the
 /// fresh flags (one per row, when given).
-fn check_slots(s: &Slots, rows: i64, n: i64, what: &str) -> Result<()> {
+pub(super) fn check_slots(s: &Slots, rows: i64, n: i64, what: &str) -> Result<()> {
     if s.slots.len() as i64 != rows {
         return Err(Error::InvalidArgument(format!(
             "slots: n_slots is {}, expected one slot per {what} ({rows})",
@@ -113,22 +117,33 @@ fn check_packed(cu: &[i32], b: i64, total: i64, mask: bool) -> Result<()> {
             "mask: packed sequences take no mask (no token is padding)".into(),
         ));
     }
+    check_offsets(cu, "cu_seqlens", "sequence", (total, "q"))
+}
+
+/// Checks offsets `name` (`[N + 1]`: FlashAttention's convention) of `what`s packed along
+/// the token dimension: starting at 0, never decreasing, ending at `total`, the dimension 1 of
+/// the argument `source`.
+pub(super) fn check_offsets(
+    cu: &[i32],
+    name: &str,
+    what: &str,
+    (total, source): (i64, &str),
+) -> Result<()> {
     if cu.is_empty() {
-        return Err(Error::InvalidArgument(
-            "cu_seqlens: n_cu_seqlens is 0; expected N + 1 offsets (at least [0])".into(),
-        ));
+        return Err(Error::InvalidArgument(format!(
+            "{name}: n_{name} is 0; expected N + 1 offsets (at least [0])"
+        )));
     }
     if cu[0] != 0 {
         return Err(Error::InvalidArgument(format!(
-            "cu_seqlens[0] is {}; expected 0 (the first sequence starts at token 0)",
+            "{name}[0] is {}; expected 0 (the first {what} starts at token 0)",
             cu[0]
         )));
     }
     for i in 1..cu.len() {
         if cu[i] < cu[i - 1] {
             return Err(Error::InvalidArgument(format!(
-                "cu_seqlens[{i}] is {} < cu_seqlens[{}] = {}; expected offsets that never \
-                 decrease",
+                "{name}[{i}] is {} < {name}[{}] = {}; expected offsets that never decrease",
                 cu[i],
                 i - 1,
                 cu[i - 1]
@@ -138,7 +153,7 @@ fn check_packed(cu: &[i32], b: i64, total: i64, mask: bool) -> Result<()> {
     let last = *cu.last().expect("not empty") as i64;
     if last != total {
         return Err(Error::InvalidArgument(format!(
-            "cu_seqlens[{}] is {last}; expected total_T = {total} (q's dimension 1)",
+            "{name}[{}] is {last}; expected total_T = {total} ({source}'s dimension 1)",
             cu.len() - 1
         )));
     }
@@ -149,7 +164,7 @@ fn check_packed(cu: &[i32], b: i64, total: i64, mask: bool) -> Result<()> {
 /// `(tok0, span, len, src, dst)`. `lengths`: the tokens each row runs (the replay), else all.
 /// `compact`: number the written rows 0, 1, … (the GPU's state rows) instead of by slot.
 /// Returns the table and the written rows' slots, in the order of the compact numbering.
-fn row_table(
+pub(super) fn row_table(
     s: &Slots,
     layout: Layout,
     t: usize,
@@ -197,14 +212,19 @@ fn in_place_launch(backend: Backend) -> bool {
 
 /// The node's state output and the row numbering for a call on `backend` that `writes`
 /// states: (write, compact).
-fn pool_plan(backend: Backend, writes: bool) -> (bool, bool) {
+pub(super) fn pool_plan(backend: Backend, writes: bool) -> (bool, bool) {
     let in_place = writes && in_place_launch(backend);
     (in_place, backend != Backend::Cpu && !in_place)
 }
 
 /// The node's state output on `backend`: the pool itself on the CPU, the pool's own rows on MLX
 /// CUDA (`in_place`), else the written rows on a GPU.
-fn pool_write(backend: Backend, writes: bool, written: usize, in_place: bool) -> PoolWrite {
+pub(super) fn pool_write(
+    backend: Backend,
+    writes: bool,
+    written: usize,
+    in_place: bool,
+) -> PoolWrite {
     if in_place && written > 0 {
         return PoolWrite::InPlace;
     }
@@ -219,7 +239,7 @@ fn pool_write(backend: Backend, writes: bool, written: usize, in_place: bool) ->
 
 /// Builds `node` over the pool and returns its outputs; where `writes`, the last is the new
 /// pool (on a GPU: the written rows' states scattered into the pool).
-fn build_pool(
+pub(super) fn build_pool(
     node: &Node,
     arrays: Arrays,
     s: &Slots,
@@ -374,7 +394,7 @@ pub fn state_pool(x: &StateInputs, s: &Slots, backend: Backend) -> Result<Unique
 }
 
 /// The fresh flags: one per slot when given.
-fn check_fresh(s: &Slots) -> Result<()> {
+pub(super) fn check_fresh(s: &Slots) -> Result<()> {
     match s.fresh {
         Some(f) if f.len() != s.slots.len() => Err(Error::InvalidArgument(format!(
             "fresh: {} flags for {} slots; expected one flag per slot (or NULL: none fresh)",
@@ -387,7 +407,7 @@ fn check_fresh(s: &Slots) -> Result<()> {
 
 /// A pool call's own results on top of the checks `check_update_as` / `check_state_counted` made: the new
 /// pool when the caller may keep the old one (a copy of N states).
-fn check_pool_memory(node: &Node, n: i64, writes: bool) -> Result<()> {
+pub(super) fn check_pool_memory(node: &Node, n: i64, writes: bool) -> Result<()> {
     let d = node.dims;
     if !writes {
         return Ok(());

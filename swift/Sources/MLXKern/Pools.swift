@@ -199,6 +199,87 @@ extension MLXKern {
         return MLXKArray.adopt(poolOut, "mlxk_gated_delta_state_pool")
     }
 
+    /// A tree call reads one slot (and one accepted length) per tree: `cuNodes.count - 1`.
+    private static func checkTrees(_ cuNodes: [Int32], _ count: Int, _ function: String,
+                                   _ name: String) throws {
+        guard cuNodes.isEmpty || count == cuNodes.count - 1 else {
+            throw MLXKError(status: .invalidArgument, message:
+                "\(function): \(name): \(count) values for \(cuNodes.count - 1) trees " +
+                "(cuNodes holds trees + 1 offsets); expected one per tree")
+        }
+    }
+
+    /// Tree verify on a pool (speculative decoding with a tree of drafts): y for every node of
+    /// the draft trees packed along T of q, k, v, a, b (`[1, nNodes, ...]`), each node from its
+    /// parent's state, bit for bit the last y of `gatedDeltaVerifyPool` on the chain of its
+    /// path. Tree i owns nodes `[cuNodes[i], cuNodes[i + 1])` and slot `slots[i]`; node j of a
+    /// tree follows `parents[cuNodes[i] + j]`, a node of its tree before it, or -1: the slot's
+    /// state. Reads the pool, writes nothing; no state per node is kept.
+    ///
+    /// - Returns: `y` `[1, nNodes, Hv, Dv]` in q's dtype, lazy.
+    /// - Throws: as `gatedDeltaVerifyPool`, and `.invalidArgument` naming `cu_nodes` or the
+    ///   parent at fault (not in its tree, or not before its node).
+    public static func gatedDeltaVerifyTreePool(
+        q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
+        aLog: MLXKArray, dtBias: MLXKArray, pool: MLXKArray, cuNodes: [Int32],
+        parents: [Int32], slots: [Int32], fresh: [Bool]? = nil
+    ) throws -> MLXKArray {
+        let function = "MLXKern.gatedDeltaVerifyTreePool"
+        try checkTrees(cuNodes, slots.count, function, "slots")
+        var y: OpaquePointer?
+        try withExtendedLifetime((q, k, v, a, b, aLog, dtBias, pool)) {
+            try withRows(slots, fresh, function) { s, f, _ in
+                try cuNodes.withUnsafeBufferPointer { cu in
+                    try parents.withUnsafeBufferPointer { p in
+                        try check(mlxk_gated_delta_verify_tree_pool(
+                            q.handle, k.handle, v.handle, a.handle, b.handle, aLog.handle,
+                            dtBias.handle, pool.handle, cu.baseAddress, cu.count, p.baseAddress,
+                            p.count, s, f, &y))
+                    }
+                }
+            }
+        }
+        return MLXKArray.adopt(y, "mlxk_gated_delta_verify_tree_pool")
+    }
+
+    /// The commit after `gatedDeltaVerifyTreePool`: tree i's accepted path (the next
+    /// `acceptedLengths[i]` node indices of `acceptedPaths`, a root first, each next a child of
+    /// the one before) replayed from its slot (zeros where fresh) into the slot; bit for bit
+    /// `gatedDeltaStatePool` on the chain of that path. `k` ... `fresh` as the verify's.
+    ///
+    /// - Returns: the new pool, lazy (in place under the rule at the top of this file).
+    /// - Throws: as `gatedDeltaVerifyTreePool`, and `.invalidArgument` for a length past its
+    ///   tree, a path count other than the lengths' sum or a path that is not a chain from a
+    ///   root.
+    public static func gatedDeltaCommitTreePool(
+        k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray, aLog: MLXKArray,
+        dtBias: MLXKArray, pool: MLXKArray, cuNodes: [Int32], parents: [Int32],
+        slots: [Int32], acceptedLengths: [Int32], acceptedPaths: [Int32], fresh: [Bool]? = nil
+    ) throws -> MLXKArray {
+        let function = "MLXKern.gatedDeltaCommitTreePool"
+        try checkTrees(cuNodes, slots.count, function, "slots")
+        try checkPerSlot(acceptedLengths.count, slots.count, function, "acceptedLengths")
+        var poolOut: OpaquePointer?
+        try withExtendedLifetime((k, v, a, b, aLog, dtBias, pool)) {
+            try withRows(slots, fresh, function) { s, f, _ in
+                try cuNodes.withUnsafeBufferPointer { cu in
+                    try parents.withUnsafeBufferPointer { p in
+                        try acceptedLengths.withUnsafeBufferPointer { lengths in
+                            try acceptedPaths.withUnsafeBufferPointer { paths in
+                                try check(mlxk_gated_delta_commit_tree_pool(
+                                    k.handle, v.handle, a.handle, b.handle, aLog.handle,
+                                    dtBias.handle, pool.handle, cu.baseAddress, cu.count,
+                                    p.baseAddress, p.count, s, f, lengths.baseAddress,
+                                    paths.baseAddress, paths.count, &poolOut))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        return MLXKArray.adopt(poolOut, "mlxk_gated_delta_commit_tree_pool")
+    }
+
     /// `gatedDeltaUpdateFromConv` on a pool: the head split of the convolution's output, then
     /// `gatedDeltaUpdatePool` on its q, k and v (bit for bit those two calls).
     ///

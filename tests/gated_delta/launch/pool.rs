@@ -9,18 +9,18 @@ use std::ptr::null_mut;
 
 /// What a pool call's launch must be: its kernel's name, row table, written rows (W; the launch
 /// has one unwritten row where W is 0) and value rows a SIMD group on CUDA.
-struct Expected<'a> {
-    name: &'a str,
-    replay: bool,
-    masked: bool,
-    y: Option<[i32; 4]>,
-    table: Vec<i32>,
-    written: i32,
-    cuda_rows: i32,
+pub(super) struct Expected<'a> {
+    pub(super) name: &'a str,
+    pub(super) replay: bool,
+    pub(super) masked: bool,
+    pub(super) y: Option<[i32; 4]>,
+    pub(super) table: Vec<i32>,
+    pub(super) written: i32,
+    pub(super) cuda_rows: i32,
 }
 
 /// Checks the last recorded launch against `e` (dims B, T, Hk, Hv, Dk, Dv of the call, N).
-fn check_launch(kernels: GpuKernels, dims: [usize; 6], n: usize, e: &Expected) {
+pub(super) fn check_launch(kernels: GpuKernels, dims: [usize; 6], n: usize, e: &Expected) {
     use mlxkern::testing::last_gpu_launch;
     let (l, inputs) = last_gpu_launch().expect("a launch reached MLX");
     let [_, _, hk, hv, dk, dv] = dims.map(|x| x as i32);
