@@ -211,7 +211,10 @@ void prefill(int t, int warmup, int iters) {
   // once, when the library starts: a run with it set labels its chunked rows with the tile.
   const char* vt = std::getenv("MLXK_CHUNK_STATE_COLUMNS");
   const std::string tile = vt != nullptr && *vt != '\0' ? std::string(" VT=") + vt : "";
+  // MLXK_BENCH_CHUNK=<C>: that chunk size alone (for a profiler).
+  const char* only_chunk = std::getenv("MLXK_BENCH_CHUNK");
   for (int chunk : {32, 64}) {
+    if (only_chunk != nullptr && std::atoi(only_chunk) != chunk) continue;
     const double c = time_us(chunked(chunk), warmup, iters);
     row("prefill", name, "mlxkern chunked C=" + std::to_string(chunk) + tile, c, 1, bytes, 0);
     std::printf("prefill  mlxkern / mlxkern chunked C=%d%s = %.2fx\n", chunk, tile.c_str(),

@@ -455,6 +455,57 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
             );
         }
     }
+    // The chunked backward's stages in each tile form (the loop above: the configured one).
+    for form in cuda::TileForm::ALL {
+        let chunk = ChunkSize::from_c(0).unwrap();
+        let (bf16, f32) = (Dtype::Bfloat16, Dtype::Float32);
+        let n = gated_delta_node(bf16, f32, Form::Chunked { chunk }, true);
+        let c = backward_chunk(chunk);
+        let scratch = backward_chunked_scratch(n.dims, c);
+        for stage in 0..CHUNKED_BACKWARD_STAGES {
+            let l = cuda::with_tile_form(gated_delta_chunked_backward_launch(&n, c, stage), form);
+            let inputs = l
+                .input_names
+                .iter()
+                .map(|i| match i.as_str() {
+                    "q" | "k" | "v" | "dy" => bf16,
+                    "mask" => Dtype::Bool,
+                    "Tin" => Dtype::Int32,
+                    _ => {
+                        assert!(
+                            scratch.iter().any(|(s, _)| s == i)
+                                || ["g", "beta", "state_in", "dstate_out"].contains(&i.as_str()),
+                            "{i}"
+                        );
+                        f32
+                    }
+                })
+                .collect();
+            check(
+                format!("chunked backward stage {stage} tiles {}", form.name()),
+                l,
+                inputs,
+            );
+        }
+    }
+    // The matrix tiles' self-test and benchmark, in each tile form (kernels/cuda/tiles.cuh).
+    for form in cuda::TileForm::ALL {
+        let l = cuda::with_tile_form(
+            mlxkern::metal::tiles::tiles_check_launch(2, 32, 64, 32),
+            form,
+        );
+        check(
+            format!("tiles check {}", form.name()),
+            l,
+            vec![Dtype::Float32; 4],
+        );
+        let l = cuda::with_tile_form(mlxkern::metal::tiles::tiles_bench_launch(8, 32, 4), form);
+        check(
+            format!("tiles bench {}", form.name()),
+            l,
+            vec![Dtype::Float32; 2],
+        );
+    }
     println!(
         "PASS: {} CUDA kernel texts compile as MLX assembles them: {}",
         checked.len(),

@@ -54,3 +54,6 @@ struct EmuCase {
 const EmuCase* emu_cases(size_t* count);
 // "" for the Metal shim; a description for the diagnostic variant build.
 const char* emu_variant();
+// The matrix tiles' form the kernels run with: -1 the Metal form (simdgroup matrices), else
+// the CUDA form's MLXK_TILE_FORM (0 fma, 1 tf32, 2 bf16; cuda_tiles_host.h).
+int emu_tile_form();

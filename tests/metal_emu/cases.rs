@@ -350,6 +350,15 @@ pub(super) fn cases() -> Vec<Case> {
     pool_cases(&mut list);
     chunked_backward_cases(&mut list);
     chunked_cases(&mut list);
+    // The matrix tiles' self-test: square, wide, tall and odd-tile products.
+    for (items, m, k, n) in [(3, 32, 64, 32), (2, 16, 16, 64), (2, 64, 32, 16), (1, 48, 48, 48)] {
+        list.push(Case {
+            kind: Kind::Tiles { items, m, k, n },
+            dtype: F32,
+            aux: F32,
+            eps: 0.0,
+        });
+    }
     chunked_pool_cases(&mut list);
     list
 }

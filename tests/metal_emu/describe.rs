@@ -238,13 +238,18 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             assert_eq!(l.threadgroup, [threads, 1, 1]);
             assert_eq!(l.grid[1..], [1, 1]);
             assert_eq!(l.grid[0] % threads, 0);
-            assert_eq!(l.header, format!("#define MLXK_CBWD_STAGE {}\n", stage + 1));
+            assert_eq!(
+                l.header,
+                format!("#define MLXK_CBWD_STAGE {}\n{}", stage + 1, metal::tiles::TILES_HEADER)
+            );
             // The stages' threadgroup memory (stage 4 the most: five C x C matrices; the
-            // sequential stages a Dk x TN tile and two C x TN ones) within Metal's 32 KiB.
+            // sequential stages a Dk x TNP tile (TN padded to a multiple of 8), two C x TNP ones
+            // and a C x 16 slice of keys) within Metal's 32 KiB.
             let tile = metal_chunked::backward_tile(node.dims);
+            let padded = tile.div_ceil(8) * 8;
             assert!(u(d.dk) * tile <= 4096 && tile <= 32);
             assert!((5 * cc * cc + cc) * 4 <= 32 * 1024);
-            assert!((u(d.dk) * tile + 2 * cc * tile + 2 * cc) * 4 <= 32 * 1024);
+            assert!((u(d.dk) * padded + 2 * cc * padded + 16 * cc + 2 * cc) * 4 <= 32 * 1024);
             // The inputs as src/ops/gated_delta/chunked_vjp.rs passes them: the backward's
             // (as for the exact kernel; Tin = {T}), then the earlier stages' f32 outputs.
             let scratch = metal_chunked::backward_chunked_scratch(node.dims, cc);
@@ -719,6 +724,28 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 format!(" state tile {columns}"),
             );
             (l, kind, label, case_dims(d), inputs, extra)
+        }
+        Kind::Tiles { items, m, k, n } => {
+            let u = |x: i64| x as usize;
+            let l = metal::tiles::tiles_check_launch(u(*items), u(*m), u(*k), u(*n));
+            assert_eq!(l.grid, [(128 * items) as i32, 1, 1]);
+            assert_eq!(l.threadgroup, [128, 1, 1]);
+            assert_eq!(l.header, metal::tiles::TILES_HEADER);
+            let inputs: Inputs = vec![
+                ("a", F32, vec![*items, *m, *k]),
+                ("b", F32, vec![*items, *k, *n]),
+                ("gate", F32, vec![*items, *m]),
+                ("c0", F32, vec![*items, *m, *n]),
+            ];
+            let label = format!("items {items} M {m} K {k} N {n}");
+            (
+                l,
+                "tiles",
+                label,
+                vec![*items, *m, *k, *n],
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
         }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {

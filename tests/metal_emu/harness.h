@@ -201,6 +201,9 @@ GradError grad_error(const Tensor& cpu, const std::vector<double>& metal, bool t
 mlxk_array* new_array(const Tensor& t);
 const EmuCase* find_case(int id);
 
+// harness_tiles.cc: the matrix tiles' self-test against float64 products.
+Result run_tiles(const EmuCase& c);
+
 // harness_backward_chunked.cc: the chunked backward's five launches from stage 0's case.
 Result run_backward_chunked(const EmuCase& c);
 void print_backward_chunked_worst();

@@ -321,6 +321,7 @@ Result run_case(const EmuCase& c) {
   }
   if (kind == "chunk_out") return run_chunked(c);
   if (kind == "chunk_pool_out") return run_chunked_pool(c);
+  if (kind == "tiles") return run_tiles(c);
   Rng rng{c.seed ^ g_seed_offset};
   Built built;
   if (kind == "recurrence" || kind == "recurrence_masked" || kind == "replay") {

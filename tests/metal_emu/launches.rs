@@ -205,6 +205,9 @@ enum Kind {
         stage: usize,
         first: usize,
     },
+    /// The matrix tiles' self-test (src/metal/tiles.rs `tiles_check_launch`): `items` work
+    /// items of an M x K by K x N product, Aᵀ A and A Aᵀ.
+    Tiles { items: i64, m: i64, k: i64, n: i64 },
 }
 
 /// Which pool call a `Kind::Pool` case makes.
@@ -250,6 +253,7 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/gated_delta_chunked_prep.metal",
         "kernels/metal/gated_delta_chunked_state.metal",
         "kernels/metal/gated_delta_chunked_out.metal",
+        "kernels/metal/tiles_check.metal",
     ];
     for file in files {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");
