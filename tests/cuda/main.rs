@@ -50,6 +50,15 @@ fn on_gpu(gpu: bool) {
     }));
 }
 
+/// A recurrence case's label: `form`, the dtype, the dims, whether a state and a mask are given.
+fn case_label(form: &str, dtype: mlxk_dtype, dims: [usize; 6], state: bool, mask: bool) -> String {
+    format!(
+        "{form} {} {} state={state} mask={mask}",
+        dtype_name(dtype),
+        dims_label(dims)
+    )
+}
+
 /// `dims` = B, T, Hk, Hv, Dk, Dv as a label.
 fn dims_label(dims: [usize; 6]) -> String {
     let [b, t, hk, hv, dk, dv] = dims;
@@ -170,19 +179,17 @@ impl Update {
         );
         let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
         let k = heads(rng, b * t * hk * dk, dk, 1.0);
+        let v = typed(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi], dtype);
+        let [a, gate_b, a_log, dt_bias, state] = gate_arrays(rng, dims, dtype, state);
         let h = [
             typed(&q, &[bi, ti, hki, dki], dtype),
             typed(&k, &[bi, ti, hki, dki], dtype),
-            typed(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi], dtype),
-            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-            new_f32(&rng.vec(hv, 1.5), &[hvi]),
-            typed(&rng.vec(hv, 1.0), &[hvi], dtype),
-            if state {
-                new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
-            } else {
-                null_mut()
-            },
+            v,
+            a,
+            gate_b,
+            a_log,
+            dt_bias,
+            state,
             if mask {
                 // Row 0 fully masked, the others at random.
                 let m: Vec<bool> = (0..b * t).map(|i| i >= t && rng.below(4) != 0).collect();
@@ -221,11 +228,7 @@ impl Update {
 
 fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) {
     let u = Update::random(rng, dims, dtype, state, mask);
-    let label = format!(
-        "update {} {} state={state} mask={mask}",
-        dtype_name(dtype),
-        dims_label(dims)
-    );
+    let label = case_label("update", dtype, dims, state, mask);
     on_gpu(false);
     let (y0, s0) = u.run();
     on_gpu(true);

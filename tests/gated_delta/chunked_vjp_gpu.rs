@@ -12,16 +12,9 @@ use std::ptr::null_mut;
 /// bf16 arguments for `dims` = B, T, Hk, Hv, Dk, Dv (no state, no mask) and f32 cotangents
 /// (or NULL).
 fn arrays(rng: &mut Rng, dims: [usize; 6], cotangents: bool) -> ([H; 11], Vec<f32>) {
-    let [b, t, hk, hv, dk, dv] = dims;
+    let [b, t, _, hv, dk, dv] = dims;
     let i = |x: usize| x as i32;
-    let h = |v: Vec<f32>, s: &[i32]| new_bf16(&v, s);
-    let q = h(rng.vec(b * t * hk * dk, 0.3), &[i(b), i(t), i(hk), i(dk)]);
-    let k = h(rng.vec(b * t * hk * dk, 0.3), &[i(b), i(t), i(hk), i(dk)]);
-    let v = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
-    let a = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let bb = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let a_log = new_f32(&rng.vec(hv, 1.0), &[i(hv)]);
-    let dt = h(rng.vec(hv, 0.5), &[i(hv)]);
+    let [q, k, v, a, bb, a_log, dt] = recurrence_arrays(rng, dims, 0.3, |v, s| new_bf16(&v, s));
     let ds_values = rng.vec(b * hv * dv * dk, 0.5);
     let (dy, ds) = if cotangents {
         (

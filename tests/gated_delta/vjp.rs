@@ -444,16 +444,10 @@ fn the_gpu_path_without_tokens_passes_the_state_gradient_through() {
 /// Without a GPU: the GPU path of case `c` builds everything up to the backward kernel's
 /// launch, which MLX refuses on the CPU stream; the error names the launch.
 fn reaches_the_backward_kernel(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) {
-    let [b, t, hk, hv, dk, dv] = c.dims;
+    let [b, t, _, hv, _, dv] = c.dims;
     let i = |x: usize| x as i32;
     let h = |data: Vec<f32>, shape: &[i32]| c.dtype.array(&data, shape).0;
-    let q = h(rng.vec(b * t * hk * dk, 0.2), &[i(b), i(t), i(hk), i(dk)]);
-    let k = h(rng.vec(b * t * hk * dk, 0.2), &[i(b), i(t), i(hk), i(dk)]);
-    let v = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
-    let a = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let bb = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let a_log = new_f32(&rng.vec(hv, 1.0), &[i(hv)]);
-    let dt = h(rng.vec(hv, 0.5), &[i(hv)]);
+    let [q, k, v, a, bb, a_log, dt] = recurrence_arrays(rng, c.dims, 0.2, &h);
     let dy = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
     let args = [
         q,
