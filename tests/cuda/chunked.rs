@@ -193,9 +193,7 @@ fn case(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: b
         report += &format!(", {zeros} masked y values +0");
     }
     println!("PASS: {label}: worst error / bound: {report}");
-    for h in [ye, se, yc, sc, yh, sh, yg, sg] {
-        free(h);
-    }
+    free_all(&[ye, se, yc, sc, yh, sh, yg, sg]);
     u.free();
 }
 

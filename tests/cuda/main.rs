@@ -276,9 +276,7 @@ fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, m
         free(whole);
     }
     on_gpu(false);
-    for h in [y0, s0, y1, s1, y2, s2, r0, r1] {
-        free(h);
-    }
+    free_all(&[y0, s0, y1, s1, y2, s2, r0, r1]);
     u.free();
 }
 
@@ -349,9 +347,7 @@ fn from_conv(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, ma
         ok(unsafe { mlxk_gated_delta_update(q, k, v, a, bh, al, dt, s, m, &mut y, &mut st) });
         ok(mlxk_array_eval(y));
         ok(mlxk_array_eval(st));
-        for h in [q, k, v] {
-            free(h);
-        }
+        free_all(&[q, k, v]);
         (y, st)
     };
     let label = format!(
@@ -423,9 +419,7 @@ fn gated_norm(rng: &mut Rng, rows: usize, d: usize, dtype: mlxk_dtype, gate: mlx
     );
     assert_identical(&label, cpu, gpu);
     println!("PASS: {label}: bit-identical to the CPU kernel");
-    for h in [cpu, gpu, x, z, w] {
-        free(h);
-    }
+    free_all(&[cpu, gpu, x, z, w]);
 }
 
 /// 40 chained decode steps, each state feeding the next, on both devices.
@@ -538,9 +532,7 @@ fn gates(rng: &mut Rng) {
     // own rounding into exp, so CUDA's and MLX CPU's formulas may part by tens of ulps for
     // large m; relative to the gate that stays far under 1e-5 (m ≤ 88, each step 2^-24).
     assert!(rel <= 1e-5, "gates {rel:.2e} apart (relative)");
-    for h in [a_log, a, dt, cpu, gpu] {
-        free(h);
-    }
+    free_all(&[a_log, a, dt, cpu, gpu]);
 }
 
 #[test]

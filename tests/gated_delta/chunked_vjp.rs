@@ -264,9 +264,7 @@ fn arguments_are_checked_and_named() {
     for h in outs {
         free(h);
     }
-    for h in [q, v, g, hv1, flat, bad_dy] {
-        free(h);
-    }
+    free_all(&[q, v, g, hv1, flat, bad_dy]);
 }
 
 /// With a GPU as default device the chunked VJP is the chunked GPU backward: without a GPU

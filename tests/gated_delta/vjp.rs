@@ -103,9 +103,7 @@ fn bf16_inputs_give_gradients_in_their_dtypes() {
         assert!(read_widened(h).iter().all(|x| x.is_finite()));
         free(h);
     }
-    for h in [q, k, v, a, bb, a_log, dt, dy] {
-        free(h);
-    }
+    free_all(&[q, k, v, a, bb, a_log, dt, dy]);
 }
 
 #[test]
@@ -149,9 +147,7 @@ fn arguments_are_checked_and_named() {
     let status = vjp_to(inputs, None, no_dstate);
     assert_eq!(status, MLXK_ERR_NULL_POINTER);
     assert!(last_error().contains("dstate is NULL"), "{}", last_error());
-    for h in [q, v, g, hv1, bad_dy, bf16_ds] {
-        free(h);
-    }
+    free_all(&[q, v, g, hv1, bad_dy, bf16_ds]);
 }
 
 /// One comparison of the GPU device's backward (MLX ops, here on a CPU stream) with the CPU
@@ -476,7 +472,5 @@ fn reaches_the_backward_kernel(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) 
         grads.iter().all(|g| g.is_null()),
         "no gradient is written on an error"
     );
-    for h in [q, k, v, a, bb, a_log, dt, dy] {
-        free(h);
-    }
+    free_all(&[q, k, v, a, bb, a_log, dt, dy]);
 }

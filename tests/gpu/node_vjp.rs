@@ -107,9 +107,7 @@ fn gated_norm_gradients_match_the_cpu_backward() {
                 check_paths(&what, dtype.unit(), bound(dtype), &cpu[i], &gpu[i]);
             }
         }
-        for h in [x, gate, weight, dout] {
-            free(h);
-        }
+        free_all(&[x, gate, weight, dout]);
     }
 }
 
@@ -157,9 +155,7 @@ fn head_split_gradients_match_the_cpu_backward() {
                 check_paths(&what, dtype.unit(), bound(dtype), &cpu[i], &gpu[i]);
             }
         }
-        for h in [x, q_scale, k_scale, dq, dkk, dvv] {
-            free(h);
-        }
+        free_all(&[x, q_scale, k_scale, dq, dkk, dvv]);
     }
 }
 

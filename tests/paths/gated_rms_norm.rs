@@ -46,9 +46,7 @@ fn gated_norm_case(rng: &mut Rng, kind: Kind, gate_kind: Kind, rows: usize, widt
         );
         assert_same(kind, &portable, &vectorized, &what);
     }
-    for h in [xh, gh, wh] {
-        free(h);
-    }
+    free_all(&[xh, gh, wh]);
 }
 
 #[test]

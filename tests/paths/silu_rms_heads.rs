@@ -51,9 +51,7 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
             )
         });
         let out = [read_bytes(q), read_bytes(k), read_bytes(v)];
-        for h in [q, k, v] {
-            free(h);
-        }
+        free_all(&[q, k, v]);
         out
     });
     for (path, vectorized) in others {
@@ -65,9 +63,7 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
             assert_same(kind, &portable[i], &vectorized[i], &what);
         }
     }
-    for h in [xh, qh, kh] {
-        free(h);
-    }
+    free_all(&[xh, qh, kh]);
 }
 
 #[test]

@@ -189,6 +189,12 @@ pub fn free(a: H) {
     ok(mlxk_array_free(a));
 }
 
+pub fn free_all(hs: &[H]) {
+    for &h in hs {
+        free(h);
+    }
+}
+
 /// `n` random values as heads of `dk`, each head scaled to norm `scale` (q and k as mlx-lm
 /// normalizes them).
 pub fn heads(rng: &mut Rng, n: usize, dk: usize, scale: f32) -> Vec<f32> {
@@ -276,6 +282,13 @@ impl Recurrence {
         let status =
             unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) };
         (status, y, st)
+    }
+
+    /// y and the state of `run`, which must succeed.
+    pub fn outputs(&self) -> (H, H) {
+        let (status, y, st) = self.run();
+        ok(status);
+        (y, st)
     }
 
     pub fn free(self) {
