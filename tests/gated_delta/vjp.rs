@@ -11,25 +11,16 @@ use crate::support::*;
 use grad::{check_paths, check_paths_at, Float};
 use mlxkern::testing::{gated_delta_update_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{base64, central_at, run, vjp, vjp_to, Case, GRADS};
+use vjp_case::{base64, central_at, run, small_args, vjp, vjp_to, Case, GRADS};
 
 fn random_case(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Case {
-    let [b, t, hk, hv, dk, dv] = dims;
+    let [b, t, hk, _, dk, _] = dims;
     let scale = (dk as f32).powf(-0.5);
-    Case {
-        dims,
-        q: rng.vec(b * t * hk * dk, scale),
-        k: rng.vec(b * t * hk * dk, scale),
-        v: rng.vec(b * t * hv * dv, 1.0),
-        a: rng.vec(b * t * hv, 1.5),
-        b: rng.vec(b * t * hv, 2.0),
-        a_log: rng.vec(hv, 1.0),
-        dt_bias: rng.vec(hv, 0.5),
-        state: with_state.then(|| rng.vec(b * hv * dv * dk, 0.5)),
-        mask: with_mask.then(|| (0..b * t).map(|i| i % 4 != 2).collect()),
-        dy: rng.vec(b * t * hv * dv, 1.0),
-        dstate_out: Some(rng.vec(b * hv * dv * dk, 0.5)),
-    }
+    let q = rng.vec(b * t * hk * dk, scale);
+    let k = rng.vec(b * t * hk * dk, scale);
+    Case::random_with(rng, dims, [q, k], with_state, |_| {
+        with_mask.then(|| (0..b * t).map(|i| i % 4 != 2).collect())
+    })
 }
 
 #[test]
@@ -109,10 +100,7 @@ fn bf16_inputs_give_gradients_in_their_dtypes() {
 #[test]
 fn arguments_are_checked_and_named() {
     let mut rng = Rng::fresh();
-    let q = new_f32(&rng.vec(32, 0.2), &[1, 1, 1, 32]);
-    let v = new_f32(&rng.vec(4, 1.0), &[1, 1, 1, 4]);
-    let g = new_f32(&rng.vec(1, 1.0), &[1, 1, 1]);
-    let hv1 = new_f32(&rng.vec(1, 1.0), &[1]);
+    let [q, v, g, hv1] = small_args(&mut rng, 1);
     let bad_dy = new_f32(&rng.vec(3, 1.0), &[1, 1, 1, 3]);
     let bf16_ds = new_bf16(&rng.vec(128, 1.0), &[1, 1, 4, 32]);
     let mut outs = [null_mut(); 8];

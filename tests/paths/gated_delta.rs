@@ -3,6 +3,7 @@
 //! same bits as the portable one, and the chunked form gives the same bits with its AVX2 and
 //! AVX-512 products. (It flips process-wide switches: tests/paths/main.rs.)
 
+use crate::support::paths::default_kernels;
 use crate::support::*;
 use std::ptr::null_mut;
 
@@ -110,8 +111,7 @@ fn vectorized_and_portable_kernels_agree_bit_for_bit() {
             results.push((read_bytes(y), read_bytes(s), read_bytes(replayed)));
             free_all(&[y, s, replayed]);
         }
-        mlxkern::testing::force_portable_kernels(false);
-        mlxkern::testing::force_avx2_kernels(false);
+        default_kernels();
         for other in &results[1..] {
             assert!(results[0].0 == other.0, "y differs for {dims:?}");
             assert!(results[0].1 == other.1, "state differs for {dims:?}");
