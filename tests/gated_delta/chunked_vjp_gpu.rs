@@ -108,19 +108,13 @@ fn nothing_to_launch_gives_zeros_and_dstate_out() {
                 MLXK_DTYPE_FLOAT32 => read_f32(*g),
                 _ => read_bf16(*g),
             };
-            assert!(
-                values.iter().all(|&x| x == 0.0),
-                "{dims:?}: gradient {n} is not zeros: {values:?}"
-            );
+            assert_zeros(&values, &format!("{dims:?}: gradient {n}"));
         }
         let dstate = read_f32(grads[7]);
         if cotangents {
             assert_eq!(dstate, ds_values, "{dims:?}: dstate is dstate_out");
         } else {
-            assert!(
-                dstate.iter().all(|&x| x == 0.0),
-                "{dims:?}: dstate is zeros"
-            );
+            assert_zeros(&dstate, &format!("{dims:?}: dstate"));
         }
         release(grads);
         release(args);

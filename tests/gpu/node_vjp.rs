@@ -277,10 +277,7 @@ fn the_recurrence_without_tokens_gives_zeros_and_passes_the_state_gradient() {
                 if primals[i] == r.caller[7] {
                     assert_eq!(values, dstate_out, "{forward:?}: dstate is dstate_out");
                 } else {
-                    assert!(
-                        values.iter().all(|&x| x == 0.0),
-                        "{forward:?}: primal {i} not zero"
-                    );
+                    assert_zeros(&values, &format!("{forward:?}: primal {i}"));
                 }
                 free(g);
             }

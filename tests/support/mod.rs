@@ -189,6 +189,15 @@ pub fn free(a: H) {
     ok(mlxk_array_free(a));
 }
 
+/// Every value is +0 or -0; `what` names them in a failure.
+#[track_caller]
+pub fn assert_zeros(values: &[f32], what: &str) {
+    assert!(
+        values.iter().all(|&x| x == 0.0),
+        "{what}: not all zeros: {values:?}"
+    );
+}
+
 pub fn free_all(hs: &[H]) {
     for &h in hs {
         free(h);
