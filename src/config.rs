@@ -3,12 +3,15 @@
 //! before them and none reads them while it is built.
 //!
 //! - `MLXK_NUM_THREADS`: the CPU kernels' threads (1 to 64); unset, min(cores, 8).
-//! - `MLXK_CHUNK_SCAN_COLUMNS`: 8, 16 or 32, a narrower tile of value columns for the GPU
-//!   chunked form's scan launch than the launch's own (tuning: more threadgroups, each with
+//! - `MLXK_CHUNK_STATE_COLUMNS`: 8, 16 or 32, a narrower tile of value columns for the GPU
+//!   chunked form's state pass than the launch's own (tuning: more threadgroups, each with
 //!   less work; the results do not change beyond rounding). A wider value than the launch's
 //!   own is ignored.
 //! - `MLXK_CUDA_INLINE_TEXT`: any value but empty or 0 keeps the CUDA kernel texts inline in
 //!   the launches instead of in files (`cuda::files`).
+//! - `MLXK_CUDA_TILES`: `fma` (the default), `tf32` or `bf16`, the form of the matrix tiles in
+//!   MLX CUDA launches (`cuda::TileForm`): float32 fused multiply-adds, or tensor cores on tf32
+//!   or bf16 inputs. Any other value is ignored.
 
 use std::sync::OnceLock;
 
@@ -17,10 +20,12 @@ use std::sync::OnceLock;
 pub struct Config {
     /// `MLXK_NUM_THREADS`, clamped to [1, 64]; None when unset or not a number.
     pub num_threads: Option<usize>,
-    /// `MLXK_CHUNK_SCAN_COLUMNS` when it is 8, 16 or 32.
-    pub chunk_scan_columns: Option<usize>,
+    /// `MLXK_CHUNK_STATE_COLUMNS` when it is 8, 16 or 32.
+    pub chunk_state_columns: Option<usize>,
     /// `MLXK_CUDA_INLINE_TEXT` set to something other than empty or 0.
     pub cuda_inline_text: bool,
+    /// `MLXK_CUDA_TILES` when it names a form.
+    pub cuda_tiles: Option<crate::cuda::TileForm>,
 }
 
 impl Config {
@@ -33,9 +38,12 @@ impl Config {
         let inline = std::env::var("MLXK_CUDA_INLINE_TEXT");
         Config {
             num_threads: number("MLXK_NUM_THREADS").map(|n| n.clamp(1, 64)),
-            chunk_scan_columns: number("MLXK_CHUNK_SCAN_COLUMNS")
+            chunk_state_columns: number("MLXK_CHUNK_STATE_COLUMNS")
                 .filter(|vt| [8, 16, 32].contains(vt)),
             cuda_inline_text: matches!(inline.as_deref(), Ok(v) if !v.is_empty() && v != "0"),
+            cuda_tiles: std::env::var("MLXK_CUDA_TILES")
+                .ok()
+                .and_then(|v| crate::cuda::TileForm::from_name(&v)),
         }
     }
 }

@@ -18,6 +18,81 @@ pub const METAL_COMPAT_HEADER: &str = include_str!("../kernels/cuda/metal_compat
 /// MLXK_GATE_DECAY_AT / MLXK_GATE_BETA_AT hooks).
 pub const GATES_HEADER: &str = include_str!("../kernels/cuda/gates.cuh");
 
+/// The matrix tiles' MLX CUDA form, which a CUDA launch carries in the place of their Metal
+/// form (`metal::tiles::TILES_HEADER`).
+pub const TILES_HEADER: &str = include_str!("../kernels/cuda/tiles.cuh");
+
+/// How the matrix tiles multiply on MLX CUDA (`kernels/cuda/tiles.cuh`, `MLXK_TILE_FORM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TileForm {
+    /// Float32 fused multiply-adds, no tensor core: the reference form, and the default (its
+    /// results keep the float32 bounds of the kernels' tests; tf32 and bf16 have their own).
+    Fma,
+    /// Tensor cores (`mma.sync` m16n8k8) on inputs rounded to tf32 (10-bit mantissa), float32
+    /// accumulation.
+    Tf32,
+    /// Tensor cores on inputs rounded to bf16 (7-bit mantissa), float32 accumulation.
+    Bf16,
+}
+
+impl TileForm {
+    /// Every form, in the order of `MLXK_TILE_FORM`'s values.
+    pub const ALL: [TileForm; 3] = [TileForm::Fma, TileForm::Tf32, TileForm::Bf16];
+
+    /// The form `MLXK_CUDA_TILES` names (`fma`, `tf32`, `bf16`).
+    pub fn from_name(name: &str) -> Option<TileForm> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TileForm::Fma => "fma",
+            TileForm::Tf32 => "tf32",
+            TileForm::Bf16 => "bf16",
+        }
+    }
+
+    /// The header line that selects the form.
+    pub fn define(self) -> String {
+        let form = match self {
+            TileForm::Fma => "MLXK_TILE_FMA",
+            TileForm::Tf32 => "MLXK_TILE_TF32",
+            TileForm::Bf16 => "MLXK_TILE_BF16",
+        };
+        format!("#define MLXK_TILE_FORM {form}\n")
+    }
+
+    /// The form CUDA launches take: `MLXK_CUDA_TILES`, else fma.
+    pub fn configured() -> TileForm {
+        crate::seams::cuda_tile_form()
+            .or(crate::config::get().cuda_tiles)
+            .unwrap_or(TileForm::Fma)
+    }
+}
+
+/// A launch using the tiles with `form`'s line first in its header, so that `launch` keeps that
+/// form instead of the configured one (tests and benchmarks of every form in one process).
+pub fn with_tile_form(mut l: MetalLaunch, form: TileForm) -> MetalLaunch {
+    l.header = format!("{}{}", form.define(), l.header);
+    l
+}
+
+/// The header with the tiles' Metal form replaced by the CUDA form, of the form a line of the
+/// header already names (`with_tile_form`) or else the configured one; other headers as they
+/// are.
+fn cuda_tiles(header: &str) -> String {
+    let metal = crate::metal::tiles::TILES_HEADER;
+    if !header.contains(metal) {
+        return header.to_string();
+    }
+    let chosen = if header.contains("#define MLXK_TILE_FORM ") {
+        String::new()
+    } else {
+        TileForm::configured().define()
+    };
+    format!("{chosen}{}", header.replace(metal, TILES_HEADER))
+}
+
 /// CUDA's limit on the blocks of a grid's y and z axes (x allows 2^31 - 1).
 pub const MAX_BLOCKS_YZ: i32 = 65_535;
 
@@ -69,7 +144,7 @@ pub fn launch(mut l: MetalLaunch) -> Result<MetalLaunch> {
             .get_or_init(|| format!("{compat}{}", strip_comments(GATES_HEADER)))
             .clone()
     } else {
-        format!("{compat}{}", strip_comments(&l.header))
+        format!("{compat}{}", strip_comments(&cuda_tiles(&l.header)))
     };
     l.source = strip_comments(&l.source);
     if let Some((header, source)) = files::include_lines(&l.header, &l.source, &l.input_names) {
@@ -274,6 +349,33 @@ mod tests {
         }
         let l = launch(metal("mlxk_gated_delta_step", [32, 0, 0], [32, 4, 1])).unwrap();
         assert_eq!(l.threadgroup, [32, 4, 1]);
+    }
+
+    #[test]
+    fn tile_launches_carry_the_cuda_form_of_their_choice() {
+        use crate::metal::tiles::tiles_check_launch;
+        let configured = launch(tiles_check_launch(1, 32, 32, 32)).unwrap();
+        let text = resolved(&configured.header);
+        assert!(
+            !text.contains("simdgroup_float8x8"),
+            "the Metal form left in"
+        );
+        assert!(text.contains("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"));
+        assert!(text.starts_with(&strip_comments(METAL_COMPAT_HEADER)));
+        let first = text.find("#define MLXK_TILE_FORM ").unwrap();
+        assert!(text[first..].starts_with(&TileForm::configured().define()));
+        for form in TileForm::ALL {
+            let l = launch(with_tile_form(tiles_check_launch(1, 32, 32, 32), form)).unwrap();
+            let text = resolved(&l.header);
+            // The form's line comes first (tiles.cuh's own default follows, under #ifndef).
+            let first = text.find("#define MLXK_TILE_FORM ").unwrap();
+            assert!(text[first..].starts_with(&form.define()), "{form:?}");
+            assert_eq!(TileForm::from_name(form.name()), Some(form));
+        }
+        assert_eq!(TileForm::from_name("fp32"), None);
+        // A launch without tiles keeps its header.
+        let plain = launch(metal("mlxk_gated_delta_step", [32, 4, 1], [32, 4, 1])).unwrap();
+        assert!(!resolved(&plain.header).contains("MLXK_TILE_FORM"));
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub(crate) mod switches {
     pub static FORCE_AVX2: AtomicBool = AtomicBool::new(false);
     /// `gpu_node` keeps the last launch it hands to MLX (`testing::record_gpu_launches`).
     pub static RECORD_GPU_LAUNCHES: AtomicBool = AtomicBool::new(false);
+    /// The matrix tiles' form on MLX CUDA: 0 the configured one, else 1 + its index in
+    /// `cuda::TileForm::ALL` (`testing::cuda_tile_form`).
+    pub static CUDA_TILE_FORM: AtomicU8 = AtomicU8::new(0);
 
     thread_local! {
         /// The backend this thread's calls take instead of the default device's
@@ -51,6 +54,18 @@ pub(crate) fn pool_in_place() -> Option<bool> {
         1 => Some(true),
         2 => Some(false),
         _ => None,
+    };
+    #[cfg(not(feature = "testing"))]
+    None
+}
+
+/// The matrix tiles' form forced on MLX CUDA launches (library: None, the configured one).
+#[inline]
+pub(crate) fn cuda_tile_form() -> Option<crate::cuda::TileForm> {
+    #[cfg(feature = "testing")]
+    return match switches::CUDA_TILE_FORM.load(Relaxed) {
+        0 => None,
+        i => crate::cuda::TileForm::ALL.get(i as usize - 1).copied(),
     };
     #[cfg(not(feature = "testing"))]
     None

@@ -161,6 +161,19 @@ pub fn from_conv_one_kernel_any_tokens(on: bool) {
     crate::seams::switches::FROM_CONV_ANY_T.store(on, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Makes MLX CUDA launches that use the matrix tiles take `form` (`None`: the configured one,
+/// `MLXK_CUDA_TILES` or fma), so that one process checks every form. Process-wide; the launches
+/// made afterwards see it.
+pub fn cuda_tile_form(form: Option<crate::cuda::TileForm>) {
+    let code = form.map_or(0, |f| {
+        1 + crate::cuda::TileForm::ALL
+            .iter()
+            .position(|&x| x == f)
+            .expect("a listed form") as u8
+    });
+    crate::seams::switches::CUDA_TILE_FORM.store(code, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Threads the CPU kernels use (the calling thread plus the pool's helpers).
 pub fn cpu_threads() -> usize {
     crate::cpu::pool::threads()
@@ -690,6 +703,45 @@ pub unsafe fn gpu_node_vjp(
         assert_eq!(grads.len(), outs.len(), "one gradient per primal");
         for (out, grad) in outs.iter_mut().zip(grads) {
             *out = mlx.insert(grad);
+        }
+        Ok(())
+    })
+}
+
+/// Any launch description (`crate::metal`'s, e.g. `metal::tiles::tiles_check_launch`) run as
+/// the library runs its own: through `mx::fast::metal_kernel`, or through `cuda::launch` (the
+/// CUDA header, the tiles' CUDA form, CUDA's geometry) and `mx::fast::cuda_kernel` (`gpu =
+/// false`: on a CPU stream, where MLX refuses). One handle per launch output into `outs`.
+///
+/// # Safety
+/// `outs` has room for one handle per output of `launch`.
+pub unsafe fn gpu_launch(
+    kernels: GpuKernels,
+    gpu: bool,
+    launch: crate::bridge::MetalLaunch,
+    inputs: &[*const mlxk_array],
+    outs: &mut [*mut mlxk_array],
+) -> mlxk_status {
+    boundary("gpu_launch", || {
+        assert_eq!(
+            launch.input_names.len(),
+            inputs.len(),
+            "one array per launch input"
+        );
+        assert_eq!(
+            launch.output_names.len(),
+            outs.len(),
+            "one handle per launch output"
+        );
+        let mut mlx = registry::lock();
+        let arrays = inputs
+            .iter()
+            .zip(&launch.input_names)
+            .map(|(&h, name)| mlx.get(h, name))
+            .collect::<crate::error::Result<Vec<_>>>()?;
+        let outputs = crate::ops::gpu_node(None, || launch, &arrays, kernels.backend(gpu), None)?;
+        for (out, array) in outs.iter_mut().zip(outputs) {
+            *out = mlx.insert(array);
         }
         Ok(())
     })

@@ -95,6 +95,23 @@ fn kernels_refuse_results_above_the_limit_before_building() {
         &["GPU chunked form's per-chunk matrices", "memory limit"],
     );
     assert!(y.is_null() && s.is_null());
+    // With them, the state pass keeps the state entering each of the 2 chunks and the final one
+    // (2 * 4 * 3 * 128 * 128 floats) and U (2 * 4 * 64 * 128): 2.69 MB in all, refused under
+    // 2 MiB, which the per-chunk matrices fit.
+    let status = under_limit(2 << 20, || unsafe {
+        gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
+    });
+    expect_err(
+        status,
+        MLXK_ERR_OUT_OF_MEMORY,
+        &[
+            "GPU chunked form's kept states",
+            "each of its 2 chunks",
+            "2689024 bytes",
+            "memory limit",
+        ],
+    );
+    assert!(y.is_null() && s.is_null());
     let status = unsafe {
         gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
     };

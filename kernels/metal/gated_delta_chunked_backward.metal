@@ -22,9 +22,13 @@
 //
 // Every stage: threadgroups of NT threads (NT / 32 SIMD groups) along grid x, one per work item
 // (grid x = NT * items). Inputs and outputs as src/metal/gated_delta/chunked_backward.rs lists them; scratch arrays
-// are f32: per head [n = b * Hv + hv] and token [n, T, X], per chunk [n, NC, C, C], kept states
-// [n, NC, Dv, Dk]. Tin = {T}; mask [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
-// Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, <= 32), TN (value columns of a tile), NT.
+// are f32: per head [n = b * Hv + hv] and token [n, T, X] (W: [n, NC * C, Dk], the last chunk's
+// rows past T zero), per chunk [n, NC, C, C], kept states [n, NC, Dv, Dk]. Tin = {T}; mask
+// [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
+// Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, 16 or 32), TN (value columns of a tile),
+// NT. The sequential stages (2, 3) multiply on the matrix tiles (the launch's header, tiles.h:
+// simdgroup matrices on Metal, tensor cores or FMAs on MLX CUDA), with the tile's TN columns
+// padded to TNP, a multiple of 8, by zero columns.
 // A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
 // --fmad=true makes those FMAs): this backward has no bit-exact contract, and a fused
 // multiply-add is faster and rounds once instead of twice.
@@ -36,6 +40,7 @@
 
 #if MLXK_CBWD_STAGE == 1
     // ---- 1: per (head, chunk) ----
+    const int TP = NC * C;  // W's rows per head
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
     const uint b_idx = n / Hv;
@@ -117,15 +122,15 @@
     }
     for (int e = int(tid); e < C * C; e += NT) tm[sq + e] = tm_s[e];
     // W = Tm diag(βγ) K, Ũ = Tm diag(β) V.
-    for (int e = int(tid); e < L * Dk; e += NT) {
+    for (int e = int(tid); e < C * Dk; e += NT) {
       const int r = e / Dk, i = e % Dk;
       float acc = 0.0f;
-      for (int s = 0; s <= r; ++s) {
+      for (int s = 0; s <= r && r < L; ++s) {
         const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
         const float f = MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), gam_s[s]);
         acc += MLXK_CB_MUL(f, static_cast<float>(k[ks + i]));
       }
-      w[(size_t(n) * T + t0 + r) * Dk + i] = acc;
+      w[(size_t(n) * TP + t0 + r) * Dk + i] = acc;
     }
     for (int e = int(tid); e < L * Dv; e += NT) {
       const int r = e / Dv, j = e % Dv;
@@ -139,19 +144,26 @@
 
 #elif MLXK_CBWD_STAGE == 2
     // ---- 2: per (head, column tile), chunks in order ----
+    const int TP = NC * C;  // W's rows per head
     constexpr int NTILE = (Dv + TN - 1) / TN;
+    constexpr int TNP = (TN + 7) / 8 * 8;
+    constexpr int NSG = NT / 32;
+    constexpr int KS = 16;  // key rows per slice staged in threadgroup memory
     const uint n = item / uint(NTILE);
     const int j0 = int(item % uint(NTILE)) * TN;
     const uint b_idx = n / Hv;
     const uint hv_idx = n % Hv;
     const uint hk_idx = hv_idx / (Hv / Hk);
-    threadgroup float h_s[Dk * TN];  // h[i][jj]
-    threadgroup float u_s[C * TN];
+    const uint lane = tid % 32;
+    const uint sg = tid / 32;
+    threadgroup float h_s[Dk * TNP];  // h[i][jj]
+    threadgroup float ug_s[C * TNP];  // diag(Γ_L) U
+    threadgroup float k_s[C * KS];    // KS keys of the chunk's tokens, k_s[s][ii]
     threadgroup float gl_s[C];
-    for (int e = int(tid); e < Dk * TN; e += NT) {
+    for (int e = int(tid); e < Dk * TNP; e += NT) {
       const int jj = e / Dk, i = e % Dk;
       const int j = j0 + jj;
-      h_s[i * TN + jj] = j < Dv ? state_in[(size_t(n) * Dv + j) * Dk + i] : 0.0f;
+      h_s[i * TNP + jj] = jj < TN && j < Dv ? state_in[(size_t(n) * Dv + j) * Dk + i] : 0.0f;
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     for (int c = 0; c < NC; ++c) {
@@ -161,63 +173,92 @@
       for (int e = int(tid); e < Dk * TN; e += NT) {
         const int jj = e / Dk, i = e % Dk;
         const int j = j0 + jj;
-        if (j < Dv) hs[(kept + j) * Dk + i] = h_s[i * TN + jj];
+        if (j < Dv) hs[(kept + j) * Dk + i] = h_s[i * TNP + jj];
       }
       for (int s = int(tid); s < C; s += NT) {
         gl_s[s] = s < L ? gm[((size_t(n) * NC + c) * C + (L - 1)) * C + s] : 0.0f;
       }
-      // U = Ũ − W h
-      for (int e = int(tid); e < C * TN; e += NT) {
-        const int s = e / TN, jj = e % TN;
-        const int j = j0 + jj;
-        float val = 0.0f;
-        if (s < L && j < Dv) {
-          const size_t tw = size_t(n) * T + t0 + s;
-          // Four partial sums (Dk is a multiple of 32): four independent chains of products.
-          float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
-          for (int i = 0; i < Dk; i += 4) {
-            x0 += MLXK_CB_MUL(w[tw * Dk + i], h_s[i * TN + jj]);
-            x1 += MLXK_CB_MUL(w[tw * Dk + i + 1], h_s[(i + 1) * TN + jj]);
-            x2 += MLXK_CB_MUL(w[tw * Dk + i + 2], h_s[(i + 2) * TN + jj]);
-            x3 += MLXK_CB_MUL(w[tw * Dk + i + 3], h_s[(i + 3) * TN + jj]);
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      // U = Ũ − W h: tiles of 16 tokens x 8 columns, W's rows from device memory.
+      for (int tile = int(sg); tile < (C / 16) * (TNP / 8); tile += NSG) {
+        const int s0 = tile / (TNP / 8) * 16, n0 = tile % (TNP / 8) * 8;
+        mlxk_tile::acc16x8 acc;
+        mlxk_tile::fill(acc, 0.0f);
+        for (int i0 = 0; i0 < Dk; i0 += 8) {
+          mlxk_tile::a16x8 wt;
+          mlxk_tile::b8x8 ht;
+          mlxk_tile::load_a(wt, w + (size_t(n) * TP + t0 + s0) * Dk + i0, Dk, false, lane);
+          mlxk_tile::load_b(ht, h_s + i0 * TNP + n0, TNP, false, lane);
+          mlxk_tile::mma(acc, wt, ht);
+        }
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = s0 + mlxk_tile::row(lane, e), jj = n0 + mlxk_tile::col(lane, e);
+          const int j = j0 + jj;
+          float val = 0.0f;
+          if (s < L && jj < TN && j < Dv) {
+            const size_t tw = size_t(n) * T + t0 + s;
+            val = ut[tw * Dv + j] - mlxk_tile::get(acc, e);
+            u[tw * Dv + j] = val;
           }
-          val = ut[tw * Dv + j] - ((x0 + x1) + (x2 + x3));
-          u[tw * Dv + j] = val;
+          ug_s[s * TNP + jj] = MLXK_CB_MUL(gl_s[s], val);
         }
-        u_s[e] = val;
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-      // h = γ_L h + Kᵀ diag(Γ_L) U
+      // h = γ_L h + Kᵀ diag(Γ_L) U, KS key rows at a time (tiles of 16 keys x 8 columns).
       const float g_last = gam[size_t(n) * T + t0 + L - 1];
-      for (int e = int(tid); e < Dk * TN; e += NT) {
-        const int i = e / TN, jj = e % TN;
-        float acc = 0.0f;
-        for (int s = 0; s < L; ++s) {
-          const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-          acc += MLXK_CB_MUL(MLXK_CB_MUL(static_cast<float>(k[ks + i]), gl_s[s]), u_s[s * TN + jj]);
+      for (int i0 = 0; i0 < Dk; i0 += KS) {
+        for (int e = int(tid); e < C * KS; e += NT) {
+          const int s = e / KS, ii = e % KS;
+          const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk + i0 + ii;
+          k_s[e] = s < L ? static_cast<float>(k[ks]) : 0.0f;
         }
-        h_s[e] = MLXK_CB_MUL(g_last, h_s[e]) + acc;
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int tile = int(sg); tile < TNP / 8; tile += NSG) {
+          const int n0 = tile * 8;
+          mlxk_tile::acc16x8 acc;
+          mlxk_tile::fill(acc, 0.0f);
+          for (int s0 = 0; s0 < C; s0 += 8) {
+            mlxk_tile::a16x8 kt;
+            mlxk_tile::b8x8 ut_;
+            mlxk_tile::load_a(kt, k_s + s0 * KS, KS, true, lane);
+            mlxk_tile::load_b(ut_, ug_s + s0 * TNP + n0, TNP, false, lane);
+            mlxk_tile::mma(acc, kt, ut_);
+          }
+          for (int e = 0; e < mlxk_tile::kElems; ++e) {
+            const int at = (i0 + mlxk_tile::row(lane, e)) * TNP + n0 + mlxk_tile::col(lane, e);
+            h_s[at] = MLXK_CB_MUL(g_last, h_s[at]) + mlxk_tile::get(acc, e);
+          }
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
       }
-      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
 
 #elif MLXK_CBWD_STAGE == 3
     // ---- 3: per (head, column tile), chunks in reverse ----
+    const int TP = NC * C;  // W's rows per head
     constexpr int NTILE = (Dv + TN - 1) / TN;
+    constexpr int TNP = (TN + 7) / 8 * 8;
+    constexpr int NSG = NT / 32;
+    constexpr int KS = 16;  // key rows per slice staged in threadgroup memory
+    constexpr int UT = (C / 16) * (TNP / 8);  // dU's tiles
+    constexpr int UPT = (UT + NSG - 1) / NSG;  // per SIMD group
     const uint n = item / uint(NTILE);
     const int j0 = int(item % uint(NTILE)) * TN;
     const uint b_idx = n / Hv;
     const uint hv_idx = n % Hv;
     const uint hk_idx = hv_idx / (Hv / Hk);
-    threadgroup float dh_s[Dk * TN];  // dh[i][jj]
-    threadgroup float dy_s[C * TN];
-    threadgroup float du_s[C * TN];
+    const uint lane = tid % 32;
+    const uint sg = tid / 32;
+    threadgroup float dh_s[Dk * TNP];  // dh[i][jj]
+    threadgroup float dy_s[C * TNP];
+    threadgroup float du_s[C * TNP];
+    threadgroup float x_s[C * KS];  // KS keys (or γ-scaled queries) of the chunk's tokens
     threadgroup float gl_s[C];
     threadgroup float gam_s[C];
-    for (int e = int(tid); e < Dk * TN; e += NT) {
+    for (int e = int(tid); e < Dk * TNP; e += NT) {
       const int jj = e / Dk, i = e % Dk;
       const int j = j0 + jj;
-      dh_s[i * TN + jj] = j < Dv ? dstate_out[(size_t(n) * Dv + j) * Dk + i] : 0.0f;
+      dh_s[i * TNP + jj] = jj < TN && j < Dv ? dstate_out[(size_t(n) * Dv + j) * Dk + i] : 0.0f;
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     for (int c = NC - 1; c >= 0; --c) {
@@ -228,17 +269,17 @@
       for (int e = int(tid); e < Dk * TN; e += NT) {
         const int jj = e / Dk, i = e % Dk;
         const int j = j0 + jj;
-        if (j < Dv) dhs[(kept + j) * Dk + i] = dh_s[i * TN + jj];
+        if (j < Dv) dhs[(kept + j) * Dk + i] = dh_s[i * TNP + jj];
       }
       for (int s = int(tid); s < C; s += NT) {
         gl_s[s] = s < L ? gm[sq + (L - 1) * C + s] : 0.0f;
         gam_s[s] = s < L ? gam[size_t(n) * T + t0 + s] : 0.0f;
       }
-      for (int e = int(tid); e < C * TN; e += NT) {
-        const int s = e / TN, jj = e % TN;
+      for (int e = int(tid); e < C * TNP; e += NT) {
+        const int s = e / TNP, jj = e % TNP;
         const int j = j0 + jj;
         float val = 0.0f;
-        if (s < L && j < Dv) {
+        if (s < L && jj < TN && j < Dv) {
           const int t = t0 + s;
           if (MLXK_TOKEN_ACTIVE) {
             val = static_cast<float>(dy[((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j]);
@@ -247,46 +288,97 @@
         dy_s[e] = val;
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-      // dU = (Γ∘QKᵀ)ᵀ dY + diag(Γ_L) K dh
-      for (int e = int(tid); e < C * TN; e += NT) {
-        const int s = e / TN, jj = e % TN;
-        const int j = j0 + jj;
-        float val = 0.0f;
-        if (s < L && j < Dv) {
-          float a = 0.0f;
-          for (int r = s; r < L; ++r) a += MLXK_CB_MUL(pm[sq + r * C + s], dy_s[r * TN + jj]);
-          const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-          float x0 = 0.0f, x1 = 0.0f, x2 = 0.0f, x3 = 0.0f;
-          for (int i = 0; i < Dk; i += 4) {
-            x0 += MLXK_CB_MUL(static_cast<float>(k[ks + i]), dh_s[i * TN + jj]);
-            x1 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 1]), dh_s[(i + 1) * TN + jj]);
-            x2 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 2]), dh_s[(i + 2) * TN + jj]);
-            x3 += MLXK_CB_MUL(static_cast<float>(k[ks + i + 3]), dh_s[(i + 3) * TN + jj]);
+      // dU = (Γ∘QKᵀ)ᵀ dY + diag(Γ_L) K dh: each SIMD group keeps its tiles' two sums over the
+      // key slices.
+      mlxk_tile::acc16x8 pa[UPT], ka[UPT];
+      for (int x = 0; x < UPT; ++x) {
+        mlxk_tile::fill(pa[x], 0.0f);
+        mlxk_tile::fill(ka[x], 0.0f);
+        const int tile = int(sg) + x * NSG;
+        if (tile >= UT) continue;
+        const int s0 = tile / (TNP / 8) * 16, n0 = tile % (TNP / 8) * 8;
+        for (int r0 = 0; r0 < C; r0 += 8) {
+          mlxk_tile::a16x8 pt;
+          mlxk_tile::b8x8 yt;
+          mlxk_tile::load_a(pt, pm + sq + r0 * C + s0, C, true, lane);
+          mlxk_tile::load_b(yt, dy_s + r0 * TNP + n0, TNP, false, lane);
+          mlxk_tile::mma(pa[x], pt, yt);
+        }
+      }
+      for (int i0 = 0; i0 < Dk; i0 += KS) {
+        for (int e = int(tid); e < C * KS; e += NT) {
+          const int s = e / KS, ii = e % KS;
+          const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk + i0 + ii;
+          x_s[e] = s < L ? static_cast<float>(k[ks]) : 0.0f;
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int x = 0; x < UPT; ++x) {
+          const int tile = int(sg) + x * NSG;
+          if (tile >= UT) continue;
+          const int s0 = tile / (TNP / 8) * 16, n0 = tile % (TNP / 8) * 8;
+          for (int ii0 = 0; ii0 < KS; ii0 += 8) {
+            mlxk_tile::a16x8 kt;
+            mlxk_tile::b8x8 ht;
+            mlxk_tile::load_a(kt, x_s + s0 * KS + ii0, KS, false, lane);
+            mlxk_tile::load_b(ht, dh_s + (i0 + ii0) * TNP + n0, TNP, false, lane);
+            mlxk_tile::mma(ka[x], kt, ht);
           }
-          val = a + MLXK_CB_MUL(gl_s[s], (x0 + x1) + (x2 + x3));
-          du[(size_t(n) * T + t0 + s) * Dv + j] = val;
         }
-        du_s[e] = val;
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      }
+      for (int x = 0; x < UPT; ++x) {
+        const int tile = int(sg) + x * NSG;
+        if (tile >= UT) continue;
+        const int s0 = tile / (TNP / 8) * 16, n0 = tile % (TNP / 8) * 8;
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = s0 + mlxk_tile::row(lane, e), jj = n0 + mlxk_tile::col(lane, e);
+          const int j = j0 + jj;
+          float val = 0.0f;
+          if (s < L && jj < TN && j < Dv) {
+            val = mlxk_tile::get(pa[x], e) + MLXK_CB_MUL(gl_s[s], mlxk_tile::get(ka[x], e));
+            du[(size_t(n) * T + t0 + s) * Dv + j] = val;
+          }
+          du_s[s * TNP + jj] = val;
+        }
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-      // dh = γ_L dh + Qᵀ diag(γ) dY − Wᵀ dU
+      // dh = γ_L dh + Qᵀ diag(γ) dY − Wᵀ dU, KS key rows at a time (tiles of 16 keys x 8
+      // columns; W's rows from device memory).
       const float g_last = gam_s[L - 1];
-      for (int e = int(tid); e < Dk * TN; e += NT) {
-        const int i = e / TN, jj = e % TN;
-        float acc_q = 0.0f, acc_w = 0.0f;
-        for (int s = 0; s < L; ++s) {
-          const size_t qs = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-          acc_q += MLXK_CB_MUL(MLXK_CB_MUL(static_cast<float>(q[qs + i]), gam_s[s]), dy_s[s * TN + jj]);
-          acc_w += MLXK_CB_MUL(w[(size_t(n) * T + t0 + s) * Dk + i], du_s[s * TN + jj]);
+      for (int i0 = 0; i0 < Dk; i0 += KS) {
+        for (int e = int(tid); e < C * KS; e += NT) {
+          const int s = e / KS, ii = e % KS;
+          const size_t qs = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk + i0 + ii;
+          x_s[e] = s < L ? MLXK_CB_MUL(static_cast<float>(q[qs]), gam_s[s]) : 0.0f;
         }
-        dh_s[e] = MLXK_CB_MUL(g_last, dh_s[e]) + acc_q - acc_w;
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int tile = int(sg); tile < TNP / 8; tile += NSG) {
+          const int n0 = tile * 8;
+          mlxk_tile::acc16x8 aq, aw;
+          mlxk_tile::fill(aq, 0.0f);
+          mlxk_tile::fill(aw, 0.0f);
+          for (int s0 = 0; s0 < C; s0 += 8) {
+            mlxk_tile::a16x8 qt, wt;
+            mlxk_tile::b8x8 yt, dt;
+            mlxk_tile::load_a(qt, x_s + s0 * KS, KS, true, lane);
+            mlxk_tile::load_b(yt, dy_s + s0 * TNP + n0, TNP, false, lane);
+            mlxk_tile::mma(aq, qt, yt);
+            mlxk_tile::load_a(wt, w + (size_t(n) * TP + t0 + s0) * Dk + i0, Dk, true, lane);
+            mlxk_tile::load_b(dt, du_s + s0 * TNP + n0, TNP, false, lane);
+            mlxk_tile::mma(aw, wt, dt);
+          }
+          for (int e = 0; e < mlxk_tile::kElems; ++e) {
+            const int at = (i0 + mlxk_tile::row(lane, e)) * TNP + n0 + mlxk_tile::col(lane, e);
+            dh_s[at] = MLXK_CB_MUL(g_last, dh_s[at]) + mlxk_tile::get(aq, e) - mlxk_tile::get(aw, e);
+          }
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
       }
-      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
     for (int e = int(tid); e < Dk * TN; e += NT) {
       const int jj = e / Dk, i = e % Dk;
       const int j = j0 + jj;
-      if (j < Dv) dstate[(size_t(n) * Dv + j) * Dk + i] = dh_s[i * TN + jj];
+      if (j < Dv) dstate[(size_t(n) * Dv + j) * Dk + i] = dh_s[i * TNP + jj];
     }
 
 #elif MLXK_CBWD_STAGE == 4

@@ -8,9 +8,13 @@
 #   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone, and fla's chunked forward +
 #           backward beside them (benches/peer_fla_chunk.py)
 #   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
+#   soak    test_soak (tests/soak/) with every call on the GPU: SOAK_SECONDS (default 120),
+#           SOAK_CHUNKED (default 1; 0 for exact calls only)
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
-# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [chunked] (test and bench by
+#   tiles   test_cuda's matrix-tile cases (tests/cuda/tiles.rs): every tile form (fma, tf32,
+#           bf16) against float64 products, then their timing on a large product
+# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [soak] [chunked] [tiles] (test and bench by
 # default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
@@ -42,6 +46,10 @@ if [[ " $what " == *" pool "* ]]; then
     tee "$out/bench-pool.log"
   status=$((status | PIPESTATUS[0]))
 fi
+if [[ " $what " == *" soak "* ]]; then
+  SOAK_DEVICE=gpu SOAK_SECONDS=${SOAK_SECONDS:-120} "$carry/test_soak" 2>&1 | tee "$out/soak-gpu.log"
+  status=$((status | PIPESTATUS[0]))
+fi
 if [[ " $what " == *" chunked "* ]]; then
   MLXK_CUDA_ONLY=chunked "$carry/test_cuda" --test-threads=1 --nocapture --skip syntax:: \
     --skip text:: 2>&1 |
@@ -56,6 +64,11 @@ if [[ " $what " == *" chunked "* ]]; then
     "$carry"/wheels/*.whl >/dev/null 2>&1
   PYTHONPATH=/tmp/fla-site:${PYTHONPATH:-} python3 benches/peer_fla.py "$out/fla-prefill.jsonl" \
     prefill 2>&1 | tee "$out/fla-prefill.log"
+fi
+if [[ " $what " == *" tiles "* ]]; then
+  "$carry/test_cuda" --test-threads=1 --nocapture --include-ignored tiles:: 2>&1 |
+    tee "$out/test-tiles.log"
+  status=$((status | PIPESTATUS[0]))
 fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)

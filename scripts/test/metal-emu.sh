@@ -101,7 +101,7 @@ if stale "$OUT/executor.o" "$SRC/executor.cc" "${HEADERS[@]}"; then
   "$CXX" "${KFLAGS[@]}" -c "$SRC/executor.cc" -o "$OUT/executor.o" || fail "executor.cc"
 fi
 HARNESS_O=()  # the harness's files (harness.h), compiled
-for part in harness harness_cases harness_backward harness_backward_chunked harness_pool harness_chunked; do
+for part in harness harness_cases harness_backward harness_backward_chunked harness_pool harness_chunked harness_tiles; do
   HARNESS_O+=("$OUT/$part.o")
   if stale "$OUT/$part.o" "$SRC/$part.cc" "${HEADERS[@]}" "$ROOT/include/mlxkern.h"; then
     "$CXX" "${KFLAGS[@]}" -c "$SRC/$part.cc" -o "$OUT/$part.o" || fail "$part.cc"
@@ -129,9 +129,17 @@ if stale "$OUT/emu_kernels_variant.o" "${KDEPS[@]}"; then
     -o "$OUT/emu_kernels_variant.o" &
   pids+=($!)
 fi
+# The matrix tiles' CUDA form (CUDA's lane layouts; cuda_tiles_host.h) in each of its forms.
+for form in fma:0 tf32:1 bf16:2; do
+  if stale "$OUT/emu_kernels_${form%:*}.o" "${KDEPS[@]}" "$ROOT"/kernels/cuda/tiles.cuh; then
+    "$CXX" "${KFLAGS[@]}" -DMLXK_EMU_TILE_FORM="${form#*:}" -c "$SRC/emu_kernels.cc" \
+      -o "$OUT/emu_kernels_${form%:*}.o" &
+    pids+=($!)
+  fi
+done
 for pid in "${pids[@]}"; do wait "$pid" || fail "compiling the kernel files on the Metal shim"; done
 
-for variant in "" _variant; do
+for variant in "" _variant _fma _tf32 _bf16; do
   "$CXX" "${HARNESS_O[@]}" "$OUT/emu_kernels$variant.o" "$OUT/executor.o" "$OUT/mlx_cpu_ops.o" \
     "${LIB_LINK[@]}" "${MLX_LINK[@]}" -o "$OUT/harness$variant" || fail "linking the harness"
 done
@@ -140,5 +148,10 @@ done
 # Evidence for the known differences: widening exp's result to float (nothing else changes)
 # makes the head split bit-identical in every dtype.
 "$OUT/harness_variant" --kind head_split
+# The kernels that multiply on the matrix tiles, with the tiles' CUDA form: CUDA's lane layouts
+# and inputs rounded to tf32 or bf16, each within its bounds.
+for form in fma tf32 bf16; do
+  "$OUT/harness_$form" --kind tiles --kind backward_chunked --kind backward_chunked_masked
+done
 
 echo "PASS: scripts/test/metal-emu.sh ($((SECONDS - start)) s)"

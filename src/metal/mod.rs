@@ -8,6 +8,7 @@
 pub mod gated_delta;
 pub mod gated_rms_norm;
 pub mod silu_rms_heads;
+pub mod tiles;
 
 pub use crate::bridge::MetalLaunch;
 

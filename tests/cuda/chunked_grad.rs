@@ -10,6 +10,13 @@
 //! dv, da, ddt_bias here) plus 2^-12 for the f32 arithmetic (the emulator measures the chunked
 //! kernels within 4e-6 of float64 on its cases; tests/metal_emu/README.md). da_log and
 //! ddt_bias sum B·T terms of either sign: 2^-10 for them. Every case prints its figures.
+//!
+//! The sequential stages multiply on the matrix tiles (kernels/cuda/tiles.cuh), float32 FMAs by
+//! default; `chunked_backward_tile_forms` runs cases with tf32 and bf16 tensor cores, whose
+//! bounds add 4 (2δ + δ²) for an input rounding of δ (2^-11, 2^-8): a gradient passes through
+//! at most three tile products in sequence, each moving its result by at most 2δ + δ² of the
+//! sum of its terms' magnitudes, and a fourth for those sums against the gradient's scale
+//! (tests/metal_emu measures the same forms' worst at 0.17 and 0.33 of it).
 
 use super::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
@@ -157,8 +164,30 @@ fn relative(got: &[f64], want: &[f64]) -> f64 {
         / scale
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the matrix tiles' input rounding adds to a bound (above).
+fn tile_bound(form: Option<mlxkern::cuda::TileForm>) -> f64 {
+    let delta = match form {
+        Some(mlxkern::cuda::TileForm::Tf32) => 2f64.powi(-11),
+        Some(mlxkern::cuda::TileForm::Bf16) => 2f64.powi(-8),
+        _ => 0.0,
+    };
+    4.0 * (2.0 * delta + delta * delta)
+}
+
 fn case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool, chunk: usize, exact64: bool) {
+    case_in(rng, dims, state, mask, chunk, exact64, None);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case_in(
+    rng: &mut Rng,
+    dims: [usize; 6],
+    state: bool,
+    mask: bool,
+    chunk: usize,
+    exact64: bool,
+    form: Option<mlxkern::cuda::TileForm>,
+) {
     let [b, t, _, hv, dk, dv] = dims;
     let x = random_inputs(rng, dims, state, mask);
     let dy_values = rng.vec(b * t * hv * dv, 1.0);
@@ -185,13 +214,15 @@ fn case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool, chunk: usize, 
     on_gpu(false);
     let mut cpu = [null_mut(); 8];
     ok(crate::support::vjp_case::vjp(args, None, &mut cpu));
-    // The chunked GPU backward.
+    // The chunked GPU backward (its tiles in `form`).
     on_gpu(true);
+    mlxkern::testing::cuda_tile_form(form);
     let mut gpu = [null_mut(); 8];
     let outs = gpu.each_mut().map(|p| p as *mut H);
     ok(unsafe {
         gated_delta_update_chunked_vjp_via_gpu(GpuKernels::Cuda, true, chunk as i32, args, outs)
     });
+    mlxkern::testing::cuda_tile_form(None);
     let truth = exact64.then(|| {
         float64_backward(
             &x,
@@ -201,8 +232,9 @@ fn case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool, chunk: usize, 
     });
     let mut line = format!(
         "chunked backward B={b} T={t} Hk={} Hv={hv} Dk={dk} Dv={dv} state={state} mask={mask} \
-         chunk={chunk}: error/scale vs CPU exact",
-        dims[2]
+         chunk={chunk} tiles={}: error/scale vs CPU exact",
+        dims[2],
+        form.map_or("configured", |f| f.name())
     );
     if exact64 {
         line += " (vs float64; CPU exact vs float64)";
@@ -217,7 +249,8 @@ fn case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool, chunk: usize, 
                 2f64.powi(-10)
             } else {
                 2f64.powi(-12)
-            };
+            }
+            + tile_bound(form);
         let finite = g.iter().all(|v| v.is_finite());
         let e = relative(&g, &c);
         line += &format!(" {} {e:.2e}", NAMES[i]);
@@ -259,5 +292,19 @@ pub fn chunked_backward_matches(rng: &mut Rng) {
         ([1, 4096, 16, 32, 128, 128], true, false, 0, false),
     ] {
         case(rng, dims, state, mask, chunk, exact64);
+    }
+}
+
+/// Cases with each matrix-tile form (fma, tf32, bf16), within that form's bounds.
+pub fn chunked_backward_tile_forms(rng: &mut Rng) {
+    for form in mlxkern::cuda::TileForm::ALL {
+        for (dims, state, mask, chunk, exact64) in [
+            ([3, 33, 2, 4, 32, 48], true, true, 16, true),
+            ([2, 100, 2, 6, 128, 33], true, true, 128, true),
+            ([1, 4096, 1, 2, 128, 128], true, false, 0, true),
+            ([1, 4096, 16, 32, 128, 128], true, false, 0, false),
+        ] {
+            case_in(rng, dims, state, mask, chunk, exact64, Some(form));
+        }
     }
 }

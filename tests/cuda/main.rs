@@ -31,6 +31,7 @@ mod chunked_grad;
 mod pool;
 mod syntax;
 mod text;
+mod tiles;
 use crate::support::*;
 use mlxkern::capi::gated_delta::mlxk_gated_delta_update_from_conv;
 use mlxkern::capi::gated_rms_norm::mlxk_gated_rms_norm;

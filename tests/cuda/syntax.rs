@@ -153,7 +153,7 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
             "dy" => n.dtype,
             "mask" => Dtype::Bool,
             "lengths" | "Tin" | "rows" => Dtype::Int32,
-            "w" | "u0" | "kd" | "p" | "gam" => Dtype::Float32,
+            "w" | "u0" | "kd" | "p" | "gam" | "states" | "u" => Dtype::Float32,
             "a_log" => n.gates.a_log,
             "dt_bias" => n.gates.dt_bias,
             other => panic!("{}: unexpected input {other}", l.name),
@@ -270,13 +270,29 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     );
                 }
             }
-            // The chunked form's two launches (src/ops/gated_delta/graph.rs
-            // `build_gpu_chunked`), gates fused and from MLX ops, Dk 128 and 256 (the scan's
-            // tile of 32 and of 16 value columns).
-            for (chunk, dk) in [(32, 128), (64, 256)] {
+            // The chunked form's three launches (src/ops/gated_delta/graph.rs
+            // `build_gpu_chunked`), gates fused and from MLX ops, Dk 128 and 256, Dv 128 and
+            // 24 (the output pass's tiles of 64 and of 32 value columns).
+            for (chunk, dk, dv) in [(32, 128, 128), (64, 256, 128), (16, 128, 24)] {
                 let size = ChunkSize::new(chunk).unwrap();
                 let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk: size }, masked);
                 n.dims.dk = dk;
+                n.dims.dv = dv;
+                // The state pass (one text for every dtype and mask): the launch's tile on
+                // CUDA, and the others MLXK_CHUNK_STATE_COLUMNS or Metal take.
+                if dtype == bf16 && !masked {
+                    let vt = chunk_state_columns_for(n.dims, chunk, true);
+                    let widest = chunk_state_columns(dk, chunk, 48 * 1024);
+                    for vt in [vt, 8, 16, 32].into_iter().filter(|&vt| vt <= widest) {
+                        let state = gated_delta_chunked_state_launch(&n, vt);
+                        let inputs = gated_delta_inputs(&state, &n, false);
+                        check(
+                            format!("chunk state {dtype:?} C={chunk} Dk={dk} VT={vt}"),
+                            state,
+                            inputs,
+                        );
+                    }
+                }
                 for fused_gates in [true, false] {
                     let prep = gated_delta_chunked_prep_launch(&n);
                     let prep = if fused_gates {
@@ -300,19 +316,15 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     if fused_gates {
                         names.extend(["a_log".to_string(), "dt_bias".to_string()]);
                     }
-                    // The launch's tile, and the others MLXK_CHUNK_SCAN_COLUMNS or Metal take.
-                    let vt = chunk_scan_columns_for(dk, chunk, true);
-                    for vt in [vt, 8, 32] {
-                        let scan = gated_delta_chunked_scan_launch(&n, names.clone(), vt);
-                        let inputs = gated_delta_inputs(&scan, &n, fused_gates);
-                        check(
-                            format!(
-                                "chunk scan {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt} fused gates={fused_gates}"
-                            ),
-                            scan,
-                            inputs,
-                        );
-                    }
+                    let out = gated_delta_chunked_out_launch(&n, names);
+                    let inputs = gated_delta_inputs(&out, &n, fused_gates);
+                    check(
+                        format!(
+                            "chunk out {dtype:?} masked={masked} C={chunk} Dk={dk} Dv={dv} fused gates={fused_gates}"
+                        ),
+                        out,
+                        inputs,
+                    );
                 }
             }
         }
@@ -403,6 +415,57 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                 vec![dtype, gate, dtype],
             );
         }
+    }
+    // The chunked backward's stages in each tile form (the loop above: the configured one).
+    for form in cuda::TileForm::ALL {
+        let chunk = ChunkSize::from_c(0).unwrap();
+        let (bf16, f32) = (Dtype::Bfloat16, Dtype::Float32);
+        let n = gated_delta_node(bf16, f32, Form::Chunked { chunk }, true);
+        let c = backward_chunk(chunk);
+        let scratch = backward_chunked_scratch(n.dims, c);
+        for stage in 0..CHUNKED_BACKWARD_STAGES {
+            let l = cuda::with_tile_form(gated_delta_chunked_backward_launch(&n, c, stage), form);
+            let inputs = l
+                .input_names
+                .iter()
+                .map(|i| match i.as_str() {
+                    "q" | "k" | "v" | "dy" => bf16,
+                    "mask" => Dtype::Bool,
+                    "Tin" => Dtype::Int32,
+                    _ => {
+                        assert!(
+                            scratch.iter().any(|(s, _)| s == i)
+                                || ["g", "beta", "state_in", "dstate_out"].contains(&i.as_str()),
+                            "{i}"
+                        );
+                        f32
+                    }
+                })
+                .collect();
+            check(
+                format!("chunked backward stage {stage} tiles {}", form.name()),
+                l,
+                inputs,
+            );
+        }
+    }
+    // The matrix tiles' self-test and benchmark, in each tile form (kernels/cuda/tiles.cuh).
+    for form in cuda::TileForm::ALL {
+        let l = cuda::with_tile_form(
+            mlxkern::metal::tiles::tiles_check_launch(2, 32, 64, 32),
+            form,
+        );
+        check(
+            format!("tiles check {}", form.name()),
+            l,
+            vec![Dtype::Float32; 4],
+        );
+        let l = cuda::with_tile_form(mlxkern::metal::tiles::tiles_bench_launch(8, 32, 4), form);
+        check(
+            format!("tiles bench {}", form.name()),
+            l,
+            vec![Dtype::Float32; 2],
+        );
     }
     println!(
         "PASS: {} CUDA kernel texts compile as MLX assembles them: {}",

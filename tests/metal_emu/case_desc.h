@@ -19,7 +19,7 @@ struct EmuCase {
   int id;
   const char* kind;  // recurrence(_masked), replay, head_split, gated_norm, backward(_masked),
                      // pool_update(_masked), pool_verify(_masked), pool_packed, pool_replay,
-                     // chunk_prep, chunk_scan
+                     // chunk_prep, chunk_state, chunk_out
   const char* label;
   const char* kernel_name;  // the name MLX gives the instantiated kernel
   const char* file;         // the kernel file compiled as the body
@@ -54,3 +54,6 @@ struct EmuCase {
 const EmuCase* emu_cases(size_t* count);
 // "" for the Metal shim; a description for the diagnostic variant build.
 const char* emu_variant();
+// The matrix tiles' form the kernels run with: -1 the Metal form (simdgroup matrices), else
+// the CUDA form's MLXK_TILE_FORM (0 fma, 1 tf32, 2 bf16; cuda_tiles_host.h).
+int emu_tile_form();

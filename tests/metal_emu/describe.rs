@@ -238,13 +238,18 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             assert_eq!(l.threadgroup, [threads, 1, 1]);
             assert_eq!(l.grid[1..], [1, 1]);
             assert_eq!(l.grid[0] % threads, 0);
-            assert_eq!(l.header, format!("#define MLXK_CBWD_STAGE {}\n", stage + 1));
+            assert_eq!(
+                l.header,
+                format!("#define MLXK_CBWD_STAGE {}\n{}", stage + 1, metal::tiles::TILES_HEADER)
+            );
             // The stages' threadgroup memory (stage 4 the most: five C x C matrices; the
-            // sequential stages a Dk x TN tile and two C x TN ones) within Metal's 32 KiB.
+            // sequential stages a Dk x TNP tile (TN padded to a multiple of 8), two C x TNP ones
+            // and a C x 16 slice of keys) within Metal's 32 KiB.
             let tile = metal_chunked::backward_tile(node.dims);
+            let padded = tile.div_ceil(8) * 8;
             assert!(u(d.dk) * tile <= 4096 && tile <= 32);
             assert!((5 * cc * cc + cc) * 4 <= 32 * 1024);
-            assert!((u(d.dk) * tile + 2 * cc * tile + 2 * cc) * 4 <= 32 * 1024);
+            assert!((u(d.dk) * padded + 2 * cc * padded + 16 * cc + 2 * cc) * 4 <= 32 * 1024);
             // The inputs as src/ops/gated_delta/chunked_vjp.rs passes them: the backward's
             // (as for the exact kernel; Tin = {T}), then the earlier stages' f32 outputs.
             let scratch = metal_chunked::backward_chunked_scratch(node.dims, cc);
@@ -522,63 +527,112 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             masked,
             with_state,
             chunk,
-            scan,
-            cuda,
+            stage,
+            columns,
         } => {
             let node = gated_delta_node(d, c, Form::Chunked { chunk: chunk_size(*chunk) }, *masked, *with_state);
             let u = |x: i64| x as usize;
-            let cg = metal::gated_delta::chunked::gpu_chunk(chunk_size(*chunk));
-            assert!(cg <= metal::gated_delta::chunked::GPU_MAX_CHUNK && cg % 16 == 0);
-            let rows = u(d.t).div_ceil(cg) as i64 * cg as i64;
-            // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the exact
-            // update's launch inputs (q, k, v, g, beta, state_in, mask), the prep launch without
-            // the state; the scan launch then takes the prep launch's outputs.
+            use metal::gated_delta::chunked;
+            let cg = chunked::gpu_chunk(chunk_size(*chunk));
+            assert!(cg <= chunked::GPU_MAX_CHUNK && cg % 16 == 0);
+            let nc = u(d.t).div_ceil(cg) as i64;
+            let rows = nc * cg as i64;
+            let bh = d.b * d.hv;
+            // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the prep launch
+            // takes the exact update's launch inputs (q, k, v, g, beta, state_in, mask) without
+            // the state; the state pass the state and the prep's w, u0, kd, gam; the output pass
+            // the exact update's inputs, then p, gam and the state pass's states and u.
             let mut inputs = gd_inputs(c, d, F32, &["q", "k", "v", "g", "beta"]);
-            if *scan {
+            if *stage == 2 {
                 inputs.extend(gd_input(c, d, F32, "state_in"));
             }
             if *masked {
                 inputs.extend(gd_input(c, d, F32, "mask"));
             }
-            let l = if *scan {
-                let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
-                let limit = if *cuda { 48 * 1024 } else { 32 * 1024 };
-                let vt = metal::gated_delta::chunked::chunk_scan_columns_for(u(d.dk), cg, *cuda);
-                let bh = d.b * d.hv;
-                inputs.extend([
-                    ("w", F32, vec![bh, rows, d.dk]),
-                    ("u0", F32, vec![bh, rows, d.dv]),
-                    ("kd", F32, vec![bh, rows, d.dk]),
-                    ("p", F32, vec![bh, rows, cg as i64]),
-                    ("gam", F32, vec![bh, rows]),
-                ]);
-                let l = metal::gated_delta::chunked::gated_delta_chunked_scan_launch(&node, names, vt);
-                assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
-                // The scan's threadgroup memory within Metal's 32 KB (CUDA's 48 KB).
-                let panels = (2 * 16 * (cg + 1)).max(16 * u(d.dk));
-                assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= limit);
-                l
-            } else {
-                let l = metal::gated_delta::chunked::gated_delta_chunked_prep_launch(&node);
-                assert_eq!(l.grid, [256, (rows / cg as i64) as i32, (d.b * d.hv) as i32]);
-                // The prep's threadgroup memory: A, the panel buffer, five gate rows.
-                let panels = (2 * 16 * (cg + 1)).max(8 * 256);
-                assert!(4 * (cg * (cg + 1) + panels + 5 * cg) <= 32 * 1024);
-                l
+            let kind = ["chunk_prep", "chunk_state", "chunk_out"][*stage];
+            let l = match stage {
+                0 => {
+                    let l = chunked::gated_delta_chunked_prep_launch(&node);
+                    assert_eq!(l.grid, [256, nc as i32, bh as i32]);
+                    assert_eq!(l.threadgroup, [256, 1, 1]);
+                    // The prep's threadgroup memory: A, the panel buffer, five gate rows.
+                    let panels = (2 * 16 * (cg + 1)).max(8 * 256);
+                    assert!(4 * (cg * (cg + 1) + panels + 5 * cg) <= 32 * 1024);
+                    l
+                }
+                1 => {
+                    inputs = vec![
+                        ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                        ("w", F32, vec![bh, rows, d.dk]),
+                        ("u0", F32, vec![bh, rows, d.dv]),
+                        ("kd", F32, vec![bh, rows, d.dk]),
+                        ("gam", F32, vec![bh, rows]),
+                    ];
+                    let vt = *columns;
+                    let l = chunked::gated_delta_chunked_state_launch(&node, vt);
+                    assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
+                    assert_eq!(l.threadgroup, [256, 1, 1]);
+                    // The state pass's threadgroup memory within CUDA's 48 KB (Metal's 32 KB
+                    // where the launch picks the tile for Metal).
+                    let panels = (16 * (cg + 1)).max(16 * u(d.dk));
+                    assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= 48 * 1024);
+                    assert_eq!(l.header, "");
+                    l
+                }
+                _ => {
+                    let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
+                    inputs.extend([
+                        ("p", F32, vec![bh, rows, cg as i64]),
+                        ("gam", F32, vec![bh, rows]),
+                        ("states", F32, vec![bh, nc + 1, d.dv, d.dk]),
+                        ("u", F32, vec![bh, rows, d.dv]),
+                    ]);
+                    let l = chunked::gated_delta_chunked_out_launch(&node, names);
+                    let vo = chunked::chunk_out_columns(u(d.dv));
+                    let threads = (cg * vo / 16) as i64;
+                    assert_eq!(l.grid, [(threads * nc) as i32, u(d.dv).div_ceil(vo) as i32, bh as i32]);
+                    assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
+                    // The output pass's two panels.
+                    assert!(4 * (16 * (cg + 1) + 16 * (vo + 1)) <= 32 * 1024);
+                    l
+                }
             };
-            assert_eq!(l.threadgroup, [256, 1, 1]);
-            assert_eq!(l.header, if *masked { metal::gated_delta::chunked::CHUNK_MASK_HEADER } else { "" });
+            if *stage != 1 {
+                assert_eq!(l.header, if *masked { chunked::CHUNK_MASK_HEADER } else { "" });
+            }
             let label = format!(
-                "{} {} chunk {} (runs {}){}",
+                "{} {} chunk {} (runs {}){} state tile {}",
                 head_label(c, *masked),
                 dims_label(d),
                 chunk,
                 cg,
-                zero_state(*with_state)
-            ) + if *cuda { " (CUDA's scan tile)" } else { "" };
+                zero_state(*with_state),
+                columns
+            );
             let extra = flags(*masked, *with_state) + &format!("checkpoint {chunk}\n");
-            let kind = if *scan { "chunk_scan" } else { "chunk_prep" };
             (l, kind, label, case_dims(d), inputs, extra)
+        }
+        Kind::Tiles { items, m, k, n } => {
+            let u = |x: i64| x as usize;
+            let l = metal::tiles::tiles_check_launch(u(*items), u(*m), u(*k), u(*n));
+            assert_eq!(l.grid, [(128 * items) as i32, 1, 1]);
+            assert_eq!(l.threadgroup, [128, 1, 1]);
+            assert_eq!(l.header, metal::tiles::TILES_HEADER);
+            let inputs: Inputs = vec![
+                ("a", F32, vec![*items, *m, *k]),
+                ("b", F32, vec![*items, *k, *n]),
+                ("gate", F32, vec![*items, *m]),
+                ("c0", F32, vec![*items, *m, *n]),
+            ];
+            let label = format!("items {items} M {m} K {k} N {n}");
+            (
+                l,
+                "tiles",
+                label,
+                vec![*items, *m, *k, *n],
+                inputs,
+                "masked 0\nwith_state 0\n".to_string(),
+            )
         }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {

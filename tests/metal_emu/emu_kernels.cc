@@ -7,14 +7,30 @@
 #include "case_desc.h"
 // Last: the shim defines the address-space qualifiers as macros.
 #include "metal_shim.h"
+#ifdef MLXK_EMU_TILE_FORM
+// The matrix tiles' CUDA form instead of their Metal form (CUDA's lane layouts).
+#include "cuda_tiles_host.h"
+#endif
 
 #include "emu_gen.inc"
 
 const char* emu_variant() {
-#ifdef MLXK_EMU_EXP_RETURNS_FLOAT
+#if defined(MLXK_EMU_EXP_RETURNS_FLOAT)
   return "exp(half), exp(bfloat) widened to float";
+#elif defined(MLXK_EMU_TILE_FORM)
+  return MLXK_EMU_TILE_FORM == MLXK_TILE_FMA    ? "CUDA tiles: fma"
+         : MLXK_EMU_TILE_FORM == MLXK_TILE_TF32 ? "CUDA tiles: tf32"
+                                                 : "CUDA tiles: bf16";
 #else
   return "";
+#endif
+}
+
+int emu_tile_form() {
+#ifdef MLXK_EMU_TILE_FORM
+  return MLXK_EMU_TILE_FORM;
+#else
+  return -1;
 #endif
 }
 

@@ -14,7 +14,7 @@ namespace emu {
 namespace {
 
 constexpr size_t kStackBytes = 64 * 1024;
-constexpr size_t kPayload = 16;
+constexpr size_t kPayload = kSimdPayload;
 
 enum class State { Runnable, AtSimd, AtBarrier, Done };
 
@@ -153,14 +153,21 @@ uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 void simd_collective(Resolver resolver, uint64_t arg, const void* in, void* out, size_t size) {
+  simd_collective(resolver, arg, in, size, out, size);
+}
+
+void simd_collective(Resolver resolver, uint64_t arg, const void* in, size_t in_size, void* out,
+                     size_t out_size) {
   Fiber* f = current_fiber("a SIMD collective");
-  if (size > kPayload) std::abort();
+  if (in_size > kPayload || out_size > kPayload) std::abort();
   f->resolver = resolver;
   f->arg = arg;
-  std::memcpy(f->in, in, size);
+  std::memcpy(f->in, in, in_size);
   block(f, State::AtSimd);
-  std::memcpy(out, f->out, size);
+  if (out_size != 0) std::memcpy(out, f->out, out_size);
 }
+
+uint32_t current_lane() { return current_fiber("a lane query")->coords.index_in_group % kSimdWidth; }
 
 void threadgroup_barrier() { block(current_fiber("threadgroup_barrier"), State::AtBarrier); }
 

@@ -62,6 +62,13 @@ Stats dispatch(Dim3 grid, Dim3 threadgroup, const Body& body);
 // equal across the lanes.
 using Resolver = void (*)(const void* const* in, void* const* out, uint64_t arg);
 void simd_collective(Resolver resolver, uint64_t arg, const void* in, void* out, size_t size);
+// The same with `in_size` bytes deposited and `out_size` bytes of result per lane (each at
+// most kSimdPayload: a matrix operation's operands).
+constexpr size_t kSimdPayload = 64;
+void simd_collective(Resolver resolver, uint64_t arg, const void* in, size_t in_size, void* out,
+                     size_t out_size);
+// The calling thread's lane (index in its SIMD group).
+uint32_t current_lane();
 void threadgroup_barrier();
 
 // simd_sum as the xor butterfly: at offsets 1, 2, 4, 8, 16, x[l] = x[l] + x[l ^ offset].
@@ -94,7 +101,7 @@ void resolve_shuffle(const void* const* in, void* const* out, uint64_t from) {
 
 template <class T>
 T simd_sum(T value) {
-  static_assert(sizeof(T) <= 16, "SIMD payloads are at most 16 bytes");
+  static_assert(sizeof(T) <= kSimdPayload, "SIMD payloads are at most kSimdPayload bytes");
   T result;
   simd_collective(&resolve_simd_sum<T>, 0, &value, &result, sizeof(T));
   return result;
@@ -104,7 +111,7 @@ T simd_sum(T value) {
 // lane), checked to lie inside the SIMD group; `what` names the call in the message.
 template <class T>
 T simd_exchange(Resolver resolver, uint16_t arg, const char* what, T value) {
-  static_assert(sizeof(T) <= 16, "SIMD payloads are at most 16 bytes");
+  static_assert(sizeof(T) <= kSimdPayload, "SIMD payloads are at most kSimdPayload bytes");
   if (arg >= kSimdWidth) {
     std::fprintf(stderr, "metal-emu: %s %u outside the SIMD group\n", what, arg);
     std::abort();

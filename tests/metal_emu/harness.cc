@@ -151,8 +151,10 @@ int main(int argc, char** argv) {
     if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end()) continue;
     // The chunked backward's later stages run with their stage 0 case.
     if (std::strcmp(c.kind, "backward_chunked_stage") == 0) continue;
-    // A chunk prep case runs with its scan case (the next one).
-    if (std::strcmp(c.kind, "chunk_prep") == 0) continue;
+    // A chunk prep and state case run with their output pass's case (two and one later).
+    if (std::strcmp(c.kind, "chunk_prep") == 0 || std::strcmp(c.kind, "chunk_state") == 0) {
+      continue;
+    }
     const Result r = run_case(c);
     char geometry[200];
     std::snprintf(geometry, sizeof geometry,
@@ -163,7 +165,8 @@ int main(int argc, char** argv) {
                   r.stats.simd_collectives, r.stats.barriers);
     const KnownDifference* k = variant.empty() ? known_difference(c) : nullptr;
     const bool tolerance =
-        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_scan") == 0;
+        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_out") == 0 ||
+        std::strcmp(c.kind, "tiles") == 0;
     if (r.exact && k == nullptr) {
       ++(tolerance ? within : passes);
       std::printf("PASS: %s %s %s: %s (%s); %s\n", tag.c_str(), c.kind, c.label,
@@ -199,7 +202,7 @@ int main(int argc, char** argv) {
   }
   const std::string backward =
       within
-          ? "; " + std::to_string(within) + " backward and chunked cases within tolerance, invariants exact"
+          ? "; " + std::to_string(within) + " backward, chunked and tile cases within tolerance, invariants exact"
           : "";
   if (known) {
     std::printf("PASS: %s: %d cases bit-identical; %d known differences (README.md)%s\n",
@@ -208,7 +211,7 @@ int main(int argc, char** argv) {
     std::printf("PASS: %s: all %d cases bit-identical%s\n", tag.c_str(), passes,
                 backward.c_str());
   } else {
-    std::printf("PASS: %s: %d backward cases within tolerance, invariants exact\n", tag.c_str(),
+    std::printf("PASS: %s: %d backward, chunked and tile cases within tolerance, invariants exact\n", tag.c_str(),
                 within);
   }
   return 0;

@@ -206,14 +206,14 @@ constexpr int kGradients = 8;
 extern const char* const kGradientNames[kGradients];
 
 // The worst ratio of a gradient over the cases run, with the case.
-struct Worst {
+struct WorstGrad {
   double ratio = -1.0;
   int case_id = -1;
   void see(double ratio, int case_id);  // keeps the larger
 };
 // Prints one line per forward dtype: "metal-emu <what> <dtype>, worst error/scale: ...".
-void print_worst(const char* what, const std::map<int, std::array<Worst, kGradients>>& table,
-                 double bound);
+void print_worst(const char* what,
+                 const std::map<int, std::array<WorstGrad, kGradients>>& table, double bound);
 
 // A backward case's draw: the recurrence's inputs, then dy [B, T, Hv, Dv] (`dy_dtype`) and
 // dstate_out [B, Hv, Dv, Dk] (f32); masked with B >= 2: row 0 entirely padding.
@@ -244,6 +244,9 @@ GateChain gate_chain(const RecurrenceDraw& x, int64_t Hv, const std::vector<doub
 // `out` holds dq_h, dk_h, dv, dg_part, dbeta_part, dstate with P row partitions.
 void check_padded(const EmuCase& c, const BackwardDraw& d, int64_t P, const Named& out,
                   Result* r);
+
+// harness_tiles.cc: the matrix tiles' self-test against float64 products.
+Result run_tiles(const EmuCase& c);
 
 // harness_backward_chunked.cc: the chunked backward's five launches from stage 0's case.
 Result run_backward_chunked(const EmuCase& c);

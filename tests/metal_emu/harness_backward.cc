@@ -89,11 +89,11 @@ GradError grad_error(const Tensor& cpu, const std::vector<double>& metal, bool t
 const char* const kGradientNames[kGradients] = {"dq", "dk",     "dv",     "dstate",
                                                 "da", "db",     "da_log", "ddt_bias"};
 
-void Worst::see(double r, int id) {
+void WorstGrad::see(double r, int id) {
   if (r > ratio) *this = {r, id};
 }
 
-std::map<int, std::array<Worst, kGradients>> g_backward_worst;
+std::map<int, std::array<WorstGrad, kGradients>> g_backward_worst;
 
 // The non-scratch outputs (dq_h, dk_h, dv, dg_part, dbeta_part, dstate) of the backward cases run, by
 // case id: a case's twin must give the same bits.
@@ -273,8 +273,8 @@ void check_padded(const EmuCase& c, const BackwardDraw& d, int64_t P, const Name
   }
 }
 
-void print_worst(const char* what, const std::map<int, std::array<Worst, kGradients>>& table,
-                 double bound) {
+void print_worst(const char* what,
+                 const std::map<int, std::array<WorstGrad, kGradients>>& table, double bound) {
   for (const auto& [dtype, worst] : table) {
     std::string line;
     for (int i = 0; i < kGradients; ++i) {

@@ -1,6 +1,7 @@
-// The chunked update's GPU form (kernels/metal/gated_delta_chunked_{prep,scan}.metal): a scan case
-// runs its prep case (the case before it, same draws) and then itself, as
-// src/ops/gated_delta/graph.rs `build_gpu_chunked` chains them, and compares y and the state
+// The chunked update's GPU form (kernels/metal/gated_delta_chunked_{prep,state,out}.metal): an
+// output-pass case runs its prep case and its state-pass case (the two cases before it, same
+// draws) and then itself, as src/ops/gated_delta/graph.rs `build_gpu_chunked` chains them, and
+// compares y and the state
 // within docs/DESIGN.md §4's chunked bounds (not bit for bit: the chunked form sums in another
 // order) with
 //   - a float64 recurrence on the kernel's own gates: y within one ulp of its dtype plus 2e-5 of
@@ -101,11 +102,14 @@ Result run_chunked(const EmuCase& c) {
   size_t count = 0;
   const EmuCase* cases = emu_cases(&count);
   const EmuCase* prep = nullptr;
+  const EmuCase* pass = nullptr;
   for (size_t i = 0; i < count; ++i) {
-    if (cases[i].id == c.id - 1) prep = &cases[i];
+    if (cases[i].id == c.id - 2) prep = &cases[i];
+    if (cases[i].id == c.id - 1) pass = &cases[i];
   }
-  if (prep == nullptr || std::strcmp(prep->kind, "chunk_prep") != 0) {
-    die("case %d: a chunk scan case follows its prep case", c.id);
+  if (prep == nullptr || std::strcmp(prep->kind, "chunk_prep") != 0 || pass == nullptr ||
+      std::strcmp(pass->kind, "chunk_state") != 0) {
+    die("case %d: a chunk output case follows its prep and state cases", c.id);
   }
   const int64_t B = c.dims[0], T = c.dims[1];
   const bool masked = c.masked != 0;
@@ -126,13 +130,17 @@ Result run_chunked(const EmuCase& c) {
   inputs["state_in"] = x.state;
   if (masked) inputs["mask"] = x.mask;
   Result r;
-  emu::Stats prep_stats;
+  emu::Stats prep_stats, pass_stats;
   std::vector<Tensor> parts = launch_kernel(*prep, inputs, &prep_stats);
   for (int i = 0; i < prep->n_outputs; ++i) inputs[prep->outputs[i].name] = parts[i];
+  std::vector<Tensor> kept = launch_kernel(*pass, inputs, &pass_stats);
+  for (int i = 0; i < pass->n_outputs; ++i) inputs[pass->outputs[i].name] = kept[i];
   std::vector<Tensor> outputs = launch_kernel(c, inputs, &r.stats);
-  r.stats.threadgroups += prep_stats.threadgroups;
-  r.stats.threads += prep_stats.threads;
-  r.stats.barriers += prep_stats.barriers;
+  for (const emu::Stats* s : {&prep_stats, &pass_stats}) {
+    r.stats.threadgroups += s->threadgroups;
+    r.stats.threads += s->threads;
+    r.stats.barriers += s->barriers;
+  }
   const Tensor& y = outputs[0];
   const Tensor& state = outputs[1];
 

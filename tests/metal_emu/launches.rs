@@ -152,16 +152,17 @@ enum Kind {
     /// `grouped`: with the CUDA launch's threadgroup (up to eight one-SIMD-group rows a block).
     GatedNorm { shape: Vec<i64>, grouped: bool },
     /// One launch of the chunked update's GPU form (src/ops/gated_delta/graph.rs
-    /// `build_gpu_chunked`): the prep launch, or (`scan`) the scan launch, whose case follows its
-    /// prep case (same draws) and is run with it; `chunk` as the caller passes it.
+    /// `build_gpu_chunked`): `stage` 0 the prep launch, 1 the state pass, 2 the output pass; the
+    /// three cases follow each other (same draws) and run together from the output pass's case;
+    /// `chunk` as the caller passes it.
     Chunked {
         d: Dims,
         masked: bool,
         with_state: bool,
         chunk: usize,
-        scan: bool,
-        /// The scan's tile as MLX CUDA's launch picks it (48 KB of shared memory), not Metal's.
-        cuda: bool,
+        stage: usize,
+        /// The state pass's tile of value columns (8, 16 or 32).
+        columns: usize,
     },
     /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
     /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
@@ -188,6 +189,9 @@ enum Kind {
         stage: usize,
         first: usize,
     },
+    /// The matrix tiles' self-test (src/metal/tiles.rs `tiles_check_launch`): `items` work
+    /// items of an M x K by K x N product, Aᵀ A and A Aᵀ.
+    Tiles { items: i64, m: i64, k: i64, n: i64 },
 }
 
 /// Which pool call a `Kind::Pool` case makes.
@@ -231,7 +235,9 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/gated_delta_backward.metal",
         "kernels/metal/gated_delta_chunked_backward.metal",
         "kernels/metal/gated_delta_chunked_prep.metal",
-        "kernels/metal/gated_delta_chunked_scan.metal",
+        "kernels/metal/gated_delta_chunked_state.metal",
+        "kernels/metal/gated_delta_chunked_out.metal",
+        "kernels/metal/tiles_check.metal",
     ];
     for file in files {
         let text = std::fs::read_to_string(format!("{root}/{file}")).expect("kernel file");
@@ -297,7 +303,7 @@ fn main() {
         let seed_id = match case.kind {
             Kind::Backward { twin: Some(t), .. } => t,
             Kind::ChunkedBackward { first, .. } => first,
-            Kind::Chunked { scan: true, .. } => id - 1,
+            Kind::Chunked { stage, .. } => id - stage,
             _ => id,
         };
         let (file, defines) = locate_source(root, &launch);

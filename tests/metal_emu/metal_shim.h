@@ -30,6 +30,8 @@
 //   the 32 lanes of the SIMD group; simd_shuffle_xor exchanges lanes; simd_shuffle broadcasts
 //   one lane (named alike in every lane); all are collectives the executor resolves when all
 //   32 lanes arrive. threadgroup_barrier waits for the threadgroup.
+// * simdgroup_float8x8 and its load, store and multiply-accumulate: simdgroup_matrix.h (lane
+//   map and summation order there).
 // * No double: arithmetic of half or bfloat with double is deleted (Metal has no double).
 #pragma once
 
@@ -197,6 +199,9 @@ inline T simd_shuffle_xor(T x, ushort mask) {
 }
 
 }  // namespace metal
+
+// simdgroup_float8x8 and its operations (namespace metal).
+#include "simdgroup_matrix.h"
 
 // MLX's preamble (metal::utils()).
 using namespace metal;

@@ -5,7 +5,7 @@
 //!
 //! Per (batch row, value head) `n` with `NC = ceil(T / C)` chunks, the stages hand each other
 //! f32 scratch arrays: per token `[B·Hv, T, X]` (γ; W; Ũ, U, dU and Tmᵀ dU; dβ's and the gates'
-//! shares), per chunk `[B·Hv, NC, C, C]` (Γ, Γ∘QKᵀ, Γ∘KKᵀ, Tm, dP∘Γ, dA∘βΓ) and the kept
+//! shares; W `[B·Hv, NC·C, Dk]`, padded to whole chunks), per chunk `[B·Hv, NC, C, C]` (Γ, Γ∘QKᵀ, Γ∘KKᵀ, Tm, dP∘Γ, dA∘βΓ) and the kept
 //! states `[B·Hv, NC, Dv, Dk]` (the state entering each chunk, the state gradient leaving it):
 //! `backward_chunked_scratch_floats` counts them.
 
@@ -59,7 +59,7 @@ pub fn backward_chunked_scratch(d: Dims, c: usize) -> Vec<(&'static str, Vec<usi
         ("pm", square.clone()),
         ("gkk", square.clone()),
         ("tm", square.clone()),
-        ("w", vec![n, d.t, d.dk]),
+        ("w", vec![n, chunks * c, d.dk]),
         ("ut", vec![n, d.t, d.dv]),
         ("hs", kept.clone()),
         ("u", vec![n, d.t, d.dv]),
@@ -73,7 +73,8 @@ pub fn backward_chunked_scratch(d: Dims, c: usize) -> Vec<(&'static str, Vec<usi
 }
 
 /// The f32 values of the stages' scratch: per value head and batch row
-/// `T·(Dk + 4·Dv + 3) + NC·(6·C² + 2·Dv·Dk)`.
+/// `T·(4·Dv + 3) + NC·(C·Dk + 6·C² + 2·Dv·Dk)` (W padded to whole chunks: the tiles read 16
+/// of its rows at a time).
 pub fn backward_chunked_scratch_floats(d: Dims, c: usize) -> u64 {
     backward_chunked_scratch(d, c)
         .iter()
@@ -190,7 +191,13 @@ pub fn gated_delta_chunked_backward_launch(n: &Node, c: usize, stage: usize) -> 
         names(&inputs),
         (s.outputs, &outputs),
     );
-    l.header = format!("#define MLXK_CBWD_STAGE {}\n", stage + 1);
+    // The stage, then the matrix tiles (the sequential stages' products; on MLX CUDA,
+    // `cuda::launch` puts their CUDA form in this place).
+    l.header = format!(
+        "#define MLXK_CBWD_STAGE {}\n{}",
+        stage + 1,
+        super::super::tiles::TILES_HEADER
+    );
     let tile = backward_tile(d);
     let items = if s.per_chunk {
         d.b * d.hv * d.t.div_ceil(c).max(1)

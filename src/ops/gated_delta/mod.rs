@@ -394,21 +394,46 @@ pub fn update_chunked(
     )?))
 }
 
-/// The GPU chunked form's scratch (the prep launch's outputs, float32): W, U0, the decayed keys,
-/// P and γ, `B·Hv·Tp·(2 Dk + Dv + C + 1)` floats with Tp = T rounded up to the chunk.
+/// The GPU chunked form's scratch, checked against the memory limit before anything is built:
+/// the prep launch's outputs (float32: W, U0, the decayed keys, P and γ,
+/// `B·Hv·Tp·(2 Dk + Dv + C + 1)` floats with Tp = T rounded up to the chunk), then with them
+/// the state pass's (the state entering every chunk and U,
+/// `chunked::chunk_state_floats`: `B·Hv·((NC + 1)·Dv·Dk + Tp·Dv)` floats), each refusal naming
+/// what does not fit. Also refuses an output pass whose grid would pass 2^31 threads.
 fn check_chunked_gpu(node: &Node) -> Result<()> {
+    use crate::metal::gated_delta::chunked;
     let d = node.dims;
-    let c = crate::metal::gated_delta::chunked::launch_chunk(node);
-    let rows = (d.t.div_ceil(c) * c) as u64;
+    let c = chunked::launch_chunk(node);
+    let chunks = d.t.div_ceil(c) as u64;
+    let rows = chunks * c as u64;
     let per_row = (2 * d.dk + d.dv + c + 1) as u64;
-    let bytes = 4u64
+    let parts = 4u64
         .saturating_mul((d.b * d.hv) as u64)
         .saturating_mul(rows)
         .saturating_mul(per_row);
     memory::check_bytes(
         "the GPU chunked form's per-chunk matrices (internal)",
-        bytes,
-    )
+        parts,
+    )?;
+    let kept = chunked::chunk_state_floats(d, c).saturating_mul(4);
+    memory::check_bytes(
+        &format!(
+            "the GPU chunked form's kept states (the state entering each of its {chunks} \
+             chunks and the final one, B·Hv·(NC + 1)·Dv·Dk floats) and U (B·Hv·Tp·Dv floats), \
+             with its per-chunk matrices (internal)"
+        ),
+        kept.saturating_add(parts),
+    )?;
+    let threads = (chunked::chunk_out_threads(c, d.dv) as u64).saturating_mul(chunks);
+    if threads > i32::MAX as u64 {
+        return Err(Error::Unsupported(format!(
+            "the GPU chunked form's output pass would need {threads} threads along its grid's \
+             x axis ({} per chunk of {c} tokens, T = {}), over 2^31 - 1; split the call along T",
+            chunked::chunk_out_threads(c, d.dv),
+            d.t
+        )));
+    }
+    Ok(())
 }
 
 impl Inputs<'_> {
