@@ -71,39 +71,26 @@ fn replay(target: Target, min_corpus: usize) {
     );
 }
 
-#[test]
-fn corpus_array() {
-    replay(Target::Array, 50);
+/// One test per target: its regression files and corpus replayed (at most 50 corpus inputs).
+macro_rules! corpus_tests {
+    ($($name:ident: $target:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                replay(Target::$target, 50);
+            }
+        )*
+    };
 }
 
-#[test]
-fn corpus_gated_delta() {
-    replay(Target::GatedDelta, 50);
-}
-
-#[test]
-fn corpus_norms() {
-    replay(Target::Norms, 50);
-}
-
-#[test]
-fn corpus_norms_vjp() {
-    replay(Target::NormsVjp, 50);
-}
-
-#[test]
-fn corpus_gated_delta_vjp() {
-    replay(Target::GatedDeltaVjp, 50);
-}
-
-#[test]
-fn corpus_glm52() {
-    replay(Target::Glm52, 50);
-}
-
-#[test]
-fn corpus_pool() {
-    replay(Target::Pool, 50);
+corpus_tests! {
+    corpus_array: Array,
+    corpus_gated_delta: GatedDelta,
+    corpus_norms: Norms,
+    corpus_norms_vjp: NormsVjp,
+    corpus_gated_delta_vjp: GatedDeltaVjp,
+    corpus_glm52: Glm52,
+    corpus_pool: Pool,
 }
 
 #[test]

@@ -283,11 +283,7 @@ fn gated_norm_vjp_matches_the_c_abi() {
     let mut rng = Rng::fresh();
     for case in 0..6 {
         let shape = random_shape(&mut rng, 3, 4, 200);
-        let dtype = rng.pick(&FLOATS);
-        let x = Twin::random(&mut rng, &shape, 2.0, dtype);
-        let gate_dtype = rng.pick(&FLOATS);
-        let gate = Twin::random(&mut rng, &shape, 3.0, gate_dtype);
-        let w = Twin::random(&mut rng, &[*shape.last().unwrap()], 1.0, dtype);
+        let (dtype, [x, gate, w]) = norm_twins(&mut rng, &shape, [2.0, 3.0, 1.0]);
         let dout_dtype = rng.pick(&FLOATS);
         let dout = (case != 0).then(|| Twin::random(&mut rng, &shape, 1.0, dout_dtype));
         let mut outs = [null_mut(); 3];

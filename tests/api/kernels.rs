@@ -383,6 +383,52 @@ fn head_split_matches_the_c_abi() {
     );
 }
 
+/// The update from the convolution's output on the same twins through the C ABI (its status,
+/// y and state) and through the safe API: x, q_scale, k_scale (`x`), then a, b, a_log, dt_bias
+/// (`gates`), the optional state and mask.
+fn from_conv_both(
+    x: &[Twin; 3],
+    dims: [usize; 6],
+    eps: f32,
+    gates: [&Twin; 4],
+    state: &Option<Twin>,
+    mask: &Option<Twin>,
+) -> (mlxk_status, [H; 2], Result<mlxkern::Update, Error>) {
+    let [a, b, a_log, dt] = gates;
+    let [_, _, hk, hv, _, dv] = dims.map(|d| d as i32);
+    let (mut y, mut st) = (null_mut(), null_mut());
+    let status = unsafe {
+        mlxk_gated_delta_update_from_conv(
+            x[0].c,
+            x[1].c,
+            x[2].c,
+            hk,
+            hv,
+            dv,
+            eps,
+            a.c,
+            b.c,
+            a_log.c,
+            dt.c,
+            c_opt(state),
+            c_opt(mask),
+            &mut y,
+            &mut st,
+        )
+    };
+    let safe = GatedDeltaFromConv {
+        split: split_args(x, dims, eps),
+        a: &a.r,
+        b: &b.r,
+        a_log: &a_log.r,
+        dt_bias: &dt.r,
+        state: r_opt(state),
+        mask: r_opt(mask),
+    }
+    .update();
+    (status, [y, st], safe)
+}
+
 #[test]
 fn from_conv_update_matches_the_c_abi() {
     let mut rng = Rng::fresh();
@@ -412,39 +458,11 @@ fn from_conv_update_matches_the_c_abi() {
             Twin::bools(&m, &[b, t])
         });
         let eps = 1e-6 / dk as f32;
-        let (mut y, mut st) = (null_mut(), null_mut());
-        let status = unsafe {
-            mlxk_gated_delta_update_from_conv(
-                x[0].c,
-                x[1].c,
-                x[2].c,
-                hk as i32,
-                hv as i32,
-                dv as i32,
-                eps,
-                a.c,
-                bb.c,
-                a_log.c,
-                dt.c,
-                c_opt(&state),
-                c_opt(&mask),
-                &mut y,
-                &mut st,
-            )
-        };
-        let r = GatedDeltaFromConv {
-            split: split_args(&x, dims, eps),
-            a: &a.r,
-            b: &bb.r,
-            a_log: &a_log.r,
-            dt_bias: &dt.r,
-            state: r_opt(&state),
-            mask: r_opt(&mask),
-        }
-        .update()
-        .map(|u| vec![u.y, u.state]);
+        let (status, outs, r) =
+            from_conv_both(&x, dims, eps, [&a, &bb, &a_log, &dt], &state, &mask);
+        let r = r.map(|u| vec![u.y, u.state]);
         assert_eq!(
-            agree("mlxk_gated_delta_update_from_conv", status, &[y, st], r),
+            agree("mlxk_gated_delta_update_from_conv", status, &outs, r),
             None,
             "{dims:?}"
         );
@@ -454,37 +472,8 @@ fn from_conv_update_matches_the_c_abi() {
     let x = split_inputs(&mut rng, dims, Dtype::Float32);
     let g = Twin::random(&mut rng, &[1, 1, 1], 1.0, Dtype::Float32);
     let h = Twin::random(&mut rng, &[1], 1.0, Dtype::Float32);
-    let (mut y, mut st) = (null_mut(), null_mut());
-    let status = unsafe {
-        mlxk_gated_delta_update_from_conv(
-            x[0].c,
-            x[1].c,
-            x[2].c,
-            1,
-            1,
-            4,
-            1e-6,
-            g.c,
-            g.c,
-            h.c,
-            h.c,
-            null_mut(),
-            null_mut(),
-            &mut y,
-            &mut st,
-        )
-    };
-    let err = GatedDeltaFromConv {
-        split: split_args(&x, dims, 1e-6),
-        a: &g.r,
-        b: &g.r,
-        a_log: &h.r,
-        dt_bias: &h.r,
-        state: None,
-        mask: None,
-    }
-    .update()
-    .unwrap_err();
+    let (status, _, r) = from_conv_both(&x, dims, 1e-6, [&g, &g, &h, &h], &None, &None);
+    let err = r.unwrap_err();
     assert!(matches!(err, Error::Shape(_)));
     same_error("mlxk_gated_delta_update_from_conv", status, err);
 }
@@ -537,11 +526,7 @@ fn gated_norm_matches_the_c_abi() {
     let mut rng = Rng::fresh();
     for _ in 0..8 {
         let shape = random_shape(&mut rng, 3, 5, 300);
-        let dtype = rng.pick(&FLOATS);
-        let x = Twin::random(&mut rng, &shape, 3.0, dtype);
-        let gate_dtype = rng.pick(&FLOATS);
-        let gate = Twin::random(&mut rng, &shape, 3.0, gate_dtype);
-        let w = Twin::random(&mut rng, &[*shape.last().unwrap()], 1.5, dtype);
+        let (_, [x, gate, w]) = norm_twins(&mut rng, &shape, [3.0, 3.0, 1.5]);
         let eps = rng.pick(&[0.0, 1e-6, 1e-3]);
         let mut out = null_mut();
         let status = unsafe { mlxk_gated_rms_norm(x.c, gate.c, w.c, eps, &mut out) };

@@ -63,6 +63,10 @@ void host_free(Host *h);
 void ref_update(const Host *h, const uint8_t *mask, double *state, double *y);
 Args upload(const Host *h);
 void free_args(Args *x);
+/* A call's random inputs on both sides: *h = host_random(d, bf16), and its upload. */
+Args upload_random(Dims d, int bf16, Host *h);
+/* free_args, then host_free. */
+void free_inputs(Host *h, Args *x);
 
 /* ---------------------------------------------------------------------------------------- */
 /* Checks, in the order main() runs them                                                    */

@@ -353,8 +353,8 @@ void test_memory_limit(void) {
 
     Dims d = {1, 2, 1, 2, 32, 4};
     CHECK_OK(mlxk_set_memory_limit(0)); /* restore, to upload */
-    Host hst = host_random(d, 0);
-    Args x = upload(&hst);
+    Host hst;
+    Args x = upload_random(d, 0, &hst);
     CHECK_OK(mlxk_set_memory_limit(1024)); /* state alone is 1 x 2 x 4 x 32 x 4 = 1024 bytes */
     EXPECT_ERROR(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, NULL, NULL,
                                          &out, &out2),
@@ -369,8 +369,7 @@ void test_memory_limit(void) {
     CHECK_OK(mlxk_array_eval(out2));
     free_ok(out);
     free_ok(out2);
-    free_args(&x);
-    host_free(&hst);
+    free_inputs(&hst, &x);
     free_ok(small);
     free_ok(a_log);
     free_ok(dt);

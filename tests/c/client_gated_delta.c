@@ -172,10 +172,15 @@ static mlxk_array *run_update_with(const Host *h, const Args *x, const mlxk_arra
     return s;
 }
 
-static mlxk_array *run_update(const Host *h, const Args *x, const mlxk_array *state,
-                              const uint8_t *mask, double *ref_state, double y_tol,
-                              double state_tol, int line) {
-    return run_update_with(h, x, state, mask, ref_state, y_tol, state_tol, -1, line);
+/* run_update_with on fresh random inputs of dims `d` (drawn, uploaded and freed here). */
+static mlxk_array *run_fresh(Dims d, int bf16, const mlxk_array *state, const uint8_t *mask,
+                             double *ref_state, double y_tol, double state_tol, int chunk,
+                             int line) {
+    Host h;
+    Args x = upload_random(d, bf16, &h);
+    mlxk_array *s = run_update_with(&h, &x, state, mask, ref_state, y_tol, state_tol, chunk, line);
+    free_inputs(&h, &x);
+    return s;
 }
 
 /* The chunked form against the same float64 reference: a prefill longer than a chunk, then a
@@ -183,8 +188,8 @@ static mlxk_array *run_update(const Host *h, const Args *x, const mlxk_array *st
 void test_gated_delta_update_chunked(void) {
     Dims d = {2, 70, 2, 4, 64, 16};
     double *ref_state = calloc(n_state(d), sizeof(double));
-    Host h1 = host_random(d, 0);
-    Args x1 = upload(&h1);
+    Host h1;
+    Args x1 = upload_random(d, 0, &h1);
     mlxk_array *s1 = run_update_with(&h1, &x1, NULL, NULL, ref_state, 1e-5, 1e-5, 0, __LINE__);
     mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
     int bad_chunks[4] = {8, -16, 24, 256};
@@ -196,23 +201,17 @@ void test_gated_delta_update_chunked(void) {
                      MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_update_chunked", "chunk_size");
         CHECK(y == sentinel && s == sentinel);
     }
-    free_args(&x1);
-    host_free(&h1);
+    free_inputs(&h1, &x1);
 
     Dims d2 = d;
     d2.t = 40;
-    Host h2 = host_random(d2, 0);
-    Args x2 = upload(&h2);
     uint8_t mask[80];
     for (int i = 0; i < 80; i++) {
         mask[i] = (uint8_t)(i % 7 != 3 && i < 75);
     }
-    mlxk_array *s2 =
-        run_update_with(&h2, &x2, s1, mask, ref_state, 1e-5, 1e-5, 16, __LINE__);
+    mlxk_array *s2 = run_fresh(d2, 0, s1, mask, ref_state, 1e-5, 1e-5, 16, __LINE__);
     free_ok(s1);
     free_ok(s2);
-    free_args(&x2);
-    host_free(&h2);
     free(ref_state);
 }
 
@@ -220,8 +219,8 @@ void test_gated_delta_update_chunked(void) {
  * cotangent is given; its own arguments named when wrong. */
 void test_gated_delta_update_vjp(void) {
     Dims d = {1, 6, 1, 2, 32, 4};
-    Host h = host_random(d, 0);
-    Args x = upload(&h);
+    Host h;
+    Args x = upload_random(d, 0, &h);
     int32_t dy_shape[4] = {1, 6, 2, 4};
     float dy_data[48];
     for (int i = 0; i < 48; i++) dy_data[i] = (float)((i % 7) - 3) * 0.25f;
@@ -256,16 +255,15 @@ void test_gated_delta_update_vjp(void) {
                  MLXK_ERR_SHAPE, "mlxk_gated_delta_update_vjp", "dy");
     free_ok(bad);
     free_ok(dy);
-    free_args(&x);
-    host_free(&h);
+    free_inputs(&h, &x);
 }
 
 /* The chunked form's backward pass: the gradients of mlxk_gated_delta_update_vjp up to float32
  * rounding (both read back as float32), and its chunk size named when wrong. */
 void test_gated_delta_update_chunked_vjp(void) {
     Dims d = {1, 21, 1, 2, 32, 5};
-    Host h = host_random(d, 0);
-    Args x = upload(&h);
+    Host h;
+    Args x = upload_random(d, 0, &h);
     int32_t dy_shape[4] = {1, 21, 2, 5};
     float dy_data[210];
     for (int i = 0; i < 210; i++) dy_data[i] = (float)((i * 7) % 11 - 5) * 0.2f;
@@ -304,42 +302,33 @@ void test_gated_delta_update_chunked_vjp(void) {
                                                      &c[3], &c[4], &c[5], &c[6], &c[7]),
                  MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_delta_update_chunked_vjp", "chunk_size");
     free_ok(dy);
-    free_args(&x);
-    host_free(&h);
+    free_inputs(&h, &x);
 }
 
 void test_gated_delta_update(void) {
     /* f32, B = 2, T = 5, Hv/Hk = 2, Dk = 64, Dv = 16: no state, no mask. */
     Dims d = {2, 5, 2, 4, 64, 16};
     double *ref_state = calloc(n_state(d), sizeof(double));
-    Host h1 = host_random(d, 0);
-    Args x1 = upload(&h1);
-    mlxk_array *s1 = run_update(&h1, &x1, NULL, NULL, ref_state, 1e-5, 1e-5, __LINE__);
-    free_args(&x1);
-    host_free(&h1);
+    mlxk_array *s1 = run_fresh(d, 0, NULL, NULL, ref_state, 1e-5, 1e-5, -1, __LINE__);
 
     /* Carrying the state, with a mask (row 0 pads its first two tokens, row 1 its last). */
-    Host h2 = host_random(d, 0);
-    Args x2 = upload(&h2);
     uint8_t mask[10] = {0, 0, 1, 1, 1, 1, 1, 1, 1, 0};
     float *s1_before = mlxkt_read_floats(s1, n_state(d));
-    mlxk_array *s2 = run_update(&h2, &x2, s1, mask, ref_state, 1e-5, 1e-5, __LINE__);
+    mlxk_array *s2 = run_fresh(d, 0, s1, mask, ref_state, 1e-5, 1e-5, -1, __LINE__);
     /* s1 is still a live handle, so the kernel must not have written into it. */
     float *s1_after = mlxkt_read_floats(s1, n_state(d));
     CHECK(memcmp(s1_before, s1_after, n_state(d) * sizeof(float)) == 0);
     free(s1_before);
     free(s1_after);
     free_ok(s1);
-    free_args(&x2);
-    host_free(&h2);
 
     /* Decode loop, T = 1: the old state is freed before the new one is evaluated (in place). */
     Dims d1 = d;
     d1.t = 1;
     mlxk_array *state = s2;
     for (int step = 0; step < 4; step++) {
-        Host h = host_random(d1, 0);
-        Args x = upload(&h);
+        Host h;
+        Args x = upload_random(d1, 0, &h);
         mlxk_array *y = NULL, *next = NULL;
         CHECK_OK(mlxk_gated_delta_update(x.q, x.k, x.v, x.a, x.b, x.a_log, x.dt_bias, state, NULL,
                                          &y, &next));
@@ -365,20 +354,16 @@ void test_gated_delta_update(void) {
      * allow 2 bf16 ulps of its scale. */
     Dims db = {1, 4, 1, 3, 32, 8};
     double *rs = calloc(n_state(db), sizeof(double));
-    Host hb = host_random(db, 1);
-    Args xb = upload(&hb);
     uint8_t all[4] = {1, 1, 1, 1};
-    mlxk_array *sb = run_update(&hb, &xb, NULL, all, rs, 2.0 / 128, 1e-5, __LINE__);
+    mlxk_array *sb = run_fresh(db, 1, NULL, all, rs, 2.0 / 128, 1e-5, -1, __LINE__);
     free_ok(sb);
-    free_args(&xb);
-    host_free(&hb);
     free(rs);
 }
 
 void test_gated_delta_errors(void) {
     Dims d = {2, 3, 2, 4, 32, 8};
-    Host h = host_random(d, 0);
-    Args x = upload(&h);
+    Host h;
+    Args x = upload_random(d, 0, &h);
     mlxk_array *const sentinel = (mlxk_array *)(uintptr_t)0xDEADBEE0u;
     mlxk_array *y = sentinel, *s = sentinel;
     const char *fn = "mlxk_gated_delta_update";
@@ -496,8 +481,7 @@ void test_gated_delta_errors(void) {
     free_ok(b_int);
     free_ok(dt_int);
     free_ok(k_dk48);
-    free_args(&x);
-    host_free(&h);
+    free_inputs(&h, &x);
 }
 
 /* Prefix replay: each row's state after its accepted prefix, bit-identical to the update's
@@ -596,8 +580,7 @@ void test_gated_delta_state(void) {
 
     free_ok(s0);
     free_args(&x0);
-    free_args(&x);
-    host_free(&h0);
+    free_inputs(&h0, &x);
     host_free(&h);
 }
 

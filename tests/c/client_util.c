@@ -241,3 +241,13 @@ void free_args(Args *x) {
         free_ok(all[i]);
     }
 }
+
+Args upload_random(Dims d, int bf16, Host *h) {
+    *h = host_random(d, bf16);
+    return upload(h);
+}
+
+void free_inputs(Host *h, Args *x) {
+    free_args(x);
+    host_free(h);
+}

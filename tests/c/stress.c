@@ -96,6 +96,14 @@ static void release(mlxk_array *a) {
     if (a != NULL) OK(mlxk_array_free(a));
 }
 
+/* Releases every array of a NULL-terminated list of handles' addresses and clears them. */
+static void release_all(mlxk_array **const *handles) {
+    for (; *handles != NULL; handles++) {
+        release(**handles);
+        **handles = NULL;
+    }
+}
+
 static void check_dims(const mlxk_array *a, const int32_t *want, size_t ndim, int line) {
     size_t nd = 99;
     int32_t dims[MLXK_MAX_NDIM];
@@ -114,6 +122,20 @@ static uint8_t *read_all(const mlxk_array *a, size_t *nbytes) {
     uint8_t *buf = mlxkt_xmalloc(*nbytes);
     OK(mlxk_array_read(a, buf, *nbytes));
     return buf;
+}
+
+/* An update's y and state: their dims checked and both read (when the call made them), then
+ * released and cleared. */
+static void check_update(mlxk_array **y, mlxk_array **s, const int32_t *ys, const int32_t *ss,
+                         int line) {
+    if (*y != NULL && *s != NULL) {
+        check_dims(*y, ys, 4, line);
+        check_dims(*s, ss, 4, line);
+        size_t n1, n2;
+        free(read_all(*y, &n1));
+        free(read_all(*s, &n2));
+    }
+    release_all((mlxk_array **const[]){y, s, NULL});
 }
 
 static long rss_kib(void) {
@@ -322,16 +344,7 @@ static void recurrence(void) {
         } else {
             OK(mlxk_gated_delta_update_chunked(r.q, r.k, r.v, r.a, r.bb, r.a_log, r.dt_bias, r.state, r.mask, chunk,
                                                &y, &s));
-            if (y != NULL && s != NULL) {
-                check_dims(y, ys, 4, __LINE__);
-                check_dims(s, ss, 4, __LINE__);
-                size_t n1, n2;
-                free(read_all(y, &n1));
-                free(read_all(s, &n2));
-            }
-            release(y);
-            release(s);
-            y = s = NULL;
+            check_update(&y, &s, ys, ss, __LINE__);
         }
     }
     OK(mlxk_compute_g(r.a_log, r.a, r.dt_bias, &g));
@@ -407,13 +420,7 @@ static void norms(void) {
         check_dims(g1, ks, 1, __LINE__);
         OK(mlxk_array_eval(g2));
     }
-    release(g0);
-    release(g1);
-    release(g2);
-    release(q);
-    release(k);
-    release(v);
-    q = k = v = NULL;
+    release_all((mlxk_array **const[]){&g0, &g1, &g2, &q, &k, &v, NULL});
     switch (below(4)) {
         case 0: EXPECT(mlxk_silu_rms_heads(x, qs, kk, hk, hv, dv, -1.0f, &q, &k, &v), MLXK_ERR_INVALID_ARGUMENT, "mlxk_silu_rms_heads"); break;
         case 1: EXPECT(mlxk_silu_rms_heads(x, qs, kk, hk + 1, hv, dv, 1e-6f, &q, &k, &v), MLXK_ERR_SHAPE, "mlxk_silu_rms_heads"); break;
@@ -437,18 +444,13 @@ static void norms(void) {
         check_dims(out, ns, 2, __LINE__);
         OK(mlxk_array_eval(out));
     }
-    g0 = g1 = g2 = NULL;
     OK(mlxk_gated_rms_norm_vjp(nx, gate, w, 1e-6f, below(2) ? out : NULL, &g0, &g1, &g2));
     if (g0 != NULL) {
         check_dims(g1, ns, 2, __LINE__);
         check_dims(g2, ws, 1, __LINE__);
         OK(mlxk_array_eval(g0));
     }
-    release(g0);
-    release(g1);
-    release(g2);
-    release(out);
-    out = NULL;
+    release_all((mlxk_array **const[]){&g0, &g1, &g2, &out, NULL});
     switch (below(4)) {
         case 0: EXPECT(mlxk_gated_rms_norm(nx, gate, wf, 1e-6f, &out), MLXK_ERR_DTYPE, "mlxk_gated_rms_norm"); break;
         case 1: EXPECT(mlxk_gated_rms_norm(nx, gate, w, INFINITY, &out), MLXK_ERR_INVALID_ARGUMENT, "mlxk_gated_rms_norm"); break;

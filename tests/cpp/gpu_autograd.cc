@@ -82,27 +82,73 @@ mx::array normal(const mx::Shape& shape, mx::Dtype dtype, float scale) {
 
 mlxk::Array h(const mx::array& a) { return mlxk::Array::from_mlx(a); }
 
-void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool state,
-                bool mask) {
-  const std::string what = "recurrence B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                           " Hk=" + std::to_string(Hk) + " Hv=" + std::to_string(Hv) +
-                           " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) +
-                           (dtype == mx::float32 ? " f32" : " bf16") + (state ? " state" : "") +
-                           (mask ? " masked" : "");
+std::string label(const char* form, int B, int T, int Hk, int Hv, int Dk, int Dv,
+                  mx::Dtype dtype) {
+  return std::string(form) + " B=" + std::to_string(B) + " T=" + std::to_string(T) +
+         " Hk=" + std::to_string(Hk) + " Hv=" + std::to_string(Hv) + " Dk=" + std::to_string(Dk) +
+         " Dv=" + std::to_string(Dv) + (dtype == mx::float32 ? " f32" : " bf16");
+}
+
+// The recurrence's primals q, k, v, a, b, A_log (f32), dt_bias, state [B, Hv, Dv, Dk] (f32),
+// evaluated, q and k of scale Dk^-1/2.
+std::vector<mx::array> recurrence_primals(int B, int T, int Hk, int Hv, int Dk, int Dv,
+                                          mx::Dtype dtype) {
   const float qs = 1.0f / std::sqrt(float(Dk));
   std::vector<mx::array> p = {normal({B, T, Hk, Dk}, dtype, qs), normal({B, T, Hk, Dk}, dtype, qs),
                               normal({B, T, Hv, Dv}, dtype, 1.0f), normal({B, T, Hv}, dtype, 1.0f),
                               normal({B, T, Hv}, dtype, 1.0f), normal({Hv}, mx::float32, 0.5f),
                               normal({Hv}, dtype, 0.5f),
                               normal({B, Hv, Dv, Dk}, mx::float32, 0.3f)};
-  auto m = mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
+  mx::eval(p);
+  return p;
+}
+
+// A token mask [B, T], three tokens in four real.
+mx::array random_mask(int B, int T) {
+  return mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
+}
+
+// The recurrence's cotangents dy [B, T, Hv, Dv] and dstate [B, Hv, Dv, Dk] (f32), evaluated.
+std::vector<mx::array> recurrence_cotangents(int B, int T, int Hv, int Dk, int Dv,
+                                             mx::Dtype dtype) {
+  std::vector<mx::array> c = {normal({B, T, Hv, Dv}, dtype, 1.0f),
+                              normal({B, Hv, Dv, Dk}, mx::float32, 0.5f)};
+  mx::eval(c);
+  return c;
+}
+
+using Fn = std::function<std::vector<mx::array>(const std::vector<mx::array>&)>;
+
+// With the GPU as default device (left so): mx::vjp of `fun` at `primals`; its forward outputs
+// (named `outputs`) must be the inference call's bit for bit. Returns the gradients, evaluated.
+std::vector<mx::array> gpu_vjp(const std::string& what, const Fn& fun,
+                               const std::vector<mx::array>& primals,
+                               const std::vector<mx::array>& cotangents,
+                               const std::vector<std::string>& names) {
+  mlxk::set_default_device(mlxk::Device::Gpu);
+  auto inference = fun(primals);
+  auto [outputs, grads] = mx::vjp(fun, primals, cotangents);
+  mx::eval(outputs);
+  mx::eval(grads);
+  mx::eval(inference);
+  for (size_t i = 0; i < names.size(); ++i) {
+    identical(what + " " + names[i], outputs[i], inference[i]);
+  }
+  return grads;
+}
+
+void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool state,
+                bool mask) {
+  const std::string what = label("recurrence", B, T, Hk, Hv, Dk, Dv, dtype) +
+                           (state ? " state" : "") + (mask ? " masked" : "");
+  const std::vector<mx::array> p = recurrence_primals(B, T, Hk, Hv, Dk, Dv, dtype);
+  auto m = random_mask(B, T);
   if (B > 1) {
     // Row 1 fully masked.
     m = mx::concatenate({mx::slice(m, {0, 0}, {1, T}), mx::zeros({1, T}, mx::bool_),
                          mx::slice(m, {2, 0}, {B, T})},
                         0);
   }
-  mx::eval(p);
   mx::eval(m);
   const int n = state ? 8 : 7;
   std::vector<mx::array> primals(p.begin(), p.begin() + n);
@@ -115,23 +161,13 @@ void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, b
                                       h(x[6]), state ? &st : nullptr, mask ? &mk : nullptr);
     return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
   };
-  auto dy = normal({B, T, Hv, Dv}, dtype, 1.0f);
-  auto ds = normal({B, Hv, Dv, Dk}, mx::float32, 0.5f);
-  mx::eval({dy, ds});
-
-  mlxk::set_default_device(mlxk::Device::Gpu);
-  auto inference = fun(primals);
-  auto [outputs, grads] = mx::vjp(fun, primals, {dy, ds});
-  mx::eval(outputs);
-  mx::eval(grads);
-  mx::eval(inference);
-  identical(what + " y", outputs[0], inference[0]);
-  identical(what + " state", outputs[1], inference[1]);
+  const std::vector<mx::array> cot = recurrence_cotangents(B, T, Hv, Dk, Dv, dtype);
+  const auto grads = gpu_vjp(what, fun, primals, cot, {"y", "state"});
 
   mlxk::set_default_device(mlxk::Device::Cpu);
   mlxk::Array st = state ? h(p[7]) : mlxk::Array();
   mlxk::Array mk = mask ? h(m) : mlxk::Array();
-  auto dyh = h(dy), dsh = h(ds);
+  auto dyh = h(cot[0]), dsh = h(cot[1]);
   auto cpu = mlxk::gated_delta_update_vjp(h(p[0]), h(p[1]), h(p[2]), h(p[3]), h(p[4]), h(p[5]),
                                           h(p[6]), state ? &st : nullptr, mask ? &mk : nullptr,
                                           &dyh, &dsh);
@@ -152,18 +188,10 @@ void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, b
 // docs/DESIGN.md §4; 16-bit gradients are rounded once more), and its forward inside mx::vjp is
 // the inference call's.
 void chunked(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool mask, int chunk) {
-  const std::string what = "chunked B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                           " Hv=" + std::to_string(Hv) + " Dk=" + std::to_string(Dk) +
-                           " Dv=" + std::to_string(Dv) + (dtype == mx::float32 ? " f32" : " bf16") +
+  const std::string what = label("chunked", B, T, Hk, Hv, Dk, Dv, dtype) +
                            (mask ? " masked" : "") + " chunk " + std::to_string(chunk);
-  const float qs = 1.0f / std::sqrt(float(Dk));
-  std::vector<mx::array> p = {normal({B, T, Hk, Dk}, dtype, qs), normal({B, T, Hk, Dk}, dtype, qs),
-                              normal({B, T, Hv, Dv}, dtype, 1.0f), normal({B, T, Hv}, dtype, 1.0f),
-                              normal({B, T, Hv}, dtype, 1.0f), normal({Hv}, mx::float32, 0.5f),
-                              normal({Hv}, dtype, 0.5f),
-                              normal({B, Hv, Dv, Dk}, mx::float32, 0.3f)};
-  auto m = mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
-  mx::eval(p);
+  const std::vector<mx::array> p = recurrence_primals(B, T, Hk, Hv, Dk, Dv, dtype);
+  auto m = random_mask(B, T);
   mx::eval(m);
   auto fun = [&](bool chunked_form) {
     return [&, chunked_form](const std::vector<mx::array>& x) {
@@ -179,19 +207,10 @@ void chunked(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool
       return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
     };
   };
-  auto dy = normal({B, T, Hv, Dv}, dtype, 1.0f);
-  auto ds = normal({B, Hv, Dv, Dk}, mx::float32, 0.5f);
-  mx::eval({dy, ds});
-  mlxk::set_default_device(mlxk::Device::Gpu);
-  auto inference = fun(true)(p);
-  auto [outputs, grads] = mx::vjp(fun(true), p, {dy, ds});
-  auto [exact_outputs, exact_grads] = mx::vjp(fun(false), p, {dy, ds});
-  mx::eval(outputs);
-  mx::eval(grads);
+  const std::vector<mx::array> cot = recurrence_cotangents(B, T, Hv, Dk, Dv, dtype);
+  const auto grads = gpu_vjp(what, fun(true), p, cot, {"y", "state"});
+  auto [exact_outputs, exact_grads] = mx::vjp(fun(false), p, cot);
   mx::eval(exact_grads);
-  mx::eval(inference);
-  identical(what + " y", outputs[0], inference[0]);
-  identical(what + " state", outputs[1], inference[1]);
   const char* names[] = {"dq", "dk", "dv", "da", "db", "da_log", "ddt_bias", "dstate"};
   for (int i = 0; i < 8; ++i) {
     near(what + " " + names[i] + " (chunked node vs exact update)", grads[i], exact_grads[i],
@@ -214,12 +233,8 @@ void head_split(mx::Dtype dtype) {
                                 normal({B, S, Hk, Dk}, dtype, 1.0f),
                                 normal({B, S, Hv, Dv}, dtype, 1.0f)};
   mx::eval(cot);
-  mlxk::set_default_device(mlxk::Device::Gpu);
-  auto inference = fun(p);
-  auto [outputs, grads] = mx::vjp(fun, p, cot);
-  mx::eval(grads);
   const std::string what = std::string("head split ") + (dtype == mx::float32 ? "f32" : "bf16");
-  for (int i = 0; i < 3; ++i) identical(what + " output " + std::to_string(i), outputs[i], inference[i]);
+  const auto grads = gpu_vjp(what, fun, p, cot, {"output 0", "output 1", "output 2"});
   mlxk::set_default_device(mlxk::Device::Cpu);
   auto c0 = h(cot[0]), c1 = h(cot[1]), c2 = h(cot[2]);
   auto cpu = mlxk::silu_rms_heads_vjp(h(p[0]), h(p[1]), h(p[2]), Hk, Hv, Dv, 1e-6f, &c0, &c1, &c2);
@@ -232,10 +247,8 @@ void head_split(mx::Dtype dtype) {
 // parts' backward passes): the forward bit for bit as the inference call and as the two calls
 // it stands for; the gradients against mx::vjp of those two calls on the GPU.
 void from_conv(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bool mask) {
-  const std::string what = "from conv B=" + std::to_string(B) + " T=" + std::to_string(T) +
-                           " Hk=" + std::to_string(Hk) + " Hv=" + std::to_string(Hv) +
-                           " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) +
-                           (dtype == mx::float32 ? " f32" : " bf16") + (mask ? " masked" : "");
+  const std::string what =
+      label("from conv", B, T, Hk, Hv, Dk, Dv, dtype) + (mask ? " masked" : "");
   const int C = 2 * Hk * Dk + Hv * Dv;
   const float eps = 1e-6f / float(Dk);
   std::vector<mx::array> p = {
@@ -247,7 +260,7 @@ void from_conv(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bo
       normal({Hv}, mx::float32, 0.5f),
       normal({Hv}, dtype, 0.5f),
       normal({B, Hv, Dv, Dk}, mx::float32, 0.3f)};
-  auto m = mx::greater(mx::random::uniform({B, T}), mx::array(0.25f));
+  auto m = random_mask(B, T);
   mx::eval(p);
   mx::eval(m);
   auto fused = [&](const std::vector<mx::array>& x) {
@@ -268,21 +281,14 @@ void from_conv(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, bo
                                       mask ? &mk : nullptr);
     return std::vector<mx::array>{r.y.to_mlx(), r.state.to_mlx()};
   };
-  auto dy = normal({B, T, Hv, Dv}, dtype, 1.0f);
-  auto ds = normal({B, Hv, Dv, Dk}, mx::float32, 0.5f);
-  mx::eval({dy, ds});
-  mlxk::set_default_device(mlxk::Device::Gpu);
+  const std::vector<mx::array> cot = recurrence_cotangents(B, T, Hv, Dk, Dv, dtype);
+  const auto grads = gpu_vjp(what, fused, p, cot, {"y", "state"});
   auto inference = fused(p);
   auto reference = composed(p);
-  auto [outputs, grads] = mx::vjp(fused, p, {dy, ds});
-  auto [ref_outputs, ref_grads] = mx::vjp(composed, p, {dy, ds});
-  mx::eval(outputs);
-  mx::eval(grads);
+  auto [ref_outputs, ref_grads] = mx::vjp(composed, p, cot);
   mx::eval(ref_grads);
   mx::eval(inference);
   mx::eval(reference);
-  identical(what + " y", outputs[0], inference[0]);
-  identical(what + " state", outputs[1], inference[1]);
   identical(what + " y", inference[0], reference[0], "one call vs the two calls");
   identical(what + " state", inference[1], reference[1], "one call vs the two calls");
   const char* names[] = {"dx", "dq_scale", "dk_scale", "da", "db", "da_log", "ddt_bias", "dstate"};
@@ -303,12 +309,8 @@ void gated_norm(mx::Dtype dtype) {
   };
   auto dout = normal({rows, D}, dtype, 1.0f);
   mx::eval(dout);
-  mlxk::set_default_device(mlxk::Device::Gpu);
-  auto inference = fun(p);
-  auto [outputs, grads] = mx::vjp(fun, p, {dout});
-  mx::eval(grads);
   const std::string what = std::string("gated norm ") + (dtype == mx::float32 ? "f32" : "bf16");
-  identical(what + " out", outputs[0], inference[0]);
+  const auto grads = gpu_vjp(what, fun, p, {dout}, {"out"});
   mlxk::set_default_device(mlxk::Device::Cpu);
   auto d = h(dout);
   auto cpu = mlxk::gated_rms_norm_vjp(h(p[0]), h(p[1]), h(p[2]), 1e-6f, &d);

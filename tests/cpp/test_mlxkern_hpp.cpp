@@ -20,21 +20,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "checks.hpp"
+
 namespace {
-
-int passed = 0;
-int failed = 0;
-
-void check_at(bool ok, const char *what, int line) {
-  if (ok) {
-    ++passed;
-  } else {
-    ++failed;
-    std::fprintf(stderr, "FAIL (test_mlxkern_hpp.cpp:%d): %s\n", line, what);
-  }
-}
-
-#define CHECK(cond) check_at((cond), #cond, __LINE__)
 
 // Runs `body`, which must throw mlxk::Error with `status`; returns the error's message.
 template <class Body>

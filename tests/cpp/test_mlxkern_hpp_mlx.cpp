@@ -22,23 +22,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "checks.hpp"
+
 namespace mx = mlx::core;
 
 namespace {
-
-int passed = 0;
-int failed = 0;
-
-void check_at(bool ok, const char *what, int line) {
-  if (ok) {
-    ++passed;
-  } else {
-    ++failed;
-    std::fprintf(stderr, "FAIL (test_mlxkern_hpp_mlx.cpp:%d): %s\n", line, what);
-  }
-}
-
-#define CHECK(cond) check_at((cond), #cond, __LINE__)
 
 template <class Body>
 void expect_error(mlxk_status status, Body body, int line) {

@@ -125,11 +125,7 @@ fn recurrence64(u: &Update, dims: [usize; 6]) -> (Vec<f64>, Vec<f64>) {
 #[allow(clippy::too_many_arguments)]
 fn case(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool, chunk: i32) {
     let u = Update::random(rng, dims, dtype, state, mask);
-    let label = format!(
-        "chunked {} {} state={state} mask={mask} chunk={chunk}",
-        dtype_name(dtype),
-        dims_label(dims)
-    );
+    let label = case_label("chunked", dtype, dims, state, mask) + &format!(" chunk={chunk}");
     on_gpu(false);
     let (ye, se) = u.run();
     let (yc, sc) = chunked(&u, chunk);
@@ -197,9 +193,7 @@ fn case(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: b
         report += &format!(", {zeros} masked y values +0");
     }
     println!("PASS: {label}: worst error / bound: {report}");
-    for h in [ye, se, yc, sc, yh, sh, yg, sg] {
-        free(h);
-    }
+    free_all(&[ye, se, yc, sc, yh, sh, yg, sg]);
     u.free();
 }
 

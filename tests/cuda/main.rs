@@ -53,6 +53,15 @@ fn on_gpu(gpu: bool) {
     }));
 }
 
+/// A recurrence case's label: `form`, the dtype, the dims, whether a state and a mask are given.
+fn case_label(form: &str, dtype: mlxk_dtype, dims: [usize; 6], state: bool, mask: bool) -> String {
+    format!(
+        "{form} {} {} state={state} mask={mask}",
+        dtype_name(dtype),
+        dims_label(dims)
+    )
+}
+
 /// `dims` = B, T, Hk, Hv, Dk, Dv as a label.
 fn dims_label(dims: [usize; 6]) -> String {
     let [b, t, hk, hv, dk, dv] = dims;
@@ -173,19 +182,17 @@ impl Update {
         );
         let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
         let k = heads(rng, b * t * hk * dk, dk, 1.0);
+        let v = typed(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi], dtype);
+        let [a, gate_b, a_log, dt_bias, state] = gate_arrays(rng, dims, dtype, state);
         let h = [
             typed(&q, &[bi, ti, hki, dki], dtype),
             typed(&k, &[bi, ti, hki, dki], dtype),
-            typed(&rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi], dtype),
-            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-            typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-            new_f32(&rng.vec(hv, 1.5), &[hvi]),
-            typed(&rng.vec(hv, 1.0), &[hvi], dtype),
-            if state {
-                new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
-            } else {
-                null_mut()
-            },
+            v,
+            a,
+            gate_b,
+            a_log,
+            dt_bias,
+            state,
             if mask {
                 // Row 0 fully masked, the others at random.
                 let m: Vec<bool> = (0..b * t).map(|i| i >= t && rng.below(4) != 0).collect();
@@ -224,11 +231,7 @@ impl Update {
 
 fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, mask: bool) {
     let u = Update::random(rng, dims, dtype, state, mask);
-    let label = format!(
-        "update {} {} state={state} mask={mask}",
-        dtype_name(dtype),
-        dims_label(dims)
-    );
+    let label = case_label("update", dtype, dims, state, mask);
     on_gpu(false);
     let (y0, s0) = u.run();
     on_gpu(true);
@@ -276,9 +279,7 @@ fn recurrence(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, m
         free(whole);
     }
     on_gpu(false);
-    for h in [y0, s0, y1, s1, y2, s2, r0, r1] {
-        free(h);
-    }
+    free_all(&[y0, s0, y1, s1, y2, s2, r0, r1]);
     u.free();
 }
 
@@ -349,9 +350,7 @@ fn from_conv(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool, ma
         ok(unsafe { mlxk_gated_delta_update(q, k, v, a, bh, al, dt, s, m, &mut y, &mut st) });
         ok(mlxk_array_eval(y));
         ok(mlxk_array_eval(st));
-        for h in [q, k, v] {
-            free(h);
-        }
+        free_all(&[q, k, v]);
         (y, st)
     };
     let label = format!(
@@ -423,9 +422,7 @@ fn gated_norm(rng: &mut Rng, rows: usize, d: usize, dtype: mlxk_dtype, gate: mlx
     );
     assert_identical(&label, cpu, gpu);
     println!("PASS: {label}: bit-identical to the CPU kernel");
-    for h in [cpu, gpu, x, z, w] {
-        free(h);
-    }
+    free_all(&[cpu, gpu, x, z, w]);
 }
 
 /// 40 chained decode steps, each state feeding the next, on both devices.
@@ -538,9 +535,7 @@ fn gates(rng: &mut Rng) {
     // own rounding into exp, so CUDA's and MLX CPU's formulas may part by tens of ulps for
     // large m; relative to the gate that stays far under 1e-5 (m ≤ 88, each step 2^-24).
     assert!(rel <= 1e-5, "gates {rel:.2e} apart (relative)");
-    for h in [a_log, a, dt, cpu, gpu] {
-        free(h);
-    }
+    free_all(&[a_log, a, dt, cpu, gpu]);
 }
 
 #[test]

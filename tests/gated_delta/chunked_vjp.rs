@@ -17,29 +17,20 @@ use crate::support::vjp_case;
 use crate::support::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{base64, central_at, run, vjp_to, Case};
+use vjp_case::{base64, central_at, run, small_args, vjp_to, Case};
 
 fn random_case(rng: &mut Rng, dims: [usize; 6], state: bool, mask: bool) -> Case {
-    let [b, t, hk, hv, dk, dv] = dims;
-    Case {
-        dims,
-        q: heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5)),
-        k: heads(rng, b * t * hk * dk, dk, 1.0),
-        v: rng.vec(b * t * hv * dv, 1.0),
-        a: rng.vec(b * t * hv, 1.5),
-        b: rng.vec(b * t * hv, 2.0),
-        a_log: rng.vec(hv, 1.0),
-        dt_bias: rng.vec(hv, 0.5),
-        state: state.then(|| rng.vec(b * hv * dv * dk, 0.5)),
-        // Row 1 (when there is one) fully masked; elsewhere about a quarter of the tokens.
-        mask: mask.then(|| {
+    let [b, t, hk, _, dk, _] = dims;
+    let q = heads(rng, b * t * hk * dk, dk, (dk as f32).powf(-0.5));
+    let k = heads(rng, b * t * hk * dk, dk, 1.0);
+    // Row 1 (when there is one) fully masked; elsewhere about a quarter of the tokens.
+    Case::random_with(rng, dims, [q, k], state, |rng| {
+        mask.then(|| {
             (0..b * t)
                 .map(|i| i / t != 1 && rng.below(4) != 0)
                 .collect()
-        }),
-        dy: rng.vec(b * t * hv * dv, 1.0),
-        dstate_out: Some(rng.vec(b * hv * dv * dk, 0.5)),
-    }
+        })
+    })
 }
 
 const NAMES: [&str; 8] = vjp_case::GRADS;
@@ -170,7 +161,7 @@ fn without_cotangents_or_tokens_the_gradients_are_zeros() {
                     "T = 0: dstate = dstate_out"
                 );
             } else {
-                assert!(g.iter().all(|&x| x == 0.0), "{dims:?}: {}", NAMES[i]);
+                assert_zeros(g, &format!("{dims:?}: {}", NAMES[i]));
             }
         }
     }
@@ -208,10 +199,7 @@ fn gates_that_underflow_give_finite_gradients() {
 #[test]
 fn arguments_are_checked_and_named() {
     let mut rng = Rng::fresh();
-    let q = new_f32(&rng.vec(64, 0.2), &[1, 2, 1, 32]);
-    let v = new_f32(&rng.vec(8, 1.0), &[1, 2, 1, 4]);
-    let g = new_f32(&rng.vec(2, 1.0), &[1, 2, 1]);
-    let hv1 = new_f32(&rng.vec(1, 1.0), &[1]);
+    let [q, v, g, hv1] = small_args(&mut rng, 2);
     let flat = new_f32(&rng.vec(64, 0.2), &[2, 32]);
     let bad_dy = new_f32(&rng.vec(6, 1.0), &[1, 2, 1, 3]);
     let call = |q_arg: H, chunk: i32, dy: H, outs: &mut [H; 8], null_last: bool| {
@@ -264,9 +252,7 @@ fn arguments_are_checked_and_named() {
     for h in outs {
         free(h);
     }
-    for h in [q, v, g, hv1, flat, bad_dy] {
-        free(h);
-    }
+    free_all(&[q, v, g, hv1, flat, bad_dy]);
 }
 
 /// With a GPU as default device the chunked VJP is the chunked GPU backward: without a GPU

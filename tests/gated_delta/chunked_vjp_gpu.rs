@@ -12,16 +12,9 @@ use std::ptr::null_mut;
 /// bf16 arguments for `dims` = B, T, Hk, Hv, Dk, Dv (no state, no mask) and f32 cotangents
 /// (or NULL).
 fn arrays(rng: &mut Rng, dims: [usize; 6], cotangents: bool) -> ([H; 11], Vec<f32>) {
-    let [b, t, hk, hv, dk, dv] = dims;
+    let [b, t, _, hv, dk, dv] = dims;
     let i = |x: usize| x as i32;
-    let h = |v: Vec<f32>, s: &[i32]| new_bf16(&v, s);
-    let q = h(rng.vec(b * t * hk * dk, 0.3), &[i(b), i(t), i(hk), i(dk)]);
-    let k = h(rng.vec(b * t * hk * dk, 0.3), &[i(b), i(t), i(hk), i(dk)]);
-    let v = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
-    let a = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let bb = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let a_log = new_f32(&rng.vec(hv, 1.0), &[i(hv)]);
-    let dt = h(rng.vec(hv, 0.5), &[i(hv)]);
+    let [q, k, v, a, bb, a_log, dt] = recurrence_arrays(rng, dims, 0.3, |v, s| new_bf16(&v, s));
     let ds_values = rng.vec(b * hv * dv * dk, 0.5);
     let (dy, ds) = if cotangents {
         (
@@ -115,19 +108,13 @@ fn nothing_to_launch_gives_zeros_and_dstate_out() {
                 MLXK_DTYPE_FLOAT32 => read_f32(*g),
                 _ => read_bf16(*g),
             };
-            assert!(
-                values.iter().all(|&x| x == 0.0),
-                "{dims:?}: gradient {n} is not zeros: {values:?}"
-            );
+            assert_zeros(&values, &format!("{dims:?}: gradient {n}"));
         }
         let dstate = read_f32(grads[7]);
         if cotangents {
             assert_eq!(dstate, ds_values, "{dims:?}: dstate is dstate_out");
         } else {
-            assert!(
-                dstate.iter().all(|&x| x == 0.0),
-                "{dims:?}: dstate is zeros"
-            );
+            assert_zeros(&dstate, &format!("{dims:?}: dstate"));
         }
         release(grads);
         release(args);

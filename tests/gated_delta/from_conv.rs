@@ -56,9 +56,7 @@ impl Layer {
         ok(unsafe { mlxk_silu_rms_heads(x, qs, ks, hk, hv, dv, self.eps, &mut q, &mut k, &mut v) });
         let (mut y, mut st) = (null_mut(), null_mut());
         ok(unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) });
-        for h in [q, k, v] {
-            free(h);
-        }
+        free_all(&[q, k, v]);
         (y, st)
     }
 
@@ -101,9 +99,7 @@ fn equals_the_head_split_then_the_update_bit_for_bit() {
             assert!(y_bytes.iter().any(|&x| x != 0), "{dims:?}: y all zero");
         }
         assert!(st_bytes.iter().any(|&x| x != 0), "{dims:?}: state all zero");
-        for h in [y, st, y_ref, st_ref] {
-            free(h);
-        }
+        free_all(&[y, st, y_ref, st_ref]);
         layer.free();
     }
 }
@@ -406,9 +402,7 @@ fn on_a_pool_equals_the_head_split_then_the_pool_update() {
         free(pool);
         assert!(read_bytes(y) == y1, "y of {dims:?}");
         assert!(read_bytes(p) == p1, "pool of {dims:?}");
-        for h in [q, k, v, y, p] {
-            free(h);
-        }
+        free_all(&[q, k, v, y, p]);
         // Its arguments are checked with the pool's rules: a slot named twice.
         let pool = new_f32(&pool0, &shape);
         let twice = vec![0i32; b];

@@ -165,8 +165,7 @@ fn head_dimension_rules() {
 fn outputs_have_the_documented_shapes_and_dtypes() {
     let mut rng = Rng::fresh();
     let r = Recurrence::random(&mut rng, [3, 5, 2, 6, 64, 24], true, true);
-    let (status, y, s) = r.run();
-    ok(status);
+    let (y, s) = r.outputs();
     assert_eq!(shape_of(y), vec![3, 5, 6, 24]);
     assert_eq!(dtype_of(y), MLXK_DTYPE_BFLOAT16);
     assert_eq!(shape_of(s), vec![3, 6, 24, 64]);
@@ -184,8 +183,7 @@ fn masked_tokens_write_zero_and_keep_the_state() {
     // Row 0: real tokens 0..3 then padding; row 1: all padding.
     let mask: Vec<bool> = (0..12).map(|i| i < 3).collect();
     r.mask = Some(new_bool(&mask, &[2, 6]));
-    let (status, y, s) = r.run();
-    ok(status);
+    let (y, s) = r.outputs();
     let yv = read_bf16(y);
     for bt in 0..12 {
         let row = &yv[bt * 16..(bt + 1) * 16];
@@ -225,8 +223,7 @@ fn decode_chain_equals_prefill_and_in_place_update_is_exact() {
     ] {
         let [b, t, hk, hv, dk, dv] = dims;
         let full = Recurrence::random(&mut rng, dims, true, false);
-        let (status, y_full, s_full) = full.run();
-        ok(status);
+        let (y_full, s_full) = full.outputs();
         let y_values = read_bf16(y_full);
         free(y_full);
         let y_full = y_values;
@@ -307,9 +304,7 @@ fn decode_chain_equals_prefill_and_in_place_update_is_exact() {
                 y_steps[(row * t + step) * n..(row * t + step + 1) * n]
                     .copy_from_slice(&yv[row * n..(row + 1) * n]);
             }
-            for h in [q, k, v, a, bb, y] {
-                free(h);
-            }
+            free_all(&[q, k, v, a, bb, y]);
         }
         assert!(
             mlxkern::testing::in_place_updates() >= in_place_before + t,
@@ -335,18 +330,14 @@ fn absent_state_equals_zero_state() {
     let mut rng = Rng::fresh();
     let d = [2, 3, 1, 2, 32, 4];
     let mut r = Recurrence::random(&mut rng, d, false, true);
-    let (st1, y1, s1) = r.run();
-    ok(st1);
+    let (y1, s1) = r.outputs();
     let mut zeros = null_mut();
     ok(unsafe { mlxk_array_zeros([2i32, 2, 4, 32].as_ptr(), 4, MLXK_DTYPE_FLOAT32, &mut zeros) });
     r.state = Some(zeros);
-    let (st2, y2, s2) = r.run();
-    ok(st2);
+    let (y2, s2) = r.outputs();
     assert_eq!(read_bytes(y1), read_bytes(y2));
     assert_eq!(read_bytes(s1), read_bytes(s2));
-    for h in [y1, s1, y2, s2] {
-        free(h);
-    }
+    free_all(&[y1, s1, y2, s2]);
     r.free();
 }
 
@@ -355,8 +346,7 @@ fn empty_batches_and_sequences() {
     let mut rng = Rng::fresh();
     // T = 0: y is empty and the state passes through unchanged.
     let r = Recurrence::random(&mut rng, [2, 0, 1, 2, 32, 4], true, false);
-    let (status, y, s) = r.run();
-    ok(status);
+    let (y, s) = r.outputs();
     assert_eq!(shape_of(y), vec![2, 0, 2, 4]);
     assert_eq!(read_bytes(y).len(), 0);
     assert_eq!(read_bytes(s), read_bytes(r.state.unwrap()));
@@ -365,8 +355,7 @@ fn empty_batches_and_sequences() {
     r.free();
     // B = 0: both outputs empty.
     let r = Recurrence::random(&mut rng, [0, 3, 1, 2, 32, 4], false, false);
-    let (status, y, s) = r.run();
-    ok(status);
+    let (y, s) = r.outputs();
     assert_eq!(shape_of(s), vec![0, 2, 4, 32]);
     assert_eq!(read_bytes(s).len(), 0);
     free(y);
@@ -418,9 +407,7 @@ fn compute_g_checks() {
         MLXK_ERR_NULL_POINTER,
         &["g"],
     );
-    for h in [a_log, a, dt, bad_dt, scalar, int_a] {
-        free(h);
-    }
+    free_all(&[a_log, a, dt, bad_dt, scalar, int_a]);
 }
 
 /// The Metal and CUDA launches are built and handed to MLX on every machine; without that GPU,

@@ -11,25 +11,16 @@ use crate::support::*;
 use grad::{check_paths, check_paths_at, Float};
 use mlxkern::testing::{gated_delta_update_vjp_via_gpu, GpuKernels};
 use std::ptr::{null, null_mut};
-use vjp_case::{base64, central_at, run, vjp, vjp_to, Case, GRADS};
+use vjp_case::{base64, central_at, run, small_args, vjp, vjp_to, Case, GRADS};
 
 fn random_case(rng: &mut Rng, dims: [usize; 6], with_state: bool, with_mask: bool) -> Case {
-    let [b, t, hk, hv, dk, dv] = dims;
+    let [b, t, hk, _, dk, _] = dims;
     let scale = (dk as f32).powf(-0.5);
-    Case {
-        dims,
-        q: rng.vec(b * t * hk * dk, scale),
-        k: rng.vec(b * t * hk * dk, scale),
-        v: rng.vec(b * t * hv * dv, 1.0),
-        a: rng.vec(b * t * hv, 1.5),
-        b: rng.vec(b * t * hv, 2.0),
-        a_log: rng.vec(hv, 1.0),
-        dt_bias: rng.vec(hv, 0.5),
-        state: with_state.then(|| rng.vec(b * hv * dv * dk, 0.5)),
-        mask: with_mask.then(|| (0..b * t).map(|i| i % 4 != 2).collect()),
-        dy: rng.vec(b * t * hv * dv, 1.0),
-        dstate_out: Some(rng.vec(b * hv * dv * dk, 0.5)),
-    }
+    let q = rng.vec(b * t * hk * dk, scale);
+    let k = rng.vec(b * t * hk * dk, scale);
+    Case::random_with(rng, dims, [q, k], with_state, |_| {
+        with_mask.then(|| (0..b * t).map(|i| i % 4 != 2).collect())
+    })
 }
 
 #[test]
@@ -103,18 +94,13 @@ fn bf16_inputs_give_gradients_in_their_dtypes() {
         assert!(read_widened(h).iter().all(|x| x.is_finite()));
         free(h);
     }
-    for h in [q, k, v, a, bb, a_log, dt, dy] {
-        free(h);
-    }
+    free_all(&[q, k, v, a, bb, a_log, dt, dy]);
 }
 
 #[test]
 fn arguments_are_checked_and_named() {
     let mut rng = Rng::fresh();
-    let q = new_f32(&rng.vec(32, 0.2), &[1, 1, 1, 32]);
-    let v = new_f32(&rng.vec(4, 1.0), &[1, 1, 1, 4]);
-    let g = new_f32(&rng.vec(1, 1.0), &[1, 1, 1]);
-    let hv1 = new_f32(&rng.vec(1, 1.0), &[1]);
+    let [q, v, g, hv1] = small_args(&mut rng, 1);
     let bad_dy = new_f32(&rng.vec(3, 1.0), &[1, 1, 1, 3]);
     let bf16_ds = new_bf16(&rng.vec(128, 1.0), &[1, 1, 4, 32]);
     let mut outs = [null_mut(); 8];
@@ -149,9 +135,7 @@ fn arguments_are_checked_and_named() {
     let status = vjp_to(inputs, None, no_dstate);
     assert_eq!(status, MLXK_ERR_NULL_POINTER);
     assert!(last_error().contains("dstate is NULL"), "{}", last_error());
-    for h in [q, v, g, hv1, bad_dy, bf16_ds] {
-        free(h);
-    }
+    free_all(&[q, v, g, hv1, bad_dy, bf16_ds]);
 }
 
 /// One comparison of the GPU device's backward (MLX ops, here on a CPU stream) with the CPU
@@ -444,16 +428,10 @@ fn the_gpu_path_without_tokens_passes_the_state_gradient_through() {
 /// Without a GPU: the GPU path of case `c` builds everything up to the backward kernel's
 /// launch, which MLX refuses on the CPU stream; the error names the launch.
 fn reaches_the_backward_kernel(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) {
-    let [b, t, hk, hv, dk, dv] = c.dims;
+    let [b, t, _, hv, _, dv] = c.dims;
     let i = |x: usize| x as i32;
     let h = |data: Vec<f32>, shape: &[i32]| c.dtype.array(&data, shape).0;
-    let q = h(rng.vec(b * t * hk * dk, 0.2), &[i(b), i(t), i(hk), i(dk)]);
-    let k = h(rng.vec(b * t * hk * dk, 0.2), &[i(b), i(t), i(hk), i(dk)]);
-    let v = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
-    let a = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let bb = h(rng.vec(b * t * hv, 1.0), &[i(b), i(t), i(hv)]);
-    let a_log = new_f32(&rng.vec(hv, 1.0), &[i(hv)]);
-    let dt = h(rng.vec(hv, 0.5), &[i(hv)]);
+    let [q, k, v, a, bb, a_log, dt] = recurrence_arrays(rng, c.dims, 0.2, &h);
     let dy = h(rng.vec(b * t * hv * dv, 1.0), &[i(b), i(t), i(hv), i(dv)]);
     let args = [
         q,
@@ -482,7 +460,5 @@ fn reaches_the_backward_kernel(rng: &mut Rng, c: &GpuCase, kernels: GpuKernels) 
         grads.iter().all(|g| g.is_null()),
         "no gradient is written on an error"
     );
-    for h in [q, k, v, a, bb, a_log, dt, dy] {
-        free(h);
-    }
+    free_all(&[q, k, v, a, bb, a_log, dt, dy]);
 }

@@ -46,9 +46,7 @@ fn gated_norm_matches_a_float64_reference() {
                 );
             }
         }
-        for h in [x, z, w, out] {
-            free(h);
-        }
+        free_all(&[x, z, w, out]);
     }
 }
 
@@ -123,8 +121,6 @@ fn gated_norm_errors_name_the_argument() {
     let (st, o) = gated(x, z32, w, 1e-6);
     ok(st);
     assert_eq!(dtype_of(o), MLXK_DTYPE_BFLOAT16);
-    for h in [x, z, z_shape, w, w_f32, w_len, w_rank, ints, scalar, z32, o] {
-        free(h);
-    }
+    free_all(&[x, z, z_shape, w, w_f32, w_len, w_rank, ints, scalar, z32, o]);
     let _ = null::<u8>();
 }

@@ -366,9 +366,7 @@ fn arguments_are_checked_and_named() {
         &["dx and dweight", "same place"],
     );
     assert!(a.is_null() && b.is_null());
-    for h in [x, w, w16, short, ints] {
-        free(h);
-    }
+    free_all(&[x, w, w16, short, ints]);
 }
 
 /// The GPU device's path (`mx::vjp` of mlx-lm's Qwen RMSNormGated in MLX ops, run here on a

@@ -107,9 +107,7 @@ fn gated_norm_gradients_match_the_cpu_backward() {
                 check_paths(&what, dtype.unit(), bound(dtype), &cpu[i], &gpu[i]);
             }
         }
-        for h in [x, gate, weight, dout] {
-            free(h);
-        }
+        free_all(&[x, gate, weight, dout]);
     }
 }
 
@@ -157,9 +155,7 @@ fn head_split_gradients_match_the_cpu_backward() {
                 check_paths(&what, dtype.unit(), bound(dtype), &cpu[i], &gpu[i]);
             }
         }
-        for h in [x, q_scale, k_scale, dq, dkk, dvv] {
-            free(h);
-        }
+        free_all(&[x, q_scale, k_scale, dq, dkk, dvv]);
     }
 }
 
@@ -281,10 +277,7 @@ fn the_recurrence_without_tokens_gives_zeros_and_passes_the_state_gradient() {
                 if primals[i] == r.caller[7] {
                     assert_eq!(values, dstate_out, "{forward:?}: dstate is dstate_out");
                 } else {
-                    assert!(
-                        values.iter().all(|&x| x == 0.0),
-                        "{forward:?}: primal {i} not zero"
-                    );
+                    assert_zeros(&values, &format!("{forward:?}: primal {i}"));
                 }
                 free(g);
             }

@@ -277,100 +277,6 @@ static void lock_serializes_host_threads(mx::array &key) {
   CHECK(mlxk_mlx_unlock() == MLXK_ERR_INVALID_ARGUMENT);
 }
 
-// MLX's autograd through the kernel: mx::vjp of a host function that runs the update via
-// from_mlx / to_mlx gives the bits of mlxk_gated_delta_update_vjp on the same cotangents, and
-// its forward values are the inference call's.
-static void autograd_matches_the_explicit_backward(mx::array &key) {
-  auto in = random_inputs(2, 6, 1, 2, 32, 4, key);
-  auto w = normal({2, 6, 2, 4}, mx::bfloat16, key);
-  auto w2 = normal({2, 2, 4, 32}, mx::float32, key);
-  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state, w, w2});
-  auto fun = [](const std::vector<mx::array> &x) -> std::vector<mx::array> {
-    std::vector<mlxk_array *> h;
-    for (const auto &a : x) h.push_back(from_host(a));
-    mlxk_array *y = nullptr, *s = nullptr;
-    OK(mlxk_gated_delta_update(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, &y, &s));
-    auto yh = to_host(y), sh = to_host(s);
-    for (auto *a : h) OK(mlxk_array_free(a));
-    OK(mlxk_array_free(y));
-    OK(mlxk_array_free(s));
-    return {*yh, *sh};
-  };
-  std::vector<mx::array> primals = {in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state};
-  auto [outs, grads] = mx::vjp(fun, primals, {w, w2});
-  mx::eval(grads);
-  CHECK(grads.size() == 8);
-  auto inference = update(in, copy_in);
-  CHECK(bytes_of(outs[0]) == inference.first);
-  CHECK(bytes_of(outs[1]) == inference.second);
-  mlxk_array *h[11];
-  for (int i = 0; i < 8; ++i) h[i] = copy_in(primals[i]);
-  h[8] = copy_in(w);
-  h[9] = copy_in(w2);
-  mlxk_array *g[8] = {nullptr};
-  OK(mlxk_gated_delta_update_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, h[8],
-                                 h[9], &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6], &g[7]));
-  for (int i = 0; i < 8 && grads.size() == 8; ++i) {
-    CHECK(bytes_of(grads[i]) == read_handle(g[i]));
-    OK(mlxk_array_free(g[i]));
-  }
-  for (int i = 0; i < 10; ++i) OK(mlxk_array_free(h[i]));
-  // value_and_grad of a scalar loss goes through the same node.
-  auto loss = [&](const std::vector<mx::array> &x) -> std::vector<mx::array> {
-    auto o = fun(x);
-    return {mx::sum(mx::astype(o[0], mx::float32) * mx::astype(w, mx::float32)) +
-            mx::sum(o[1] * w2)};
-  };
-  auto [value, dq] = mx::value_and_grad(loss, std::vector<int>{0})(primals);
-  mx::eval({value[0], dq[0]});
-  CHECK(std::isfinite(value[0].item<float>()));
-  CHECK(dq[0].shape() == in.q.shape());
-}
-
-// The same through the chunked form: mx::vjp of mlxk_gated_delta_update_chunked gives the bits
-// of mlxk_gated_delta_update_chunked_vjp (the chunked form's own backward, on the CPU).
-static void chunked_autograd_matches_the_chunked_vjp(mx::array &key) {
-  auto in = random_inputs(2, 37, 1, 2, 32, 5, key);
-  auto w = normal({2, 37, 2, 5}, mx::bfloat16, key);
-  auto w2 = normal({2, 2, 5, 32}, mx::float32, key);
-  mx::eval({in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state, w, w2});
-  auto fun = [](const std::vector<mx::array> &x) -> std::vector<mx::array> {
-    std::vector<mlxk_array *> h;
-    for (const auto &a : x) h.push_back(from_host(a));
-    mlxk_array *y = nullptr, *s = nullptr;
-    OK(mlxk_gated_delta_update_chunked(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr,
-                                       16, &y, &s));
-    auto yh = to_host(y), sh = to_host(s);
-    for (auto *a : h) OK(mlxk_array_free(a));
-    OK(mlxk_array_free(y));
-    OK(mlxk_array_free(s));
-    return {*yh, *sh};
-  };
-  std::vector<mx::array> primals = {in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state};
-  auto [outs, grads] = mx::vjp(fun, primals, {w, w2});
-  mx::eval(grads);
-  CHECK(grads.size() == 8);
-  mlxk_array *h[10];
-  for (int i = 0; i < 8; ++i) h[i] = copy_in(primals[i]);
-  h[8] = copy_in(w);
-  h[9] = copy_in(w2);
-  mlxk_array *g[8] = {nullptr}, *e[8] = {nullptr};
-  OK(mlxk_gated_delta_update_chunked_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr,
-                                         16, h[8], h[9], &g[0], &g[1], &g[2], &g[3], &g[4], &g[5],
-                                         &g[6], &g[7]));
-  OK(mlxk_gated_delta_update_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, h[8],
-                                 h[9], &e[0], &e[1], &e[2], &e[3], &e[4], &e[5], &e[6], &e[7]));
-  int differ = 0;
-  for (int i = 0; i < 8 && grads.size() == 8; ++i) {
-    CHECK(bytes_of(grads[i]) == read_handle(g[i]));
-    differ += read_handle(g[i]) != read_handle(e[i]);
-    OK(mlxk_array_free(g[i]));
-    OK(mlxk_array_free(e[i]));
-  }
-  CHECK(differ > 0);  // the chunked backward, not the exact one's bits
-  for (int i = 0; i < 10; ++i) OK(mlxk_array_free(h[i]));
-}
-
 // A host function over handles: the arrays go in through from_mlx, the kernel's results come
 // back through to_mlx (the handles are freed at once; the host's arrays keep the nodes).
 template <class Call>
@@ -418,6 +324,92 @@ static std::vector<mlxk_array *> copies(const std::vector<mx::array> &x) {
 
 static void free_all(const std::vector<mlxk_array *> &h) {
   for (auto *a : h) OK(mlxk_array_free(a));
+}
+
+// A recurrence case for MLX's autograd: the inputs, as primals too, and the cotangents of y
+// (bf16) and of the state (f32), evaluated.
+struct VjpCase {
+  Inputs in;
+  std::vector<mx::array> primals, cotangents;
+  // Copies of the primals, then of the cotangents, through the C ABI's constructor.
+  std::vector<mlxk_array *> copied() const {
+    std::vector<mx::array> all = primals;
+    all.insert(all.end(), cotangents.begin(), cotangents.end());
+    return copies(all);
+  }
+};
+
+static VjpCase vjp_case(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::array &key) {
+  Inputs in = random_inputs(B, T, Hk, Hv, Dk, Dv, key);
+  auto dy = normal({B, T, Hv, Dv}, mx::bfloat16, key);
+  auto dstate = normal({B, Hv, Dv, Dk}, mx::float32, key);
+  std::vector<mx::array> primals = {in.q, in.k, in.v, in.a, in.b, in.a_log, in.dt_bias, in.state};
+  mx::eval(primals);
+  mx::eval({dy, dstate});
+  return {in, primals, {dy, dstate}};
+}
+
+// MLX's autograd through the kernel: mx::vjp of a host function that runs the update via
+// from_mlx / to_mlx gives the bits of mlxk_gated_delta_update_vjp on the same cotangents, and
+// its forward values are the inference call's.
+static void autograd_matches_the_explicit_backward(mx::array &key) {
+  const VjpCase c = vjp_case(2, 6, 1, 2, 32, 4, key);
+  auto [outs, grads] = mx::vjp(delta_update, c.primals, c.cotangents);
+  mx::eval(grads);
+  CHECK(grads.size() == 8);
+  auto inference = update(c.in, copy_in);
+  CHECK(bytes_of(outs[0]) == inference.first);
+  CHECK(bytes_of(outs[1]) == inference.second);
+  const auto h = c.copied();
+  mlxk_array *g[8] = {nullptr};
+  OK(mlxk_gated_delta_update_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, h[8],
+                                 h[9], &g[0], &g[1], &g[2], &g[3], &g[4], &g[5], &g[6], &g[7]));
+  for (int i = 0; i < 8 && grads.size() == 8; ++i) {
+    CHECK(bytes_of(grads[i]) == read_handle(g[i]));
+    OK(mlxk_array_free(g[i]));
+  }
+  free_all(h);
+  // value_and_grad of a scalar loss goes through the same node.
+  auto loss = [&](const std::vector<mx::array> &x) -> std::vector<mx::array> {
+    auto o = delta_update(x);
+    return {mx::sum(mx::astype(o[0], mx::float32) * mx::astype(c.cotangents[0], mx::float32)) +
+            mx::sum(o[1] * c.cotangents[1])};
+  };
+  auto [value, dq] = mx::value_and_grad(loss, std::vector<int>{0})(c.primals);
+  mx::eval({value[0], dq[0]});
+  CHECK(std::isfinite(value[0].item<float>()));
+  CHECK(dq[0].shape() == c.in.q.shape());
+}
+
+// The same through the chunked form: mx::vjp of mlxk_gated_delta_update_chunked gives the bits
+// of mlxk_gated_delta_update_chunked_vjp (the chunked form's own backward, on the CPU).
+static void chunked_autograd_matches_the_chunked_vjp(mx::array &key) {
+  const VjpCase c = vjp_case(2, 37, 1, 2, 32, 5, key);
+  auto fun = [](const std::vector<mx::array> &x) {
+    return through(x, 2, [&](std::vector<mlxk_array *> &h, std::vector<mlxk_array *> &o) {
+      return mlxk_gated_delta_update_chunked(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7],
+                                             nullptr, 16, &o[0], &o[1]);
+    });
+  };
+  auto [outs, grads] = mx::vjp(fun, c.primals, c.cotangents);
+  mx::eval(grads);
+  CHECK(grads.size() == 8);
+  const auto h = c.copied();
+  mlxk_array *g[8] = {nullptr}, *e[8] = {nullptr};
+  OK(mlxk_gated_delta_update_chunked_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr,
+                                         16, h[8], h[9], &g[0], &g[1], &g[2], &g[3], &g[4], &g[5],
+                                         &g[6], &g[7]));
+  OK(mlxk_gated_delta_update_vjp(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], nullptr, h[8],
+                                 h[9], &e[0], &e[1], &e[2], &e[3], &e[4], &e[5], &e[6], &e[7]));
+  int differ = 0;
+  for (int i = 0; i < 8 && grads.size() == 8; ++i) {
+    CHECK(bytes_of(grads[i]) == read_handle(g[i]));
+    differ += read_handle(g[i]) != read_handle(e[i]);
+    OK(mlxk_array_free(g[i]));
+    OK(mlxk_array_free(e[i]));
+  }
+  CHECK(differ > 0);  // the chunked backward, not the exact one's bits
+  free_all(h);
 }
 
 // mx::vjp through the head split and the gated norm gives the bits of their explicit backward

@@ -200,6 +200,52 @@ GradError grad_error(const Tensor& cpu, const std::vector<double>& metal, bool t
                      double scale = 0.0);
 mlxk_array* new_array(const Tensor& t);
 const EmuCase* find_case(int id);
+int input_dtype(const EmuCase& c, const char* name);  // the last input so named; -1: none
+
+// What the backward and the chunked backward cases share (harness_backward.cc). The gradients
+// in the order of kGradientNames (dstate before the gates' gradients, unlike the C ABI).
+constexpr int kGradients = 8;
+extern const char* const kGradientNames[kGradients];
+
+// The worst ratio of a gradient over the cases run, with the case.
+struct WorstGrad {
+  double ratio = -1.0;
+  int case_id = -1;
+  void see(double ratio, int case_id);  // keeps the larger
+};
+// Prints one line per forward dtype: "metal-emu <what> <dtype>, worst error/scale: ...".
+void print_worst(const char* what,
+                 const std::map<int, std::array<WorstGrad, kGradients>>& table, double bound);
+
+// A backward case's draw: the recurrence's inputs, then dy [B, T, Hv, Dv] (`dy_dtype`) and
+// dstate_out [B, Hv, Dv, Dk] (f32); masked with B >= 2: row 0 entirely padding.
+struct BackwardDraw {
+  RecurrenceDraw x;
+  Tensor dy, dstate_out;
+};
+BackwardDraw draw_backward(const EmuCase& c, int dy_dtype);
+// The library's CPU backward (mlxk_gated_delta_update_vjp), in kGradientNames' order.
+std::array<Tensor, kGradients> cpu_backward(const EmuCase& c, const BackwardDraw& d);
+// The kernels' inputs as the library's GPU path passes them; Tin holds `tin` (int32).
+Named backward_kernel_inputs(const EmuCase& c, const BackwardDraw& d,
+                             const std::vector<int64_t>& tin);
+std::vector<double> doubles(const Tensor& t);
+// dq or dk per key head [B, T, Hk, Dk] from the kernel's [B, T, Hv, P, Dk] partial sums, in
+// double.
+std::vector<double> per_key_head(const EmuCase& c, const Tensor& h, int64_t P);
+
+// The gates' chain in double (src/cpu/gated_delta/backward.rs `gate_backward`) on dg and dbeta
+// [B, T, Hv]: da, db [B, T, Hv], da_log, ddt_bias [Hv], and the per-head sums of magnitudes
+// that scale the last two.
+struct GateChain {
+  std::vector<double> da, db, da_log, ddt, scale_log, scale_dt;
+};
+GateChain gate_chain(const RecurrenceDraw& x, int64_t Hv, const std::vector<double>& dg,
+                     const std::vector<double>& dbeta);
+// Masked tokens give zero gradients and a fully masked row dstate == dstate_out, bit for bit:
+// `out` holds dq_h, dk_h, dv, dg_part, dbeta_part, dstate with P row partitions.
+void check_padded(const EmuCase& c, const BackwardDraw& d, int64_t P, const Named& out,
+                  Result* r);
 
 // harness_tiles.cc: the matrix tiles' self-test against float64 products.
 Result run_tiles(const EmuCase& c);

@@ -86,16 +86,14 @@ GradError grad_error(const Tensor& cpu, const std::vector<double>& metal, bool t
   return e;
 }
 
-constexpr int kGradients = 8;
 const char* const kGradientNames[kGradients] = {"dq", "dk",     "dv",     "dstate",
                                                 "da", "db",     "da_log", "ddt_bias"};
 
-// The worst ratio per forward dtype and gradient over the cases run, with the case.
-struct Worst {
-  double ratio = -1.0;
-  int case_id = -1;
-};
-std::map<int, std::array<Worst, kGradients>> g_backward_worst;
+void WorstGrad::see(double r, int id) {
+  if (r > ratio) *this = {r, id};
+}
+
+std::map<int, std::array<WorstGrad, kGradients>> g_backward_worst;
 
 // The non-scratch outputs (dq_h, dk_h, dv, dg_part, dbeta_part, dstate) of the backward cases run, by
 // case id: a case's twin must give the same bits.
@@ -118,130 +116,227 @@ const EmuCase* find_case(int id) {
   die("no case %d", id);
 }
 
-Result run_backward(const EmuCase& c) {
-  const int64_t B = c.dims[0], T = c.dims[1], Hk = c.dims[2], Hv = c.dims[3], Dk = c.dims[4],
-                Dv = c.dims[5];
-  const int64_t group = Hv / Hk;
-  const bool masked = c.masked != 0;
-  Rng rng{c.seed ^ g_seed_offset};
-  RecurrenceDraw x = draw_recurrence(c, rng);
-  int dy_dtype = -1;
+int input_dtype(const EmuCase& c, const char* name) {
+  int dtype = -1;
   for (int i = 0; i < c.n_inputs; ++i) {
-    if (std::strcmp(c.inputs[i].name, "dy") == 0) dy_dtype = c.inputs[i].dtype;
+    if (std::strcmp(c.inputs[i].name, name) == 0) dtype = c.inputs[i].dtype;
   }
-  Tensor dy = random(rng, dy_dtype, {B, T, Hv, Dv}, -1.0f, 1.0f);
-  Tensor dstate_out = random(rng, MLXK_DTYPE_FLOAT32, {B, Hv, Dv, Dk}, -1.0f, 1.0f);
-  if (masked && B >= 2) {  // row 0 entirely padding (the last token of the last row is real)
-    for (int64_t t = 0; t < T; ++t) x.mask.set(static_cast<size_t>(t), 0.0f);
-  }
+  return dtype;
+}
 
-  // The CPU backward through the C ABI.
-  Handle hq(x.q), hk(x.k), hv(x.v), ha(x.a), hb(x.b), ha_log(x.a_log), hdt(x.dt_bias), hdy(dy),
-      hdso(dstate_out);
+BackwardDraw draw_backward(const EmuCase& c, int dy_dtype) {
+  const int64_t B = c.dims[0], T = c.dims[1], Hv = c.dims[3], Dk = c.dims[4], Dv = c.dims[5];
+  Rng rng{c.seed ^ g_seed_offset};
+  BackwardDraw d{draw_recurrence(c, rng), {}, {}};
+  d.dy = random(rng, dy_dtype, {B, T, Hv, Dv}, -1.0f, 1.0f);
+  d.dstate_out = random(rng, MLXK_DTYPE_FLOAT32, {B, Hv, Dv, Dk}, -1.0f, 1.0f);
+  if (c.masked != 0 && B >= 2) {  // row 0 entirely padding (the last token of the last row is real)
+    for (int64_t t = 0; t < T; ++t) d.x.mask.set(static_cast<size_t>(t), 0.0f);
+  }
+  return d;
+}
+
+std::array<Tensor, kGradients> cpu_backward(const EmuCase& c, const BackwardDraw& d) {
+  const RecurrenceDraw& x = d.x;
+  Handle hq(x.q), hk(x.k), hv(x.v), ha(x.a), hb(x.b), ha_log(x.a_log), hdt(x.dt_bias),
+      hdy(d.dy), hdso(d.dstate_out);
   Handle hstate, hmask;  // NULL when absent
   if (c.with_state) hstate.a = new_array(x.state);
-  if (masked) hmask.a = new_array(x.mask);
+  if (c.masked != 0) hmask.a = new_array(x.mask);
   Handle grads[kGradients];  // dq, dk, dv, da, db, da_log, ddt_bias, dstate (the ABI's order)
   check(mlxk_gated_delta_update_vjp(hq.a, hk.a, hv.a, ha.a, hb.a, ha_log.a, hdt.a, hstate.a,
                                     hmask.a, hdy.a, hdso.a, &grads[0].a, &grads[1].a,
                                     &grads[2].a, &grads[3].a, &grads[4].a, &grads[5].a,
                                     &grads[6].a, &grads[7].a),
         "mlxk_gated_delta_update_vjp");
-  const Tensor cpu_dq = grads[0].read(), cpu_dk = grads[1].read(), cpu_dv = grads[2].read(),
-               cpu_da = grads[3].read(), cpu_db = grads[4].read(), cpu_da_log = grads[5].read(),
-               cpu_ddt = grads[6].read(), cpu_dstate = grads[7].read();
+  return {grads[0].read(), grads[1].read(), grads[2].read(), grads[7].read(),
+          grads[3].read(), grads[4].read(), grads[5].read(), grads[6].read()};
+}
 
-  // The kernel, on the inputs the library's Metal path would pass.
+Named backward_kernel_inputs(const EmuCase& c, const BackwardDraw& d,
+                             const std::vector<int64_t>& tin) {
   Named in;
   Tensor g, beta;
-  gates_for_kernel(c, x, &g, &beta);
-  in["q"] = x.q;
-  in["k"] = x.k;
-  in["v"] = x.v;
+  gates_for_kernel(c, d.x, &g, &beta);
+  in["q"] = d.x.q;
+  in["k"] = d.x.k;
+  in["v"] = d.x.v;
   in["g"] = g;
   in["beta"] = beta;
-  in["state_in"] = x.state;
-  in["dy"] = dy;
-  in["dstate_out"] = dstate_out;
-  Tensor t_in = make(MLXK_DTYPE_INT32, {2});
-  t_in.set(0, static_cast<float>(T));
-  t_in.set(1, static_cast<float>(c.checkpoint));
+  in["state_in"] = d.x.state;
+  in["dy"] = d.dy;
+  in["dstate_out"] = d.dstate_out;
+  Tensor t_in = make(MLXK_DTYPE_INT32, {static_cast<int64_t>(tin.size())});
+  for (size_t i = 0; i < tin.size(); ++i) t_in.set(i, static_cast<float>(tin[i]));
   in["Tin"] = t_in;
-  if (masked) in["mask"] = x.mask;
+  if (c.masked != 0) in["mask"] = d.x.mask;
+  return in;
+}
+
+std::vector<double> doubles(const Tensor& t) {
+  std::vector<double> w(t.count());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = t.get(i);
+  return w;
+}
+
+std::vector<double> per_key_head(const EmuCase& c, const Tensor& h, int64_t P) {
+  const int64_t BT = c.dims[0] * c.dims[1], Hk = c.dims[2], Hv = c.dims[3], Dk = c.dims[4];
+  const int64_t group = Hv / Hk;
+  std::vector<double> sum(static_cast<size_t>(BT * Hk * Dk), 0.0);
+  for (int64_t bt = 0; bt < BT; ++bt) {
+    for (int64_t head = 0; head < Hv; ++head) {
+      for (int64_t p = 0; p < P; ++p) {
+        for (int64_t j = 0; j < Dk; ++j) {
+          sum[static_cast<size_t>((bt * Hk + head / group) * Dk + j)] +=
+              h.get(static_cast<size_t>(((bt * Hv + head) * P + p) * Dk + j));
+        }
+      }
+    }
+  }
+  return sum;
+}
+
+GateChain gate_chain(const RecurrenceDraw& x, int64_t Hv, const std::vector<double>& dg,
+                     const std::vector<double>& dbeta) {
+  GateChain c;
+  const size_t gates = dg.size(), heads = static_cast<size_t>(Hv);
+  c.da.assign(gates, 0.0);
+  c.db.assign(gates, 0.0);
+  c.da_log.assign(heads, 0.0);
+  c.ddt.assign(heads, 0.0);
+  c.scale_log.assign(heads, 0.0);
+  c.scale_dt.assign(heads, 0.0);
+  for (size_t i = 0; i < gates; ++i) {
+    const size_t h = i % heads;
+    const double xv = static_cast<double>(x.a.get(i)) + static_cast<double>(x.dt_bias.get(h));
+    const double softplus = std::max(xv, 0.0) + std::log1p(std::exp(-std::fabs(xv)));
+    const double sigmoid_x = 1.0 / (1.0 + std::exp(-xv));
+    const double rate = std::exp(static_cast<double>(x.a_log.get(h)));
+    const double gv = std::exp(-rate * softplus);
+    c.da[i] = dg[i] * -rate * sigmoid_x * gv;
+    c.ddt[h] += c.da[i];
+    c.scale_dt[h] += std::fabs(c.da[i]);
+    const double log_term = dg[i] * -rate * softplus * gv;
+    c.da_log[h] += log_term;
+    c.scale_log[h] += std::fabs(log_term);
+    const double bv = 1.0 / (1.0 + std::exp(-static_cast<double>(x.b.get(i))));
+    c.db[i] = dbeta[i] * bv * (1.0 - bv);
+  }
+  return c;
+}
+
+void check_padded(const EmuCase& c, const BackwardDraw& d, int64_t P, const Named& out,
+                  Result* r) {
+  const int64_t B = c.dims[0], T = c.dims[1], Hv = c.dims[3], Dk = c.dims[4], Dv = c.dims[5];
+  const Tensor &dq_h = out.at("dq_h"), &dk_h = out.at("dk_h"), &dv = out.at("dv"),
+               &dg_part = out.at("dg_part"), &dbeta_part = out.at("dbeta_part"),
+               &dstate = out.at("dstate");
+  size_t padded = 0, wrong = 0, full_rows = 0;
+  auto zero = [&](const Tensor& t, size_t from, size_t n) {
+    for (size_t i = from; i < from + n; ++i) wrong += t.bits(i) != 0;
+  };
+  for (int64_t b = 0; b < B; ++b) {
+    bool all = true;
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t bt = static_cast<size_t>(b * T + t);
+      if (d.x.mask.get(bt) != 0.0f) {
+        all = false;
+        continue;
+      }
+      ++padded;
+      const size_t heads = static_cast<size_t>(Hv), parts = heads * static_cast<size_t>(P);
+      zero(dg_part, bt * parts, parts);
+      zero(dbeta_part, bt * parts, parts);
+      zero(dv, bt * heads * static_cast<size_t>(Dv), heads * static_cast<size_t>(Dv));
+      zero(dq_h, bt * parts * static_cast<size_t>(Dk), parts * static_cast<size_t>(Dk));
+      zero(dk_h, bt * parts * static_cast<size_t>(Dk), parts * static_cast<size_t>(Dk));
+    }
+    if (all) {
+      ++full_rows;
+      const size_t n = static_cast<size_t>(Hv * Dv * Dk);
+      for (size_t i = static_cast<size_t>(b) * n; i < static_cast<size_t>(b + 1) * n; ++i) {
+        wrong += dstate.bits(i) != d.dstate_out.bits(i);
+      }
+    }
+  }
+  char part[200];
+  std::snprintf(part, sizeof part,
+                "; %zu padded tokens give zeros, %zu fully padded rows give "
+                "dstate == dstate_out",
+                padded, full_rows);
+  r->summary += part;
+  if (wrong) {
+    r->exact = false;
+    std::snprintf(part, sizeof part, "%s%zu values of padded tokens (zeros) or fully padded "
+                  "rows (dstate_out) differ", r->detail.empty() ? "" : " | ", wrong);
+    r->detail += part;
+  }
+}
+
+void print_worst(const char* what,
+                 const std::map<int, std::array<WorstGrad, kGradients>>& table, double bound) {
+  for (const auto& [dtype, worst] : table) {
+    std::string line;
+    for (int i = 0; i < kGradients; ++i) {
+      char part[80];
+      std::snprintf(part, sizeof part, "%s %s %.2e (case %d)", i ? "," : "", kGradientNames[i],
+                    worst[static_cast<size_t>(i)].ratio, worst[static_cast<size_t>(i)].case_id);
+      line += part;
+    }
+    std::printf("metal-emu %s %s, worst error/scale:%s; bound %.2e\n", what, dtype_name(dtype),
+                line.c_str(), bound);
+  }
+}
+
+Result run_backward(const EmuCase& c) {
+  const int64_t B = c.dims[0], T = c.dims[1], Hv = c.dims[3];
+  const BackwardDraw d = draw_backward(c, input_dtype(c, "dy"));
+  const RecurrenceDraw& x = d.x;
+
+  // The CPU backward through the C ABI.
+  const std::array<Tensor, kGradients> cpu = cpu_backward(c, d);
+
+  // The kernel, on the inputs the library's Metal path would pass.
+  Named in = backward_kernel_inputs(c, d, {T, c.checkpoint});
   Result r;
   r.verdict = "within tolerance of the CPU backward";
   const std::vector<Tensor> out = launch_kernel(c, in, &r.stats);
+  Named named;
+  for (int i = 0; i < c.n_outputs; ++i) named[c.outputs[i].name] = out[static_cast<size_t>(i)];
   auto output = [&](const char* name) -> const Tensor& {
-    for (int i = 0; i < c.n_outputs; ++i) {
-      if (std::strcmp(c.outputs[i].name, name) == 0) return out[static_cast<size_t>(i)];
-    }
-    die("case %d: no output %s", c.id, name);
+    if (named.count(name) == 0) die("case %d: no output %s", c.id, name);
+    return named.at(name);
   };
   const Tensor &dq_h = output("dq_h"), &dk_h = output("dk_h"), &dv = output("dv"),
                &dg_part = output("dg_part"), &dbeta_part = output("dbeta_part"),
                &dstate = output("dstate");
   // The kernel's partial sums per value head and row partition: [B, T, Hv, P, Dk], [B, T, Hv, P].
   const int64_t P = dq_h.shape[3];
-  auto over_parts = [&](const Tensor& t, size_t i) {
-    double sum = 0.0;
-    for (int64_t p = 0; p < P; ++p) sum += t.get(i * static_cast<size_t>(P) + static_cast<size_t>(p));
-    return sum;
-  };
-
-  // dq, dk: the partitions and the value heads of each key head summed (exactly enough: in
-  // double).
-  auto per_key_head = [&](const Tensor& h) {
-    std::vector<double> sum(static_cast<size_t>(B * T * Hk * Dk), 0.0);
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      for (int64_t head = 0; head < Hv; ++head) {
-        for (int64_t p = 0; p < P; ++p) {
-          for (int64_t j = 0; j < Dk; ++j) {
-            sum[static_cast<size_t>((bt * Hk + head / group) * Dk + j)] +=
-                h.get(static_cast<size_t>(((bt * Hv + head) * P + p) * Dk + j));
-          }
-        }
+  auto over_parts = [&](const Tensor& t) {
+    std::vector<double> sum(static_cast<size_t>(B * T * Hv), 0.0);
+    for (size_t i = 0; i < sum.size(); ++i) {
+      for (int64_t p = 0; p < P; ++p) {
+        sum[i] += t.get(i * static_cast<size_t>(P) + static_cast<size_t>(p));
       }
     }
     return sum;
   };
-  auto widened = [](const Tensor& t) {
-    std::vector<double> w(t.count());
-    for (size_t i = 0; i < w.size(); ++i) w[i] = t.get(i);
-    return w;
-  };
-  // The gates' chain, as src/cpu/gated_delta/backward.rs `gate_backward` (in double, from the
-  // f32 values of a, b, A_log, dt_bias), on the kernel's dg and dbeta.
-  const size_t gates = static_cast<size_t>(B * T * Hv);
-  std::vector<double> da(gates), db(gates), da_log(static_cast<size_t>(Hv), 0.0),
-      ddt(static_cast<size_t>(Hv), 0.0), scale_log(static_cast<size_t>(Hv), 0.0),
-      scale_dt(static_cast<size_t>(Hv), 0.0);
-  for (size_t i = 0; i < gates; ++i) {
-    const size_t h = i % static_cast<size_t>(Hv);
-    const double xv = static_cast<double>(x.a.get(i)) + static_cast<double>(x.dt_bias.get(h));
-    const double softplus = std::max(xv, 0.0) + std::log1p(std::exp(-std::fabs(xv)));
-    const double sigmoid_x = 1.0 / (1.0 + std::exp(-xv));
-    const double rate = std::exp(static_cast<double>(x.a_log.get(h)));
-    const double gv = std::exp(-rate * softplus);
-    const double dgi = over_parts(dg_part, i);
-    da[i] = dgi * -rate * sigmoid_x * gv;
-    ddt[h] += da[i];
-    scale_dt[h] += std::fabs(da[i]);
-    const double log_term = dgi * -rate * softplus * gv;
-    da_log[h] += log_term;
-    scale_log[h] += std::fabs(log_term);
-    const double bv = 1.0 / (1.0 + std::exp(-static_cast<double>(x.b.get(i))));
-    db[i] = over_parts(dbeta_part, i) * bv * (1.0 - bv);
-  }
+
+  // dq, dk: the partitions and the value heads of each key head summed (exactly enough: in
+  // double). The gates' chain, as src/cpu/gated_delta/backward.rs `gate_backward` (in double,
+  // from the f32 values of a, b, A_log, dt_bias), on the kernel's dg and dbeta.
+  const GateChain chain = gate_chain(x, Hv, over_parts(dg_part), over_parts(dbeta_part));
   const GradError errors[kGradients] = {
-      grad_error(cpu_dq, per_key_head(dq_h), false),
-      grad_error(cpu_dk, per_key_head(dk_h), false),
-      grad_error(cpu_dv, widened(dv), false),
-      grad_error(cpu_dstate, widened(dstate), false),
-      grad_error(cpu_da, da, true),
-      grad_error(cpu_db, db, true),
-      grad_error(cpu_da_log, da_log, true,
-                 *std::max_element(scale_log.begin(), scale_log.end())),
-      grad_error(cpu_ddt, ddt, true, *std::max_element(scale_dt.begin(), scale_dt.end())),
+      grad_error(cpu[0], per_key_head(c, dq_h, P), false),
+      grad_error(cpu[1], per_key_head(c, dk_h, P), false),
+      grad_error(cpu[2], doubles(dv), false),
+      grad_error(cpu[3], doubles(dstate), false),
+      grad_error(cpu[4], chain.da, true),
+      grad_error(cpu[5], chain.db, true),
+      grad_error(cpu[6], chain.da_log, true,
+                 *std::max_element(chain.scale_log.begin(), chain.scale_log.end())),
+      grad_error(cpu[7], chain.ddt, true,
+                 *std::max_element(chain.scale_dt.begin(), chain.scale_dt.end())),
   };
   auto& worst = g_backward_worst[c.dtype];
   r.summary = "error/scale:";
@@ -250,8 +345,7 @@ Result run_backward(const EmuCase& c) {
     char part[200];
     std::snprintf(part, sizeof part, " %s %.2e", kGradientNames[i], e.ratio);
     r.summary += part;
-    Worst& w = worst[static_cast<size_t>(i)];
-    if (e.ratio > w.ratio) w = {e.ratio, c.id};
+    worst[static_cast<size_t>(i)].see(e.ratio, c.id);
     if (!(e.ratio <= kBackwardTolerance)) {
       r.exact = false;
       std::snprintf(part, sizeof part,
@@ -263,48 +357,7 @@ Result run_backward(const EmuCase& c) {
   }
 
   // Masked tokens: zero gradients, bit for bit; a fully masked row passes dstate_out through.
-  if (masked) {
-    size_t padded = 0, wrong = 0, full_rows = 0;
-    auto zero = [&](const Tensor& t, size_t from, size_t n) {
-      for (size_t i = from; i < from + n; ++i) wrong += t.bits(i) != 0;
-    };
-    for (int64_t b = 0; b < B; ++b) {
-      bool all = true;
-      for (int64_t t = 0; t < T; ++t) {
-        const size_t bt = static_cast<size_t>(b * T + t);
-        if (x.mask.get(bt) != 0.0f) {
-          all = false;
-          continue;
-        }
-        ++padded;
-        const size_t heads = static_cast<size_t>(Hv), parts = heads * static_cast<size_t>(P);
-        zero(dg_part, bt * parts, parts);
-        zero(dbeta_part, bt * parts, parts);
-        zero(dv, bt * heads * static_cast<size_t>(Dv), heads * static_cast<size_t>(Dv));
-        zero(dq_h, bt * parts * static_cast<size_t>(Dk), parts * static_cast<size_t>(Dk));
-        zero(dk_h, bt * parts * static_cast<size_t>(Dk), parts * static_cast<size_t>(Dk));
-      }
-      if (all) {
-        ++full_rows;
-        const size_t n = static_cast<size_t>(Hv * Dv * Dk);
-        for (size_t i = static_cast<size_t>(b) * n; i < static_cast<size_t>(b + 1) * n; ++i) {
-          wrong += dstate.bits(i) != dstate_out.bits(i);
-        }
-      }
-    }
-    char part[200];
-    std::snprintf(part, sizeof part,
-                  "; %zu padded tokens give zeros, %zu fully padded rows give "
-                  "dstate == dstate_out",
-                  padded, full_rows);
-    r.summary += part;
-    if (wrong) {
-      r.exact = false;
-      std::snprintf(part, sizeof part, "%s%zu values of padded tokens (zeros) or fully padded "
-                    "rows (dstate_out) differ", r.detail.empty() ? "" : " | ", wrong);
-      r.detail += part;
-    }
-  }
+  if (c.masked != 0) check_padded(c, d, P, named, &r);
 
   // The checkpoint interval: the twin's outputs must be these bits.
   g_backward_outputs[c.id] = std::vector<Tensor>(out.begin(), out.begin() + 6);
@@ -335,19 +388,6 @@ Result run_backward(const EmuCase& c) {
 }
 
 // The worst errors of the backward cases run, per forward dtype and gradient.
-void print_backward_worst() {
-  if (g_backward_worst.empty()) return;
-  for (const auto& [dtype, worst] : g_backward_worst) {
-    std::string line;
-    for (int i = 0; i < kGradients; ++i) {
-      char part[80];
-      std::snprintf(part, sizeof part, "%s %s %.2e (case %d)", i ? "," : "", kGradientNames[i],
-                    worst[static_cast<size_t>(i)].ratio, worst[static_cast<size_t>(i)].case_id);
-      line += part;
-    }
-    std::printf("metal-emu backward %s, worst error/scale:%s; bound %.2e\n", dtype_name(dtype),
-                line.c_str(), kBackwardTolerance);
-  }
-}
+void print_backward_worst() { print_worst("backward", g_backward_worst, kBackwardTolerance); }
 
 }  // namespace harness

@@ -26,17 +26,9 @@ double chunked_tolerance() {
   return std::ldexp(1.0, -14) + 4 * (2 * delta + delta * delta);
 }
 
-constexpr int kGradients = 8;
-const char* const kNames[kGradients] = {"dq", "dk", "dv", "dstate",
-                                        "da", "db", "da_log", "ddt_bias"};
-
-struct Worst {
-  double ratio = -1.0;
-  int case_id = -1;
-};
 // Per forward dtype: against float64, against the CPU backward, and the CPU backward's own
 // error against float64 (for comparison).
-std::map<int, std::array<Worst, kGradients>> g_vs_f64, g_vs_cpu, g_cpu_vs_f64;
+std::map<int, std::array<WorstGrad, kGradients>> g_vs_f64, g_vs_cpu, g_cpu_vs_f64;
 
 // The gradients of one backward in double: dq, dk [B, T, Hk, Dk]; dv [B, T, Hv, Dv]; dg,
 // dbeta [B, T, Hv]; dstate [B, Hv, Dv, Dk].
@@ -132,42 +124,6 @@ Grads reference_backward(const EmuCase& c, const RecurrenceDraw& x, const Tensor
   return r;
 }
 
-// The gates' chain in double (as harness_backward.cc, src/cpu/gated_delta/backward.rs
-// `gate_backward`): da, db [B, T, Hv], da_log, ddt_bias [Hv], and the per-head sums of
-// magnitudes that scale the last two.
-struct Chain {
-  std::vector<double> da, db, da_log, ddt, scale_log, scale_dt;
-};
-
-Chain gate_chain(const RecurrenceDraw& x, int64_t Hv, const std::vector<double>& dg,
-                 const std::vector<double>& dbeta) {
-  Chain c;
-  const size_t gates = dg.size(), heads = static_cast<size_t>(Hv);
-  c.da.assign(gates, 0.0);
-  c.db.assign(gates, 0.0);
-  c.da_log.assign(heads, 0.0);
-  c.ddt.assign(heads, 0.0);
-  c.scale_log.assign(heads, 0.0);
-  c.scale_dt.assign(heads, 0.0);
-  for (size_t i = 0; i < gates; ++i) {
-    const size_t h = i % heads;
-    const double xv = static_cast<double>(x.a.get(i)) + static_cast<double>(x.dt_bias.get(h));
-    const double softplus = std::max(xv, 0.0) + std::log1p(std::exp(-std::fabs(xv)));
-    const double sigmoid_x = 1.0 / (1.0 + std::exp(-xv));
-    const double rate = std::exp(static_cast<double>(x.a_log.get(h)));
-    const double gv = std::exp(-rate * softplus);
-    c.da[i] = dg[i] * -rate * sigmoid_x * gv;
-    c.ddt[h] += c.da[i];
-    c.scale_dt[h] += std::fabs(c.da[i]);
-    const double log_term = dg[i] * -rate * softplus * gv;
-    c.da_log[h] += log_term;
-    c.scale_log[h] += std::fabs(log_term);
-    const double bv = 1.0 / (1.0 + std::exp(-static_cast<double>(x.b.get(i))));
-    c.db[i] = dbeta[i] * bv * (1.0 - bv);
-  }
-  return c;
-}
-
 // The largest |got - want| relative to `scale` (0: the largest |want|); non-finite: infinite.
 double relative_error(const std::vector<double>& got, const std::vector<double>& want,
                       double scale, size_t* at) {
@@ -188,69 +144,23 @@ double relative_error(const std::vector<double>& got, const std::vector<double>&
   return worst;
 }
 
-std::vector<double> widened(const Tensor& t) {
-  std::vector<double> w(t.count());
-  for (size_t i = 0; i < w.size(); ++i) w[i] = t.get(i);
-  return w;
-}
-
 }  // namespace
 
 Result run_backward_chunked(const EmuCase& c) {
-  const int64_t B = c.dims[0], T = c.dims[1], Hk = c.dims[2], Hv = c.dims[3], Dk = c.dims[4],
-                Dv = c.dims[5];
-  const int64_t group = Hv / Hk;
-  const bool masked = c.masked != 0;
-  Rng rng{c.seed ^ g_seed_offset};
-  RecurrenceDraw x = draw_recurrence(c, rng);
-  int dy_dtype = -1;
-  for (int i = 0; i < c.n_inputs; ++i) {
-    if (std::strcmp(c.inputs[i].name, "dy") == 0) dy_dtype = c.inputs[i].dtype;
-  }
+  const int64_t T = c.dims[1], Hv = c.dims[3];
   // Stage 0 does not read dy: its dtype is that of stage 2's (the next case's but one).
-  const EmuCase& dstates = *find_case(c.id + 2);
-  for (int i = 0; i < dstates.n_inputs; ++i) {
-    if (std::strcmp(dstates.inputs[i].name, "dy") == 0) dy_dtype = dstates.inputs[i].dtype;
-  }
+  const int stage2_dy = input_dtype(*find_case(c.id + 2), "dy");
+  const int dy_dtype = stage2_dy >= 0 ? stage2_dy : input_dtype(c, "dy");
   if (dy_dtype < 0) die("case %d: no dy input in stage 2", c.id);
-  Tensor dy = random(rng, dy_dtype, {B, T, Hv, Dv}, -1.0f, 1.0f);
-  Tensor dstate_out = random(rng, MLXK_DTYPE_FLOAT32, {B, Hv, Dv, Dk}, -1.0f, 1.0f);
-  if (masked && B >= 2) {  // row 0 entirely padding
-    for (int64_t t = 0; t < T; ++t) x.mask.set(static_cast<size_t>(t), 0.0f);
-  }
+  const BackwardDraw d = draw_backward(c, dy_dtype);
+  const RecurrenceDraw& x = d.x;
 
   // The CPU backward through the C ABI.
-  Handle hq(x.q), hk(x.k), hv(x.v), ha(x.a), hb(x.b), ha_log(x.a_log), hdt(x.dt_bias), hdy(dy),
-      hdso(dstate_out);
-  Handle hstate, hmask;
-  if (c.with_state) hstate.a = new_array(x.state);
-  if (masked) hmask.a = new_array(x.mask);
-  Handle grads[kGradients];  // dq, dk, dv, da, db, da_log, ddt_bias, dstate (the ABI's order)
-  check(mlxk_gated_delta_update_vjp(hq.a, hk.a, hv.a, ha.a, hb.a, ha_log.a, hdt.a, hstate.a,
-                                    hmask.a, hdy.a, hdso.a, &grads[0].a, &grads[1].a,
-                                    &grads[2].a, &grads[3].a, &grads[4].a, &grads[5].a,
-                                    &grads[6].a, &grads[7].a),
-        "mlxk_gated_delta_update_vjp");
-  const Tensor cpu[kGradients] = {grads[0].read(), grads[1].read(), grads[2].read(),
-                                  grads[7].read(), grads[3].read(), grads[4].read(),
-                                  grads[5].read(), grads[6].read()};
+  const std::array<Tensor, kGradients> cpu = cpu_backward(c, d);
 
   // The five stages, on the inputs the library's GPU path passes.
-  Named in;
-  Tensor g, beta;
-  gates_for_kernel(c, x, &g, &beta);
-  in["q"] = x.q;
-  in["k"] = x.k;
-  in["v"] = x.v;
-  in["g"] = g;
-  in["beta"] = beta;
-  in["state_in"] = x.state;
-  in["dy"] = dy;
-  in["dstate_out"] = dstate_out;
-  Tensor t_in = make(MLXK_DTYPE_INT32, {1});
-  t_in.set(0, static_cast<float>(T));
-  in["Tin"] = t_in;
-  if (masked) in["mask"] = x.mask;
+  Named in = backward_kernel_inputs(c, d, {T});
+  const Tensor g = in.at("g"), beta = in.at("beta");
   Result r;
   r.verdict = "within tolerance of the float64 and the CPU backward";
   for (int stage = 0; stage < 5; ++stage) {
@@ -266,27 +176,13 @@ Result run_backward_chunked(const EmuCase& c) {
     r.stats.barriers += stats.barriers;
     for (int i = 0; i < s.n_outputs; ++i) in[s.outputs[i].name] = out[static_cast<size_t>(i)];
   }
-  const Tensor &dq_h = in.at("dq_h"), &dk_h = in.at("dk_h"), &dv = in.at("dv"),
-               &dg_part = in.at("dg_part"), &dbeta_part = in.at("dbeta_part"),
-               &dstate = in.at("dstate");
-  auto per_key_head = [&](const Tensor& h) {
-    std::vector<double> sum(static_cast<size_t>(B * T * Hk * Dk), 0.0);
-    for (int64_t bt = 0; bt < B * T; ++bt) {
-      for (int64_t head = 0; head < Hv; ++head) {
-        for (int64_t j = 0; j < Dk; ++j) {
-          sum[static_cast<size_t>((bt * Hk + head / group) * Dk + j)] +=
-              h.get(static_cast<size_t>((bt * Hv + head) * Dk + j));
-        }
-      }
-    }
-    return sum;
-  };
-  const Chain kc = gate_chain(x, Hv, widened(dg_part), widened(dbeta_part));
-  const Grads ref = reference_backward(c, x, g, beta, dy, dstate_out);
-  const Chain rc = gate_chain(x, Hv, ref.dg, ref.dbeta);
+  const GateChain kc = gate_chain(x, Hv, doubles(in.at("dg_part")), doubles(in.at("dbeta_part")));
+  const Grads ref = reference_backward(c, x, g, beta, d.dy, d.dstate_out);
+  const GateChain rc = gate_chain(x, Hv, ref.dg, ref.dbeta);
   auto biggest = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
   const std::vector<double> kernel[kGradients] = {
-      per_key_head(dq_h), per_key_head(dk_h), widened(dv), widened(dstate),
+      per_key_head(c, in.at("dq_h"), 1), per_key_head(c, in.at("dk_h"), 1),
+      doubles(in.at("dv")), doubles(in.at("dstate")),
       kc.da, kc.db, kc.da_log, kc.ddt};
   const std::vector<double>* truth[kGradients] = {&ref.dq, &ref.dk, &ref.dv, &ref.dstate,
                                                   &rc.da, &rc.db, &rc.da_log, &rc.ddt};
@@ -301,94 +197,34 @@ Result run_backward_chunked(const EmuCase& c) {
     const double e = relative_error(kernel[i], *truth[i], scales[i], &at);
     const GradError ec = grad_error(cpu[i], kernel[i], i >= 4,
                                     i >= 6 ? biggest(i == 6 ? kc.scale_log : kc.scale_dt) : 0.0);
-    const double e_cpu = relative_error(widened(cpu[i]), *truth[i], scales[i], &at_cpu);
+    const double e_cpu = relative_error(doubles(cpu[i]), *truth[i], scales[i], &at_cpu);
     char part[240];
-    std::snprintf(part, sizeof part, " %s %.2e (%.2e; %.2e)", kNames[i], e, ec.ratio, e_cpu);
+    std::snprintf(part, sizeof part, " %s %.2e (%.2e; %.2e)", kGradientNames[i], e, ec.ratio,
+                  e_cpu);
     r.summary += part;
-    if (e > w_f64[static_cast<size_t>(i)].ratio) w_f64[static_cast<size_t>(i)] = {e, c.id};
-    if (ec.ratio > w_cpu[static_cast<size_t>(i)].ratio) {
-      w_cpu[static_cast<size_t>(i)] = {ec.ratio, c.id};
-    }
-    if (e_cpu > w_cpu_f64[static_cast<size_t>(i)].ratio) {
-      w_cpu_f64[static_cast<size_t>(i)] = {e_cpu, c.id};
-    }
+    w_f64[static_cast<size_t>(i)].see(e, c.id);
+    w_cpu[static_cast<size_t>(i)].see(ec.ratio, c.id);
+    w_cpu_f64[static_cast<size_t>(i)].see(e_cpu, c.id);
     if (!(e <= chunked_tolerance()) || !(ec.ratio <= chunked_tolerance())) {
       r.exact = false;
       std::snprintf(part, sizeof part,
                     "%s%s[%zu]: float64 %.9g, Metal text %.9g; vs CPU [%zu]: CPU %.9g, Metal "
                     "text %.9g (bound %.3g)",
-                    r.detail.empty() ? "" : " | ", kNames[i], at, (*truth[i])[at],
+                    r.detail.empty() ? "" : " | ", kGradientNames[i], at, (*truth[i])[at],
                     kernel[i][at], ec.at, ec.cpu, ec.metal, chunked_tolerance());
       r.detail += part;
     }
   }
 
   // Masked tokens: zero gradients, bit for bit; a fully masked row passes dstate_out through.
-  if (masked) {
-    size_t padded = 0, wrong = 0, full_rows = 0;
-    auto zero = [&](const Tensor& t, size_t from, size_t n) {
-      for (size_t i = from; i < from + n; ++i) wrong += t.bits(i) != 0;
-    };
-    for (int64_t b = 0; b < B; ++b) {
-      bool all = true;
-      for (int64_t t = 0; t < T; ++t) {
-        const size_t bt = static_cast<size_t>(b * T + t);
-        if (x.mask.get(bt) != 0.0f) {
-          all = false;
-          continue;
-        }
-        ++padded;
-        const size_t heads = static_cast<size_t>(Hv);
-        zero(dg_part, bt * heads, heads);
-        zero(dbeta_part, bt * heads, heads);
-        zero(dv, bt * heads * static_cast<size_t>(Dv), heads * static_cast<size_t>(Dv));
-        zero(dq_h, bt * heads * static_cast<size_t>(Dk), heads * static_cast<size_t>(Dk));
-        zero(dk_h, bt * heads * static_cast<size_t>(Dk), heads * static_cast<size_t>(Dk));
-      }
-      if (all) {
-        ++full_rows;
-        const size_t n = static_cast<size_t>(Hv * Dv * Dk);
-        for (size_t i = static_cast<size_t>(b) * n; i < static_cast<size_t>(b + 1) * n; ++i) {
-          wrong += dstate.bits(i) != dstate_out.bits(i);
-        }
-      }
-    }
-    char part[200];
-    std::snprintf(part, sizeof part,
-                  "; %zu padded tokens give zeros, %zu fully padded rows give "
-                  "dstate == dstate_out",
-                  padded, full_rows);
-    r.summary += part;
-    if (wrong) {
-      r.exact = false;
-      std::snprintf(part, sizeof part, "%s%zu values of padded tokens (zeros) or fully padded "
-                    "rows (dstate_out) differ", r.detail.empty() ? "" : " | ", wrong);
-      r.detail += part;
-    }
-  }
+  if (c.masked != 0) check_padded(c, d, 1, in, &r);
   return r;
 }
 
 void print_backward_chunked_worst() {
-  const struct {
-    const char* what;
-    const std::map<int, std::array<Worst, kGradients>>* worst;
-  } tables[] = {{"chunked backward vs float64", &g_vs_f64},
-                {"chunked backward vs CPU backward", &g_vs_cpu},
-                {"CPU backward vs float64 (for comparison)", &g_cpu_vs_f64}};
-  for (const auto& table : tables) {
-    for (const auto& [dtype, worst] : *table.worst) {
-      std::string line;
-      for (int i = 0; i < kGradients; ++i) {
-        char part[80];
-        std::snprintf(part, sizeof part, "%s %s %.2e (case %d)", i ? "," : "", kNames[i],
-                      worst[static_cast<size_t>(i)].ratio, worst[static_cast<size_t>(i)].case_id);
-        line += part;
-      }
-      std::printf("metal-emu %s %s, worst error/scale:%s; bound %.2e\n", table.what,
-                  dtype_name(dtype), line.c_str(), chunked_tolerance());
-    }
-  }
+  print_worst("chunked backward vs float64", g_vs_f64, chunked_tolerance());
+  print_worst("chunked backward vs CPU backward", g_vs_cpu, chunked_tolerance());
+  print_worst("CPU backward vs float64 (for comparison)", g_cpu_vs_f64, chunked_tolerance());
 }
 
 }  // namespace harness

@@ -166,28 +166,46 @@ Built build_recurrence(const EmuCase& c, Rng& rng) {
   return out;
 }
 
-Built build_head_split(const EmuCase& c, Rng& rng) {
+namespace {
+
+// The head split's input x [B, S, 2 Hk Dk + Hv Dv] and its q and k scales [Dk], drawn in that
+// order; `inputs` names them as the launch does.
+struct HeadSplitDraw {
+  Tensor x, qs, ks;
+  void inputs(Built* out) const {
+    out->inputs["x"] = x;
+    out->inputs["qscale"] = qs;
+    out->inputs["kscale"] = ks;
+  }
+};
+
+HeadSplitDraw draw_head_split(const EmuCase& c, Rng& rng) {
   const int64_t B = c.dims[0], S = c.dims[1], Hk = c.dims[2], Hv = c.dims[3], Dk = c.dims[4],
                 Dv = c.dims[5];
   const int64_t C = 2 * Hk * Dk + Hv * Dv;
-  const float eps = mlxk_emu::bits_to_float(c.eps_bits);
-  Tensor x = random(rng, c.dtype, {B, S, C}, -8.0f, 8.0f);
-  Tensor qs = make(c.dtype, {Dk});
-  Tensor ks = make(c.dtype, {Dk});
+  HeadSplitDraw d{random(rng, c.dtype, {B, S, C}, -8.0f, 8.0f), make(c.dtype, {Dk}),
+                  make(c.dtype, {Dk})};
   for (int64_t i = 0; i < Dk; ++i) {
-    qs.set(i, rng.uniform(0.5f, 1.5f) / static_cast<float>(Dk));
-    ks.set(i, rng.uniform(0.5f, 1.5f) / std::sqrt(static_cast<float>(Dk)));
+    d.qs.set(i, rng.uniform(0.5f, 1.5f) / static_cast<float>(Dk));
+    d.ks.set(i, rng.uniform(0.5f, 1.5f) / std::sqrt(static_cast<float>(Dk)));
   }
-  Handle hx(x), hqs(qs), hks(ks);
+  return d;
+}
+
+}  // namespace
+
+Built build_head_split(const EmuCase& c, Rng& rng) {
+  const int64_t Hk = c.dims[2], Hv = c.dims[3], Dv = c.dims[5];
+  const float eps = mlxk_emu::bits_to_float(c.eps_bits);
+  const HeadSplitDraw d = draw_head_split(c, rng);
+  Handle hx(d.x), hqs(d.qs), hks(d.ks);
   Handle q, k, v;
   check(mlxk_silu_rms_heads(hx.a, hqs.a, hks.a, static_cast<int32_t>(Hk),
                             static_cast<int32_t>(Hv), static_cast<int32_t>(Dv), eps, &q.a, &k.a,
                             &v.a),
         "mlxk_silu_rms_heads");
   Built out;
-  out.inputs["x"] = x;
-  out.inputs["qscale"] = qs;
-  out.inputs["kscale"] = ks;
+  d.inputs(&out);
   out.expected["q"] = q.read();
   out.expected["k"] = k.read();
   out.expected["v"] = v.read();
@@ -198,34 +216,19 @@ Built build_head_split(const EmuCase& c, Rng& rng) {
 // x and the scales as the head split draws them; the CPU result through
 // mlxk_gated_delta_update_from_conv (the head split's and the update's CPU kernels).
 Built build_from_conv(const EmuCase& c, Rng& rng) {
-  const int64_t B = c.dims[0], T = c.dims[1], Hk = c.dims[2], Hv = c.dims[3], Dk = c.dims[4],
-                Dv = c.dims[5];
-  const int64_t C = 2 * Hk * Dk + Hv * Dv;
+  const int64_t Hk = c.dims[2], Hv = c.dims[3], Dv = c.dims[5];
   const float eps = mlxk_emu::bits_to_float(c.eps_bits);
   const bool masked = c.masked != 0;
   const RecurrenceDraw r = draw_recurrence(c, rng);
-  Tensor x = random(rng, c.dtype, {B, T, C}, -8.0f, 8.0f);
-  Tensor qs = make(c.dtype, {Dk});
-  Tensor ks = make(c.dtype, {Dk});
-  for (int64_t i = 0; i < Dk; ++i) {
-    qs.set(i, rng.uniform(0.5f, 1.5f) / static_cast<float>(Dk));
-    ks.set(i, rng.uniform(0.5f, 1.5f) / std::sqrt(static_cast<float>(Dk)));
-  }
-  Handle hx(x), hqs(qs), hks(ks), ha(r.a), hb(r.b), ha_log(r.a_log), hdt(r.dt_bias);
+  const HeadSplitDraw d = draw_head_split(c, rng);
+  Handle hx(d.x), hqs(d.qs), hks(d.ks), ha(r.a), hb(r.b), ha_log(r.a_log), hdt(r.dt_bias);
   Handle hstate, hmask;  // optional: NULL when absent
-  auto adopt = [](Handle& h, const Tensor& t) {
-    std::vector<int32_t> shape(t.shape.begin(), t.shape.end());
-    check(mlxk_array_new(t.bytes.data(), shape.data(), shape.size(), t.dtype, &h.a),
-          "mlxk_array_new");
-  };
-  if (c.with_state) adopt(hstate, r.state);
-  if (masked) adopt(hmask, r.mask);
+  if (c.with_state) hstate.a = new_array(r.state);
+  if (masked) hmask.a = new_array(r.mask);
   Tensor g, beta;
   gates_for_kernel(c, r, &g, &beta);
   Built out;
-  out.inputs["x"] = x;
-  out.inputs["qscale"] = qs;
-  out.inputs["kscale"] = ks;
+  d.inputs(&out);
   out.inputs["g"] = g;
   out.inputs["beta"] = beta;
   out.inputs["state_in"] = r.state;

@@ -51,38 +51,26 @@ struct uint3 {
 };
 
 // ------------------------------------------------------------------------------------------
-// half
+// half and bfloat (Metal 3.1's native type; MLX: typedef bfloat bfloat16_t): the bits, made
+// from a float (round to nearest even, metal_numeric.h) or an integer, read as a float.
 
-struct half {
-  uint16_t bits_;
-  half() = default;
-  explicit half(float x) : bits_(mlxk_emu::float_to_half_bits(x)) {}
-  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-  half(I i) : bits_(mlxk_emu::float_to_half_bits(static_cast<float>(i))) {}
-  operator float() const { return mlxk_emu::half_bits_to_float(bits_); }
-  static half from_bits(uint16_t b) {
-    half h;
-    h.bits_ = b;
-    return h;
-  }
-};
+#define MLXK_EMU_FLOAT16(X, TO_BITS, FROM_BITS)                              \
+  struct X {                                                                 \
+    uint16_t bits_;                                                          \
+    X() = default;                                                           \
+    explicit X(float x) : bits_(mlxk_emu::TO_BITS(x)) {}                     \
+    template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>     \
+    X(I i) : bits_(mlxk_emu::TO_BITS(static_cast<float>(i))) {}              \
+    operator float() const { return mlxk_emu::FROM_BITS(bits_); }            \
+    static X from_bits(uint16_t b) {                                         \
+      X h;                                                                   \
+      h.bits_ = b;                                                           \
+      return h;                                                              \
+    }                                                                        \
+  };
 
-// ------------------------------------------------------------------------------------------
-// bfloat (Metal 3.1's native type; MLX: typedef bfloat bfloat16_t)
-
-struct bfloat {
-  uint16_t bits_;
-  bfloat() = default;
-  explicit bfloat(float x) : bits_(mlxk_emu::float_to_bfloat_bits(x)) {}
-  template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
-  bfloat(I i) : bits_(mlxk_emu::float_to_bfloat_bits(static_cast<float>(i))) {}
-  operator float() const { return mlxk_emu::bfloat_bits_to_float(bits_); }
-  static bfloat from_bits(uint16_t b) {
-    bfloat h;
-    h.bits_ = b;
-    return h;
-  }
-};
+MLXK_EMU_FLOAT16(half, float_to_half_bits, half_bits_to_float)
+MLXK_EMU_FLOAT16(bfloat, float_to_bfloat_bits, bfloat_bits_to_float)
 
 #define MLXK_EMU_INTEGRAL template <class I, std::enable_if_t<std::is_integral_v<I>, int> = 0>
 

@@ -65,6 +65,19 @@ std::string unhex(const std::string& hex) {
   return out;
 }
 
+// The launch list's keys of one integer, of a line of text and of a list of integers.
+const std::map<std::string, int Launch::*> kInts = {
+    {"dtype", &Launch::dtype},           {"aux_dtype", &Launch::aux},
+    {"masked", &Launch::masked},         {"with_state", &Launch::with_state},
+    {"checkpoint", &Launch::checkpoint}, {"twin", &Launch::twin},
+    {"pool_n", &Launch::pool_n}};
+const std::map<std::string, std::string Launch::*> kTexts = {
+    {"kind", &Launch::kind}, {"label", &Launch::label}, {"name", &Launch::name},
+    {"file", &Launch::file}};
+const std::map<std::string, std::vector<int32_t> Launch::*> kLists = {
+    {"lengths", &Launch::lengths}, {"slots", &Launch::slots}, {"fresh", &Launch::fresh},
+    {"cu_seqlens", &Launch::cu_seqlens}};
+
 std::vector<Launch> read_launches(const std::string& path) {
   std::ifstream in(path);
   if (!in) die("cannot read " + path);
@@ -79,42 +92,18 @@ std::vector<Launch> read_launches(const std::string& path) {
     if (key == "case") {
       l = Launch();
       s >> l.id;
-    } else if (key == "kind") {
-      l.kind = rest;
-    } else if (key == "label") {
-      l.label = rest;
-    } else if (key == "dtype") {
-      s >> l.dtype;
-    } else if (key == "aux_dtype") {
-      s >> l.aux;
+    } else if (const auto one = kInts.find(key); one != kInts.end()) {
+      s >> l.*(one->second);
+    } else if (const auto text = kTexts.find(key); text != kTexts.end()) {
+      l.*(text->second) = rest;
+    } else if (const auto list = kLists.find(key); list != kLists.end()) {
+      for (int32_t d; s >> d;) (l.*(list->second)).push_back(d);
     } else if (key == "dims") {
       for (int64_t d; s >> d;) l.dims.push_back(d);
-    } else if (key == "masked") {
-      s >> l.masked;
-    } else if (key == "with_state") {
-      s >> l.with_state;
-    } else if (key == "checkpoint") {
-      s >> l.checkpoint;
-    } else if (key == "twin") {
-      s >> l.twin;
-    } else if (key == "lengths") {
-      for (int32_t d; s >> d;) l.lengths.push_back(d);
-    } else if (key == "pool_n") {
-      s >> l.pool_n;
-    } else if (key == "slots") {
-      for (int32_t d; s >> d;) l.slots.push_back(d);
-    } else if (key == "fresh") {
-      for (int32_t d; s >> d;) l.fresh.push_back(d);
-    } else if (key == "cu_seqlens") {
-      for (int32_t d; s >> d;) l.cu_seqlens.push_back(d);
     } else if (key == "eps_bits") {
       s >> l.eps_bits;
     } else if (key == "seed") {
       s >> l.seed;
-    } else if (key == "name") {
-      l.name = rest;
-    } else if (key == "file") {
-      l.file = rest;
     } else if (key == "define") {
       const size_t at = rest.find(' ');
       l.defines.emplace_back(rest.substr(0, at), rest.substr(at + 1));

@@ -3,6 +3,7 @@
 //! same bits as the portable one, and the chunked form gives the same bits with its AVX2 and
 //! AVX-512 products. (It flips process-wide switches: tests/paths/main.rs.)
 
+use crate::support::paths::default_kernels;
 use crate::support::*;
 use std::ptr::null_mut;
 
@@ -72,9 +73,7 @@ fn fused_gates_equal_mlx_bit_for_bit() {
                             beta_ref[i]
                         );
                     }
-                    for h in [a, bb, a_log, dt, s, s32] {
-                        free(h);
-                    }
+                    free_all(&[a, bb, a_log, dt, s, s32]);
                 }
             }
         }
@@ -106,17 +105,13 @@ fn vectorized_and_portable_kernels_agree_bit_for_bit() {
         for (portable, avx2) in [(true, false), (false, true), (false, false)] {
             mlxkern::testing::force_portable_kernels(portable);
             mlxkern::testing::force_avx2_kernels(avx2);
-            let (st, y, s) = r.run();
-            ok(st);
+            let (y, s) = r.outputs();
             let (st2, replayed) = r.replay(&lengths);
             ok(st2);
             results.push((read_bytes(y), read_bytes(s), read_bytes(replayed)));
-            for h in [y, s, replayed] {
-                free(h);
-            }
+            free_all(&[y, s, replayed]);
         }
-        mlxkern::testing::force_portable_kernels(false);
-        mlxkern::testing::force_avx2_kernels(false);
+        default_kernels();
         for other in &results[1..] {
             assert!(results[0].0 == other.0, "y differs for {dims:?}");
             assert!(results[0].1 == other.1, "state differs for {dims:?}");

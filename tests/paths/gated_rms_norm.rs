@@ -46,33 +46,27 @@ fn gated_norm_case(rng: &mut Rng, kind: Kind, gate_kind: Kind, rows: usize, widt
         );
         assert_same(kind, &portable, &vectorized, &what);
     }
-    for h in [xh, gh, wh] {
-        free(h);
-    }
+    free_all(&[xh, gh, wh]);
 }
 
 #[test]
 fn gated_norm_paths_agree_bit_for_bit() {
-    let _switch = serial();
-    let mut rng = Rng::fresh();
-    let mut cases = 0;
-    for kind in KINDS {
-        for gate_kind in KINDS {
-            for &listed in &NORM_WIDTHS {
-                let width = match listed {
-                    0 => 1 + rng.below(6000) as usize,
-                    w => w,
-                };
-                let rows = (1 + rng.below(300) as usize).min((120_000 / width).max(2));
-                gated_norm_case(&mut rng, kind, gate_kind, rows, width);
-                cases += 1;
+    switched_cases("gated norm", |rng, cases| {
+        for kind in KINDS {
+            for gate_kind in KINDS {
+                for &listed in &NORM_WIDTHS {
+                    let width = match listed {
+                        0 => 1 + rng.below(6000) as usize,
+                        w => w,
+                    };
+                    let rows = (1 + rng.below(300) as usize).min((120_000 / width).max(2));
+                    gated_norm_case(rng, kind, gate_kind, rows, width);
+                    *cases += 1;
+                }
             }
+            // Qwen3.5's shape: 32 heads of 128 per token.
+            gated_norm_case(rng, kind, kind, 32 * 7, 128);
+            *cases += 1;
         }
-        // Qwen3.5's shape: 32 heads of 128 per token.
-        gated_norm_case(&mut rng, kind, kind, 32 * 7, 128);
-        cases += 1;
-    }
-    eprintln!("{cases} gated norm cases");
-    mlxkern::testing::force_portable_kernels(false);
-    mlxkern::testing::force_avx2_kernels(false);
+    });
 }

@@ -51,9 +51,7 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
             )
         });
         let out = [read_bytes(q), read_bytes(k), read_bytes(v)];
-        for h in [q, k, v] {
-            free(h);
-        }
+        free_all(&[q, k, v]);
         out
     });
     for (path, vectorized) in others {
@@ -65,40 +63,34 @@ fn head_split_case(rng: &mut Rng, kind: Kind, dims: [usize; 5]) {
             assert_same(kind, &portable[i], &vectorized[i], &what);
         }
     }
-    for h in [xh, qh, kh] {
-        free(h);
-    }
+    free_all(&[xh, qh, kh]);
 }
 
 #[test]
 fn head_split_paths_agree_bit_for_bit() {
-    let _switch = serial();
-    let mut rng = Rng::fresh();
-    let mut cases = 0;
-    for kind in KINDS {
-        // Every listed width as both Dk and Dv, then random shapes.
-        for &w in &HEAD_WIDTHS[..HEAD_WIDTHS.len() - 1] {
-            let rows = 1 + rng.below(40) as usize;
-            let hk = 1 + rng.below(3) as usize;
-            head_split_case(&mut rng, kind, [rows, hk, 2, w, w]);
-            cases += 1;
+    switched_cases("head split", |rng, cases| {
+        for kind in KINDS {
+            // Every listed width as both Dk and Dv, then random shapes.
+            for &w in &HEAD_WIDTHS[..HEAD_WIDTHS.len() - 1] {
+                let rows = 1 + rng.below(40) as usize;
+                let hk = 1 + rng.below(3) as usize;
+                head_split_case(rng, kind, [rows, hk, 2, w, w]);
+                *cases += 1;
+            }
+            for _ in 0..30 {
+                let (dk, dv) = (head_width(rng), head_width(rng));
+                let hk = 1 + rng.below(32) as usize;
+                let hv = 1 + rng.below(32) as usize;
+                let c = 2 * hk * dk + hv * dv;
+                let rows = (1 + rng.below(300) as usize).min((150_000 / c).max(1));
+                head_split_case(rng, kind, [rows, hk, hv, dk, dv]);
+                *cases += 1;
+            }
+            // Qwen3.5's shape: full 128-wide heads, one row and many.
+            for rows in [1, 17] {
+                head_split_case(rng, kind, [rows, 16, 32, 128, 128]);
+                *cases += 1;
+            }
         }
-        for _ in 0..30 {
-            let (dk, dv) = (head_width(&mut rng), head_width(&mut rng));
-            let hk = 1 + rng.below(32) as usize;
-            let hv = 1 + rng.below(32) as usize;
-            let c = 2 * hk * dk + hv * dv;
-            let rows = (1 + rng.below(300) as usize).min((150_000 / c).max(1));
-            head_split_case(&mut rng, kind, [rows, hk, hv, dk, dv]);
-            cases += 1;
-        }
-        // Qwen3.5's shape: full 128-wide heads, one row and many.
-        for rows in [1, 17] {
-            head_split_case(&mut rng, kind, [rows, 16, 32, 128, 128]);
-            cases += 1;
-        }
-    }
-    eprintln!("{cases} head split cases");
-    mlxkern::testing::force_portable_kernels(false);
-    mlxkern::testing::force_avx2_kernels(false);
+    });
 }

@@ -97,9 +97,7 @@ fn head_split_matches_a_float64_reference() {
         }
         // bf16 holds 8 significant bits: three roundings stay well inside 2^-6 of the scale.
         assert!(worst < 2.0f64.powi(-6), "q/k error {worst}");
-        for h in [x, qs, ks, out.q, out.k, out.v] {
-            free(h);
-        }
+        free_all(&[x, qs, ks, out.q, out.k, out.v]);
     }
 }
 
@@ -199,7 +197,5 @@ fn head_split_errors_name_the_argument() {
             &[refused],
         );
     }
-    for h in [x, qs, ks, ks_short, qs_f32, wide, x2] {
-        free(h);
-    }
+    free_all(&[x, qs, ks, ks_short, qs_f32, wide, x2]);
 }

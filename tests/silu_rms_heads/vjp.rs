@@ -488,9 +488,7 @@ fn arguments_are_checked_and_named() {
         &["dx and dk_scale", "same place"],
     );
     assert!(a.is_null() && b.is_null());
-    for h in [x, sc, dq, dv, dq_s, dv_b, rank3, ints] {
-        free(h);
-    }
+    free_all(&[x, sc, dq, dv, dq_s, dv_b, rank3, ints]);
 }
 
 /// The GPU device's path (`mx::vjp` of mlx-lm's SiLU, head split and `mx::fast::rms_norm`

@@ -193,3 +193,15 @@ pub fn floats(a: &Array) -> Vec<f32> {
 }
 
 pub const FLOATS: [Dtype; 3] = [Dtype::Float32, Dtype::Bfloat16, Dtype::Float16];
+
+/// A gated norm's random inputs on `shape`, drawn in this order: x's dtype, x (scale
+/// `scales[0]`), the gate's dtype, the gate (`scales[1]`), the weight [D] (x's dtype,
+/// `scales[2]`). Returns x's dtype and the three.
+pub fn norm_twins(rng: &mut Rng, shape: &[usize], scales: [f32; 3]) -> (Dtype, [Twin; 3]) {
+    let dtype = rng.pick(&FLOATS);
+    let x = Twin::random(rng, shape, scales[0], dtype);
+    let gate_dtype = rng.pick(&FLOATS);
+    let gate = Twin::random(rng, shape, scales[1], gate_dtype);
+    let w = Twin::random(rng, &[*shape.last().unwrap()], scales[2], dtype);
+    (dtype, [x, gate, w])
+}

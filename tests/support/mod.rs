@@ -192,6 +192,21 @@ pub fn free(a: H) {
     ok(mlxk_array_free(a));
 }
 
+/// Every value is +0 or -0; `what` names them in a failure.
+#[track_caller]
+pub fn assert_zeros(values: &[f32], what: &str) {
+    assert!(
+        values.iter().all(|&x| x == 0.0),
+        "{what}: not all zeros: {values:?}"
+    );
+}
+
+pub fn free_all(hs: &[H]) {
+    for &h in hs {
+        free(h);
+    }
+}
+
 /// `n` random values as heads of `dk`, each head scaled to norm `scale` (q and k as mlx-lm
 /// normalizes them).
 pub fn heads(rng: &mut Rng, n: usize, dk: usize, scale: f32) -> Vec<f32> {
@@ -279,6 +294,13 @@ impl Recurrence {
         let status =
             unsafe { mlxk_gated_delta_update(q, k, v, a, b, al, dt, s, m, &mut y, &mut st) };
         (status, y, st)
+    }
+
+    /// y and the state of `run`, which must succeed.
+    pub fn outputs(&self) -> (H, H) {
+        let (status, y, st) = self.run();
+        ok(status);
+        (y, st)
     }
 
     pub fn free(self) {
@@ -385,6 +407,47 @@ pub fn refused_launch(kernels: GpuKernels) -> &'static str {
 /// Both GPU launches.
 pub const GPU_KERNELS: [GpuKernels; 2] = [GpuKernels::Metal, GpuKernels::Cuda];
 
+/// The recurrence's random gate inputs and state for `dims` = B, T, Hk, Hv, Dk, Dv, drawn in
+/// this order: a, b (in `dtype`, scale 3), a_log (f32, 1.5), dt_bias (`dtype`, 1) and the state
+/// (f32, 0.5; NULL without `state`).
+pub fn gate_arrays(rng: &mut Rng, dims: [usize; 6], dtype: mlxk_dtype, state: bool) -> [H; 5] {
+    let [b, t, _, hv, dk, dv] = dims;
+    let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
+    [
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
+        new_f32(&rng.vec(hv, 1.5), &[hvi]),
+        typed(&rng.vec(hv, 1.0), &[hvi], dtype),
+        if state {
+            new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
+        } else {
+            std::ptr::null_mut()
+        },
+    ]
+}
+
+/// Random recurrence inputs q, k (scale `qk`), v, a, b (1), a_log (f32, 1) and dt_bias (0.5)
+/// for `dims` = B, T, Hk, Hv, Dk, Dv, drawn in this order; all but a_log made by `make` (values,
+/// shape).
+pub fn recurrence_arrays(
+    rng: &mut Rng,
+    dims: [usize; 6],
+    qk: f32,
+    make: impl Fn(Vec<f32>, &[i32]) -> H,
+) -> [H; 7] {
+    let [b, t, hk, hv, dk, dv] = dims;
+    let [bi, ti, hki, hvi, dki, dvi] = dims.map(|x| x as i32);
+    [
+        make(rng.vec(b * t * hk * dk, qk), &[bi, ti, hki, dki]),
+        make(rng.vec(b * t * hk * dk, qk), &[bi, ti, hki, dki]),
+        make(rng.vec(b * t * hv * dv, 1.0), &[bi, ti, hvi, dvi]),
+        make(rng.vec(b * t * hv, 1.0), &[bi, ti, hvi]),
+        make(rng.vec(b * t * hv, 1.0), &[bi, ti, hvi]),
+        new_f32(&rng.vec(hv, 1.0), &[hvi]),
+        make(rng.vec(hv, 0.5), &[hvi]),
+    ]
+}
+
 /// Random arguments of `mlxk_gated_delta_update_from_conv` for `dims` = B, T, Hk, Hv, Dk, Dv:
 /// x, q_scale, k_scale, a, b (in `dtype`), a_log (f32), dt_bias (`dtype`), the state (f32, or
 /// NULL without `state`) and the mask (NULL without `mask`; with two rows or more row 0 is
@@ -398,25 +461,23 @@ pub fn from_conv_arrays(
 ) -> [H; 9] {
     let [b, t, hk, hv, dk, dv] = dims;
     let c = 2 * hk * dk + hv * dv;
-    let [bi, ti, hvi, dki, dvi] = [b, t, hv, dk, dv].map(|x| x as i32);
+    let [bi, ti, dki] = [b, t, dk].map(|x| x as i32);
     let scale = |rng: &mut Rng, base: f32| -> Vec<f32> {
         (0..dk).map(|_| base * (0.5 + rng.uniform())).collect()
     };
     let qs = scale(rng, (dk as f32).powi(-1));
     let ks = scale(rng, (dk as f32).powf(-0.5));
+    let x = typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype);
+    let [a, gate_b, a_log, dt_bias, state] = gate_arrays(rng, dims, dtype, state);
     [
-        typed(&rng.vec(b * t * c, 4.0), &[bi, ti, c as i32], dtype),
+        x,
         typed(&qs, &[dki], dtype),
         typed(&ks, &[dki], dtype),
-        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-        typed(&rng.vec(b * t * hv, 3.0), &[bi, ti, hvi], dtype),
-        new_f32(&rng.vec(hv, 1.5), &[hvi]),
-        typed(&rng.vec(hv, 1.0), &[hvi], dtype),
-        if state {
-            new_f32(&rng.vec(b * hv * dv * dk, 0.5), &[bi, hvi, dvi, dki])
-        } else {
-            std::ptr::null_mut()
-        },
+        a,
+        gate_b,
+        a_log,
+        dt_bias,
+        state,
         if mask {
             let m: Vec<bool> = (0..b * t)
                 .map(|i| (b < 2 || i >= t) && (i + 1 == b * t || rng.below(4) != 0))

@@ -212,6 +212,23 @@ pub fn eps_of(rng: &mut Rng) -> f32 {
     [1e-6f32, 1e-5, 0.0, 1e-6 / 128.0, 0.1, 1e-30][rng.below(6) as usize]
 }
 
+/// The kernels the CPU picks (neither the portable nor the AVX2 ones forced).
+pub fn default_kernels() {
+    mlxkern::testing::force_portable_kernels(false);
+    mlxkern::testing::force_avx2_kernels(false);
+}
+
+/// A paths test: `cases` (which counts the cases it runs) with the process-wide kernel switches
+/// held (`serial`) and left as the CPU picks; prints "{n} {what} cases".
+pub fn switched_cases(what: &str, cases: impl FnOnce(&mut Rng, &mut usize)) {
+    let _switch = serial();
+    let mut rng = Rng::fresh();
+    let mut n = 0;
+    cases(&mut rng, &mut n);
+    eprintln!("{n} {what} cases");
+    default_kernels();
+}
+
 /// Runs `f` with the portable kernels, then with the AVX2 ones (forced where the CPU has
 /// AVX-512), then with the fastest; returns the portable result and the others, named.
 pub fn paths<R>(mut f: impl FnMut() -> R) -> (R, [(&'static str, R); 2]) {

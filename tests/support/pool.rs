@@ -86,12 +86,6 @@ impl Host {
     }
 }
 
-pub fn free_all(hs: &[H]) {
-    for &h in hs {
-        free(h);
-    }
-}
-
 pub fn pool_shape(host: &Host, n: usize) -> [i32; 4] {
     let [_, _, _, hv, dk, dv] = host.dims;
     [n as i32, hv as i32, dv as i32, dk as i32]

@@ -26,6 +26,34 @@ pub struct Case {
     pub dstate_out: Option<Vec<f32>>,
 }
 
+impl Case {
+    /// A case on the given q and k: v, a (scale 1.5), b (2), a_log, dt_bias (0.5), the state
+    /// (when `state`), the mask (`mask`), dy and dstate_out drawn in this order.
+    pub fn random_with(
+        rng: &mut Rng,
+        dims: [usize; 6],
+        [q, k]: [Vec<f32>; 2],
+        state: bool,
+        mask: impl FnOnce(&mut Rng) -> Option<Vec<bool>>,
+    ) -> Case {
+        let [b, t, _, hv, dk, dv] = dims;
+        Case {
+            dims,
+            q,
+            k,
+            v: rng.vec(b * t * hv * dv, 1.0),
+            a: rng.vec(b * t * hv, 1.5),
+            b: rng.vec(b * t * hv, 2.0),
+            a_log: rng.vec(hv, 1.0),
+            dt_bias: rng.vec(hv, 0.5),
+            state: state.then(|| rng.vec(b * hv * dv * dk, 0.5)),
+            mask: mask(rng),
+            dy: rng.vec(b * t * hv * dv, 1.0),
+            dstate_out: Some(rng.vec(b * hv * dv * dk, 0.5)),
+        }
+    }
+}
+
 /// The float64 loss sum(dy · y) + sum(dstate_out · state_out), gates included.
 pub fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
     let [q, k, v, a, b, a_log, dt_bias, s0] = x;
@@ -69,6 +97,19 @@ pub fn loss(c: &Case, x: &[Vec<f64>; 8]) -> f64 {
 /// gradients go to `outs`.
 pub fn vjp(inputs: [*const mlxk_array; 11], chunk: Option<i32>, outs: &mut [H; 8]) -> mlxk_status {
     vjp_to(inputs, chunk, outs.each_mut().map(|o| o as *mut H))
+}
+
+/// Small f32 arguments for the VJPs' argument checks (B = 1, Hk = Hv = 1, Dk = 32, Dv = 4, `t`
+/// tokens), drawn in this order: q (k too) [1, t, 1, 32], v [1, t, 1, 4], g (a and b too)
+/// [1, t, 1] and one head's value (a_log and dt_bias) [1].
+pub fn small_args(rng: &mut Rng, t: usize) -> [H; 4] {
+    let ti = t as i32;
+    [
+        new_f32(&rng.vec(32 * t, 0.2), &[1, ti, 1, 32]),
+        new_f32(&rng.vec(4 * t, 1.0), &[1, ti, 1, 4]),
+        new_f32(&rng.vec(t, 1.0), &[1, ti, 1]),
+        new_f32(&rng.vec(1, 1.0), &[1]),
+    ]
 }
 
 /// `vjp` with the out-parameters as pointers (NULL or the same one twice where a test wants).
