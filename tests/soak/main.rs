@@ -47,7 +47,11 @@ fn set_device() {
         Ok(other) => panic!("SOAK_DEVICE={other}: expected cpu or gpu"),
     };
     let status = mlxkern::capi::device::mlxk_set_default_device(device);
-    assert_eq!(status, mlxkern::capi::status::MLXK_OK, "mlxk_set_default_device({device})");
+    assert_eq!(
+        status,
+        mlxkern::capi::status::MLXK_OK,
+        "mlxk_set_default_device({device})"
+    );
 }
 
 fn env_number(name: &str, default: u64) -> u64 {
