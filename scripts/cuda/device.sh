@@ -11,7 +11,8 @@
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
 #   tiles   test_cuda's matrix-tile cases (tests/cuda/tiles.rs): every tile form (fma, tf32,
-#           bf16) against float64 products, then their timing on a large product
+#           bf16) against float64 products and in the chunked backward, their timing on a large
+#           product, then bench_cuda's grad rows once per form (MLXK_CUDA_TILES)
 # Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [chunked] [tiles] (test and bench by
 # default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
@@ -63,6 +64,11 @@ if [[ " $what " == *" tiles "* ]]; then
   "$carry/test_cuda" --test-threads=1 --nocapture --include-ignored tiles:: 2>&1 |
     tee "$out/test-tiles.log"
   status=$((status | PIPESTATUS[0]))
+  for form in fma tf32 bf16; do
+    MLXK_CUDA_TILES=$form MLXK_BENCH_ONLY=grad MLXK_BENCH_JSON=$out/bench-grad-$form.jsonl \
+      "$carry/bench_cuda" 2>&1 | tee "$out/bench-grad-$form.log"
+    status=$((status | PIPESTATUS[0]))
+  done
 fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)
