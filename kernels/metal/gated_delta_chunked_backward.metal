@@ -26,8 +26,8 @@
 // rows past T zero), per chunk [n, NC, C, C], kept states [n, NC, Dv, Dk]. Tin = {T}; mask
 // [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
 // Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, 16 or 32), TN (value columns of a tile),
-// NT. The sequential stages (2, 3) multiply on the matrix tiles (the launch's header, tiles.h:
-// simdgroup matrices on Metal, tensor cores or FMAs on MLX CUDA), with the tile's TN columns
+// NT. Stages 2, 3 and 5 multiply on the matrix tiles (the launch's header, tiles.h: simdgroup
+// matrices on Metal, tensor cores or FMAs on MLX CUDA); in 2 and 3 the tile's TN columns are
 // padded to TNP, a multiple of 8, by zero columns.
 // A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
 // --fmad=true makes those FMAs): this backward has no bit-exact contract, and a fused
@@ -480,8 +480,14 @@
 
 #elif MLXK_CBWD_STAGE == 5
     // ---- 5: per (head, chunk), dq, dk and the gates ----
+    // On the matrix tiles, per block of KB keys (one tile of 8 per SIMD group) and each half of
+    // 16 tokens: dY Hᵀ, U dH'ᵀ and (Tmᵀ dU) Hᵀ summed over slices of DS value columns staged in
+    // threadgroup memory, then (dP∘Γ) K, (dP∘Γ)ᵀ Q and (dA∘βΓ + its transpose) K over the
+    // chunk's tokens; the per-token sums of the gates' terms by row_sum, per SIMD group.
     constexpr int NSG = NT / 32;
-    constexpr int NPT = Dk / 32;
+    constexpr int KB = 8 * NSG;  // keys per block
+    constexpr int DS = 16;       // value columns per staged slice
+    constexpr int TH = C / 16;   // halves of 16 tokens
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
     const uint b_idx = n / Hv;
@@ -494,17 +500,18 @@
     const size_t sq = (size_t(n) * NC + c) * (C * C);
     const size_t kept = (size_t(n) * NC + c) * Dv * Dk;
     threadgroup float dpg_s[C * C];
-    threadgroup float dak_s[C * C];
+    threadgroup float dak_s[C * C];       // dA∘βΓ plus its transpose
+    threadgroup float a_s[3 * C * DS];    // dY, U, Tmᵀ dU: DS value columns of the chunk
+    threadgroup float h_s[2 * DS * KB];   // H, dH': DS value rows, KB keys
+    threadgroup float qk_s[2 * C * KB];   // K, Q: KB keys of the chunk's tokens
     threadgroup float gl_s[C];
     threadgroup float gam_s[C];
     threadgroup float bs[C];
-    threadgroup float sum_q[C];
-    threadgroup float sum_a[C];
-    threadgroup float sum_b[C];
+    threadgroup float part[3 * NSG * C];  // per SIMD group and token: the sums q·dq', k·dk_h, k·dk_w
     threadgroup float red[NT];
     for (int e = int(tid); e < C * C; e += NT) {
       dpg_s[e] = dpg[sq + e];
-      dak_s[e] = dak[sq + e];
+      dak_s[e] = dak[sq + e] + dak[sq + (e % C) * C + e / C];
     }
     for (int s = int(tid); s < C; s += NT) {
       float bv = 0.0f;
@@ -516,101 +523,116 @@
       gl_s[s] = s < L ? gm[sq + (L - 1) * C + s] : 0.0f;
       gam_s[s] = s < L ? gam[size_t(n) * T + t0 + s] : 0.0f;
     }
+    for (int e = int(tid); e < 3 * NSG * C; e += NT) part[e] = 0.0f;
     // Σ H ∘ dH' (the gradient of γ_L H).
-    float part = 0.0f;
-    for (int e = int(tid); e < Dv * Dk; e += NT) part += MLXK_CB_MUL(hs[kept + e], dhs[kept + e]);
-    red[tid] = part;
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    // A SIMD group takes TB tokens at once, so that each load of H and dH' serves TB of them;
-    // tokens past L (the chunk's last block) compute zeros from the zero rows and are not
-    // written.
-    constexpr int TB = 4;
-    for (int s0 = int(sg) * TB; s0 < L; s0 += NSG * TB) {
-      bool act[TB];
-      size_t tok[TB], yv[TB];
-      for (int x = 0; x < TB; ++x) {
-        const int t = t0 + (s0 + x < L ? s0 + x : s0);
-        act[x] = s0 + x < L && (MLXK_TOKEN_ACTIVE);
-        tok[x] = size_t(n) * T + t;
-        yv[x] = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
+    float hsum_part = 0.0f;
+    for (int e = int(tid); e < Dv * Dk; e += NT) hsum_part += MLXK_CB_MUL(hs[kept + e], dhs[kept + e]);
+    red[tid] = hsum_part;
+    const int n0 = int(sg) * 8;  // this SIMD group's keys within a block
+    for (int i0 = 0; i0 < Dk; i0 += KB) {
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int e = int(tid); e < C * KB; e += NT) {
+        const int r = e / KB, ii = e % KB;
+        const size_t at = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i0 + ii;
+        qk_s[e] = r < L ? static_cast<float>(k[at]) : 0.0f;
+        qk_s[C * KB + e] = r < L ? static_cast<float>(q[at]) : 0.0f;
       }
-      float aq[TB][NPT], aa[TB][NPT], ab[TB][NPT];
-      for (int x = 0; x < TB; ++x) {
-        for (int m = 0; m < NPT; ++m) {
-          aq[x][m] = 0.0f;
-          aa[x][m] = 0.0f;
-          ab[x][m] = 0.0f;
-        }
+      mlxk_tile::acc16x8 p1[TH], p2[TH], p3[TH], x1[TH], x2[TH], x3[TH];
+      for (int x = 0; x < TH; ++x) {
+        mlxk_tile::fill(p1[x], 0.0f);
+        mlxk_tile::fill(p2[x], 0.0f);
+        mlxk_tile::fill(p3[x], 0.0f);
+        mlxk_tile::fill(x1[x], 0.0f);
+        mlxk_tile::fill(x2[x], 0.0f);
+        mlxk_tile::fill(x3[x], 0.0f);
       }
-      // dY Hᵀ, U dH'ᵀ, (Tmᵀ dU) Hᵀ: sums over the value columns.
-      for (int j = 0; j < Dv; ++j) {
-        float dy_j[TB], u_j[TB], tdu_j[TB];
-        for (int x = 0; x < TB; ++x) {
-          dy_j[x] = act[x] ? static_cast<float>(dy[yv[x] + j]) : 0.0f;
-          u_j[x] = u[tok[x] * Dv + j];
-          tdu_j[x] = tdu[tok[x] * Dv + j];
+      for (int j0 = 0; j0 < Dv; j0 += DS) {
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int e = int(tid); e < C * DS; e += NT) {
+          const int s = e / DS, j = j0 + e % DS;
+          float y_v = 0.0f, u_v = 0.0f, t_v = 0.0f;
+          if (s < L && j < Dv) {
+            const int t = t0 + s;
+            const size_t tok = size_t(n) * T + t;
+            if (MLXK_TOKEN_ACTIVE) {
+              y_v = static_cast<float>(dy[((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j]);
+            }
+            u_v = u[tok * Dv + j];
+            t_v = tdu[tok * Dv + j];
+          }
+          a_s[e] = y_v;
+          a_s[C * DS + e] = u_v;
+          a_s[2 * C * DS + e] = t_v;
         }
-        for (int m = 0; m < NPT; ++m) {
-          const size_t at = kept + size_t(j) * Dk + m * 32 + lane;
-          const float h = hs[at];
-          const float dh = dhs[at];
-          for (int x = 0; x < TB; ++x) {
-            aq[x][m] += MLXK_CB_MUL(dy_j[x], h);
-            aa[x][m] += MLXK_CB_MUL(u_j[x], dh);
-            ab[x][m] += MLXK_CB_MUL(tdu_j[x], h);
+        for (int e = int(tid); e < DS * KB; e += NT) {
+          const int j = j0 + e / KB, ii = e % KB;
+          const size_t at = kept + size_t(j) * Dk + i0 + ii;
+          h_s[e] = j < Dv ? hs[at] : 0.0f;
+          h_s[DS * KB + e] = j < Dv ? dhs[at] : 0.0f;
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int jj = 0; jj < DS; jj += 8) {
+          mlxk_tile::b8x8 hb, db;
+          mlxk_tile::load_b(hb, h_s + jj * KB + n0, KB, false, lane);
+          mlxk_tile::load_b(db, h_s + DS * KB + jj * KB + n0, KB, false, lane);
+          for (int x = 0; x < TH; ++x) {
+            mlxk_tile::a16x8 at;
+            mlxk_tile::load_a(at, a_s + x * 16 * DS + jj, DS, false, lane);
+            mlxk_tile::mma(p1[x], at, hb);
+            mlxk_tile::load_a(at, a_s + C * DS + x * 16 * DS + jj, DS, false, lane);
+            mlxk_tile::mma(p2[x], at, db);
+            mlxk_tile::load_a(at, a_s + 2 * C * DS + x * 16 * DS + jj, DS, false, lane);
+            mlxk_tile::mma(p3[x], at, hb);
           }
         }
       }
-      float pq[TB], pa[TB], pb[TB];
-      for (int x = 0; x < TB; ++x) {
-        pq[x] = 0.0f;
-        pa[x] = 0.0f;
-        pb[x] = 0.0f;
-      }
-      for (int m = 0; m < NPT; ++m) {
-        const int i = m * 32 + int(lane);
-        float dq_inter[TB], dk_h_term[TB], dk_w_term[TB], dq_acc[TB], dk_acc[TB];
-        for (int x = 0; x < TB; ++x) {
-          const int s = s0 + x;
-          dq_inter[x] = MLXK_CB_MUL(gam_s[s], aq[x][m]);
-          dk_h_term[x] = MLXK_CB_MUL(gl_s[s], aa[x][m]);
-          dk_w_term[x] = -MLXK_CB_MUL(gam_s[s], ab[x][m]);
-          dq_acc[x] = dq_inter[x];
-          dk_acc[x] = dk_h_term[x] + MLXK_CB_MUL(bs[s], dk_w_term[x]);
+      // Sums over the chunk's tokens r (qk_s was staged before the barriers above).
+      for (int r0 = 0; r0 < C; r0 += 8) {
+        mlxk_tile::b8x8 kb, qb;
+        mlxk_tile::load_b(kb, qk_s + r0 * KB + n0, KB, false, lane);
+        mlxk_tile::load_b(qb, qk_s + C * KB + r0 * KB + n0, KB, false, lane);
+        for (int x = 0; x < TH; ++x) {
+          mlxk_tile::a16x8 at;
+          mlxk_tile::load_a(at, dpg_s + x * 16 * C + r0, C, false, lane);
+          mlxk_tile::mma(x1[x], at, kb);
+          mlxk_tile::load_a(at, dpg_s + r0 * C + x * 16, C, true, lane);
+          mlxk_tile::mma(x2[x], at, qb);
+          mlxk_tile::load_a(at, dak_s + x * 16 * C + r0, C, false, lane);
+          mlxk_tile::mma(x3[x], at, kb);
         }
-        for (int r = 0; r < L; ++r) {
-          const size_t qk_r = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i;
-          const float kr = static_cast<float>(k[qk_r]);
-          const float qr = static_cast<float>(q[qk_r]);
-          for (int x = 0; x < TB; ++x) {
-            const int s = s0 + x;
-            if (r <= s) dq_acc[x] += MLXK_CB_MUL(dpg_s[s * C + r], kr);
-            if (r >= s) dk_acc[x] += MLXK_CB_MUL(dpg_s[r * C + s], qr);
-            if (r < s) dk_acc[x] += MLXK_CB_MUL(dak_s[s * C + r], kr);
-            if (r > s) dk_acc[x] += MLXK_CB_MUL(dak_s[r * C + s], kr);
+      }
+      for (int x = 0; x < TH; ++x) {
+        float pq[2] = {0.0f, 0.0f}, pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = x * 16 + mlxk_tile::row(lane, e), ii = n0 + mlxk_tile::col(lane, e);
+          const float dq_inter = MLXK_CB_MUL(gam_s[s], mlxk_tile::get(p1[x], e));
+          const float dk_h_term = MLXK_CB_MUL(gl_s[s], mlxk_tile::get(p2[x], e));
+          const float dk_w_term = -MLXK_CB_MUL(gam_s[s], mlxk_tile::get(p3[x], e));
+          const float kf = qk_s[s * KB + ii], qf = qk_s[C * KB + s * KB + ii];
+          pq[e >> 1] += MLXK_CB_MUL(qf, dq_inter);
+          pa[e >> 1] += MLXK_CB_MUL(kf, dk_h_term);
+          pb[e >> 1] += MLXK_CB_MUL(kf, dk_w_term);
+          if (s < L) {
+            const int t = t0 + s;
+            const bool active = MLXK_TOKEN_ACTIVE;
+            const float dq_v = dq_inter + mlxk_tile::get(x1[x], e);
+            const float dk_v = dk_h_term + MLXK_CB_MUL(bs[s], dk_w_term) + mlxk_tile::get(x2[x], e) +
+                               mlxk_tile::get(x3[x], e);
+            const size_t out = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dk + i0 + ii;
+            dq_h[out] = active ? dq_v : 0.0f;
+            dk_h[out] = active ? dk_v : 0.0f;
           }
         }
-        for (int x = 0; x < TB; ++x) {
-          if (s0 + x >= L) continue;
-          const size_t qk_s = ((size_t(b_idx) * T + t0 + s0 + x) * Hk + hk_idx) * Dk + i;
-          const float qf = static_cast<float>(q[qk_s]);
-          const float kf = static_cast<float>(k[qk_s]);
-          pq[x] += MLXK_CB_MUL(qf, dq_inter[x]);
-          pa[x] += MLXK_CB_MUL(kf, dk_h_term[x]);
-          pb[x] += MLXK_CB_MUL(kf, dk_w_term[x]);
-          const size_t out = ((size_t(b_idx) * T + t0 + s0 + x) * Hv + hv_idx) * Dk + i;
-          dq_h[out] = act[x] ? dq_acc[x] : 0.0f;
-          dk_h[out] = act[x] ? dk_acc[x] : 0.0f;
-        }
-      }
-      for (int x = 0; x < TB; ++x) {
-        const float sq_x = simd_sum(pq[x]);
-        const float sa_x = simd_sum(pa[x]);
-        const float sb_x = simd_sum(pb[x]);
-        if (lane == 0 && s0 + x < L) {
-          sum_q[s0 + x] = sq_x;
-          sum_a[s0 + x] = sa_x;
-          sum_b[s0 + x] = sb_x;
+        for (int h = 0; h < 2; ++h) {
+          const float sq_h = mlxk_tile::row_sum(pq[h], lane);
+          const float sa_h = mlxk_tile::row_sum(pa[h], lane);
+          const float sb_h = mlxk_tile::row_sum(pb[h], lane);
+          if (mlxk_tile::col(lane, 0) == 0) {
+            const int s = x * 16 + mlxk_tile::row(lane, 2 * h);
+            part[(0 * NSG + sg) * C + s] += sq_h;
+            part[(1 * NSG + sg) * C + s] += sa_h;
+            part[(2 * NSG + sg) * C + s] += sb_h;
+          }
         }
       }
     }
@@ -618,6 +640,18 @@
     if (tid == 0) {
       float hsum = 0.0f;
       for (int x = 0; x < NT; ++x) hsum += red[x];
+      // Per token: q·dq', k·dk_h and k·dk_w summed over the keys (the SIMD groups' shares).
+      float sum_q[C], sum_a[C], sum_b[C];
+      for (int s = 0; s < C; ++s) {
+        sum_q[s] = 0.0f;
+        sum_a[s] = 0.0f;
+        sum_b[s] = 0.0f;
+        for (int w = 0; w < NSG; ++w) {
+          sum_q[s] += part[(0 * NSG + w) * C + s];
+          sum_a[s] += part[(1 * NSG + w) * C + s];
+          sum_b[s] += part[(2 * NSG + w) * C + s];
+        }
+      }
       // d/d b_t (b_t = log γ_t), then d log g_s = Σ_{t >= s} d/d b_t.
       float y_sum = 0.0f;
       for (int s = 0; s < L; ++s) y_sum += sum_a[s];
