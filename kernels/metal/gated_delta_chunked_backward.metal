@@ -26,7 +26,7 @@
 // rows past T zero), per chunk [n, NC, C, C], kept states [n, NC, Dv, Dk]. Tin = {T}; mask
 // [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
 // Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, 16 or 32), TN (value columns of a tile),
-// NT. Stages 2, 3 and 5 multiply on the matrix tiles (the launch's header, tiles.h: simdgroup
+// NT. Stages 2 to 5 multiply on the matrix tiles (the launch's header, tiles.h: simdgroup
 // matrices on Metal, tensor cores or FMAs on MLX CUDA); in 2 and 3 the tile's TN columns are
 // padded to TNP, a multiple of 8, by zero columns.
 // A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
@@ -383,6 +383,10 @@
 
 #elif MLXK_CBWD_STAGE == 4
     // ---- 4: per (head, chunk), the L x L products ----
+    constexpr int NSG = NT / 32;
+    constexpr int DS = 16;                     // value columns per staged slice
+    constexpr int PT = (C / 16) * (C / 8);     // tiles of an L x L product
+    constexpr int PPT = (PT + NSG - 1) / NSG;  // per SIMD group
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
     const uint b_idx = n / Hv;
@@ -395,6 +399,7 @@
     threadgroup float m_r[C * C];   // dA∘Γ∘KKᵀ
     threadgroup float m_x[C * C];   // the gate terms X(t, s), s < t
     threadgroup float m_v[C * C];   // dU Vᵀ
+    threadgroup float a_s[4 * C * DS];  // dY, U, dU, V: DS value columns of the chunk
     threadgroup float bs[C];
     for (int s = int(tid); s < C; s += NT) {
       float bv = 0.0f;
@@ -405,33 +410,89 @@
       bs[s] = bv;
     }
     for (int e = int(tid); e < C * C; e += NT) tm_s[e] = tm[sq + e];
-    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns, one
-    // entry per SIMD group at a time, lanes over the columns (coalesced), by the butterfly.
+    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns on the
+    // matrix tiles, DS columns at a time staged in threadgroup memory (zero past L, Dv and at
+    // masked tokens' dY); in each slice also Tmᵀ dU, whence dv = diag(β) Tmᵀ dU.
     const uint lane = tid % 32;
-    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
-      const int r = e / C, s = e % C;
-      float dp = 0.0f, dtm = 0.0f, duv = 0.0f;
-      if (r < L && s <= r) {
-        const int t = t0 + r;
-        const bool active = MLXK_TOKEN_ACTIVE;
-        const size_t ur = (size_t(n) * T + t0 + r) * Dv, us = (size_t(n) * T + t0 + s) * Dv;
-        const size_t yr = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
-        const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
-        for (int j = int(lane); j < Dv; j += 32) {
-          const float us_j = u[us + j], du_j = du[ur + j];
-          if (active) dp += MLXK_CB_MUL(static_cast<float>(dy[yr + j]), us_j);
-          dtm += MLXK_CB_MUL(du_j, us_j);
-          duv += MLXK_CB_MUL(du_j, static_cast<float>(v[vs + j]));
+    const uint sg = tid / 32;
+    mlxk_tile::acc16x8 dp_t[PPT], dtm_t[PPT], duv_t[PPT];
+    for (int x = 0; x < PPT; ++x) {
+      mlxk_tile::fill(dp_t[x], 0.0f);
+      mlxk_tile::fill(dtm_t[x], 0.0f);
+      mlxk_tile::fill(duv_t[x], 0.0f);
+    }
+    for (int j0 = 0; j0 < Dv; j0 += DS) {
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int e = int(tid); e < C * DS; e += NT) {
+        const int r = e / DS, j = j0 + e % DS;
+        float y_v = 0.0f, u_v = 0.0f, du_v = 0.0f, v_v = 0.0f;
+        if (r < L && j < Dv) {
+          const int t = t0 + r;
+          const size_t tok = size_t(n) * T + t;
+          const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
+          if (MLXK_TOKEN_ACTIVE) y_v = static_cast<float>(dy[at]);
+          u_v = u[tok * Dv + j];
+          du_v = du[tok * Dv + j];
+          v_v = static_cast<float>(v[at]);
         }
-        dp = simd_sum(dp);
-        dtm = simd_sum(dtm);
-        duv = simd_sum(duv);
+        a_s[e] = y_v;
+        a_s[C * DS + e] = u_v;
+        a_s[2 * C * DS + e] = du_v;
+        a_s[3 * C * DS + e] = v_v;
       }
-      if (lane == 0) {
-        dpg[sq + e] = MLXK_CB_MUL(dp, gm[sq + e]);
-        m_x[e] = s < r ? MLXK_CB_MUL(dp, pm[sq + e]) : 0.0f;
-        m_g[e] = s < r ? dtm : 0.0f;
-        m_v[e] = duv;
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int x = 0; x < PPT; ++x) {
+        const int tile = int(sg) + x * NSG;
+        if (tile >= PT) continue;
+        const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+        for (int jj = 0; jj < DS; jj += 8) {
+          mlxk_tile::a16x8 ya, da;
+          mlxk_tile::b8x8 ub, vb;
+          mlxk_tile::load_a(ya, a_s + r0 * DS + jj, DS, false, lane);
+          mlxk_tile::load_a(da, a_s + 2 * C * DS + r0 * DS + jj, DS, false, lane);
+          mlxk_tile::load_b(ub, a_s + C * DS + s0 * DS + jj, DS, true, lane);
+          mlxk_tile::load_b(vb, a_s + 3 * C * DS + s0 * DS + jj, DS, true, lane);
+          mlxk_tile::mma(dp_t[x], ya, ub);
+          mlxk_tile::mma(dtm_t[x], da, ub);
+          mlxk_tile::mma(duv_t[x], da, vb);
+        }
+      }
+      for (int tile = int(sg); tile < (C / 16) * (DS / 8); tile += NSG) {
+        const int s0 = tile / (DS / 8) * 16, jn = tile % (DS / 8) * 8;
+        mlxk_tile::acc16x8 acc;
+        mlxk_tile::fill(acc, 0.0f);
+        for (int k0 = 0; k0 < C; k0 += 8) {
+          mlxk_tile::a16x8 ta;
+          mlxk_tile::b8x8 db;
+          mlxk_tile::load_a(ta, tm_s + k0 * C + s0, C, true, lane);
+          mlxk_tile::load_b(db, a_s + 2 * C * DS + k0 * DS + jn, DS, false, lane);
+          mlxk_tile::mma(acc, ta, db);
+        }
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = s0 + mlxk_tile::row(lane, e), j = j0 + jn + mlxk_tile::col(lane, e);
+          if (s < L && j < Dv) {
+            const float tdu_v = mlxk_tile::get(acc, e);
+            tdu[(size_t(n) * T + t0 + s) * Dv + j] = tdu_v;
+            const int t = t0 + s;
+            const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
+            dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_CB_MUL(bs[s], tdu_v) : 0.0f;
+          }
+        }
+      }
+    }
+    for (int x = 0; x < PPT; ++x) {
+      const int tile = int(sg) + x * NSG;
+      if (tile >= PT) continue;
+      const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+      for (int e = 0; e < mlxk_tile::kElems; ++e) {
+        const int r = r0 + mlxk_tile::row(lane, e), s = s0 + mlxk_tile::col(lane, e);
+        const int at = r * C + s;
+        const bool kept = r < L && s <= r;
+        const float dp = kept ? mlxk_tile::get(dp_t[x], e) : 0.0f;
+        dpg[sq + at] = MLXK_CB_MUL(dp, gm[sq + at]);
+        m_x[at] = s < r ? MLXK_CB_MUL(dp, pm[sq + at]) : 0.0f;
+        m_g[at] = s < r && kept ? mlxk_tile::get(dtm_t[x], e) : 0.0f;
+        m_v[at] = kept ? mlxk_tile::get(duv_t[x], e) : 0.0f;
       }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -464,18 +525,6 @@
       for (int r = s + 1; r < L; ++r) db_s -= m_x[r * C + s];
       dbb[(size_t(n) * T + t0 + s) * 2] = dbeta_s;
       dbb[(size_t(n) * T + t0 + s) * 2 + 1] = db_s;
-    }
-    // Tmᵀ dU, and dv = diag(β) Tmᵀ dU.
-    for (int e = int(tid); e < L * Dv; e += NT) {
-      const int s = e / Dv, j = e % Dv;
-      float acc = 0.0f;
-      for (int r = s; r < L; ++r) {
-        acc += MLXK_CB_MUL(tm_s[r * C + s], du[(size_t(n) * T + t0 + r) * Dv + j]);
-      }
-      tdu[(size_t(n) * T + t0 + s) * Dv + j] = acc;
-      const int t = t0 + s;
-      const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
-      dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_CB_MUL(bs[s], acc) : 0.0f;
     }
 
 #elif MLXK_CBWD_STAGE == 5

@@ -18,7 +18,7 @@ namespace {
 // matrix tiles round their inputs (CUDA's tf32 and bf16 forms, cuda_tiles_host.h), 4 (2δ + δ²)
 // for an input rounding of δ (2^-11, 2^-8): within a chunk a gradient passes through at most
 // three tile products in sequence (U = Ũ − W H and H's update in the states stage, or dU and
-// dH's in the dstates stage, then the keys stage's products with H or dH'), each moving its
+// dH's in the dstates stage, then the square or keys stage's products with U, dU, H or dH'), each moving its
 // result by at most 2δ + δ² of the sum of its terms' magnitudes, and a fourth for those sums
 // against the gradient's scale.
 double chunked_tolerance() {
