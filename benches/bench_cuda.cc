@@ -35,6 +35,8 @@
 //            mlxk_gated_delta_update_pool, _packed, gather -> dense kernel -> scatter as MLX ops,
 //            the dense kernel alone (bench_cuda_pool.cc)
 //   packed   packed prefill of 16 prompts (64-2048 tokens): packed, padded, per prompt
+//   packed16k  packed prefill of 8 prompts of mixed lengths summing 16384 against one sequence
+//            of 16384 tokens
 // For each: median time per layer-step over timed iterations after warm-up, the bytes the kernel
 // must move (inputs read + outputs written) and the GB/s that gives, and the ratio to the floor.
 // Output: a table on stdout and JSON lines in $MLXK_BENCH_JSON (if set).
@@ -208,7 +210,7 @@ int main() {
   int failed = 0;
   // MLXK_BENCH_ONLY=<group>[,<group>...]: those groups alone (decode, replay, head split, gated
   // norm, layer, fromconvrows, fromconvtokens, pipelined, prefill, dispatch, grad, pool,
-  // packed).
+  // packed, packed16k; gradchunked: the grad group's chunked rows alone).
   const char* only = std::getenv("MLXK_BENCH_ONLY");
   auto wanted = [&](const std::string& what) {
     if (!only) return true;
@@ -249,14 +251,31 @@ int main() {
     copies(CustomCopies(), warmup, iters);
     pipelined = false;
   });
+  // MLXK_BENCH_T=<T>: the prefill and grad groups at that length alone (for a profiler).
+  const char* only_t = std::getenv("MLXK_BENCH_T");
+  auto length = [&](int t) { return !only_t || std::atoi(only_t) == t; };
   guarded("prefill", [&] {
-    for (int t : {512, 4096, 16384}) prefill(t, 2, quick ? 3 : 10);
+    for (int t : {512, 4096, 16384}) {
+      if (length(t)) prefill(t, 2, quick ? 3 : 10);
+    }
   });
   guarded("dispatch", [&] { dispatch(warmup, iters); });
   guarded("grad", [&] {
-    for (int t : {512, 2048, 4096}) grad(t, 2, quick ? 3 : 5);
-    for (int t : {512, 4096}) grad_chunked(t, 2, quick ? 3 : 5);
+    for (int t : {512, 2048, 4096}) {
+      if (length(t)) grad(t, 2, quick ? 3 : 5);
+    }
+    for (int t : {512, 4096}) {
+      if (length(t)) grad_chunked(t, 2, quick ? 3 : 5);
+    }
   });
+  // gradchunked: the grad group's chunked rows alone (named only: the grad group has them).
+  if (only != nullptr) {
+    guarded("gradchunked", [&] {
+      for (int t : {512, 4096}) {
+        if (length(t)) grad_chunked(t, 2, quick ? 3 : 5);
+      }
+    });
+  }
   auto checked = [&](const char* what, bool ok) {
     if (ok) return;
     std::printf("FAIL: %s: a bit-for-bit comparison failed (above)\n", what);
@@ -264,6 +283,7 @@ int main() {
   };
   guarded("pool", [&] { checked("pool", pool_batching(quick)); });
   guarded("packed", [&] { checked("packed", pool_prefill(quick)); });
+  guarded("packed16k", [&] { checked("packed16k", packed_mixed(quick)); });
   if (json) std::fclose(json);
   return failed ? 1 : 0;
 }

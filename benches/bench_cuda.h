@@ -147,6 +147,8 @@ void dispatch(int warmup, int iters);
 // bench_cuda_pool.cc (cases in pool_cases.h); false where a bit-for-bit comparison failed.
 bool pool_batching(bool quick);
 bool pool_prefill(bool quick);
+// The packed16k rows (bench_cuda_pool.cc): 8 prompts of mixed lengths summing 16384 tokens.
+bool packed_mixed(bool quick);
 
 }  // namespace bench_cuda
 

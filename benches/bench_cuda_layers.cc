@@ -192,7 +192,7 @@ void prefill(int t, int warmup, int iters) {
     auto r = mx::fast::gated_delta_update(x.q, x.k, x.v, g, beta, x.state);
     mx::eval(r);
   };
-  // The chunked (WY) form on the GPU: the prep and scan kernels (kernels/metal/
+  // The chunked (WY) form on the GPU: the prep, state and output kernels (kernels/metal/
   // gated_delta_chunked_*.metal), at the default chunk (32) and at 64.
   auto chunked = [&](int chunk) {
     return [&, chunk] {
@@ -207,11 +207,14 @@ void prefill(int t, int warmup, int iters) {
   const bool slow = t > 4096;  // the exact kernel's time grows with T: fewer iterations
   const double o = time_us(ours, slow ? 1 : warmup, slow ? 3 : iters);
   row("prefill", name, "mlxkern", o, 1, bytes, 0);
-  // MLXK_CHUNK_SCAN_COLUMNS (a narrower scan tile than the library's choice) is read once, when
-  // the library starts: a run with it set labels its chunked rows with the tile.
-  const char* vt = std::getenv("MLXK_CHUNK_SCAN_COLUMNS");
+  // MLXK_CHUNK_STATE_COLUMNS (a narrower state-pass tile than the library's choice) is read
+  // once, when the library starts: a run with it set labels its chunked rows with the tile.
+  const char* vt = std::getenv("MLXK_CHUNK_STATE_COLUMNS");
   const std::string tile = vt != nullptr && *vt != '\0' ? std::string(" VT=") + vt : "";
+  // MLXK_BENCH_CHUNK=<C>: that chunk size alone (for a profiler).
+  const char* only_chunk = std::getenv("MLXK_BENCH_CHUNK");
   for (int chunk : {32, 64}) {
+    if (only_chunk != nullptr && std::atoi(only_chunk) != chunk) continue;
     const double c = time_us(chunked(chunk), warmup, iters);
     row("prefill", name, "mlxkern chunked C=" + std::to_string(chunk) + tile, c, 1, bytes, 0);
     std::printf("prefill  mlxkern / mlxkern chunked C=%d%s = %.2fx\n", chunk, tile.c_str(),

@@ -11,6 +11,10 @@
 //   packed  packed prefill: 16 prompts of 64-2048 tokens (fixed seed), one layer: packed,
 //           padded with a mask, one call per prompt; exact and chunked (the chunked form is
 //           CPU-only: those rows are skipped with the library's message)
+//   packed16k  packed prefill of 8 prompts of mixed lengths summing 16384 tokens
+//           (kMixedLengths; the same lengths as benches/peer_fla.py's varlen row), the same
+//           rows, and one sequence of 16384 tokens, exact and chunked: the packed call's
+//           yardstick (packed / one sequence, aimed at 1.1 at most)
 // Before timing, the pool paths' y and pools are compared bit for bit, and packed against per
 // prompt; a failed comparison is printed and makes the run's exit status nonzero. A call that
 // fails skips its row with the error printed.
@@ -81,38 +85,92 @@ bool pool_batching(bool quick) {
   return r.ok;
 }
 
-bool pool_prefill(bool quick) {
+namespace {
+
+// The rows of one packed-prefill case under `group`.
+bool print_prefill(const std::string& group, const pool_cases::PrefillResult& r) {
   using namespace pool_cases;
-  PrefillConfig c;
-  c.rounds = quick ? 2 : 5;
-  const PrefillResult r = run_prefill(c);
   std::string lengths;
   for (int l : r.lengths) lengths += (lengths.empty() ? "" : " ") + std::to_string(l);
-  const std::string name = std::to_string(c.prompts) + " prompts, " + std::to_string(r.total) +
+  const std::string name = std::to_string(r.cfg.prompts) + " prompts, " + std::to_string(r.total) +
                            " tokens (1 layer)";
-  detail("packed", "lengths", "lengths " + lengths + " (seed " + std::to_string(c.seed) + ")");
+  detail(group, "lengths", "lengths " + lengths + " (seed " + std::to_string(r.cfg.seed) + ")");
   const PrefillRow* base[2] = {nullptr, nullptr};
   for (const PrefillRow& x : r.rows)
     if (x.name.rfind("per prompt", 0) == 0 && x.skipped.empty() && !x.s.empty()) base[x.chunked] = &x;
   for (const PrefillRow& x : r.rows) {
     if (!x.skipped.empty() || x.s.empty()) {
-      std::printf("packed   %-34s %-20s skipped: %s\n", name.c_str(), x.name.c_str(), x.skipped.c_str());
+      std::printf("%-8s %-34s %-20s skipped: %s\n", group.c_str(), name.c_str(), x.name.c_str(),
+                  x.skipped.c_str());
       continue;
     }
     const double us = median(x.s) * 1e6;
     const double vs = base[x.chunked] ? median(base[x.chunked]->s) * 1e6 / us : 0;
-    std::printf("packed   %-34s %-20s %10.1f us  %10.0f tok/s  (%.0f tokens computed)  %5.2fx per prompt\n",
-                name.c_str(), x.name.c_str(), us, x.tokens / (us * 1e-6), x.computed_tokens, vs);
+    std::printf("%-8s %-34s %-20s %10.1f us  %10.0f tok/s  (%.0f tokens computed)  %5.2fx per prompt\n",
+                group.c_str(), name.c_str(), x.name.c_str(), us, x.tokens / (us * 1e-6),
+                x.computed_tokens, vs);
     if (json) {
       std::fprintf(json,
-                   "{\"group\":\"packed\",\"case\":\"%s\",\"impl\":\"%s\",\"us_per_layer\":%.3f,"
+                   "{\"group\":\"%s\",\"case\":\"%s\",\"impl\":\"%s\",\"us_per_layer\":%.3f,"
                    "\"tokens_per_s\":%.1f,\"computed_tokens\":%.0f,\"speedup_vs_per_prompt\":%.4f,"
                    "\"vs_floor\":0}\n",
-                   name.c_str(), x.name.c_str(), us, x.tokens / (us * 1e-6), x.computed_tokens, vs);
+                   group.c_str(), name.c_str(), x.name.c_str(), us, x.tokens / (us * 1e-6),
+                   x.computed_tokens, vs);
       std::fflush(json);
     }
   }
   return r.ok;
+}
+
+}  // namespace
+
+bool pool_prefill(bool quick) {
+  pool_cases::PrefillConfig c;
+  c.rounds = quick ? 2 : 5;
+  return print_prefill("packed", pool_cases::run_prefill(c));
+}
+
+bool packed_mixed(bool quick) {
+  using namespace pool_cases;
+  PrefillConfig c;
+  c.lengths = {kMixedLengths, kMixedLengths + sizeof(kMixedLengths) / sizeof(kMixedLengths[0])};
+  c.slots = 8;
+  c.rounds = quick ? 2 : 5;
+  const PrefillResult r = run_prefill(c);
+  const bool ok = print_prefill("packed16k", r);
+  // The yardstick: one sequence of the same total length, dense, exact and chunked.
+  const Gates gates;
+  const Acts one = random_acts(1, r.total, 4242);
+  for (bool chunked : {false, true}) {
+    const std::string impl = chunked ? "one sequence chunked" : "one sequence";
+    std::vector<double> s;
+    try {
+      for (int i = 0; i < c.rounds + 1; ++i) {
+        const auto t0 = Clock::now();
+        Update u = dense_call(one, gates, nullptr, nullptr, chunked);
+        mx::eval({u.y.to_mlx(), u.state.to_mlx()});
+        if (i > 0) s.push_back(seconds_since(t0));  // the first is the warm-up
+      }
+    } catch (const std::exception& e) {
+      std::printf("packed16k one sequence of %d tokens: skipped: %s\n", r.total, error_text(e).c_str());
+      continue;
+    }
+    const double us = median(s) * 1e6;
+    double packed_us = 0;
+    for (const PrefillRow& x : r.rows)
+      if (x.chunked == chunked && x.name.rfind("packed", 0) == 0 && !x.s.empty()) packed_us = median(x.s) * 1e6;
+    const std::string name = "1 sequence, " + std::to_string(r.total) + " tokens (1 layer)";
+    std::printf("packed16k %-33s %-20s %10.1f us  packed / one sequence = %.2fx\n", name.c_str(),
+                impl.c_str(), us, packed_us > 0 ? packed_us / us : 0.0);
+    if (json) {
+      std::fprintf(json,
+                   "{\"group\":\"packed16k\",\"case\":\"%s\",\"impl\":\"%s\",\"us_per_layer\":%.3f,"
+                   "\"packed_over_one\":%.4f,\"vs_floor\":0}\n",
+                   name.c_str(), impl.c_str(), us, packed_us > 0 ? packed_us / us : 0.0);
+      std::fflush(json);
+    }
+  }
+  return ok;
 }
 
 }  // namespace bench_cuda

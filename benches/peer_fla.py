@@ -2,7 +2,8 @@
 shapes as the decode rows of `make bench-cuda` (benches/bench_cuda_layers.cc): B = 1, 8, 32,
 256, T = 1, Qwen3.5-35B-A3B dims, 30 layers with their own states per timed step; plus
 PyTorch's own elementwise op over the same states (the floor outside MLX); and fla's chunked
-forward on the prefill rows' shapes (T = 512, 4096, 16384). Writes JSON lines to argv[1] and
+forward on the prefill rows' shapes (T = 512, 4096, 16384) and its varlen form on the packed16k
+rows' (8 prompts of mixed lengths, 16384 tokens). Writes JSON lines to argv[1] and
 prints a table.
 
 fla keeps its state as [B, H, K, V] and takes log-space gates; the work per token is the same.
@@ -144,6 +145,51 @@ def prefill():
             out.write(json.dumps({"group": "prefill", "case": name, "impl": "fla chunk",
                                   "us_per_layer": round(us, 3), "bytes_per_layer": bytes_,
                                   "gbs": round(bytes_ / us / 1e3, 2), "vs_floor": 0.0}) + "\n")
+            out.flush()
+    varlen(chunk_gated_delta_rule)
+
+
+# benches/pool_cases.h's kMixedLengths: the packed16k rows' 8 prompts, 16384 tokens.
+MIXED_LENGTHS = (512, 1024, 1536, 2048, 2560, 3072, 2048, 3584)
+
+
+def varlen(chunk_gated_delta_rule):
+    """fla's varlen chunked forward (cu_seqlens, B = 1 packed) over MIXED_LENGTHS, each prompt from
+    its own state with the final states out, beside one sequence of the same total length: the
+    peer of bench_cuda's packed16k rows."""
+    dev = torch.device("cuda")
+    bf = torch.bfloat16
+    t = sum(MIXED_LENGTHS)
+    n = len(MIXED_LENGTHS)
+    cu = torch.tensor([0] + [sum(MIXED_LENGTHS[:i + 1]) for i in range(n)], device=dev,
+                      dtype=torch.int32)
+    q = torch.nn.functional.normalize(torch.randn(1, t, HK, D, device=dev), dim=-1).to(bf)
+    k = torch.nn.functional.normalize(torch.randn(1, t, HK, D, device=dev), dim=-1).to(bf)
+    v = torch.randn(1, t, HV, D, device=dev, dtype=bf)
+    g = -torch.nn.functional.softplus(torch.randn(1, t, HV, device=dev))
+    beta = torch.sigmoid(torch.randn(1, t, HV, device=dev)).to(bf)
+    states = torch.randn(n, HV, D, D, device=dev) * 0.1
+    try:
+        chunk_gated_delta_rule(q, k, v, g, beta, initial_state=states, output_final_state=True,
+                               cu_seqlens=cu)
+    except Exception as e:
+        if "cu_seqlens" in str(e) or isinstance(e, TypeError):
+            print(f"peer_fla: varlen refused ({type(e).__name__}: {e}); skipped")
+            return
+        q, k = q.repeat_interleave(HV // HK, 2), k.repeat_interleave(HV // HK, 2)
+    name = f"{n} prompts, {t} tokens (1 layer)"
+    for impl, fn in (
+        ("fla chunk varlen", lambda: chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=D ** -0.5, initial_state=states, output_final_state=True,
+            cu_seqlens=cu)),
+        ("fla chunk one sequence", lambda: chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=D ** -0.5, initial_state=states[:1], output_final_state=True)),
+    ):
+        us = timed(fn, warmup=3, iters=10)
+        print(f"packed16k {name:<33} {impl:<22} {us:10.2f} us")
+        if out:
+            out.write(json.dumps({"group": "packed16k", "case": name, "impl": impl,
+                                  "us_per_layer": round(us, 3), "vs_floor": 0.0}) + "\n")
             out.flush()
 
 

@@ -658,9 +658,14 @@ inline BatchingResult run_batching(const BatchingConfig& cfg) {
 
 // --- packed prefill ------------------------------------------------------------------------
 
+// The mixed lengths of the packed16k rows (bench_cuda_pool.cc) and of fla's varlen peer
+// (benches/peer_fla.py): 8 prompts, 16384 tokens.
+constexpr int kMixedLengths[] = {512, 1024, 1536, 2048, 2560, 3072, 2048, 3584};
+
 struct PrefillConfig {
   int prompts = 16, min_len = 64, max_len = 2048, slots = 64, rounds = 3;
   std::uint32_t seed = 7;
+  std::vector<int> lengths;  // the prompts' lengths as given (then `prompts` is its size)
 };
 
 struct PrefillRow {
@@ -686,12 +691,15 @@ struct PrefillImpl {
   std::function<std::pair<mx::array, mx::array>(const std::vector<mx::array>&)> views;
 };
 
-inline PrefillResult run_prefill(const PrefillConfig& cfg) {
+inline PrefillResult run_prefill(const PrefillConfig& given) {
+  PrefillConfig cfg = given;
+  if (!cfg.lengths.empty()) cfg.prompts = static_cast<int>(cfg.lengths.size());
   PrefillResult r;
   r.cfg = cfg;
   std::mt19937 rng(cfg.seed);
   std::uniform_int_distribution<int> len(cfg.min_len, cfg.max_len);
-  for (int i = 0; i < cfg.prompts; ++i) r.lengths.push_back(len(rng));
+  r.lengths = cfg.lengths;
+  for (int i = static_cast<int>(r.lengths.size()); i < cfg.prompts; ++i) r.lengths.push_back(len(rng));
   r.total = std::accumulate(r.lengths.begin(), r.lengths.end(), 0);
   r.longest = *std::max_element(r.lengths.begin(), r.lengths.end());
   const Gates gates;

@@ -424,9 +424,10 @@ mlxk_status mlxk_gated_delta_update_from_conv(const struct mlxk_array *x, const 
  * prefill split into calls at multiples of the chunk size (each passing on the state) gives
  * the same bits as one call.
  *
- * Device: the CPU kernel, or with the GPU as the default device two GPU kernels (the work
- * within each chunk, then the walk over the chunks; Metal, and MLX CUDA on the same text),
- * which run chunks of at most 64 tokens (a chunk_size of 128 runs as 64) and give results
+ * Device: the CPU kernel, or with the GPU as the default device three GPU kernels (the work
+ * within each chunk; the walk over the chunks, which keeps the state entering each; y from
+ * those states, every chunk in parallel; Metal, and MLX CUDA on the same text), which run
+ * chunks of at most 64 tokens (a chunk_size of 128 runs as 64) and give results
  * within the same bounds; MLX's autograd through them gives mlxk_gated_delta_update's GPU
  * gradients.
  * Ownership, NULL: as mlxk_gated_delta_update. Errors: those of mlxk_gated_delta_update,
@@ -554,8 +555,8 @@ mlxk_status mlxk_gated_delta_update_pool(const struct mlxk_array *q, const struc
 
 /**
  * mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
- * (`chunk_size` as there; CPU only): each row's results equal that call's on the gathered
- * rows bit for bit.
+ * (`chunk_size` as there): each row's results equal that call's on the gathered rows bit for
+ * bit, on the CPU and on the GPU (there over a chunk table, each chunk one row's).
  */
 mlxk_status mlxk_gated_delta_update_pool_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **pool_out);
 
@@ -583,8 +584,9 @@ mlxk_status mlxk_gated_delta_update_packed(const struct mlxk_array *q, const str
 
 /**
  * mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
- * mlxk_gated_delta_update_chunked; CPU only): each sequence's results equal
- * mlxk_gated_delta_update_chunked on it alone, bit for bit.
+ * mlxk_gated_delta_update_chunked): each sequence's results equal
+ * mlxk_gated_delta_update_chunked on it alone, bit for bit, on the CPU and on the GPU (there
+ * over a chunk table, each chunk one sequence's).
  */
 mlxk_status mlxk_gated_delta_update_packed_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_seqlens, size_t n_cu_seqlens, const int32_t *slots, const uint8_t *fresh, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **pool_out);
 

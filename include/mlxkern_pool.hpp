@@ -97,8 +97,8 @@ inline void check_packed_slots(Span<std::int32_t> cu_seqlens, Span<std::int32_t>
 }
 
 /** gated_delta_update_pool in the chunked (WY) form (`chunk_size` as in
- * gated_delta_update_chunked; CPU only): each row's results equal gated_delta_update_chunked's
- * on the gathered rows, bit for bit. */
+ * gated_delta_update_chunked): each row's results equal gated_delta_update_chunked's on the
+ * gathered rows, bit for bit, on the CPU and on the GPU. */
 [[nodiscard]] inline PoolUpdate gated_delta_update_pool_chunked(
     const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
     const Array &a_log, const Array &dt_bias, const Array &pool, Span<std::int32_t> slots,
@@ -153,8 +153,8 @@ inline void check_packed_slots(Span<std::int32_t> cu_seqlens, Span<std::int32_t>
 }
 
 /** gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
- * gated_delta_update_chunked; CPU only): each sequence's results equal
- * gated_delta_update_chunked's on it alone, bit for bit. */
+ * gated_delta_update_chunked): each sequence's results equal gated_delta_update_chunked's on
+ * it alone, bit for bit, on the CPU and on the GPU. */
 [[nodiscard]] inline PoolUpdate gated_delta_update_packed_chunked(
     const Array &q, const Array &k, const Array &v, const Array &a, const Array &b,
     const Array &a_log, const Array &dt_bias, const Array &pool, Span<std::int32_t> cu_seqlens,

@@ -22,36 +22,9 @@ pub const GATES_HEADER: &str = include_str!("../kernels/cuda/gates.cuh");
 /// form (`metal::tiles::TILES_HEADER`).
 pub const TILES_HEADER: &str = include_str!("../kernels/cuda/tiles.cuh");
 
-/// How the matrix tiles multiply on MLX CUDA (`kernels/cuda/tiles.cuh`, `MLXK_TILE_FORM`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TileForm {
-    /// Float32 fused multiply-adds, no tensor core: the reference form, and the default (its
-    /// results keep the float32 bounds of the kernels' tests; tf32 and bf16 have their own).
-    Fma,
-    /// Tensor cores (`mma.sync` m16n8k8) on inputs rounded to tf32 (10-bit mantissa), float32
-    /// accumulation.
-    Tf32,
-    /// Tensor cores on inputs rounded to bf16 (7-bit mantissa), float32 accumulation.
-    Bf16,
-}
+pub use crate::config::TileForm;
 
 impl TileForm {
-    /// Every form, in the order of `MLXK_TILE_FORM`'s values.
-    pub const ALL: [TileForm; 3] = [TileForm::Fma, TileForm::Tf32, TileForm::Bf16];
-
-    /// The form `MLXK_CUDA_TILES` names (`fma`, `tf32`, `bf16`).
-    pub fn from_name(name: &str) -> Option<TileForm> {
-        Self::ALL.into_iter().find(|f| f.name() == name)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            TileForm::Fma => "fma",
-            TileForm::Tf32 => "tf32",
-            TileForm::Bf16 => "bf16",
-        }
-    }
-
     /// The header line that selects the form.
     pub fn define(self) -> String {
         let form = match self {

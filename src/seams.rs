@@ -61,11 +61,11 @@ pub(crate) fn pool_in_place() -> Option<bool> {
 
 /// The matrix tiles' form forced on MLX CUDA launches (library: None, the configured one).
 #[inline]
-pub(crate) fn cuda_tile_form() -> Option<crate::cuda::TileForm> {
+pub(crate) fn cuda_tile_form() -> Option<crate::config::TileForm> {
     #[cfg(feature = "testing")]
     return match switches::CUDA_TILE_FORM.load(Relaxed) {
         0 => None,
-        i => crate::cuda::TileForm::ALL.get(i as usize - 1).copied(),
+        i => crate::config::TileForm::ALL.get(i as usize - 1).copied(),
     };
     #[cfg(not(feature = "testing"))]
     None

@@ -216,8 +216,8 @@ impl GpuKernels {
     }
 }
 
-/// `mlxk_gated_delta_update_chunked` forced through the GPU launches (the prep and scan
-/// kernels; see [`gated_delta_update_via_gpu`]).
+/// `mlxk_gated_delta_update_chunked` forced through the GPU launches (the prep, state and
+/// output kernels; see [`gated_delta_update_via_gpu`]).
 ///
 /// # Safety
 /// `y` and `state_out` are NULL or valid for writing one handle each.
@@ -484,6 +484,50 @@ pub unsafe fn gated_delta_update_pool_via_gpu(
         crate::capi::gated_delta::pool::update(
             &kernels.label(entry),
             Ok(form),
+            args,
+            HostRows {
+                slots: slots.as_ptr(),
+                fresh: fresh.map_or(std::ptr::null(), <[u8]>::as_ptr),
+                n_slots: slots.len(),
+            },
+            cu_seqlens.map(|c| (c.as_ptr(), c.len())),
+            y,
+            pool_out,
+        )
+    })
+}
+
+/// The chunked pool calls through the GPU launches (see [`gated_delta_update_via_gpu`]):
+/// `mlxk_gated_delta_update_pool_chunked` or, with `cu_seqlens`,
+/// `mlxk_gated_delta_update_packed_chunked`; arguments as [`gated_delta_update_pool_via_gpu`]
+/// plus the chunk size.
+///
+/// # Safety
+/// `y` and `pool_out` are NULL or valid for writing one handle each.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gated_delta_update_pool_chunked_via_gpu(
+    kernels: GpuKernels,
+    gpu: bool,
+    args: [*const mlxk_array; 9],
+    slots: &[i32],
+    fresh: Option<&[u8]>,
+    cu_seqlens: Option<&[i32]>,
+    chunk_size: i32,
+    y: *mut *mut mlxk_array,
+    pool_out: *mut *mut mlxk_array,
+) -> mlxk_status {
+    if let Some(f) = fresh {
+        assert_eq!(f.len(), slots.len(), "one fresh flag per slot");
+    }
+    let entry = match cu_seqlens {
+        None => "mlxk_gated_delta_update_pool_chunked",
+        Some(_) => "mlxk_gated_delta_update_packed_chunked",
+    };
+    // SAFETY: as in `gated_delta_update_pool_via_gpu`.
+    forced(kernels, gpu, || unsafe {
+        crate::capi::gated_delta::pool::update(
+            &kernels.label(entry),
+            crate::node::gated_delta::ChunkSize::from_c(chunk_size).map(PoolForm::Chunked),
             args,
             HostRows {
                 slots: slots.as_ptr(),

@@ -6,6 +6,7 @@ mod support;
 
 use crate::support::vjp_case::vjp;
 use crate::support::*;
+use mlxkern::testing::gated_delta_update_pool_chunked_via_gpu;
 use std::ptr::null_mut;
 
 /// `f` run under a memory limit of `bytes`; the limit is lifted (0) after it.
@@ -96,6 +97,23 @@ fn kernels_refuse_results_above_the_limit_before_building() {
         &["GPU chunked form's per-chunk matrices", "memory limit"],
     );
     assert!(y.is_null() && s.is_null());
+    // With them, the state pass keeps the state entering each of the 2 chunks and the final one
+    // (2 * 4 * 3 * 128 * 128 floats) and U (2 * 4 * 64 * 128): 2.69 MB in all, refused under
+    // 2 MiB, which the per-chunk matrices fit.
+    let status = under_limit(2 << 20, || unsafe {
+        gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
+    });
+    expect_err(
+        status,
+        MLXK_ERR_OUT_OF_MEMORY,
+        &[
+            "GPU chunked form's kept states",
+            "each of its 2 chunks",
+            "2689024 bytes",
+            "memory limit",
+        ],
+    );
+    assert!(y.is_null() && s.is_null());
     let status = unsafe {
         gated_delta_update_chunked_via_gpu(GpuKernels::Cuda, false, r.args(), 0, &mut y, &mut s)
     };
@@ -104,5 +122,42 @@ fn kernels_refuse_results_above_the_limit_before_building() {
         MLXK_ERR_BACKEND,
         &[refused_launch(GpuKernels::Cuda)],
     );
+
+    // The same rows as a chunked pool call (a pool of 3, slots 0 and 2): 4 chunks over the two
+    // rows, 6 kept states a value head, the same 2.69 MB, refused under 2 MiB; without the
+    // limit the launch reaches MLX.
+    let pool = new_f32(&rng.vec(3 * 4 * 128 * 128, 0.5), &[3, 4, 128, 128]);
+    let mut args = r.args();
+    args[7] = pool as *const mlxk_array;
+    let pool_call = |y: &mut H, p: &mut H| unsafe {
+        gated_delta_update_pool_chunked_via_gpu(
+            GpuKernels::Cuda,
+            false,
+            args,
+            &[0, 2],
+            None,
+            None,
+            0,
+            y,
+            p,
+        )
+    };
+    let status = under_limit(2 << 20, || pool_call(&mut y, &mut s));
+    expect_err(
+        status,
+        MLXK_ERR_OUT_OF_MEMORY,
+        &[
+            "GPU chunked form's kept states",
+            "each of its 4 chunks",
+            "2689024 bytes",
+        ],
+    );
+    assert!(y.is_null() && s.is_null());
+    expect_err(
+        pool_call(&mut y, &mut s),
+        MLXK_ERR_BACKEND,
+        &[refused_launch(GpuKernels::Cuda)],
+    );
+    free(pool);
     r.free();
 }

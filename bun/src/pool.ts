@@ -115,9 +115,9 @@ export function gatedDeltaUpdatePool(
 }
 
 /**
- * gatedDeltaUpdatePool in the chunked (WY) form of gatedDeltaUpdateChunked (chunkSize as there;
- * CPU only): each row's results equal gatedDeltaUpdateChunked's on the gathered states, bit for
- * bit.
+ * gatedDeltaUpdatePool in the chunked (WY) form of gatedDeltaUpdateChunked (chunkSize as
+ * there): each row's results equal gatedDeltaUpdateChunked's on the gathered states, bit for
+ * bit, on the CPU and on the GPU.
  */
 export function gatedDeltaUpdatePoolChunked(
   q: MlxArray,
@@ -208,8 +208,9 @@ export function gatedDeltaUpdatePacked(
 }
 
 /**
- * gatedDeltaUpdatePacked in the chunked (WY) form (chunkSize as in gatedDeltaUpdateChunked; CPU
- * only): each sequence's results equal gatedDeltaUpdateChunked's on it alone, bit for bit.
+ * gatedDeltaUpdatePacked in the chunked (WY) form (chunkSize as in gatedDeltaUpdateChunked):
+ * each sequence's results equal gatedDeltaUpdateChunked's on it alone, bit for bit, on the CPU
+ * and on the GPU.
  */
 export function gatedDeltaUpdatePackedChunked(
   q: MlxArray,

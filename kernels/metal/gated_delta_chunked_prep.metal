@@ -16,6 +16,11 @@
 // when MLXK_MASKED is defined (the launch's header). Outputs (float32, rows of the padded token
 // axis Tp = NC·C per (batch row, value head)): w [B·Hv, Tp, Dk], u0 [B·Hv, Tp, Dv],
 // kd [B·Hv, Tp, Dk], p [B·Hv, Tp, C], gam [B·Hv, Tp] (γ).
+// With MLXK_POOL defined (a pool or packed call; the launch's header), the rows [R, 5]
+// (node::gated_delta::Pool: tok0, span, len, src, dst) and the chunk table chunks [NCH, 2]
+// (chunk j: chunk c of row r) come after the mask: grid (256, NCH, Hv); row r's tokens start at
+// tok0 of the flattened token axis and len of them run (the mask, where given, is read at
+// tok0 + t); the outputs are [Hv, NCH·C, ·], chunk j at rows j·C.
 #ifndef MLXK_GATE_DECAY_AT  // token t's gates: read from g and beta (computed on CUDA)
 #define MLXK_GATE_DECAY_AT(t) g_[(t) * Hv + hv_idx]
 #define MLXK_GATE_BETA_AT(t) beta_[(t) * Hv + hv_idx]
@@ -31,22 +36,35 @@
     constexpr int PE = (C * KP + NT - 1) / NT;  // Gram panel values a thread loads
     constexpr int XE = (SP * JW + NT - 1) / NT; // right-hand side values a thread loads
     constexpr int SB = 2 * KP * CP > SP * JW ? 2 * KP * CP : SP * JW;
+    const int tid = int(thread_position_in_threadgroup.x);
+#ifdef MLXK_POOL
+    // Grid y: chunk jc of the chunk table, chunk c of row r (its first token tok0 of the
+    // flattened token axis, T = len tokens that run); rows of the outputs [Hv, NCH·C, ·].
+    (void)k_shape;  // MLX passes it (the text names it), unused here
+    const int jc = int(threadgroup_position_in_grid.y);
+    const int hv_idx = int(threadgroup_position_in_grid.z);
+    const int r = chunks[2 * jc], c = chunks[2 * jc + 1];
+    const size_t base = size_t(rows[5 * r]);
+    const int T = rows[5 * r + 2];
+    const size_t row0 = (size_t(hv_idx) * size_t(chunks_shape[0]) + jc) * C;
+#else
     const int T = k_shape[1];  // k: [B, T, Hk, Dk]
     const int NC = (T + C - 1) / C;
-    const int tid = int(thread_position_in_threadgroup.x);
     const int c = int(threadgroup_position_in_grid.y);
     const int n = int(threadgroup_position_in_grid.z);
     const int b_idx = n / Hv;
     const int hv_idx = n % Hv;
+    const size_t base = size_t(b_idx) * T;  // the row's first token (flattened)
+    // The chunk's first row in the outputs.
+    const size_t row0 = size_t(n) * size_t(NC) * C + c * C;
+#endif
     const int hk_idx = hv_idx / (Hv / Hk);
     const int t0 = c * C;
-    auto g_ = g + b_idx * T * Hv;
-    auto beta_ = beta + b_idx * T * Hv;
-    // The chunk's first row in the outputs.
-    const size_t row0 = size_t(n) * size_t(NC) * C + t0;
+    auto g_ = g + base * Hv;
+    auto beta_ = beta + base * Hv;
     // Token t's offset in q and k (of its key head) and in v (of its value head).
-    const size_t qk0 = (size_t(b_idx) * T + t0) * Hk * Dk + hk_idx * Dk;
-    const size_t v0 = (size_t(b_idx) * T + t0) * Hv * Dv + hv_idx * Dv;
+    const size_t qk0 = (base + t0) * Hk * Dk + hk_idx * Dk;
+    const size_t v0 = (base + t0) * Hv * Dv + hv_idx * Dv;
 
     threadgroup float gl[C];      // g_t (1 where inactive)
     threadgroup float bl[C];      // β_t (0 where inactive)
@@ -60,7 +78,7 @@
       const int t = t0 + tid;
       bool act = t < T;
 #ifdef MLXK_MASKED
-      act = act && mask[b_idx * T + t];
+      act = act && mask[base + t];
 #endif
       float decay = 1.0f, beta_t = 0.0f;
       if (act) {

@@ -31,6 +31,9 @@
 # as MLX ops, and the dense kernel alone; packed prefill of 16 prompts (64-2048 tokens) packed,
 # padded and one call per prompt, exact and chunked. Its table and results.json's "pool".
 #
+# With it, on macOS with an Apple GPU, the Metal chunked forward beside MLX 0.32.4's own
+# gated-delta Metal kernels (benches/metal_chunked.py, build/bench/metal_chunked.jsonl).
+#
 # Last, the Python row (scripts/python/bench.py on the wheel scripts/python/dev-build.sh builds
 # with this LIBDIR's library into build/py-site): mlx-lm's own Qwen3.5 model, prefill and
 # generation tokens/s with and without mlxkern.mlx_lm.patch(), and one layer's update alone.
@@ -232,6 +235,10 @@ if [ -z "$ONLY" ] || [ "$ONLY" = python ]; then
     else
       echo "bench: PYTHON ROW FAILED (exit status $python_rc)" >&2
     fi
+    # On an Apple GPU: the Metal chunked forward beside MLX's own Metal gated-delta kernels
+    # (benches/metal_chunked.py; one line and nothing else elsewhere).
+    PYTHONPATH="$ROOT/build/py-site" "$PY" "$ROOT/benches/metal_chunked.py" "$OUT/metal_chunked.jsonl" ||
+      echo "bench: the Metal chunked rows failed (above)" >&2
   else
     echo "bench: python row skipped: the wheel did not build (log: $PARTS/python-build.log)" >&2
   fi

@@ -6,6 +6,7 @@
 #   test_cuda        tests/cuda/ (every kernel against the CPU kernels)
 #   test_vjp         tests/gated_delta/ (run with `vjp:: --skip chunked_vjp`: tests/gated_delta/vjp.rs,
 #                    the GPU backward against the CPU's)
+#   test_soak        tests/soak/ (the serving soak; `device.sh soak` runs it on the GPU)
 #   gpu_autograd     tests/cpp/gpu_autograd.cc (MLX autograd through the GPU kernels)
 #   bench_cuda       benches/bench_cuda.cc (with bench_cuda_layers.cc, _dispatch.cc, _pool.cc)
 #   wheels/          fla-core 0.6.0, the peer of benches/peer_fla.py
@@ -24,7 +25,7 @@ mlx=$(realpath "$work/x/mlx")
 export MLX_DIR=$mlx CARGO_TARGET_DIR=$PWD/target/cuda
 export RUSTFLAGS="-C link-arg=-Wl,--allow-shlib-undefined"
 cargo build --lib
-tests=$(cargo test --test cuda --test gated_delta --no-run --message-format=json 2>/dev/null |
+tests=$(cargo test --test cuda --test gated_delta --test soak --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
@@ -32,12 +33,14 @@ for l in sys.stdin:
         print(m["target"]["name"], m["executable"])')
 test_bin=$(echo "$tests" | awk '$1 == "cuda" {print $2}')
 vjp_bin=$(echo "$tests" | awk '$1 == "gated_delta" {print $2}')
+soak_bin=$(echo "$tests" | awk '$1 == "soak" {print $2}')
 lib=$CARGO_TARGET_DIR/debug/libmlxkern.so
 soname=$(readelf -d "$lib" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 objcopy --strip-debug "$lib" "$carry/libmlxkern.so"
 cp "$carry/libmlxkern.so" "$carry/$soname"
 objcopy --strip-debug "$test_bin" "$carry/test_cuda"
 objcopy --strip-debug "$vjp_bin" "$carry/test_vjp"
+objcopy --strip-debug "$soak_bin" "$carry/test_soak"
 ${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" tests/cpp/gpu_autograd.cc \
   -L"$carry" -lmlxkern -L"$mlx/lib" -lmlx -Wl,--allow-shlib-undefined -o "$carry/gpu_autograd"
 ${CXX:-c++} -O2 -std=c++20 -Wall -Wextra -Iinclude -isystem "$mlx/include" benches/bench_cuda{,_layers,_dispatch,_pool}.cc \

@@ -8,12 +8,14 @@
 #   grad    test_vjp, gpu_autograd and bench_cuda's grad rows alone, and fla's chunked forward +
 #           backward beside them (benches/peer_fla_chunk.py)
 #   pool    bench_cuda's pool and packed rows alone (the calls on a pool of states)
+#   soak    test_soak (tests/soak/) with every call on the GPU: SOAK_SECONDS (default 120),
+#           SOAK_CHUNKED (default 1; 0 for exact calls only)
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
 #   tiles   test_cuda's matrix-tile cases (tests/cuda/tiles.rs): every tile form (fma, tf32,
 #           bf16) against float64 products and in the chunked backward, their timing on a large
 #           product, then bench_cuda's grad rows once per form (MLXK_CUDA_TILES)
-# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [chunked] [tiles] (test and bench by
+# Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [soak] [chunked] [tiles] (test and bench by
 # default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
 set -uo pipefail
@@ -43,6 +45,10 @@ fi
 if [[ " $what " == *" pool "* ]]; then
   MLXK_BENCH_ONLY=pool,packed MLXK_BENCH_JSON=$out/bench-pool.jsonl "$carry/bench_cuda" 2>&1 |
     tee "$out/bench-pool.log"
+  status=$((status | PIPESTATUS[0]))
+fi
+if [[ " $what " == *" soak "* ]]; then
+  SOAK_DEVICE=gpu SOAK_SECONDS=${SOAK_SECONDS:-120} "$carry/test_soak" 2>&1 | tee "$out/soak-gpu.log"
   status=$((status | PIPESTATUS[0]))
 fi
 if [[ " $what " == *" chunked "* ]]; then

@@ -10,7 +10,10 @@
 #   fromconv32 (mlxk_gated_delta_update_from_conv's kernel at B = 32), or
 #   rowsB.R: the dispatch group's rows sweep, recurrence text at batch B (8, 32 or 256) with R
 #   value rows a warp (1, 2, 4, 8, 16); replay32.R: its replay sweep (T = 8, B = 32; R = 2, 4,
-#   8, 16).
+#   8, 16); chunked4096: every kernel of one chunked prefill (C = 64, T = 4096: the launches
+#   named mlxk_gated_delta_chunked*, after two calls' warm-up), with each kernel's FLOP rate
+#   against the float32 FMA, tf32 and bf16 tensor-core floors (scripts/cuda/ncu_flops.py);
+#   chunkedgrad4096: every kernel of one chunked forward + backward at T = 4096.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-build/cuda/out}
@@ -37,6 +40,17 @@ profile() {  # name group kernel-regex skip [env...]; name_base=demangled matche
     "$out/ncu-$name.txt" | head -40
   grep -E "^ +(OPT|WRN)" -A3 "$out/ncu-$name.txt" | head -30
 }
+profile_many() {  # as profile, `count` launches, and a line per kernel: duration, FLOP rate
+  local name=$1 group=$2 kernel=$3 skip=$4
+  shift 4
+  [ -n "$ncu_bin" ] || return 0
+  env MLXK_BENCH_ONLY="$group" MLXK_BENCH_QUICK=1 "$@" timeout 400 "$ncu_bin" \
+    --kernel-name-base function --kernel-name "regex:$kernel" --launch-skip "$skip" \
+    --launch-count "${count:-8}" --clock-control none "${sections[@]}" \
+    "$carry/bench_cuda" > "$out/ncu-$name.txt" 2>&1
+  echo "== $name"
+  python3 scripts/cuda/ncu_flops.py "$out/ncu-$name.txt" 4096 "${flops_kind:-fwd}" | tee "$out/ncu-$name-flops.txt"
+}
 launches=${*:-decode8 decode32 floor32 replay32 split512 norm512}
 for launch in $launches; do
   case $launch in
@@ -62,6 +76,11 @@ for launch in $launches; do
     replay32.*)
       # The dispatch group's replay sweep (T = 8, B = 32), R value rows a warp.
       profile "$launch" dispatch "mlxk_probe_replay_128_128_16_32_${launch#replay32.}\$" 60 ;;
+    chunked4096)
+      count=12 profile_many chunked4096 prefill "mlxk_gated_delta_chunked" 24 MLXK_BENCH_T=4096 \
+        MLXK_BENCH_CHUNK=64 ;;
+    chunkedgrad4096)
+      flops_kind=fwdbwd count=16 profile_many chunkedgrad4096 gradchunked "mlxk_gated_delta_chunked" 14 MLXK_BENCH_T=4096 ;;
     *) echo "ncu.sh: unknown launch $launch (decode8, decode32, floor32, replay32, split512, norm512, fromconv32, rowsB.R, replay32.R)"; exit 2 ;;
   esac
 done

@@ -145,8 +145,8 @@ void recurrence(int B, int T, int Hk, int Hv, int Dk, int Dv, mx::Dtype dtype, b
   }
 }
 
-// The chunked update's GPU node (the prep and scan kernels) carries the chunked GPU backward
-// (kernels/metal/gated_delta_chunked_backward.metal): mx::vjp through it gives the exact
+// The chunked update's GPU output node (after the prep and state-pass kernels) carries the
+// chunked GPU backward (kernels/metal/gated_delta_chunked_backward.metal): mx::vjp through it gives the exact
 // update's gradients (through its own GPU backward) up to float32 rounding, within 2^-14 of each
 // gradient's largest magnitude plus two units of its dtype (the chunked backward's bound,
 // docs/DESIGN.md §4; 16-bit gradients are rounded once more), and its forward inside mx::vjp is

@@ -1,4 +1,4 @@
-//! The chunked update on MLX CUDA (kernels/metal/gated_delta_chunked_{prep,scan}.metal;
+//! The chunked update on MLX CUDA (kernels/metal/gated_delta_chunked_{prep,state,out}.metal;
 //! tests/cuda/main.rs runs it) within docs/DESIGN.md §4's chunked bounds, which are not bit for bit:
 //! - against the exact update on the CPU (same gates: g and beta from MLX's CPU ops, the
 //!   `gpu_gates_on_cpu` hook): the state within 2e-5 of its largest magnitude, y within one ulp

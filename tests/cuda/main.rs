@@ -555,6 +555,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
     if std::env::var("MLXK_CUDA_ONLY").as_deref() == Ok("chunked") {
         // scripts/cuda/device.sh chunked: the chunked form's cases alone.
         chunked::chunked_within_bounds(&mut rng);
+        pool::chunked_pool_calls_match_the_dense_calls(&mut rng);
         println!("PASS: test-cuda (chunked only): the chunked form within its bounds");
         return;
     }
@@ -617,6 +618,7 @@ fn cuda_kernels_match_the_cpu_kernels() {
     pool::pool_calls_match_the_cpu(&mut rng);
     chunked_grad::chunked_backward_matches(&mut rng);
     chunked::chunked_within_bounds(&mut rng);
+    pool::chunked_pool_calls_match_the_dense_calls(&mut rng);
     decode_loop(&mut rng);
     errors_on_the_gpu(&mut rng);
     println!("PASS: test-cuda: every kernel on MLX CUDA matches the CPU kernels");

@@ -3,7 +3,9 @@
 //! packed sequences (lengths 0, 1, past 32), the verify then the commit of the accepted
 //! prefixes, and the replay. With g and beta from MLX's CPU ops the GPU's y and new pool equal
 //! the CPU's bit for bit (every slot: the rows written and the rows MLX's scatter leaves); with
-//! the kernel's own gates within `gate_bound`.
+//! the kernel's own gates within `gate_bound`. The chunked pool and packed calls run on the GPU
+//! over a chunk table: each row's y and state equal, bit for bit, the dense GPU chunked call on
+//! that row's tokens alone (`chunked_pool`).
 
 use super::*;
 use crate::support::pool::update_pool_to;
@@ -365,6 +367,214 @@ fn in_place_decode(rng: &mut Rng) {
         c.slots
     );
     c.free();
+}
+
+/// `mlxk_gated_delta_update_pool_chunked` (or, with `cu_seqlens`, `_packed_chunked`) with
+/// chunk size `chunk`: (y, new pool).
+fn update_chunked(c: &PoolCall, cu_seqlens: Option<&[i32]>, chunk: i32) -> (H, H) {
+    let [q, k, v, a, b, al, dt, pool, m] = c.args();
+    let (mut y, mut p) = (null_mut(), null_mut());
+    let (slots, fresh, n) = (c.slots.as_ptr(), c.fresh.as_ptr(), c.slots.len());
+    ok(unsafe {
+        match cu_seqlens {
+            None => mlxk_gated_delta_update_pool_chunked(
+                q, k, v, a, b, al, dt, pool, slots, fresh, n, m, chunk, &mut y, &mut p,
+            ),
+            Some(cu) => mlxk_gated_delta_update_packed_chunked(
+                q,
+                k,
+                v,
+                a,
+                b,
+                al,
+                dt,
+                pool,
+                cu.as_ptr(),
+                cu.len(),
+                slots,
+                fresh,
+                chunk,
+                &mut y,
+                &mut p,
+            ),
+        }
+    });
+    ok(mlxk_array_eval(y));
+    ok(mlxk_array_eval(p));
+    (y, p)
+}
+
+/// Rows `from .. from + n` of `bytes` (rows of `row_bytes`) as a new array of `shape`.
+fn rows_of(
+    bytes: &[u8],
+    from: usize,
+    n: usize,
+    row_bytes: usize,
+    shape: &[i32],
+    dtype: mlxk_dtype,
+) -> H {
+    new_bytes(
+        &bytes[from * row_bytes..(from + n) * row_bytes],
+        shape,
+        dtype,
+    )
+}
+
+/// The chunked pool (or packed) call on the GPU against the dense GPU chunked call on each
+/// row's tokens alone (its state the slot's, none where fresh): y over the row's tokens and the
+/// slot's new state bit for bit; a padding row's y +0 and the slots no row names unchanged.
+fn chunked_pool(
+    rng: &mut Rng,
+    dims: [usize; 6],
+    lengths: Option<&[i32]>,
+    n: usize,
+    dtype: mlxk_dtype,
+    mask: bool,
+    chunk: i32,
+) {
+    let [b, t, hk, hv, dk, dv] = dims;
+    let rows = lengths.map_or(b, <[i32]>::len);
+    let cu: Option<Vec<i32>> = lengths.map(|l| {
+        let mut cu = vec![0];
+        for x in l {
+            cu.push(cu.last().unwrap() + x);
+        }
+        cu
+    });
+    let c = PoolCall::random(rng, dims, n, rows, dtype, mask);
+    let label = format!(
+        "chunked pool {} {} C={chunk} N={n} slots {:?} fresh {:?} lengths {lengths:?} mask={mask}",
+        dtype_name(dtype),
+        dims_label(dims),
+        c.slots,
+        c.fresh
+    );
+    on_gpu(true);
+    let (y, pool_out) = update_chunked(&c, cu.as_deref(), chunk);
+    let (y_bytes, pool_bytes) = (read_bytes(y), read_bytes(pool_out));
+    let pool_in = read_bytes(c.pool);
+    let item = if dtype == MLXK_DTYPE_FLOAT32 { 4 } else { 2 };
+    let [q, k, v, a, bb, al, dt, _, m] = c.u.h;
+    let inputs = [q, k, v, a, bb].map(read_bytes);
+    let mask_bytes = (!m.is_null()).then(|| read_bytes(m));
+    let per_token = [hk * dk, hk * dk, hv * dv, hv, hv];
+    let state_bytes = 4 * hv * dv * dk;
+    let y_row = item * hv * dv;
+    for row in 0..rows {
+        let (tok0, len) = match &cu {
+            Some(cu) => (cu[row] as usize, (cu[row + 1] - cu[row]) as usize),
+            None => (row * t, t),
+        };
+        let slot = c.slots[row];
+        let got = &y_bytes[tok0 * y_row..(tok0 + len) * y_row];
+        if slot < 0 {
+            assert!(
+                got.iter().all(|&x| x == 0),
+                "{label}: padding row {row}: y is not +0"
+            );
+            continue;
+        }
+        let l = len as i32;
+        let shapes = [
+            [1, l, hk as i32, dk as i32],
+            [1, l, hk as i32, dk as i32],
+            [1, l, hv as i32, dv as i32],
+            [1, l, hv as i32, 0],
+            [1, l, hv as i32, 0],
+        ];
+        let arrays: Vec<H> = (0..5)
+            .map(|i| {
+                let shape: Vec<i32> = shapes[i].iter().copied().filter(|&d| d != 0).collect();
+                rows_of(&inputs[i], tok0, len, item * per_token[i], &shape, dtype)
+            })
+            .collect();
+        let state = if c.fresh[row] != 0 {
+            null_mut()
+        } else {
+            let at = slot as usize;
+            rows_of(
+                &pool_in,
+                at,
+                1,
+                state_bytes,
+                &[1, hv as i32, dv as i32, dk as i32],
+                MLXK_DTYPE_FLOAT32,
+            )
+        };
+        let row_mask = mask_bytes
+            .as_ref()
+            .map(|mb| rows_of(mb, tok0, len, 1, &[1, l], MLXK_DTYPE_BOOL))
+            .unwrap_or(null_mut());
+        let (mut ye, mut se) = (null_mut(), null_mut());
+        ok(unsafe {
+            mlxk_gated_delta_update_chunked(
+                arrays[0], arrays[1], arrays[2], arrays[3], arrays[4], al, dt, state, row_mask,
+                chunk, &mut ye, &mut se,
+            )
+        });
+        ok(mlxk_array_eval(ye));
+        ok(mlxk_array_eval(se));
+        assert!(
+            read_bytes(ye) == got,
+            "{label}: row {row}: y differs from the dense call's"
+        );
+        let slot_out = &pool_bytes[slot as usize * state_bytes..(slot as usize + 1) * state_bytes];
+        assert!(
+            read_bytes(se) == slot_out,
+            "{label}: row {row}: slot {slot} differs from the dense call's state"
+        );
+        for h in arrays.into_iter().chain([state, row_mask, ye, se]) {
+            if !h.is_null() {
+                free(h);
+            }
+        }
+    }
+    for slot in 0..n as i32 {
+        if !c.slots.contains(&slot) {
+            let at = slot as usize * state_bytes..(slot as usize + 1) * state_bytes;
+            assert!(
+                pool_bytes[at.clone()] == pool_in[at],
+                "{label}: slot {slot} changed"
+            );
+        }
+    }
+    on_gpu(false);
+    println!("PASS: {label}: every row bit-identical to the dense GPU chunked call");
+    free(y);
+    free(pool_out);
+    c.free();
+}
+
+/// The chunked pool and packed calls on the GPU (tests/cuda/main.rs calls it on a CUDA
+/// machine): Qwen3.5's heads, masks with a fully masked row, fresh and padding rows, packed
+/// lengths 0, 1, past a chunk and mid-chunk, chunks of 16, 32 (the default) and 64.
+pub fn chunked_pool_calls_match_the_dense_calls(rng: &mut Rng) {
+    let (bf16, f16, f32) = (MLXK_DTYPE_BFLOAT16, MLXK_DTYPE_FLOAT16, MLXK_DTYPE_FLOAT32);
+    chunked_pool(rng, [4, 100, 16, 32, 128, 128], None, 6, bf16, false, 64);
+    chunked_pool(rng, [3, 77, 2, 4, 64, 48], None, 5, f16, true, 0);
+    chunked_pool(rng, [2, 40, 1, 2, 256, 7], None, 3, f32, true, 16);
+    let lengths = [0, 1, 130, 40, 7];
+    let total: i32 = lengths.iter().sum();
+    chunked_pool(
+        rng,
+        [1, total as usize, 2, 4, 128, 64],
+        Some(&lengths),
+        7,
+        bf16,
+        false,
+        64,
+    );
+    let lengths = [33, 0, 5, 64];
+    let total: i32 = lengths.iter().sum();
+    chunked_pool(
+        rng,
+        [1, total as usize, 1, 2, 32, 9],
+        Some(&lengths),
+        5,
+        f32,
+        false,
+        32,
+    );
 }
 
 /// Every pool case (tests/cuda/main.rs calls it on a CUDA machine): with the in-place launch (the

@@ -152,8 +152,8 @@ fn gated_delta_inputs(l: &MetalLaunch, n: &Node, fused: bool) -> Vec<Dtype> {
             "state_in" | "dstate_out" => Dtype::Float32,
             "dy" => n.dtype,
             "mask" => Dtype::Bool,
-            "lengths" | "Tin" | "rows" => Dtype::Int32,
-            "w" | "u0" | "kd" | "p" | "gam" => Dtype::Float32,
+            "lengths" | "Tin" | "rows" | "chunks" | "firsts" => Dtype::Int32,
+            "w" | "u0" | "kd" | "p" | "gam" | "states" | "u" => Dtype::Float32,
             "a_log" => n.gates.a_log,
             "dt_bias" => n.gates.dt_bias,
             other => panic!("{}: unexpected input {other}", l.name),
@@ -270,13 +270,29 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     );
                 }
             }
-            // The chunked form's two launches (src/ops/gated_delta/graph.rs
-            // `build_gpu_chunked`), gates fused and from MLX ops, Dk 128 and 256 (the scan's
-            // tile of 32 and of 16 value columns).
-            for (chunk, dk) in [(32, 128), (64, 256)] {
+            // The chunked form's three launches (src/ops/gated_delta/graph.rs
+            // `build_gpu_chunked`), gates fused and from MLX ops, Dk 128 and 256, Dv 128 and
+            // 24 (the output pass's tiles of 64 and of 32 value columns).
+            for (chunk, dk, dv) in [(32, 128, 128), (64, 256, 128), (16, 128, 24)] {
                 let size = ChunkSize::new(chunk).unwrap();
                 let mut n = gated_delta_node(dtype, gate, Form::Chunked { chunk: size }, masked);
                 n.dims.dk = dk;
+                n.dims.dv = dv;
+                // The state pass (one text for every dtype and mask): the launch's tile on
+                // CUDA, and the others MLXK_CHUNK_STATE_COLUMNS or Metal take.
+                if dtype == bf16 && !masked {
+                    let vt = chunk_state_columns_for(n.dims, chunk, true);
+                    let widest = chunk_state_columns(dk, chunk, 48 * 1024);
+                    for vt in [vt, 8, 16, 32].into_iter().filter(|&vt| vt <= widest) {
+                        let state = gated_delta_chunked_state_launch(&n, vt);
+                        let inputs = gated_delta_inputs(&state, &n, false);
+                        check(
+                            format!("chunk state {dtype:?} C={chunk} Dk={dk} VT={vt}"),
+                            state,
+                            inputs,
+                        );
+                    }
+                }
                 for fused_gates in [true, false] {
                     let prep = gated_delta_chunked_prep_launch(&n);
                     let prep = if fused_gates {
@@ -300,20 +316,55 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     if fused_gates {
                         names.extend(["a_log".to_string(), "dt_bias".to_string()]);
                     }
-                    // The launch's tile, and the others MLXK_CHUNK_SCAN_COLUMNS or Metal take.
-                    let vt = chunk_scan_columns_for(dk, chunk, true);
-                    for vt in [vt, 8, 32] {
-                        let scan = gated_delta_chunked_scan_launch(&n, names.clone(), vt);
-                        let inputs = gated_delta_inputs(&scan, &n, fused_gates);
-                        check(
-                            format!(
-                                "chunk scan {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt} fused gates={fused_gates}"
-                            ),
-                            scan,
-                            inputs,
-                        );
-                    }
+                    let out = gated_delta_chunked_out_launch(&n, names);
+                    let inputs = gated_delta_inputs(&out, &n, fused_gates);
+                    check(
+                        format!(
+                            "chunk out {dtype:?} masked={masked} C={chunk} Dk={dk} Dv={dv} fused gates={fused_gates}"
+                        ),
+                        out,
+                        inputs,
+                    );
                 }
+                // The same three on a pool (src/ops/gated_delta/graph.rs
+                // `build_gpu_chunked_pool`): 7 chunks over R = 32 rows, 5 of them written.
+                let mut p = n;
+                p.pool = Some(Pool {
+                    slots: 40,
+                    write: PoolWrite::Rows(5),
+                    packed: false,
+                });
+                for fused_gates in [true, false] {
+                    let prep = gated_delta_chunked_pool_prep_launch(&p, 7);
+                    let prep = if fused_gates {
+                        cuda::with_fused_gates(prep)
+                    } else {
+                        prep
+                    };
+                    let inputs = gated_delta_inputs(&prep, &p, fused_gates);
+                    check(
+                        format!(
+                            "chunk pool prep {dtype:?} masked={masked} C={chunk} Dk={dk} fused gates={fused_gates}"
+                        ),
+                        prep,
+                        inputs,
+                    );
+                }
+                let vt = chunk_state_columns_for(p.dims, chunk, true);
+                let state = gated_delta_chunked_pool_state_launch(&p, 7, vt);
+                let inputs = gated_delta_inputs(&state, &p, false);
+                check(
+                    format!("chunk pool state {dtype:?} masked={masked} C={chunk} Dk={dk} VT={vt}"),
+                    state,
+                    inputs,
+                );
+                let out = gated_delta_chunked_pool_out_launch(&p, 7);
+                let inputs = gated_delta_inputs(&out, &p, false);
+                check(
+                    format!("chunk pool out {dtype:?} masked={masked} C={chunk} Dk={dk} Dv={dv}"),
+                    out,
+                    inputs,
+                );
             }
         }
         let n = gated_delta_node(dtype, gate, Form::State, false);

@@ -61,8 +61,12 @@ fn stripped_kernel_texts_keep_every_token() {
             metal::gated_delta::chunked::GATED_DELTA_CHUNKED_PREP_SOURCE,
         ),
         (
-            "gated_delta_chunked_scan.metal",
-            metal::gated_delta::chunked::GATED_DELTA_CHUNKED_SCAN_SOURCE,
+            "gated_delta_chunked_state.metal",
+            metal::gated_delta::chunked::GATED_DELTA_CHUNKED_STATE_SOURCE,
+        ),
+        (
+            "gated_delta_chunked_out.metal",
+            metal::gated_delta::chunked::GATED_DELTA_CHUNKED_OUT_SOURCE,
         ),
     ];
     for (name, text) in texts {

@@ -411,7 +411,7 @@ fn arguments_are_checked_and_named() {
     expect_err(status, MLXK_ERR_INVALID_HANDLE, &["a_log"]);
     untouched(y, st);
 
-    // The GPU launches (prep, then scan) are built and reach MLX, which refuses them here (no
+    // The GPU launches (prep, state pass, output pass) are built and reach MLX, which refuses them here (no
     // such GPU); the arguments are checked before, on this path too.
     for kernels in GPU_KERNELS {
         let status = unsafe {

@@ -19,7 +19,7 @@ struct EmuCase {
   int id;
   const char* kind;  // recurrence(_masked), replay, head_split, gated_norm, backward(_masked),
                      // pool_update(_masked), pool_verify(_masked), pool_packed, pool_replay,
-                     // chunk_prep, chunk_scan
+                     // chunk_prep, chunk_state, chunk_out, chunk_pool_*
   const char* label;
   const char* kernel_name;  // the name MLX gives the instantiated kernel
   const char* file;         // the kernel file compiled as the body

@@ -359,24 +359,42 @@ pub(super) fn cases() -> Vec<Case> {
             eps: 0.0,
         });
     }
+    chunked_pool_cases(&mut list);
     list
 }
 
-/// The chunked update's GPU form: each case twice, its prep launch then its scan launch.
+/// The chunked update's GPU form: each case three times, its prep launch, its state pass and
+/// its output pass; with the state pass's tile as the library picks it on Metal and, for value
+/// heads of 32 or more, every other tile that fits CUDA's 48 KB (the CUDA launch's own, and the
+/// narrower ones MLXK_CHUNK_STATE_COLUMNS takes).
 fn chunked_cases(list: &mut Vec<Case>) {
-    let mut both = |dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, chunk: usize| {
-        // Large value heads also with the CUDA launch's wider scan tile.
-        let geometries: &[bool] = if d.dv >= 32 { &[false, true] } else { &[false] };
-        for &cuda in geometries {
-            for scan in [false, true] {
+    let mut all = |dtype: Dtype, b_dtype: Dtype, d: Dims, masked: bool, with_state: bool, chunk: usize| {
+        let u = |x: i64| x as usize;
+        let c = metal::gated_delta::chunked::gpu_chunk(chunk_size(chunk));
+        let node_dims = gd::Dims {
+            b: u(d.b),
+            t: u(d.t),
+            hk: u(d.hk),
+            hv: u(d.hv),
+            dk: u(d.dk),
+            dv: u(d.dv),
+        };
+        let metal = metal::gated_delta::chunked::chunk_state_columns_for(node_dims, c, false);
+        let mut tiles = vec![metal];
+        if d.dv >= 32 {
+            let widest = metal::gated_delta::chunked::chunk_state_columns(u(d.dk), c, 48 * 1024);
+            tiles.extend([8, 16, 32].into_iter().filter(|&vt| vt != metal && vt <= widest));
+        }
+        for columns in tiles {
+            for stage in 0..3 {
                 list.push(Case {
                     kind: Kind::Chunked {
                         d,
                         masked,
                         with_state,
                         chunk,
-                        scan,
-                        cuda,
+                        stage,
+                        columns,
                     },
                     dtype,
                     aux: b_dtype,
@@ -385,13 +403,71 @@ fn chunked_cases(list: &mut Vec<Case>) {
             }
         }
     };
-    // GQA, T not a multiple of the chunk, Dk 32 / 128 / 256, odd Dv, absent state, masks with a
-    // fully masked row, chunks 16 / 32 (the default) / 64 / 128 (run as 64).
-    both(BF16, BF16, dims(2, 37, 1, 2, 32, 8), false, true, 16);
-    both(F32, F32, dims(2, 45, 2, 4, 64, 5), true, true, 32);
-    both(F16, F16, dims(1, 70, 1, 3, 128, 7), false, false, 64);
-    both(F32, BF16, dims(2, 33, 1, 2, 256, 3), true, false, 16);
-    both(BF16, F32, dims(1, 20, 2, 2, 128, 33), false, true, 32);
-    both(F32, F32, dims(1, 130, 1, 2, 128, 64), true, true, 64);
-    both(F32, F32, dims(1, 150, 1, 2, 32, 4), false, true, 128);
+    // GQA, T not a multiple of the chunk, Dk 32 / 128 / 256, odd Dv, Dv over one output tile,
+    // absent state, masks with a fully masked row, chunks 16 / 32 (the default) / 64 / 128
+    // (run as 64).
+    all(BF16, BF16, dims(2, 37, 1, 2, 32, 8), false, true, 16);
+    all(F32, F32, dims(2, 45, 2, 4, 64, 5), true, true, 32);
+    all(F16, F16, dims(1, 70, 1, 3, 128, 7), false, false, 64);
+    all(F32, BF16, dims(2, 33, 1, 2, 256, 3), true, false, 16);
+    all(BF16, F32, dims(1, 20, 2, 2, 128, 33), false, true, 32);
+    all(F32, F32, dims(1, 130, 1, 2, 128, 64), true, true, 64);
+    all(F32, F32, dims(1, 150, 1, 2, 32, 4), false, true, 128);
+    all(F32, F32, dims(2, 70, 1, 2, 64, 72), true, true, 32);
+}
+
+/// The chunked update on a pool: the dense call it must equal (every row padded to the
+/// longest, the padding masked; its three cases also run as a chunked case of their own), then
+/// the pool's three launches.
+fn chunked_pool_cases(list: &mut Vec<Case>) {
+    let mut pool = |dtype: Dtype, d: Dims, masked: bool, chunk: usize, n: usize, slots: &[i32], fresh: &[u8], cu: Option<Vec<i32>>| {
+        let r = slots.len() as i64;
+        let longest = match &cu {
+            Some(cu) => cu.windows(2).map(|w| (w[1] - w[0]) as i64).max().unwrap_or(0),
+            None => d.t,
+        };
+        let padded = dims(r, longest, d.hk, d.hv, d.dk, d.dv);
+        let node_dims = gd::Dims {
+            b: r as usize,
+            t: longest as usize,
+            hk: d.hk as usize,
+            hv: d.hv as usize,
+            dk: d.dk as usize,
+            dv: d.dv as usize,
+        };
+        let c = metal::gated_delta::chunked::gpu_chunk(chunk_size(chunk));
+        let columns = metal::gated_delta::chunked::chunk_state_columns_for(node_dims, c, false);
+        for stage in 0..3 {
+            list.push(Case {
+                kind: Kind::Chunked { d: padded, masked: true, with_state: true, chunk, stage, columns },
+                dtype,
+                aux: dtype,
+                eps: 0.0,
+            });
+        }
+        for stage in 0..3 {
+            list.push(Case {
+                kind: Kind::ChunkedPool {
+                    d,
+                    masked,
+                    chunk,
+                    stage,
+                    n,
+                    slots: slots.to_vec(),
+                    fresh: fresh.to_vec(),
+                    cu: cu.clone(),
+                },
+                dtype,
+                aux: dtype,
+                eps: 0.0,
+            });
+        }
+    };
+    // Dense rows with a padding row, a fresh row and a mask (row 0 fully masked); packed
+    // sequences of lengths 0, 1, 40 and 5 (a chunk starting mid-chunk of the tokens, an empty
+    // sequence keeping its slot's state) and a padding sequence; chunks of 16 and 32; GQA.
+    pool(BF16, dims(3, 37, 1, 2, 32, 8), true, 16, 5, &[3, -1, 0], &[0, 0, 1], None);
+    pool(F32, dims(2, 20, 2, 4, 64, 40), false, 32, 3, &[1, 2], &[0, 1], None);
+    pool(BF16, dims(1, 46, 1, 2, 32, 8), false, 16, 6, &[2, 0, 4, -1, 5], &[0, 1, 0, 0, 0], Some(vec![0, 0, 1, 41, 46, 46]));
+    pool(F16, dims(1, 90, 2, 4, 128, 12), false, 32, 3, &[1, 0, 2], &[0, 0, 1], Some(vec![0, 33, 33, 90]));
 }

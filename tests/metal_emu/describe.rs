@@ -535,62 +535,89 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             masked,
             with_state,
             chunk,
-            scan,
-            cuda,
+            stage,
+            columns,
         } => {
             let node = gated_delta_node(d, c, Form::Chunked { chunk: chunk_size(*chunk) }, *masked, *with_state);
             let u = |x: i64| x as usize;
-            let cg = metal::gated_delta::chunked::gpu_chunk(chunk_size(*chunk));
-            assert!(cg <= metal::gated_delta::chunked::GPU_MAX_CHUNK && cg % 16 == 0);
-            let rows = u(d.t).div_ceil(cg) as i64 * cg as i64;
-            // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the exact
-            // update's launch inputs (q, k, v, g, beta, state_in, mask), the prep launch without
-            // the state; the scan launch then takes the prep launch's outputs.
+            use metal::gated_delta::chunked;
+            let cg = chunked::gpu_chunk(chunk_size(*chunk));
+            assert!(cg <= chunked::GPU_MAX_CHUNK && cg % 16 == 0);
+            let nc = u(d.t).div_ceil(cg) as i64;
+            let rows = nc * cg as i64;
+            let bh = d.b * d.hv;
+            // src/ops/gated_delta/graph.rs `build_gpu_chunked`, Backend::Metal: the prep launch
+            // takes the exact update's launch inputs (q, k, v, g, beta, state_in, mask) without
+            // the state; the state pass the state and the prep's w, u0, kd, gam; the output pass
+            // the exact update's inputs, then p, gam and the state pass's states and u.
             let mut inputs = gd_inputs(c, d, F32, &["q", "k", "v", "g", "beta"]);
-            if *scan {
+            if *stage == 2 {
                 inputs.extend(gd_input(c, d, F32, "state_in"));
             }
             if *masked {
                 inputs.extend(gd_input(c, d, F32, "mask"));
             }
-            let l = if *scan {
-                let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
-                let limit = if *cuda { 48 * 1024 } else { 32 * 1024 };
-                let vt = metal::gated_delta::chunked::chunk_scan_columns_for(u(d.dk), cg, *cuda);
-                let bh = d.b * d.hv;
-                inputs.extend([
-                    ("w", F32, vec![bh, rows, d.dk]),
-                    ("u0", F32, vec![bh, rows, d.dv]),
-                    ("kd", F32, vec![bh, rows, d.dk]),
-                    ("p", F32, vec![bh, rows, cg as i64]),
-                    ("gam", F32, vec![bh, rows]),
-                ]);
-                let l = metal::gated_delta::chunked::gated_delta_chunked_scan_launch(&node, names, vt);
-                assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
-                // The scan's threadgroup memory within Metal's 32 KB (CUDA's 48 KB).
-                let panels = (2 * 16 * (cg + 1)).max(16 * u(d.dk));
-                assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= limit);
-                l
-            } else {
-                let l = metal::gated_delta::chunked::gated_delta_chunked_prep_launch(&node);
-                assert_eq!(l.grid, [256, (rows / cg as i64) as i32, (d.b * d.hv) as i32]);
-                // The prep's threadgroup memory: A, the panel buffer, five gate rows.
-                let panels = (2 * 16 * (cg + 1)).max(8 * 256);
-                assert!(4 * (cg * (cg + 1) + panels + 5 * cg) <= 32 * 1024);
-                l
+            let kind = ["chunk_prep", "chunk_state", "chunk_out"][*stage];
+            let l = match stage {
+                0 => {
+                    let l = chunked::gated_delta_chunked_prep_launch(&node);
+                    assert_eq!(l.grid, [256, nc as i32, bh as i32]);
+                    assert_eq!(l.threadgroup, [256, 1, 1]);
+                    // The prep's threadgroup memory: A, the panel buffer, five gate rows.
+                    let panels = (2 * 16 * (cg + 1)).max(8 * 256);
+                    assert!(4 * (cg * (cg + 1) + panels + 5 * cg) <= 32 * 1024);
+                    l
+                }
+                1 => {
+                    inputs = vec![
+                        ("state_in", F32, vec![d.b, d.hv, d.dv, d.dk]),
+                        ("w", F32, vec![bh, rows, d.dk]),
+                        ("u0", F32, vec![bh, rows, d.dv]),
+                        ("kd", F32, vec![bh, rows, d.dk]),
+                        ("gam", F32, vec![bh, rows]),
+                    ];
+                    let vt = *columns;
+                    let l = chunked::gated_delta_chunked_state_launch(&node, vt);
+                    assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
+                    assert_eq!(l.threadgroup, [256, 1, 1]);
+                    // The state pass's threadgroup memory within CUDA's 48 KB (Metal's 32 KB
+                    // where the launch picks the tile for Metal).
+                    let panels = (16 * (cg + 1)).max(16 * u(d.dk));
+                    assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= 48 * 1024);
+                    assert_eq!(l.header, "");
+                    l
+                }
+                _ => {
+                    let names = node.metal_inputs().iter().map(|i| i.name().to_string()).collect();
+                    inputs.extend([
+                        ("p", F32, vec![bh, rows, cg as i64]),
+                        ("gam", F32, vec![bh, rows]),
+                        ("states", F32, vec![bh, nc + 1, d.dv, d.dk]),
+                        ("u", F32, vec![bh, rows, d.dv]),
+                    ]);
+                    let l = chunked::gated_delta_chunked_out_launch(&node, names);
+                    let vo = chunked::chunk_out_columns(u(d.dv));
+                    let threads = (cg * vo / 16) as i64;
+                    assert_eq!(l.grid, [(threads * nc) as i32, u(d.dv).div_ceil(vo) as i32, bh as i32]);
+                    assert_eq!(l.threadgroup, [threads as i32, 1, 1]);
+                    // The output pass's two panels.
+                    assert!(4 * (16 * (cg + 1) + 16 * (vo + 1)) <= 32 * 1024);
+                    l
+                }
             };
-            assert_eq!(l.threadgroup, [256, 1, 1]);
-            assert_eq!(l.header, if *masked { metal::gated_delta::chunked::CHUNK_MASK_HEADER } else { "" });
+            if *stage != 1 {
+                assert_eq!(l.header, if *masked { chunked::CHUNK_MASK_HEADER } else { "" });
+            }
             let label = format!(
-                "{} {} chunk {} (runs {}){}",
+                "{} {} chunk {} (runs {}){} state tile {}",
                 head_label(c, *masked),
                 dims_label(d),
                 chunk,
                 cg,
-                zero_state(*with_state)
-            ) + if *cuda { " (CUDA's scan tile)" } else { "" };
+                zero_state(*with_state),
+                columns
+            );
             let extra = flags(*masked, *with_state) + &format!("checkpoint {chunk}\n");
-            let kind = if *scan { "chunk_scan" } else { "chunk_prep" };
             (l, kind, label, case_dims(d), inputs, extra)
         }
         Kind::Tiles { items, m, k, n } => {
@@ -614,6 +641,119 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 inputs,
                 "masked 0\nwith_state 0\n".to_string(),
             )
+        }
+        Kind::ChunkedPool {
+            d,
+            masked,
+            chunk,
+            stage,
+            n,
+            slots,
+            fresh,
+            cu,
+        } => {
+            use metal::gated_delta::chunked;
+            let r = slots.len();
+            assert_eq!(fresh.len(), r);
+            match cu {
+                Some(cu) => assert!(d.b == 1 && !*masked && cu.len() == r + 1 && cu[r] as i64 == d.t),
+                None => assert_eq!(d.b as usize, r),
+            }
+            // src/ops/gated_delta/pool.rs `row_table` on a GPU (compact numbering): per row
+            // (tok0, span, len, src, dst).
+            let mut table = Vec::new();
+            let mut written = 0;
+            for (i, &slot) in slots.iter().enumerate() {
+                let (tok0, span) = match cu {
+                    Some(cu) => (cu[i], cu[i + 1] - cu[i]),
+                    None => (i as i32 * d.t as i32, d.t as i32),
+                };
+                let len = if slot < 0 { 0 } else { span };
+                let src = if slot < 0 || fresh[i] != 0 { -1 } else { slot };
+                let dst = if slot < 0 { -1 } else { written += 1; written - 1 };
+                table.extend([tok0, span, len, src, dst]);
+            }
+            let mut node = gated_delta_node(d, c, Form::Chunked { chunk: chunk_size(*chunk) }, *masked, true);
+            node.dims.b = r;
+            node.pool = Some(gd::Pool {
+                slots: *n,
+                write: gd::PoolWrite::Rows(written as usize),
+                packed: cu.is_some(),
+            });
+            let cg = chunked::gpu_chunk(chunk_size(*chunk));
+            let (chunks, firsts) = chunked::pool_chunk_table(&table, cg);
+            assert_eq!(firsts.len(), r + 1);
+            let nch = (chunks.len() / 2) as i64;
+            let (hv, dv, dk) = (d.hv, d.dv, d.dk);
+            let rows = nch * cg as i64;
+            let columns = chunked::chunk_state_columns_for(node.dims, cg, false);
+            let mut inputs: Inputs = vec![];
+            let kind = ["chunk_pool_prep", "chunk_pool_state", "chunk_pool_out"][*stage];
+            let l = match stage {
+                0 => {
+                    inputs.extend(gd_inputs(c, d, F32, &["q", "k", "v", "g", "beta"]));
+                    if *masked {
+                        inputs.extend(gd_input(c, d, F32, "mask"));
+                    }
+                    inputs.push(("rows", Dtype::Int32, vec![r as i64, 5]));
+                    inputs.push(("chunks", Dtype::Int32, vec![nch, 2]));
+                    let l = chunked::gated_delta_chunked_pool_prep_launch(&node, nch as usize);
+                    assert_eq!(l.grid, [256, nch as i32, hv as i32]);
+                    l
+                }
+                1 => {
+                    inputs = vec![
+                        ("state_in", F32, vec![*n as i64, hv, dv, dk]),
+                        ("w", F32, vec![hv, rows, dk]),
+                        ("u0", F32, vec![hv, rows, dv]),
+                        ("kd", F32, vec![hv, rows, dk]),
+                        ("gam", F32, vec![hv, rows]),
+                        ("rows", Dtype::Int32, vec![r as i64, 5]),
+                        ("firsts", Dtype::Int32, vec![r as i64 + 1]),
+                    ];
+                    let l = chunked::gated_delta_chunked_pool_state_launch(&node, nch as usize, columns);
+                    assert_eq!(l.grid, [256, (dv as usize).div_ceil(columns) as i32, (r as i64 * hv) as i32]);
+                    assert_eq!(l.output_names, ["states", "u", "state_out"]);
+                    l
+                }
+                _ => {
+                    inputs.extend(gd_inputs(c, d, F32, &["q"]));
+                    if *masked {
+                        inputs.extend(gd_input(c, d, F32, "mask"));
+                    }
+                    inputs.extend([
+                        ("rows", Dtype::Int32, vec![r as i64, 5]),
+                        ("chunks", Dtype::Int32, vec![nch, 2]),
+                        ("p", F32, vec![hv, rows, cg as i64]),
+                        ("gam", F32, vec![hv, rows]),
+                        ("states", F32, vec![hv, nch + r as i64, dv, dk]),
+                        ("u", F32, vec![hv, rows, dv]),
+                    ]);
+                    let l = chunked::gated_delta_chunked_pool_out_launch(&node, nch as usize);
+                    let threads = chunked::chunk_out_threads(cg, dv as usize) as i64;
+                    assert_eq!(l.grid[0] as i64, threads * nch);
+                    l
+                }
+            };
+            let list = |v: &[i32]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(" ");
+            let fresh32: Vec<i32> = fresh.iter().map(|&f| f as i32).collect();
+            let mut extra = format!(
+                "masked {}\nwith_state 1\npool_n {n}\nslots {}\nfresh {}\ncheckpoint {chunk}\n",
+                *masked as i32,
+                list(slots),
+                list(&fresh32)
+            );
+            if let Some(cu) = cu {
+                extra += &format!("cu_seqlens {}\n", list(cu));
+            }
+            let label = format!(
+                "{}{} {} chunk {chunk} (runs {cg}) N={n} slots {slots:?} fresh {fresh:?} W={written} chunks {nch}{}",
+                head_label(c, *masked),
+                match cu { Some(cu) => format!(" packed cu_seqlens {cu:?}"), None => String::new() },
+                dims_label(d),
+                format!(" state tile {columns}"),
+            );
+            (l, kind, label, case_dims(d), inputs, extra)
         }
         Kind::GatedNorm { shape, grouped } => {
             let l = metal::gated_rms_norm::gated_rms_norm_launch(&node::gated_rms_norm::Node {

@@ -151,8 +151,12 @@ int main(int argc, char** argv) {
     if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), c.kind) == kinds.end()) continue;
     // The chunked backward's later stages run with their stage 0 case.
     if (std::strcmp(c.kind, "backward_chunked_stage") == 0) continue;
-    // A chunk prep case runs with its scan case (the next one).
-    if (std::strcmp(c.kind, "chunk_prep") == 0) continue;
+    // A chunk prep and state case run with their output pass's case (two and one later).
+    if (std::strcmp(c.kind, "chunk_prep") == 0 || std::strcmp(c.kind, "chunk_state") == 0 ||
+        std::strcmp(c.kind, "chunk_pool_prep") == 0 ||
+        std::strcmp(c.kind, "chunk_pool_state") == 0) {
+      continue;
+    }
     const Result r = run_case(c);
     char geometry[200];
     std::snprintf(geometry, sizeof geometry,
@@ -163,7 +167,7 @@ int main(int argc, char** argv) {
                   r.stats.simd_collectives, r.stats.barriers);
     const KnownDifference* k = variant.empty() ? known_difference(c) : nullptr;
     const bool tolerance =
-        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_scan") == 0 ||
+        std::strncmp(c.kind, "backward", 8) == 0 || std::strcmp(c.kind, "chunk_out") == 0 ||
         std::strcmp(c.kind, "tiles") == 0;
     if (r.exact && k == nullptr) {
       ++(tolerance ? within : passes);

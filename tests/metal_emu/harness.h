@@ -183,8 +183,10 @@ Built build_pool(const EmuCase& c, Rng& rng);
 
 // harness_backward.cc
 Result run_backward(const EmuCase& c);
-// harness_chunked.cc: a chunk scan case with its prep case, within the chunked bounds.
+// harness_chunked.cc: a chunk output case with its prep and state cases, within the chunked
+// bounds; a chunked pool case with its launches and the dense call's, bit for bit.
 Result run_chunked(const EmuCase& c);
+Result run_chunked_pool(const EmuCase& c);
 void print_backward_worst();
 
 // A gradient's error against the CPU backward's (harness_backward.cc `grad_error`).

@@ -319,8 +319,9 @@ Result run_case(const EmuCase& c) {
   if (kind == "backward_chunked" || kind == "backward_chunked_masked") {
     return run_backward_chunked(c);
   }
-  if (kind == "chunk_scan") return run_chunked(c);
+  if (kind == "chunk_out") return run_chunked(c);
   if (kind == "tiles") return run_tiles(c);
+  if (kind == "chunk_pool_out") return run_chunked_pool(c);
   Rng rng{c.seed ^ g_seed_offset};
   Built built;
   if (kind == "recurrence" || kind == "recurrence_masked" || kind == "replay") {

@@ -152,16 +152,33 @@ enum Kind {
     /// `grouped`: with the CUDA launch's threadgroup (up to eight one-SIMD-group rows a block).
     GatedNorm { shape: Vec<i64>, grouped: bool },
     /// One launch of the chunked update's GPU form (src/ops/gated_delta/graph.rs
-    /// `build_gpu_chunked`): the prep launch, or (`scan`) the scan launch, whose case follows its
-    /// prep case (same draws) and is run with it; `chunk` as the caller passes it.
+    /// `build_gpu_chunked`): `stage` 0 the prep launch, 1 the state pass, 2 the output pass; the
+    /// three cases follow each other (same draws) and run together from the output pass's case;
+    /// `chunk` as the caller passes it.
     Chunked {
         d: Dims,
         masked: bool,
         with_state: bool,
         chunk: usize,
-        scan: bool,
-        /// The scan's tile as MLX CUDA's launch picks it (48 KB of shared memory), not Metal's.
-        cuda: bool,
+        stage: usize,
+        /// The state pass's tile of value columns (8, 16 or 32).
+        columns: usize,
+    },
+    /// One launch of the chunked update on a pool (src/ops/gated_delta/graph.rs
+    /// `build_gpu_chunked_pool`): `stage` 0 the prep, 1 the state pass, 2 the output pass over
+    /// the chunk table of the rows `slots` (`fresh` flags; `cu`: packed sequences, B = 1) of a
+    /// pool of `n` rows. The three cases follow the three of the dense call they must equal
+    /// (`Kind::Chunked`: every row padded to the longest, the padding masked) and run together,
+    /// with those, from the output pass's case.
+    ChunkedPool {
+        d: Dims,
+        masked: bool,
+        chunk: usize,
+        stage: usize,
+        n: usize,
+        slots: Vec<i32>,
+        fresh: Vec<u8>,
+        cu: Option<Vec<i32>>,
     },
     /// The recurrence's backward pass (`aux` is b's dtype) with `dy` in `dy_dtype` and
     /// `checkpoint` tokens between kept states (None: `backward_checkpoint(T)`, the library's
@@ -234,7 +251,8 @@ fn locate_source(root: &str, l: &MetalLaunch) -> (String, Vec<(String, String)>)
         "kernels/metal/gated_delta_backward.metal",
         "kernels/metal/gated_delta_chunked_backward.metal",
         "kernels/metal/gated_delta_chunked_prep.metal",
-        "kernels/metal/gated_delta_chunked_scan.metal",
+        "kernels/metal/gated_delta_chunked_state.metal",
+        "kernels/metal/gated_delta_chunked_out.metal",
         "kernels/metal/tiles_check.metal",
     ];
     for file in files {
@@ -301,7 +319,8 @@ fn main() {
         let seed_id = match case.kind {
             Kind::Backward { twin: Some(t), .. } => t,
             Kind::ChunkedBackward { first, .. } => first,
-            Kind::Chunked { scan: true, .. } => id - 1,
+            Kind::Chunked { stage, .. } => id - stage,
+            Kind::ChunkedPool { stage, .. } => id - stage,
             _ => id,
         };
         let (file, defines) = locate_source(root, &launch);

@@ -16,7 +16,9 @@
 //!
 //! Settings (environment): `SOAK_SECONDS` (default 300), `SOAK_SEED` (decimal or 0x hex; default
 //! from the clock, printed), `SOAK_RSS_LIMIT_MIB` (the growth per 10^5 pool calls above which
-//! the run fails; default 16). Run: `make soak` (default time), `make test-soak` (45 s),
+//! the run fails; default 16), `SOAK_DEVICE` (`cpu`, the default, or `gpu`: every call, the
+//! references included, on the GPU), `SOAK_CHUNKED` (`1`, the default, or `0`: exact calls only,
+//! for a GPU whose backend refuses the chunked pool calls). Run: `make soak` (default time), `make test-soak` (45 s),
 //! `SOAK_SECONDS=14400 make soak` for hours.
 
 mod capi;
@@ -30,6 +32,23 @@ use std::time::{Duration, Instant};
 
 use capi::{rss_bytes, Elem, Rng};
 use server::{Dims, Server, Stats, KINDS};
+
+/// Whether rounds may take the chunked form (`SOAK_CHUNKED`, read once).
+pub fn chunked_forms() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_number("SOAK_CHUNKED", 1) != 0)
+}
+
+/// The device every call runs on (`SOAK_DEVICE`: `cpu` or `gpu`).
+fn set_device() {
+    let device = match std::env::var("SOAK_DEVICE").as_deref() {
+        Err(_) | Ok("cpu") => mlxkern::capi::device::MLXK_DEVICE_CPU,
+        Ok("gpu") => mlxkern::capi::device::MLXK_DEVICE_GPU,
+        Ok(other) => panic!("SOAK_DEVICE={other}: expected cpu or gpu"),
+    };
+    let status = mlxkern::capi::device::mlxk_set_default_device(device);
+    assert_eq!(status, mlxkern::capi::status::MLXK_OK, "mlxk_set_default_device({device})");
+}
 
 fn env_number(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -88,9 +107,12 @@ fn main() {
         .unwrap_or(1);
     let seed = env_number("SOAK_SEED", clock);
     let rss_limit_mib = env_number("SOAK_RSS_LIMIT_MIB", 16);
+    set_device();
     println!(
-        "soak: {seconds} s, seed {seed:#x} (SOAK_SEED replays each own pool's rounds; the \
-         shared pool's interleaving varies)"
+        "soak: {seconds} s on the {}, chunked forms {}, seed {seed:#x} (SOAK_SEED replays each own pool's rounds; the \
+         shared pool's interleaving varies)",
+        if std::env::var("SOAK_DEVICE").as_deref() == Ok("gpu") { "GPU" } else { "CPU" },
+        if chunked_forms() { "on" } else { "off" }
     );
 
     let shared = Arc::new(Shared {

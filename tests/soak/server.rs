@@ -181,7 +181,7 @@ enum Form {
 
 impl Form {
     fn random(rng: &mut Rng, p_chunked: f64) -> Form {
-        if rng.chance(p_chunked) {
+        if crate::chunked_forms() && rng.chance(p_chunked) {
             Form::Chunked([0, 16, 32, 64][rng.below(4)])
         } else {
             Form::Exact

@@ -157,8 +157,9 @@ impl GatedDelta<'_> {
     }
 
     /// [`update_pool`](GatedDelta::update_pool) in the chunked (WY) form of
-    /// [`update_chunked`](GatedDelta::update_chunked) (`chunk_size` as there; CPU only): each
-    /// row's results equal `update_chunked`'s on the gathered states, bit for bit.
+    /// [`update_chunked`](GatedDelta::update_chunked) (`chunk_size` as there): each row's
+    /// results equal `update_chunked`'s on the gathered states, bit for bit, on the CPU and on
+    /// the GPU.
     pub fn update_pool_chunked(
         &self,
         pool: PoolSlots,
@@ -203,8 +204,8 @@ impl GatedDelta<'_> {
     }
 
     /// [`update_packed`](GatedDelta::update_packed) in the chunked (WY) form (`chunk_size` as
-    /// in [`update_chunked`](GatedDelta::update_chunked); CPU only): each sequence's results
-    /// equal `update_chunked`'s on it alone, bit for bit.
+    /// in [`update_chunked`](GatedDelta::update_chunked)): each sequence's results equal
+    /// `update_chunked`'s on it alone, bit for bit, on the CPU and on the GPU.
     pub fn update_packed_chunked(
         &self,
         pool: PoolSlots,

@@ -253,9 +253,10 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv(
 /// prefill split into calls at multiples of the chunk size (each passing on the state) gives
 /// the same bits as one call.
 ///
-/// Device: the CPU kernel, or with the GPU as the default device two GPU kernels (the work
-/// within each chunk, then the walk over the chunks; Metal, and MLX CUDA on the same text),
-/// which run chunks of at most 64 tokens (a chunk_size of 128 runs as 64) and give results
+/// Device: the CPU kernel, or with the GPU as the default device three GPU kernels (the work
+/// within each chunk; the walk over the chunks, which keeps the state entering each; y from
+/// those states, every chunk in parallel; Metal, and MLX CUDA on the same text), which run
+/// chunks of at most 64 tokens (a chunk_size of 128 runs as 64) and give results
 /// within the same bounds; MLX's autograd through them gives mlxk_gated_delta_update's GPU
 /// gradients.
 /// Ownership, NULL: as mlxk_gated_delta_update. Errors: those of mlxk_gated_delta_update,

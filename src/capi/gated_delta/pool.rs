@@ -188,8 +188,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
 }
 
 /// mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
-/// (`chunk_size` as there; CPU only): each row's results equal that call's on the gathered
-/// rows bit for bit.
+/// (`chunk_size` as there): each row's results equal that call's on the gathered rows bit for
+/// bit, on the CPU and on the GPU (there over a chunk table, each chunk one row's).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
@@ -313,8 +313,9 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
 }
 
 /// mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
-/// mlxk_gated_delta_update_chunked; CPU only): each sequence's results equal
-/// mlxk_gated_delta_update_chunked on it alone, bit for bit.
+/// mlxk_gated_delta_update_chunked): each sequence's results equal
+/// mlxk_gated_delta_update_chunked on it alone, bit for bit, on the CPU and on the GPU (there
+/// over a chunk table, each chunk one sequence's).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(

@@ -223,14 +223,20 @@ impl MetalInputs {
 }
 
 /// The chunked update's GPU graph (docs/DESIGN.md §3 "The chunked form", in docs/backends.md;
-/// its bounds in §4 "Chunked update", docs/numerics.md): the prep launch (the work within every
-/// chunk, `metal::gated_delta::chunked::gated_delta_chunked_prep_launch`), its five outputs
-/// behind MLX's stop_gradient, then the scan launch
-/// (`metal::gated_delta::chunked::gated_delta_chunked_scan_launch`) over the chunks, which makes y
-/// and the state. The scan node also takes the exact update's launch inputs, in that launch's
-/// order, and carries the chunked form's GPU gradient (`gpu_vjp`, which takes the
-/// chunked backward for `Form::Chunked`; the prep's outputs get zeros). `node`:
-/// `Form::Chunked`, dense, B ≥ 1, T ≥ 1.
+/// its bounds in §4 "Chunked update", docs/numerics.md), three launches as nodes of one graph:
+/// - the prep (`metal::gated_delta::chunked::gated_delta_chunked_prep_launch`), the work within
+///   every chunk: W, U0, the decayed keys, P and γ;
+/// - the state pass (`gated_delta_chunked_state_launch`), the one walk over the chunks: the
+///   state entering every chunk (and the final state) and U = U0 − W H;
+/// - the output pass (`gated_delta_chunked_out_launch`), every chunk in parallel:
+///   y = diag(γ) Q H_c + P U, and state_out, copied from the state pass's last slot.
+///
+/// The output pass makes both results, so one node carries the gradient: it also takes the
+/// exact update's launch inputs, in that launch's order, before P, γ, the states and U, and has
+/// the chunked form's GPU gradient (`gpu_vjp`, which takes the chunked backward for
+/// `Form::Chunked`; the parts get zeros). Every output of the prep and the state pass goes
+/// through MLX's stop_gradient, so autograd never reaches those two nodes (they have no
+/// gradient of their own). `node`: `Form::Chunked`, dense, B ≥ 1, T ≥ 1.
 pub(super) fn build_gpu_chunked(
     node: &Node,
     x: &Arrays,
@@ -254,6 +260,12 @@ pub(super) fn build_gpu_chunked(
         .collect();
     let mut words = vec![fused as i64];
     words.extend(node.encode());
+    let stopped = |parts: Vec<UniquePtr<Array>>| {
+        parts
+            .iter()
+            .map(|a| bridge::array_stop_gradient(a, gpu.gpu_stream()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
 
     // The prep launch: the exact launch's inputs but the state.
     let prep_inputs: Vec<&Array> = order
@@ -272,28 +284,52 @@ pub(super) fn build_gpu_chunked(
     };
     let mut prep_key = words.clone();
     prep_key.push(-2);
-    let parts = gpu_node_as(
+    let parts = stopped(gpu_node_as(
         Some(prep_key),
         make_prep,
         &prep_inputs,
         gpu,
         None,
         GpuLaunch::Plain,
-    )?;
-    let parts = parts
-        .iter()
-        .map(|a| bridge::array_stop_gradient(a, gpu.gpu_stream()))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    )?)?;
+    let part = |name: &str| -> &Array {
+        let at = chunked::CHUNK_PARTS
+            .iter()
+            .position(|p| *p == name)
+            .expect("a prep output");
+        &parts[at]
+    };
 
-    // The scan launch: the exact launch's inputs (names as that launch's), then the parts.
+    // The state pass: the state (the caller's or zeros), then the prep's w, u0, kd and γ.
     let chunk = chunked::launch_chunk(node);
     let cuda = matches!(gpu, Backend::Cuda { .. });
-    let mut columns = chunked::chunk_scan_columns_for(node.dims.dk, chunk, cuda);
-    // A narrower scan tile than the launch's own, if configured (`crate::config`).
-    if let Some(vt) = crate::config::get().chunk_scan_columns {
+    let mut columns = chunked::chunk_state_columns_for(node.dims, chunk, cuda);
+    // A narrower state-pass tile than the launch's own, if configured (`crate::config`).
+    if let Some(vt) = crate::config::get().chunk_state_columns {
         columns = columns.min(vt);
     }
-    let make_scan = || {
+    let state = x.state.unwrap_or_else(|| m.zeros());
+    let state_inputs: Vec<&Array> = std::iter::once(state)
+        .chain(
+            chunked::CHUNK_STATE_INPUTS[1..]
+                .iter()
+                .map(|name| part(name)),
+        )
+        .collect();
+    let mut state_key = words.clone();
+    state_key.extend([-3, columns as i64]);
+    let kept = stopped(gpu_node_as(
+        Some(state_key),
+        || chunked::gated_delta_chunked_state_launch(node, columns),
+        &state_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?)?;
+
+    // The output pass: the exact launch's inputs (names as that launch's), then P, γ, the
+    // states and U; it makes y and state_out and carries the gradient.
+    let make_out = || {
         let mut names: Vec<String> = node
             .metal_inputs()
             .iter()
@@ -302,23 +338,153 @@ pub(super) fn build_gpu_chunked(
         if fused {
             names.extend(["a_log".to_string(), "dt_bias".to_string()]);
         }
-        let mut l = chunked::gated_delta_chunked_scan_launch(node, names, columns);
+        let mut l = chunked::gated_delta_chunked_out_launch(node, names);
         if fused {
             l.name.push_str("_gates");
         }
         l
     };
-    let mut scan_inputs = arrays.clone();
-    scan_inputs.extend(parts.iter().map(|a| &**a));
-    let mut scan_key = words.clone();
-    scan_key.extend([-3, columns as i64]);
+    let mut out_inputs = arrays.clone();
+    out_inputs.extend([part("p"), part("gam"), &*kept[0], &*kept[1]]);
+    let mut out_key = words.clone();
+    out_key.push(-4);
     let vjp = Some((Kernel::GatedDelta, crate::ops::gpu_vjp_params(gpu, words)));
     gpu_node_as(
-        Some(scan_key),
-        make_scan,
-        &scan_inputs,
+        Some(out_key),
+        make_out,
+        &out_inputs,
         gpu,
         vjp,
         GpuLaunch::Plain,
     )
+}
+
+/// The chunked update of a pool node on a GPU (`mlxk_gated_delta_update_pool_chunked`,
+/// `_packed_chunked`; fla's variable-length form): `build_gpu_chunked`'s three launches over a
+/// chunk table (`chunked::pool_chunk_table` of the row table `table`), each chunk one row's:
+/// the prep per (chunk, value head), the state pass per (row, value head, tile) from the row's
+/// pool slot (or zeros), the output pass per (chunk, value head, tile). A row runs what the
+/// dense call on its tokens alone runs, so its y and state are that call's bits. Returns y
+/// and the written rows' states (`PoolWrite::Rows`, from the state pass; the pool node has no
+/// gradient). `node`: `Form::Chunked`, `node.pool` set, T ≥ 1; `x` holds the pool as its state
+/// and the row table as `rows`.
+pub(super) fn build_gpu_chunked_pool(
+    node: &Node,
+    x: &Arrays,
+    gpu: Backend,
+    table: &[i32],
+) -> Result<Vec<UniquePtr<Array>>> {
+    assert!(
+        matches!(node.form, Form::Chunked { .. })
+            && matches!(node.pool.map(|p| p.write), Some(PoolWrite::Rows(_))),
+        "a chunked pool node writing its rows"
+    );
+    let fused = matches!(gpu, Backend::Cuda { .. }) && !crate::seams::gpu_gates_on_cpu();
+    let m = MetalInputs::new(node, x, gpu.gpu_stream(), !fused)?;
+    let order = gpu_inputs(node, fused, false);
+    let input = |input: Input| -> &Array {
+        match input {
+            Input::G => m.g.as_deref().expect("gates made for this launch"),
+            Input::Beta => m.beta.as_deref().expect("gates made for this launch"),
+            other => caller_array(x, other),
+        }
+    };
+    let chunk = chunked::launch_chunk(node);
+    let (table_chunks, firsts) = chunked::pool_chunk_table(table, chunk);
+    let nch = table_chunks.len() / 2;
+    let chunks = super::replay::ints_array(&table_chunks, &[nch as i32, 2])?;
+    let firsts = super::replay::ints_array(&firsts, &[firsts.len() as i32])?;
+    let mut words = vec![fused as i64];
+    words.extend(node.encode());
+    words.extend([-5, nch as i64]);
+    let stopped = |parts: Vec<UniquePtr<Array>>| {
+        parts
+            .iter()
+            .map(|a| bridge::array_stop_gradient(a, gpu.gpu_stream()))
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
+
+    // The prep: the pool node's Metal launch inputs but the pool, then the chunk table, then
+    // (fused gates) A_log and dt_bias, as `cuda::with_fused_gates` names them.
+    let gates = [Input::ALog, Input::DtBias];
+    let mut prep_inputs: Vec<&Array> = order
+        .iter()
+        .filter(|&&i| i != Input::State && !gates.contains(&i))
+        .map(|&i| input(i))
+        .collect();
+    prep_inputs.push(&chunks);
+    if fused {
+        prep_inputs.extend(gates.map(input));
+    }
+    let make_prep = || {
+        let l = chunked::gated_delta_chunked_pool_prep_launch(node, nch);
+        if fused {
+            cuda::with_fused_gates(l)
+        } else {
+            l
+        }
+    };
+    let mut prep_key = words.clone();
+    prep_key.push(-2);
+    let parts = stopped(gpu_node_as(
+        Some(prep_key),
+        make_prep,
+        &prep_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?)?;
+    let part = |name: &str| -> &Array {
+        let at = chunked::CHUNK_PARTS
+            .iter()
+            .position(|p| *p == name)
+            .expect("a prep output");
+        &parts[at]
+    };
+
+    // The state pass: the pool, w, u0, kd, γ, the rows and their chunks; it writes the rows'
+    // states.
+    let cuda = matches!(gpu, Backend::Cuda { .. });
+    let mut columns = chunked::chunk_state_columns_for(node.dims, chunk, cuda);
+    if let Some(vt) = crate::config::get().chunk_state_columns {
+        columns = columns.min(vt);
+    }
+    let mut state_inputs: Vec<&Array> = vec![input(Input::State)];
+    state_inputs.extend(
+        chunked::CHUNK_STATE_INPUTS[1..]
+            .iter()
+            .map(|name| part(name)),
+    );
+    state_inputs.extend([input(Input::Rows), &*firsts]);
+    let mut state_key = words.clone();
+    state_key.extend([-3, columns as i64]);
+    let mut kept = gpu_node_as(
+        Some(state_key),
+        || chunked::gated_delta_chunked_pool_state_launch(node, nch, columns),
+        &state_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?;
+    let rows_out = kept.pop().expect("the rows' states");
+    let kept = stopped(kept)?;
+
+    // The output pass: q, the mask, the rows and chunks, then P, γ, the states and U.
+    let mut out_inputs: Vec<&Array> = vec![input(Input::Q)];
+    if node.has_mask {
+        out_inputs.push(input(Input::Mask));
+    }
+    out_inputs.extend([input(Input::Rows), &*chunks]);
+    out_inputs.extend([part("p"), part("gam"), &*kept[0], &*kept[1]]);
+    let mut out_key = words;
+    out_key.push(-4);
+    let mut y = gpu_node_as(
+        Some(out_key),
+        || chunked::gated_delta_chunked_pool_out_launch(node, nch),
+        &out_inputs,
+        gpu,
+        None,
+        GpuLaunch::Plain,
+    )?;
+    Ok(vec![y.pop().expect("y"), rows_out])
 }

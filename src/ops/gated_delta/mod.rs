@@ -394,21 +394,61 @@ pub fn update_chunked(
     )?))
 }
 
-/// The GPU chunked form's scratch (the prep launch's outputs, float32): W, U0, the decayed keys,
-/// P and γ, `B·Hv·Tp·(2 Dk + Dv + C + 1)` floats with Tp = T rounded up to the chunk.
+/// The GPU chunked form's scratch for a dense node, checked against the memory limit before
+/// anything is built (`check_chunked_gpu_scratch` with B·Hv heads of NC chunks and NC + 1
+/// kept states each).
 fn check_chunked_gpu(node: &Node) -> Result<()> {
     let d = node.dims;
     let c = crate::metal::gated_delta::chunked::launch_chunk(node);
-    let rows = (d.t.div_ceil(c) * c) as u64;
+    let chunks = d.t.div_ceil(c) as u64;
+    check_chunked_gpu_scratch(d, c, (d.b * d.hv) as u64, chunks, chunks + 1)
+}
+
+/// The GPU chunked form's scratch, checked against the memory limit: the prep launch's outputs
+/// (float32: W, U0, the decayed keys, P and γ, `heads·chunks·C·(2 Dk + Dv + C + 1)` floats),
+/// then with them the state pass's (the kept states, `heads·slots·Dv·Dk` floats, and U,
+/// `heads·chunks·C·Dv`), each refusal naming what does not fit; `heads` rows of `chunks`
+/// chunks each (a pool node: Hv heads over its whole chunk table, `slots` = chunks + rows).
+/// Also refuses an output pass whose grid would pass 2^31 threads.
+pub(super) fn check_chunked_gpu_scratch(
+    d: Dims,
+    c: usize,
+    heads: u64,
+    chunks: u64,
+    slots: u64,
+) -> Result<()> {
+    use crate::metal::gated_delta::chunked;
+    let rows = heads.saturating_mul(chunks).saturating_mul(c as u64);
     let per_row = (2 * d.dk + d.dv + c + 1) as u64;
-    let bytes = 4u64
-        .saturating_mul((d.b * d.hv) as u64)
-        .saturating_mul(rows)
-        .saturating_mul(per_row);
+    let parts = rows.saturating_mul(per_row).saturating_mul(4);
     memory::check_bytes(
         "the GPU chunked form's per-chunk matrices (internal)",
-        bytes,
-    )
+        parts,
+    )?;
+    let states = heads
+        .saturating_mul(slots)
+        .saturating_mul((d.dv * d.dk) as u64);
+    let kept = states
+        .saturating_add(rows.saturating_mul(d.dv as u64))
+        .saturating_mul(4);
+    memory::check_bytes(
+        &format!(
+            "the GPU chunked form's kept states (the state entering each of its {chunks} \
+             chunks and the final ones, {slots} states of Dv·Dk floats a head) and U, with its \
+             per-chunk matrices (internal)"
+        ),
+        kept.saturating_add(parts),
+    )?;
+    let threads = (chunked::chunk_out_threads(c, d.dv) as u64).saturating_mul(chunks);
+    if threads > i32::MAX as u64 {
+        return Err(Error::Unsupported(format!(
+            "the GPU chunked form's output pass would need {threads} threads along its grid's \
+             x axis ({} per chunk of {c} tokens, {chunks} chunks), over 2^31 - 1; split the \
+             call along T",
+            chunked::chunk_out_threads(c, d.dv),
+        )));
+    }
+    Ok(())
 }
 
 impl Inputs<'_> {

@@ -233,7 +233,12 @@ fn build_pool(
         rows: Some(&rows),
         ..arrays
     };
-    let mut outputs = build(node, &arrays, backend)?;
+    let mut outputs = match node.form {
+        Form::Chunked { .. } if backend != Backend::Cpu => {
+            super::graph::build_gpu_chunked_pool(node, &arrays, backend, table)?
+        }
+        _ => build(node, &arrays, backend)?,
+    };
     if let Some(PoolWrite::Rows(_)) = node.pool.map(|p| p.write) {
         let states = outputs.pop().expect("the rows' states");
         if writes {
@@ -274,16 +279,16 @@ pub fn update_pool(
     };
     check_slots(s, rows, n, what)?;
     check_fresh(s)?;
-    if chunk.is_some() && backend != Backend::Cpu {
-        return Err(Error::Unsupported(
-            "the chunked form runs on the CPU only and the default device is the GPU; use \
-             mlxk_gated_delta_update_pool / mlxk_gated_delta_update_packed there, or select \
-             MLXK_DEVICE_CPU"
-                .into(),
-        ));
-    }
     let writes = form != PoolForm::Verify;
-    let (in_place, compact) = pool_plan(backend, writes);
+    // On a GPU the chunked form runs over a chunk table (graph::build_gpu_chunked_pool) and
+    // writes its rows' states; without a token or a row, the exact launch (as the dense GPU
+    // chunked call).
+    let chunk = chunk.filter(|_| backend == Backend::Cpu || (d.t > 0 && rows > 0));
+    let gpu_chunked = chunk.is_some() && backend != Backend::Cpu;
+    let (in_place, compact) = match gpu_chunked {
+        true => (false, true),
+        false => pool_plan(backend, writes),
+    };
     let (table, written) = row_table(s, layout, d.t, None, writes, compact);
     node.dims.b = rows as usize;
     node.has_state = true; // the pool
@@ -294,6 +299,13 @@ pub fn update_pool(
         packed: matches!(layout, Layout::Packed { .. }),
     });
     check_pool_memory(&node, n, writes)?;
+    if gpu_chunked {
+        let c = crate::metal::gated_delta::chunked::launch_chunk(&node);
+        let (chunks, _) = crate::metal::gated_delta::chunked::pool_chunk_table(&table, c);
+        let chunks = (chunks.len() / 2) as u64;
+        let slots = chunks + rows as u64;
+        super::check_chunked_gpu_scratch(node.dims, c, d.hv as u64, chunks, slots)?;
+    }
     let built = build_pool(&node, x.arrays(), s, (&table, &written), writes, backend)?;
     let mut outputs = built.into_iter();
     let y = outputs.next().expect("y");

@@ -353,10 +353,10 @@ pub(crate) fn gpu_vjp(
     } else {
         node.metal_inputs()
     };
-    // The chunked form's scan node takes its per-chunk matrices after the exact update's
-    // inputs (graph::build_gpu_chunked); they stand behind stop_gradient and get zeros.
+    // The chunked form's output node takes P, γ, the kept states and U after the exact
+    // update's inputs (graph::build_gpu_chunked); they stand behind stop_gradient and get zeros.
     let extra = matches!(node.form, Form::Chunked { .. })
-        && primals.len() == order.len() + chunked::CHUNK_PARTS.len();
+        && primals.len() == order.len() + chunked::CHUNK_OUT_PARTS.len();
     if (order.len() != primals.len() && !extra) || cotangents.len() != 2 {
         return Err(malformed());
     }

@@ -74,8 +74,8 @@ extension MLXKern {
     }
 
     /// `gatedDeltaUpdatePool` in the chunked (WY) form of `gatedDeltaUpdateChunked`
-    /// (`chunkSize` as there; CPU only): each row's results equal `gatedDeltaUpdateChunked`'s
-    /// on the gathered states, bit for bit.
+    /// (`chunkSize` as there): each row's results equal `gatedDeltaUpdateChunked`'s on the
+    /// gathered states, bit for bit, on the CPU and on the GPU.
     public static func gatedDeltaUpdatePoolChunked(
         q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
         aLog: MLXKArray, dtBias: MLXKArray, pool: MLXKArray, slots: [Int32],
@@ -145,8 +145,8 @@ extension MLXKern {
     }
 
     /// `gatedDeltaUpdatePacked` in the chunked (WY) form (`chunkSize` as in
-    /// `gatedDeltaUpdateChunked`; CPU only): each sequence's results equal
-    /// `gatedDeltaUpdateChunked`'s on it alone, bit for bit.
+    /// `gatedDeltaUpdateChunked`): each sequence's results equal
+    /// `gatedDeltaUpdateChunked`'s on it alone, bit for bit, on the CPU and on the GPU.
     public static func gatedDeltaUpdatePackedChunked(
         q: MLXKArray, k: MLXKArray, v: MLXKArray, a: MLXKArray, b: MLXKArray,
         aLog: MLXKArray, dtBias: MLXKArray, pool: MLXKArray, cuSeqlens: [Int32],
