@@ -26,9 +26,10 @@
 // rows past T zero), per chunk [n, NC, C, C], kept states [n, NC, Dv, Dk]. Tin = {T}; mask
 // [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
 // Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, 16 or 32), TN (value columns of a tile),
-// NT. Stages 2 to 5 multiply on the matrix tiles (the launch's header, tiles.h: simdgroup
-// matrices on Metal, tensor cores or FMAs on MLX CUDA); in 2 and 3 the tile's TN columns are
-// padded to TNP, a multiple of 8, by zero columns.
+// NT. The stages' matrix products run on the matrix tiles (the launch's header, tiles.h:
+// simdgroup matrices on Metal, tensor cores or FMAs on MLX CUDA), but for stage 1's inverse
+// and stage 4's C x C x C product dA; in 2 and 3 the tile's TN columns are padded to TNP, a
+// multiple of 8, by zero columns.
 // A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
 // --fmad=true makes those FMAs): this backward has no bit-exact contract, and a fused
 // multiply-add is faster and rounds once instead of twice.
@@ -40,6 +41,10 @@
 
 #if MLXK_CBWD_STAGE == 1
     // ---- 1: per (head, chunk) ----
+    constexpr int NSG = NT / 32;
+    constexpr int KS = 16;                     // keys (or values) per staged slice
+    constexpr int PT = (C / 16) * (C / 8);     // tiles of a C x C product
+    constexpr int PPT = (PT + NSG - 1) / NSG;  // per SIMD group
     const int TP = NC * C;  // W's rows per head
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
@@ -54,6 +59,7 @@
     threadgroup float gm_s[C * C];
     threadgroup float a_s[C * C];
     threadgroup float tm_s[C * C];
+    threadgroup float x_s[2 * C * KS];  // KS keys and queries (or values) of the chunk's tokens
     for (int s = int(tid); s < C; s += NT) {
       float gv = 1.0f, bv = 0.0f;
       if (s < L) {
@@ -85,29 +91,54 @@
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     const size_t sq = (size_t(n) * NC + c) * (C * C);
-    // k_r·k_s and q_r·k_s, one entry per SIMD group at a time, lanes over the columns (rows
-    // read whole, coalesced), summed by the butterfly.
+    // K Kᵀ and Q Kᵀ on the matrix tiles, KS keys at a time staged in threadgroup memory (zero
+    // past L); then Γ∘KKᵀ (strictly lower), Γ∘QKᵀ (lower) and A = diag(β) Γ∘KKᵀ.
     const uint lane = tid % 32;
-    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
-      const int r = e / C, s = e % C;
-      float kk = 0.0f, qk = 0.0f;
-      if (r < L && s <= r) {
-        const size_t kr = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk;
-        const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-        for (int i = int(lane); i < Dk; i += 32) {
-          const float kv = static_cast<float>(k[ks + i]);
-          kk += MLXK_CB_MUL(static_cast<float>(k[kr + i]), kv);
-          qk += MLXK_CB_MUL(static_cast<float>(q[kr + i]), kv);
-        }
-        kk = simd_sum(kk);
-        qk = simd_sum(qk);
+    const uint sg = tid / 32;
+    mlxk_tile::acc16x8 kk_t[PPT], qk_t[PPT];
+    for (int x = 0; x < PPT; ++x) {
+      mlxk_tile::fill(kk_t[x], 0.0f);
+      mlxk_tile::fill(qk_t[x], 0.0f);
+    }
+    for (int i0 = 0; i0 < Dk; i0 += KS) {
+      for (int e = int(tid); e < C * KS; e += NT) {
+        const int r = e / KS, ii = e % KS;
+        const size_t at = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i0 + ii;
+        x_s[e] = r < L ? static_cast<float>(k[at]) : 0.0f;
+        x_s[C * KS + e] = r < L ? static_cast<float>(q[at]) : 0.0f;
       }
-      if (lane == 0) {
-        const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[e], kk) : 0.0f;
-        gm[sq + e] = gm_s[e];
-        gkk[sq + e] = gkk_e;
-        pm[sq + e] = s <= r ? MLXK_CB_MUL(gm_s[e], qk) : 0.0f;
-        a_s[e] = MLXK_CB_MUL(bs[r], gkk_e);
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int x = 0; x < PPT; ++x) {
+        const int tile = int(sg) + x * NSG;
+        if (tile >= PT) continue;
+        const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+        for (int kk = 0; kk < KS; kk += 8) {
+          mlxk_tile::a16x8 ka, qa;
+          mlxk_tile::b8x8 kb;
+          mlxk_tile::load_a(ka, x_s + r0 * KS + kk, KS, false, lane);
+          mlxk_tile::load_a(qa, x_s + C * KS + r0 * KS + kk, KS, false, lane);
+          mlxk_tile::load_b(kb, x_s + s0 * KS + kk, KS, true, lane);
+          mlxk_tile::mma(kk_t[x], ka, kb);
+          mlxk_tile::mma(qk_t[x], qa, kb);
+        }
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+    for (int e = int(tid); e < C * C; e += NT) gm[sq + e] = gm_s[e];
+    for (int x = 0; x < PPT; ++x) {
+      const int tile = int(sg) + x * NSG;
+      if (tile >= PT) continue;
+      const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+      for (int e = 0; e < mlxk_tile::kElems; ++e) {
+        const int r = r0 + mlxk_tile::row(lane, e), s = s0 + mlxk_tile::col(lane, e);
+        const int at = r * C + s;
+        const bool kept = r < L && s <= r;
+        const float kk = kept ? mlxk_tile::get(kk_t[x], e) : 0.0f;
+        const float qk = kept ? mlxk_tile::get(qk_t[x], e) : 0.0f;
+        const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[at], kk) : 0.0f;
+        gkk[sq + at] = gkk_e;
+        pm[sq + at] = s <= r ? MLXK_CB_MUL(gm_s[at], qk) : 0.0f;
+        a_s[at] = MLXK_CB_MUL(bs[r], gkk_e);
       }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -121,27 +152,48 @@
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
     for (int e = int(tid); e < C * C; e += NT) tm[sq + e] = tm_s[e];
-    // W = Tm diag(βγ) K, Ũ = Tm diag(β) V.
-    for (int e = int(tid); e < C * Dk; e += NT) {
-      const int r = e / Dk, i = e % Dk;
-      float acc = 0.0f;
-      for (int s = 0; s <= r && r < L; ++s) {
-        const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-        const float f = MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), gam_s[s]);
-        acc += MLXK_CB_MUL(f, static_cast<float>(k[ks + i]));
+    // W = Tm diag(βγ) K and Ũ = Tm diag(β) V on the matrix tiles, KS keys or values at a time
+    // (βγ K and β V staged, zero past L and Dv); W's rows past L are zero (so are Tm's
+    // products there: the staged rows are zero and Tm's rows identity rows).
+    for (int i0 = 0; i0 < Dk + Dv; i0 += KS) {
+      const bool keys = i0 < Dk;
+      const int j0 = keys ? i0 : i0 - Dk;  // Dk is a multiple of KS
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int e = int(tid); e < C * KS; e += NT) {
+        const int s = e / KS, jj = e % KS;
+        float val = 0.0f;
+        if (s < L && keys) {
+          const size_t at = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk + j0 + jj;
+          val = MLXK_CB_MUL(MLXK_CB_MUL(bs[s], gam_s[s]), static_cast<float>(k[at]));
+        } else if (s < L && j0 + jj < Dv) {
+          const size_t at = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv + j0 + jj;
+          val = MLXK_CB_MUL(bs[s], static_cast<float>(v[at]));
+        }
+        x_s[e] = val;
       }
-      w[(size_t(n) * TP + t0 + r) * Dk + i] = acc;
-    }
-    for (int e = int(tid); e < L * Dv; e += NT) {
-      const int r = e / Dv, j = e % Dv;
-      float acc = 0.0f;
-      for (int s = 0; s <= r; ++s) {
-        const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
-        acc += MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), static_cast<float>(v[vs + j]));
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int tile = int(sg); tile < (C / 16) * (KS / 8); tile += NSG) {
+        const int r0 = tile / (KS / 8) * 16, n0 = tile % (KS / 8) * 8;
+        mlxk_tile::acc16x8 acc;
+        mlxk_tile::fill(acc, 0.0f);
+        for (int s0 = 0; s0 < C; s0 += 8) {
+          mlxk_tile::a16x8 ta;
+          mlxk_tile::b8x8 xb;
+          mlxk_tile::load_a(ta, tm_s + r0 * C + s0, C, false, lane);
+          mlxk_tile::load_b(xb, x_s + s0 * KS + n0, KS, false, lane);
+          mlxk_tile::mma(acc, ta, xb);
+        }
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int r = r0 + mlxk_tile::row(lane, e), j = j0 + n0 + mlxk_tile::col(lane, e);
+          const float val = r < L ? mlxk_tile::get(acc, e) : 0.0f;
+          if (keys) {
+            w[(size_t(n) * TP + t0 + r) * Dk + j] = val;
+          } else if (r < L && j < Dv) {
+            ut[(size_t(n) * T + t0 + r) * Dv + j] = val;
+          }
+        }
       }
-      ut[(size_t(n) * T + t0 + r) * Dv + j] = acc;
     }
-
 #elif MLXK_CBWD_STAGE == 2
     // ---- 2: per (head, column tile), chunks in order ----
     const int TP = NC * C;  // W's rows per head

@@ -249,6 +249,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
             let padded = tile.div_ceil(8) * 8;
             assert!(u(d.dk) * tile <= 4096 && tile <= 32);
             assert!((5 * cc * cc + 4 * cc * 16 + cc) * 4 <= 32 * 1024);
+            assert!((3 * cc * cc + 2 * cc * 16 + 3 * cc) * 4 <= 32 * 1024, "stage 1");
             assert!((u(d.dk) * padded + 2 * cc * padded + 16 * cc + 2 * cc) * 4 <= 32 * 1024);
             // Stage 5: two C x C matrices, a C x 16 slice of dY, U and Tmᵀ dU, a 16 x 32 slice
             // of H and dH', a C x 32 block of K and Q, per-token sums per SIMD group.
