@@ -168,6 +168,13 @@ METAL_FUNC void store(const acc16x8& c, P p, uint ld, uint lane) {
   for (int e = 0; e < kElems; ++e) p[size_t(row(lane, e)) * ld + col(lane, e)] = c.x[e];
 }
 
+// The lanes of a row differ in lane bits 0 and 1 (t): x + lane ^ 1's, then + lane ^ 2's.
+METAL_FUNC float row_sum(float x, uint lane) {
+  (void)lane;
+  x = x + __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 METAL_FUNC float get(const acc16x8& c, int e) { return c.x[e]; }
 METAL_FUNC void set(acc16x8& c, int e, float v) { c.x[e] = v; }
 

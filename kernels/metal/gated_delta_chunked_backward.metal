@@ -26,9 +26,10 @@
 // rows past T zero), per chunk [n, NC, C, C], kept states [n, NC, Dv, Dk]. Tin = {T}; mask
 // [B, T] in the masked variant (MLXK_TOKEN_ACTIVE).
 // Template: Dk (multiple of 32), Dv, Hk, Hv, C (chunk, 16 or 32), TN (value columns of a tile),
-// NT. The sequential stages (2, 3) multiply on the matrix tiles (the launch's header, tiles.h:
-// simdgroup matrices on Metal, tensor cores or FMAs on MLX CUDA), with the tile's TN columns
-// padded to TNP, a multiple of 8, by zero columns.
+// NT. The stages' matrix products run on the matrix tiles (the launch's header, tiles.h:
+// simdgroup matrices on Metal, tensor cores or FMAs on MLX CUDA), but for stage 1's inverse
+// and stage 4's C x C x C product dA; in 2 and 3 the tile's TN columns are padded to TNP, a
+// multiple of 8, by zero columns.
 // A product. Unlike the exact kernels' MLXK_MUL it may fuse with the sum it feeds (NVRTC's
 // --fmad=true makes those FMAs): this backward has no bit-exact contract, and a fused
 // multiply-add is faster and rounds once instead of twice.
@@ -40,6 +41,10 @@
 
 #if MLXK_CBWD_STAGE == 1
     // ---- 1: per (head, chunk) ----
+    constexpr int NSG = NT / 32;
+    constexpr int KS = 16;                     // keys (or values) per staged slice
+    constexpr int PT = (C / 16) * (C / 8);     // tiles of a C x C product
+    constexpr int PPT = (PT + NSG - 1) / NSG;  // per SIMD group
     const int TP = NC * C;  // W's rows per head
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
@@ -54,6 +59,7 @@
     threadgroup float gm_s[C * C];
     threadgroup float a_s[C * C];
     threadgroup float tm_s[C * C];
+    threadgroup float x_s[2 * C * KS];  // KS keys and queries (or values) of the chunk's tokens
     for (int s = int(tid); s < C; s += NT) {
       float gv = 1.0f, bv = 0.0f;
       if (s < L) {
@@ -85,29 +91,54 @@
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     const size_t sq = (size_t(n) * NC + c) * (C * C);
-    // k_r·k_s and q_r·k_s, one entry per SIMD group at a time, lanes over the columns (rows
-    // read whole, coalesced), summed by the butterfly.
+    // K Kᵀ and Q Kᵀ on the matrix tiles, KS keys at a time staged in threadgroup memory (zero
+    // past L); then Γ∘KKᵀ (strictly lower), Γ∘QKᵀ (lower) and A = diag(β) Γ∘KKᵀ.
     const uint lane = tid % 32;
-    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
-      const int r = e / C, s = e % C;
-      float kk = 0.0f, qk = 0.0f;
-      if (r < L && s <= r) {
-        const size_t kr = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk;
-        const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-        for (int i = int(lane); i < Dk; i += 32) {
-          const float kv = static_cast<float>(k[ks + i]);
-          kk += MLXK_CB_MUL(static_cast<float>(k[kr + i]), kv);
-          qk += MLXK_CB_MUL(static_cast<float>(q[kr + i]), kv);
-        }
-        kk = simd_sum(kk);
-        qk = simd_sum(qk);
+    const uint sg = tid / 32;
+    mlxk_tile::acc16x8 kk_t[PPT], qk_t[PPT];
+    for (int x = 0; x < PPT; ++x) {
+      mlxk_tile::fill(kk_t[x], 0.0f);
+      mlxk_tile::fill(qk_t[x], 0.0f);
+    }
+    for (int i0 = 0; i0 < Dk; i0 += KS) {
+      for (int e = int(tid); e < C * KS; e += NT) {
+        const int r = e / KS, ii = e % KS;
+        const size_t at = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i0 + ii;
+        x_s[e] = r < L ? static_cast<float>(k[at]) : 0.0f;
+        x_s[C * KS + e] = r < L ? static_cast<float>(q[at]) : 0.0f;
       }
-      if (lane == 0) {
-        const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[e], kk) : 0.0f;
-        gm[sq + e] = gm_s[e];
-        gkk[sq + e] = gkk_e;
-        pm[sq + e] = s <= r ? MLXK_CB_MUL(gm_s[e], qk) : 0.0f;
-        a_s[e] = MLXK_CB_MUL(bs[r], gkk_e);
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int x = 0; x < PPT; ++x) {
+        const int tile = int(sg) + x * NSG;
+        if (tile >= PT) continue;
+        const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+        for (int kk = 0; kk < KS; kk += 8) {
+          mlxk_tile::a16x8 ka, qa;
+          mlxk_tile::b8x8 kb;
+          mlxk_tile::load_a(ka, x_s + r0 * KS + kk, KS, false, lane);
+          mlxk_tile::load_a(qa, x_s + C * KS + r0 * KS + kk, KS, false, lane);
+          mlxk_tile::load_b(kb, x_s + s0 * KS + kk, KS, true, lane);
+          mlxk_tile::mma(kk_t[x], ka, kb);
+          mlxk_tile::mma(qk_t[x], qa, kb);
+        }
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    }
+    for (int e = int(tid); e < C * C; e += NT) gm[sq + e] = gm_s[e];
+    for (int x = 0; x < PPT; ++x) {
+      const int tile = int(sg) + x * NSG;
+      if (tile >= PT) continue;
+      const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+      for (int e = 0; e < mlxk_tile::kElems; ++e) {
+        const int r = r0 + mlxk_tile::row(lane, e), s = s0 + mlxk_tile::col(lane, e);
+        const int at = r * C + s;
+        const bool kept = r < L && s <= r;
+        const float kk = kept ? mlxk_tile::get(kk_t[x], e) : 0.0f;
+        const float qk = kept ? mlxk_tile::get(qk_t[x], e) : 0.0f;
+        const float gkk_e = s < r ? MLXK_CB_MUL(gm_s[at], kk) : 0.0f;
+        gkk[sq + at] = gkk_e;
+        pm[sq + at] = s <= r ? MLXK_CB_MUL(gm_s[at], qk) : 0.0f;
+        a_s[at] = MLXK_CB_MUL(bs[r], gkk_e);
       }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -121,27 +152,48 @@
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
     for (int e = int(tid); e < C * C; e += NT) tm[sq + e] = tm_s[e];
-    // W = Tm diag(βγ) K, Ũ = Tm diag(β) V.
-    for (int e = int(tid); e < C * Dk; e += NT) {
-      const int r = e / Dk, i = e % Dk;
-      float acc = 0.0f;
-      for (int s = 0; s <= r && r < L; ++s) {
-        const size_t ks = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk;
-        const float f = MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), gam_s[s]);
-        acc += MLXK_CB_MUL(f, static_cast<float>(k[ks + i]));
+    // W = Tm diag(βγ) K and Ũ = Tm diag(β) V on the matrix tiles, KS keys or values at a time
+    // (βγ K and β V staged, zero past L and Dv); W's rows past L are zero (so are Tm's
+    // products there: the staged rows are zero and Tm's rows identity rows).
+    for (int i0 = 0; i0 < Dk + Dv; i0 += KS) {
+      const bool keys = i0 < Dk;
+      const int j0 = keys ? i0 : i0 - Dk;  // Dk is a multiple of KS
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int e = int(tid); e < C * KS; e += NT) {
+        const int s = e / KS, jj = e % KS;
+        float val = 0.0f;
+        if (s < L && keys) {
+          const size_t at = ((size_t(b_idx) * T + t0 + s) * Hk + hk_idx) * Dk + j0 + jj;
+          val = MLXK_CB_MUL(MLXK_CB_MUL(bs[s], gam_s[s]), static_cast<float>(k[at]));
+        } else if (s < L && j0 + jj < Dv) {
+          const size_t at = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv + j0 + jj;
+          val = MLXK_CB_MUL(bs[s], static_cast<float>(v[at]));
+        }
+        x_s[e] = val;
       }
-      w[(size_t(n) * TP + t0 + r) * Dk + i] = acc;
-    }
-    for (int e = int(tid); e < L * Dv; e += NT) {
-      const int r = e / Dv, j = e % Dv;
-      float acc = 0.0f;
-      for (int s = 0; s <= r; ++s) {
-        const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
-        acc += MLXK_CB_MUL(MLXK_CB_MUL(tm_s[r * C + s], bs[s]), static_cast<float>(v[vs + j]));
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int tile = int(sg); tile < (C / 16) * (KS / 8); tile += NSG) {
+        const int r0 = tile / (KS / 8) * 16, n0 = tile % (KS / 8) * 8;
+        mlxk_tile::acc16x8 acc;
+        mlxk_tile::fill(acc, 0.0f);
+        for (int s0 = 0; s0 < C; s0 += 8) {
+          mlxk_tile::a16x8 ta;
+          mlxk_tile::b8x8 xb;
+          mlxk_tile::load_a(ta, tm_s + r0 * C + s0, C, false, lane);
+          mlxk_tile::load_b(xb, x_s + s0 * KS + n0, KS, false, lane);
+          mlxk_tile::mma(acc, ta, xb);
+        }
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int r = r0 + mlxk_tile::row(lane, e), j = j0 + n0 + mlxk_tile::col(lane, e);
+          const float val = r < L ? mlxk_tile::get(acc, e) : 0.0f;
+          if (keys) {
+            w[(size_t(n) * TP + t0 + r) * Dk + j] = val;
+          } else if (r < L && j < Dv) {
+            ut[(size_t(n) * T + t0 + r) * Dv + j] = val;
+          }
+        }
       }
-      ut[(size_t(n) * T + t0 + r) * Dv + j] = acc;
     }
-
 #elif MLXK_CBWD_STAGE == 2
     // ---- 2: per (head, column tile), chunks in order ----
     const int TP = NC * C;  // W's rows per head
@@ -383,6 +435,10 @@
 
 #elif MLXK_CBWD_STAGE == 4
     // ---- 4: per (head, chunk), the L x L products ----
+    constexpr int NSG = NT / 32;
+    constexpr int DS = 16;                     // value columns per staged slice
+    constexpr int PT = (C / 16) * (C / 8);     // tiles of an L x L product
+    constexpr int PPT = (PT + NSG - 1) / NSG;  // per SIMD group
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
     const uint b_idx = n / Hv;
@@ -395,6 +451,7 @@
     threadgroup float m_r[C * C];   // dA∘Γ∘KKᵀ
     threadgroup float m_x[C * C];   // the gate terms X(t, s), s < t
     threadgroup float m_v[C * C];   // dU Vᵀ
+    threadgroup float a_s[4 * C * DS];  // dY, U, dU, V: DS value columns of the chunk
     threadgroup float bs[C];
     for (int s = int(tid); s < C; s += NT) {
       float bv = 0.0f;
@@ -405,33 +462,89 @@
       bs[s] = bv;
     }
     for (int e = int(tid); e < C * C; e += NT) tm_s[e] = tm[sq + e];
-    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns, one
-    // entry per SIMD group at a time, lanes over the columns (coalesced), by the butterfly.
+    // dP = dY Uᵀ (s <= t), dU Uᵀ (s < t), dU Vᵀ (s <= t): sums over the value columns on the
+    // matrix tiles, DS columns at a time staged in threadgroup memory (zero past L, Dv and at
+    // masked tokens' dY); in each slice also Tmᵀ dU, whence dv = diag(β) Tmᵀ dU.
     const uint lane = tid % 32;
-    for (int e = int(tid / 32); e < C * C; e += NT / 32) {
-      const int r = e / C, s = e % C;
-      float dp = 0.0f, dtm = 0.0f, duv = 0.0f;
-      if (r < L && s <= r) {
-        const int t = t0 + r;
-        const bool active = MLXK_TOKEN_ACTIVE;
-        const size_t ur = (size_t(n) * T + t0 + r) * Dv, us = (size_t(n) * T + t0 + s) * Dv;
-        const size_t yr = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
-        const size_t vs = ((size_t(b_idx) * T + t0 + s) * Hv + hv_idx) * Dv;
-        for (int j = int(lane); j < Dv; j += 32) {
-          const float us_j = u[us + j], du_j = du[ur + j];
-          if (active) dp += MLXK_CB_MUL(static_cast<float>(dy[yr + j]), us_j);
-          dtm += MLXK_CB_MUL(du_j, us_j);
-          duv += MLXK_CB_MUL(du_j, static_cast<float>(v[vs + j]));
+    const uint sg = tid / 32;
+    mlxk_tile::acc16x8 dp_t[PPT], dtm_t[PPT], duv_t[PPT];
+    for (int x = 0; x < PPT; ++x) {
+      mlxk_tile::fill(dp_t[x], 0.0f);
+      mlxk_tile::fill(dtm_t[x], 0.0f);
+      mlxk_tile::fill(duv_t[x], 0.0f);
+    }
+    for (int j0 = 0; j0 < Dv; j0 += DS) {
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int e = int(tid); e < C * DS; e += NT) {
+        const int r = e / DS, j = j0 + e % DS;
+        float y_v = 0.0f, u_v = 0.0f, du_v = 0.0f, v_v = 0.0f;
+        if (r < L && j < Dv) {
+          const int t = t0 + r;
+          const size_t tok = size_t(n) * T + t;
+          const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
+          if (MLXK_TOKEN_ACTIVE) y_v = static_cast<float>(dy[at]);
+          u_v = u[tok * Dv + j];
+          du_v = du[tok * Dv + j];
+          v_v = static_cast<float>(v[at]);
         }
-        dp = simd_sum(dp);
-        dtm = simd_sum(dtm);
-        duv = simd_sum(duv);
+        a_s[e] = y_v;
+        a_s[C * DS + e] = u_v;
+        a_s[2 * C * DS + e] = du_v;
+        a_s[3 * C * DS + e] = v_v;
       }
-      if (lane == 0) {
-        dpg[sq + e] = MLXK_CB_MUL(dp, gm[sq + e]);
-        m_x[e] = s < r ? MLXK_CB_MUL(dp, pm[sq + e]) : 0.0f;
-        m_g[e] = s < r ? dtm : 0.0f;
-        m_v[e] = duv;
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int x = 0; x < PPT; ++x) {
+        const int tile = int(sg) + x * NSG;
+        if (tile >= PT) continue;
+        const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+        for (int jj = 0; jj < DS; jj += 8) {
+          mlxk_tile::a16x8 ya, da;
+          mlxk_tile::b8x8 ub, vb;
+          mlxk_tile::load_a(ya, a_s + r0 * DS + jj, DS, false, lane);
+          mlxk_tile::load_a(da, a_s + 2 * C * DS + r0 * DS + jj, DS, false, lane);
+          mlxk_tile::load_b(ub, a_s + C * DS + s0 * DS + jj, DS, true, lane);
+          mlxk_tile::load_b(vb, a_s + 3 * C * DS + s0 * DS + jj, DS, true, lane);
+          mlxk_tile::mma(dp_t[x], ya, ub);
+          mlxk_tile::mma(dtm_t[x], da, ub);
+          mlxk_tile::mma(duv_t[x], da, vb);
+        }
+      }
+      for (int tile = int(sg); tile < (C / 16) * (DS / 8); tile += NSG) {
+        const int s0 = tile / (DS / 8) * 16, jn = tile % (DS / 8) * 8;
+        mlxk_tile::acc16x8 acc;
+        mlxk_tile::fill(acc, 0.0f);
+        for (int k0 = 0; k0 < C; k0 += 8) {
+          mlxk_tile::a16x8 ta;
+          mlxk_tile::b8x8 db;
+          mlxk_tile::load_a(ta, tm_s + k0 * C + s0, C, true, lane);
+          mlxk_tile::load_b(db, a_s + 2 * C * DS + k0 * DS + jn, DS, false, lane);
+          mlxk_tile::mma(acc, ta, db);
+        }
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = s0 + mlxk_tile::row(lane, e), j = j0 + jn + mlxk_tile::col(lane, e);
+          if (s < L && j < Dv) {
+            const float tdu_v = mlxk_tile::get(acc, e);
+            tdu[(size_t(n) * T + t0 + s) * Dv + j] = tdu_v;
+            const int t = t0 + s;
+            const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
+            dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_CB_MUL(bs[s], tdu_v) : 0.0f;
+          }
+        }
+      }
+    }
+    for (int x = 0; x < PPT; ++x) {
+      const int tile = int(sg) + x * NSG;
+      if (tile >= PT) continue;
+      const int r0 = tile / (C / 8) * 16, s0 = tile % (C / 8) * 8;
+      for (int e = 0; e < mlxk_tile::kElems; ++e) {
+        const int r = r0 + mlxk_tile::row(lane, e), s = s0 + mlxk_tile::col(lane, e);
+        const int at = r * C + s;
+        const bool kept = r < L && s <= r;
+        const float dp = kept ? mlxk_tile::get(dp_t[x], e) : 0.0f;
+        dpg[sq + at] = MLXK_CB_MUL(dp, gm[sq + at]);
+        m_x[at] = s < r ? MLXK_CB_MUL(dp, pm[sq + at]) : 0.0f;
+        m_g[at] = s < r && kept ? mlxk_tile::get(dtm_t[x], e) : 0.0f;
+        m_v[at] = kept ? mlxk_tile::get(duv_t[x], e) : 0.0f;
       }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -465,23 +578,17 @@
       dbb[(size_t(n) * T + t0 + s) * 2] = dbeta_s;
       dbb[(size_t(n) * T + t0 + s) * 2 + 1] = db_s;
     }
-    // Tmᵀ dU, and dv = diag(β) Tmᵀ dU.
-    for (int e = int(tid); e < L * Dv; e += NT) {
-      const int s = e / Dv, j = e % Dv;
-      float acc = 0.0f;
-      for (int r = s; r < L; ++r) {
-        acc += MLXK_CB_MUL(tm_s[r * C + s], du[(size_t(n) * T + t0 + r) * Dv + j]);
-      }
-      tdu[(size_t(n) * T + t0 + s) * Dv + j] = acc;
-      const int t = t0 + s;
-      const size_t at = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j;
-      dv[at] = (MLXK_TOKEN_ACTIVE) ? MLXK_CB_MUL(bs[s], acc) : 0.0f;
-    }
 
 #elif MLXK_CBWD_STAGE == 5
     // ---- 5: per (head, chunk), dq, dk and the gates ----
+    // On the matrix tiles, per block of KB keys (one tile of 8 per SIMD group) and each half of
+    // 16 tokens: dY Hᵀ, U dH'ᵀ and (Tmᵀ dU) Hᵀ summed over slices of DS value columns staged in
+    // threadgroup memory, then (dP∘Γ) K, (dP∘Γ)ᵀ Q and (dA∘βΓ + its transpose) K over the
+    // chunk's tokens; the per-token sums of the gates' terms by row_sum, per SIMD group.
     constexpr int NSG = NT / 32;
-    constexpr int NPT = Dk / 32;
+    constexpr int KB = 8 * NSG;  // keys per block
+    constexpr int DS = 16;       // value columns per staged slice
+    constexpr int TH = C / 16;   // halves of 16 tokens
     const uint n = item / uint(NC);
     const int c = int(item % uint(NC));
     const uint b_idx = n / Hv;
@@ -494,17 +601,18 @@
     const size_t sq = (size_t(n) * NC + c) * (C * C);
     const size_t kept = (size_t(n) * NC + c) * Dv * Dk;
     threadgroup float dpg_s[C * C];
-    threadgroup float dak_s[C * C];
+    threadgroup float dak_s[C * C];       // dA∘βΓ plus its transpose
+    threadgroup float a_s[3 * C * DS];    // dY, U, Tmᵀ dU: DS value columns of the chunk
+    threadgroup float h_s[2 * DS * KB];   // H, dH': DS value rows, KB keys
+    threadgroup float qk_s[2 * C * KB];   // K, Q: KB keys of the chunk's tokens
     threadgroup float gl_s[C];
     threadgroup float gam_s[C];
     threadgroup float bs[C];
-    threadgroup float sum_q[C];
-    threadgroup float sum_a[C];
-    threadgroup float sum_b[C];
+    threadgroup float part[3 * NSG * C];  // per SIMD group and token: the sums q·dq', k·dk_h, k·dk_w
     threadgroup float red[NT];
     for (int e = int(tid); e < C * C; e += NT) {
       dpg_s[e] = dpg[sq + e];
-      dak_s[e] = dak[sq + e];
+      dak_s[e] = dak[sq + e] + dak[sq + (e % C) * C + e / C];
     }
     for (int s = int(tid); s < C; s += NT) {
       float bv = 0.0f;
@@ -516,101 +624,116 @@
       gl_s[s] = s < L ? gm[sq + (L - 1) * C + s] : 0.0f;
       gam_s[s] = s < L ? gam[size_t(n) * T + t0 + s] : 0.0f;
     }
+    for (int e = int(tid); e < 3 * NSG * C; e += NT) part[e] = 0.0f;
     // Σ H ∘ dH' (the gradient of γ_L H).
-    float part = 0.0f;
-    for (int e = int(tid); e < Dv * Dk; e += NT) part += MLXK_CB_MUL(hs[kept + e], dhs[kept + e]);
-    red[tid] = part;
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-    // A SIMD group takes TB tokens at once, so that each load of H and dH' serves TB of them;
-    // tokens past L (the chunk's last block) compute zeros from the zero rows and are not
-    // written.
-    constexpr int TB = 4;
-    for (int s0 = int(sg) * TB; s0 < L; s0 += NSG * TB) {
-      bool act[TB];
-      size_t tok[TB], yv[TB];
-      for (int x = 0; x < TB; ++x) {
-        const int t = t0 + (s0 + x < L ? s0 + x : s0);
-        act[x] = s0 + x < L && (MLXK_TOKEN_ACTIVE);
-        tok[x] = size_t(n) * T + t;
-        yv[x] = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv;
+    float hsum_part = 0.0f;
+    for (int e = int(tid); e < Dv * Dk; e += NT) hsum_part += MLXK_CB_MUL(hs[kept + e], dhs[kept + e]);
+    red[tid] = hsum_part;
+    const int n0 = int(sg) * 8;  // this SIMD group's keys within a block
+    for (int i0 = 0; i0 < Dk; i0 += KB) {
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      for (int e = int(tid); e < C * KB; e += NT) {
+        const int r = e / KB, ii = e % KB;
+        const size_t at = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i0 + ii;
+        qk_s[e] = r < L ? static_cast<float>(k[at]) : 0.0f;
+        qk_s[C * KB + e] = r < L ? static_cast<float>(q[at]) : 0.0f;
       }
-      float aq[TB][NPT], aa[TB][NPT], ab[TB][NPT];
-      for (int x = 0; x < TB; ++x) {
-        for (int m = 0; m < NPT; ++m) {
-          aq[x][m] = 0.0f;
-          aa[x][m] = 0.0f;
-          ab[x][m] = 0.0f;
-        }
+      mlxk_tile::acc16x8 p1[TH], p2[TH], p3[TH], x1[TH], x2[TH], x3[TH];
+      for (int x = 0; x < TH; ++x) {
+        mlxk_tile::fill(p1[x], 0.0f);
+        mlxk_tile::fill(p2[x], 0.0f);
+        mlxk_tile::fill(p3[x], 0.0f);
+        mlxk_tile::fill(x1[x], 0.0f);
+        mlxk_tile::fill(x2[x], 0.0f);
+        mlxk_tile::fill(x3[x], 0.0f);
       }
-      // dY Hᵀ, U dH'ᵀ, (Tmᵀ dU) Hᵀ: sums over the value columns.
-      for (int j = 0; j < Dv; ++j) {
-        float dy_j[TB], u_j[TB], tdu_j[TB];
-        for (int x = 0; x < TB; ++x) {
-          dy_j[x] = act[x] ? static_cast<float>(dy[yv[x] + j]) : 0.0f;
-          u_j[x] = u[tok[x] * Dv + j];
-          tdu_j[x] = tdu[tok[x] * Dv + j];
+      for (int j0 = 0; j0 < Dv; j0 += DS) {
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int e = int(tid); e < C * DS; e += NT) {
+          const int s = e / DS, j = j0 + e % DS;
+          float y_v = 0.0f, u_v = 0.0f, t_v = 0.0f;
+          if (s < L && j < Dv) {
+            const int t = t0 + s;
+            const size_t tok = size_t(n) * T + t;
+            if (MLXK_TOKEN_ACTIVE) {
+              y_v = static_cast<float>(dy[((size_t(b_idx) * T + t) * Hv + hv_idx) * Dv + j]);
+            }
+            u_v = u[tok * Dv + j];
+            t_v = tdu[tok * Dv + j];
+          }
+          a_s[e] = y_v;
+          a_s[C * DS + e] = u_v;
+          a_s[2 * C * DS + e] = t_v;
         }
-        for (int m = 0; m < NPT; ++m) {
-          const size_t at = kept + size_t(j) * Dk + m * 32 + lane;
-          const float h = hs[at];
-          const float dh = dhs[at];
-          for (int x = 0; x < TB; ++x) {
-            aq[x][m] += MLXK_CB_MUL(dy_j[x], h);
-            aa[x][m] += MLXK_CB_MUL(u_j[x], dh);
-            ab[x][m] += MLXK_CB_MUL(tdu_j[x], h);
+        for (int e = int(tid); e < DS * KB; e += NT) {
+          const int j = j0 + e / KB, ii = e % KB;
+          const size_t at = kept + size_t(j) * Dk + i0 + ii;
+          h_s[e] = j < Dv ? hs[at] : 0.0f;
+          h_s[DS * KB + e] = j < Dv ? dhs[at] : 0.0f;
+        }
+        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+        for (int jj = 0; jj < DS; jj += 8) {
+          mlxk_tile::b8x8 hb, db;
+          mlxk_tile::load_b(hb, h_s + jj * KB + n0, KB, false, lane);
+          mlxk_tile::load_b(db, h_s + DS * KB + jj * KB + n0, KB, false, lane);
+          for (int x = 0; x < TH; ++x) {
+            mlxk_tile::a16x8 at;
+            mlxk_tile::load_a(at, a_s + x * 16 * DS + jj, DS, false, lane);
+            mlxk_tile::mma(p1[x], at, hb);
+            mlxk_tile::load_a(at, a_s + C * DS + x * 16 * DS + jj, DS, false, lane);
+            mlxk_tile::mma(p2[x], at, db);
+            mlxk_tile::load_a(at, a_s + 2 * C * DS + x * 16 * DS + jj, DS, false, lane);
+            mlxk_tile::mma(p3[x], at, hb);
           }
         }
       }
-      float pq[TB], pa[TB], pb[TB];
-      for (int x = 0; x < TB; ++x) {
-        pq[x] = 0.0f;
-        pa[x] = 0.0f;
-        pb[x] = 0.0f;
-      }
-      for (int m = 0; m < NPT; ++m) {
-        const int i = m * 32 + int(lane);
-        float dq_inter[TB], dk_h_term[TB], dk_w_term[TB], dq_acc[TB], dk_acc[TB];
-        for (int x = 0; x < TB; ++x) {
-          const int s = s0 + x;
-          dq_inter[x] = MLXK_CB_MUL(gam_s[s], aq[x][m]);
-          dk_h_term[x] = MLXK_CB_MUL(gl_s[s], aa[x][m]);
-          dk_w_term[x] = -MLXK_CB_MUL(gam_s[s], ab[x][m]);
-          dq_acc[x] = dq_inter[x];
-          dk_acc[x] = dk_h_term[x] + MLXK_CB_MUL(bs[s], dk_w_term[x]);
+      // Sums over the chunk's tokens r (qk_s was staged before the barriers above).
+      for (int r0 = 0; r0 < C; r0 += 8) {
+        mlxk_tile::b8x8 kb, qb;
+        mlxk_tile::load_b(kb, qk_s + r0 * KB + n0, KB, false, lane);
+        mlxk_tile::load_b(qb, qk_s + C * KB + r0 * KB + n0, KB, false, lane);
+        for (int x = 0; x < TH; ++x) {
+          mlxk_tile::a16x8 at;
+          mlxk_tile::load_a(at, dpg_s + x * 16 * C + r0, C, false, lane);
+          mlxk_tile::mma(x1[x], at, kb);
+          mlxk_tile::load_a(at, dpg_s + r0 * C + x * 16, C, true, lane);
+          mlxk_tile::mma(x2[x], at, qb);
+          mlxk_tile::load_a(at, dak_s + x * 16 * C + r0, C, false, lane);
+          mlxk_tile::mma(x3[x], at, kb);
         }
-        for (int r = 0; r < L; ++r) {
-          const size_t qk_r = ((size_t(b_idx) * T + t0 + r) * Hk + hk_idx) * Dk + i;
-          const float kr = static_cast<float>(k[qk_r]);
-          const float qr = static_cast<float>(q[qk_r]);
-          for (int x = 0; x < TB; ++x) {
-            const int s = s0 + x;
-            if (r <= s) dq_acc[x] += MLXK_CB_MUL(dpg_s[s * C + r], kr);
-            if (r >= s) dk_acc[x] += MLXK_CB_MUL(dpg_s[r * C + s], qr);
-            if (r < s) dk_acc[x] += MLXK_CB_MUL(dak_s[s * C + r], kr);
-            if (r > s) dk_acc[x] += MLXK_CB_MUL(dak_s[r * C + s], kr);
+      }
+      for (int x = 0; x < TH; ++x) {
+        float pq[2] = {0.0f, 0.0f}, pa[2] = {0.0f, 0.0f}, pb[2] = {0.0f, 0.0f};
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = x * 16 + mlxk_tile::row(lane, e), ii = n0 + mlxk_tile::col(lane, e);
+          const float dq_inter = MLXK_CB_MUL(gam_s[s], mlxk_tile::get(p1[x], e));
+          const float dk_h_term = MLXK_CB_MUL(gl_s[s], mlxk_tile::get(p2[x], e));
+          const float dk_w_term = -MLXK_CB_MUL(gam_s[s], mlxk_tile::get(p3[x], e));
+          const float kf = qk_s[s * KB + ii], qf = qk_s[C * KB + s * KB + ii];
+          pq[e >> 1] += MLXK_CB_MUL(qf, dq_inter);
+          pa[e >> 1] += MLXK_CB_MUL(kf, dk_h_term);
+          pb[e >> 1] += MLXK_CB_MUL(kf, dk_w_term);
+          if (s < L) {
+            const int t = t0 + s;
+            const bool active = MLXK_TOKEN_ACTIVE;
+            const float dq_v = dq_inter + mlxk_tile::get(x1[x], e);
+            const float dk_v = dk_h_term + MLXK_CB_MUL(bs[s], dk_w_term) + mlxk_tile::get(x2[x], e) +
+                               mlxk_tile::get(x3[x], e);
+            const size_t out = ((size_t(b_idx) * T + t) * Hv + hv_idx) * Dk + i0 + ii;
+            dq_h[out] = active ? dq_v : 0.0f;
+            dk_h[out] = active ? dk_v : 0.0f;
           }
         }
-        for (int x = 0; x < TB; ++x) {
-          if (s0 + x >= L) continue;
-          const size_t qk_s = ((size_t(b_idx) * T + t0 + s0 + x) * Hk + hk_idx) * Dk + i;
-          const float qf = static_cast<float>(q[qk_s]);
-          const float kf = static_cast<float>(k[qk_s]);
-          pq[x] += MLXK_CB_MUL(qf, dq_inter[x]);
-          pa[x] += MLXK_CB_MUL(kf, dk_h_term[x]);
-          pb[x] += MLXK_CB_MUL(kf, dk_w_term[x]);
-          const size_t out = ((size_t(b_idx) * T + t0 + s0 + x) * Hv + hv_idx) * Dk + i;
-          dq_h[out] = act[x] ? dq_acc[x] : 0.0f;
-          dk_h[out] = act[x] ? dk_acc[x] : 0.0f;
-        }
-      }
-      for (int x = 0; x < TB; ++x) {
-        const float sq_x = simd_sum(pq[x]);
-        const float sa_x = simd_sum(pa[x]);
-        const float sb_x = simd_sum(pb[x]);
-        if (lane == 0 && s0 + x < L) {
-          sum_q[s0 + x] = sq_x;
-          sum_a[s0 + x] = sa_x;
-          sum_b[s0 + x] = sb_x;
+        for (int h = 0; h < 2; ++h) {
+          const float sq_h = mlxk_tile::row_sum(pq[h], lane);
+          const float sa_h = mlxk_tile::row_sum(pa[h], lane);
+          const float sb_h = mlxk_tile::row_sum(pb[h], lane);
+          if (mlxk_tile::col(lane, 0) == 0) {
+            const int s = x * 16 + mlxk_tile::row(lane, 2 * h);
+            part[(0 * NSG + sg) * C + s] += sq_h;
+            part[(1 * NSG + sg) * C + s] += sa_h;
+            part[(2 * NSG + sg) * C + s] += sb_h;
+          }
         }
       }
     }
@@ -618,6 +741,18 @@
     if (tid == 0) {
       float hsum = 0.0f;
       for (int x = 0; x < NT; ++x) hsum += red[x];
+      // Per token: q·dq', k·dk_h and k·dk_w summed over the keys (the SIMD groups' shares).
+      float sum_q[C], sum_a[C], sum_b[C];
+      for (int s = 0; s < C; ++s) {
+        sum_q[s] = 0.0f;
+        sum_a[s] = 0.0f;
+        sum_b[s] = 0.0f;
+        for (int w = 0; w < NSG; ++w) {
+          sum_q[s] += part[(0 * NSG + w) * C + s];
+          sum_a[s] += part[(1 * NSG + w) * C + s];
+          sum_b[s] += part[(2 * NSG + w) * C + s];
+        }
+      }
       // d/d b_t (b_t = log γ_t), then d log g_s = Σ_{t >= s} d/d b_t.
       float y_sum = 0.0f;
       for (int s = 0; s < L; ++s) y_sum += sum_a[s];

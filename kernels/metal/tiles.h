@@ -17,6 +17,9 @@
 //   store(c, p, ld, lane)            p[r * ld + n] = C[r][n]
 //   get(c, e), set(c, e, x), row(lane, e), col(lane, e): the kElems = 4 elements a lane
 //                                    holds of an accumulator, at (row, col), e = 0..3
+//   row_sum(x, lane)                 x summed over the 4 lanes that hold one accumulator row
+//                                    (each lane's x its own elements of that row): the row's
+//                                    total over the tile's 8 columns, in each of those lanes
 // p is a threadgroup or device float pointer (float32 values); ld counts floats. row and col
 // let a kernel scale rows by gates, mask, or add per element: on every form the lane map puts
 // e = 0, 1 on one row (columns col, col + 1) and e = 2, 3 eight rows below.
@@ -90,6 +93,13 @@ METAL_FUNC void store(thread const acc16x8& c, P p, uint ld, uint lane) {
   (void)lane;
   simdgroup_store(c.m[0], p, ld);
   simdgroup_store(c.m[1], p + 8 * ld, ld);
+}
+
+// The lanes of a row differ in lane bits 0 and 3 (the columns): x + lane ^ 1's, then + lane ^ 8's.
+METAL_FUNC float row_sum(float x, uint lane) {
+  (void)lane;
+  x = x + simd_shuffle_xor(x, ushort(1));
+  return x + simd_shuffle_xor(x, ushort(8));
 }
 
 METAL_FUNC float get(thread acc16x8& c, int e) { return c.m[e >> 1].thread_elements()[e & 1]; }

@@ -9,6 +9,8 @@
 //   y[g] = c0 + mask(diag(gate) A B)  mask: element (r, n) kept where n <= r, else 0
 //                                      (fill, load_a and load_b as stored, mma, row/col with
 //                                      get/set, load_c and store on device memory)
+//   ysum[g][r][t] = the sum of mask(diag(gate) A B)[r][n] over the 8 columns n of tile t
+//                                      (row_sum)
 //   z[g] = Aᵀ A   (K x K)            (load_a transposed, load_b as stored, store to device)
 //   w[g] = A Aᵀ   (M x M)            (load_b transposed, store to threadgroup memory)
 // Template: M, N (multiples of 16), K (multiple of 16), NT.
@@ -45,12 +47,21 @@
       }
       mlxk_tile::acc16x8 out;
       mlxk_tile::load_c(out, c0 + size_t(item) * M * N + r0 * N + n0, N, lane);
+      float part[2] = {0.0f, 0.0f};  // this lane's share of its two rows
       for (int e = 0; e < mlxk_tile::kElems; ++e) {
         const int r = r0 + mlxk_tile::row(lane, e), n = n0 + mlxk_tile::col(lane, e);
         const float scaled = n <= r ? gate[size_t(item) * M + r] * mlxk_tile::get(acc, e) : 0.0f;
         mlxk_tile::set(out, e, mlxk_tile::get(out, e) + scaled);
+        part[e >> 1] += scaled;
       }
       mlxk_tile::store(out, y + size_t(item) * M * N + r0 * N + n0, N, lane);
+      for (int h = 0; h < 2; ++h) {
+        const float total = mlxk_tile::row_sum(part[h], lane);
+        if (mlxk_tile::col(lane, 0) == 0) {
+          const int r = r0 + mlxk_tile::row(lane, 2 * h);
+          ysum[(size_t(item) * M + r) * (N / 8) + n0 / 8] = total;
+        }
+      }
     }
     // z = Aᵀ A: (K / 16) x (K / 8) tiles, summed over the M rows of A.
     for (int tile = int(sg); tile < (K / 16) * (K / 8); tile += NSG) {

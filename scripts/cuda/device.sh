@@ -13,7 +13,9 @@
 #   chunked test_cuda's chunked cases alone (MLXK_CUDA_ONLY=chunked), gpu_autograd, bench_cuda's
 #           prefill rows and fla's chunked forward beside them
 #   tiles   test_cuda's matrix-tile cases (tests/cuda/tiles.rs): every tile form (fma, tf32,
-#           bf16) against float64 products, then their timing on a large product
+#           bf16) against float64 products and in the chunked backward, their timing on a large
+#           product, then bench_cuda's chunked forward + backward rows once per form
+#           (gradchunked, MLXK_CUDA_TILES)
 # Usage: scripts/cuda/device.sh [test] [bench] [grad] [pool] [soak] [chunked] [tiles] (test and bench by
 # default). Logs, JSON and the chart go
 # to $OUT (build/cuda/out by default).
@@ -69,6 +71,12 @@ if [[ " $what " == *" tiles "* ]]; then
   "$carry/test_cuda" --test-threads=1 --nocapture --include-ignored tiles:: 2>&1 |
     tee "$out/test-tiles.log"
   status=$((status | PIPESTATUS[0]))
+  for form in fma tf32 bf16; do
+    MLXK_CUDA_TILES=$form MLXK_BENCH_ONLY=gradchunked \
+      MLXK_BENCH_JSON=$out/bench-gradchunked-$form.jsonl "$carry/bench_cuda" 2>&1 |
+      tee "$out/bench-gradchunked-$form.log"
+    status=$((status | PIPESTATUS[0]))
+  done
 fi
 if [[ " $what " == *" test "* ]]; then
   start=$(date +%s)

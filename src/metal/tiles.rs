@@ -30,7 +30,8 @@ fn f32_outputs(shapes: Vec<Vec<usize>>) -> Vec<Output> {
 
 /// The self-test over `items` work items: inputs a `[items, m, k]`, b `[items, k, n]`, gate
 /// `[items, m]`, c0 `[items, m, n]` (f32); outputs y `[items, m, n]` (c0 plus the masked,
-/// row-scaled A B), z `[items, k, k]` (Aᵀ A), w `[items, m, m]` (A Aᵀ). `m`, `n` and `k`
+/// row-scaled A B), z `[items, k, k]` (Aᵀ A), w `[items, m, m]` (A Aᵀ), ysum
+/// `[items, m, n / 8]` (the masked, row-scaled A B summed over each tile's 8 columns). `m`, `n` and `k`
 /// are multiples of 16 (the tiles' rows), at most 64, with A, B and A Aᵀ within 32 KiB.
 pub fn tiles_check_launch(items: usize, m: usize, k: usize, n: usize) -> MetalLaunch {
     for (name, d) in [("m", m), ("k", k), ("n", n)] {
@@ -44,12 +45,13 @@ pub fn tiles_check_launch(items: usize, m: usize, k: usize, n: usize) -> MetalLa
         vec![items, m, n],
         vec![items, k, k],
         vec![items, m, m],
+        vec![items, m, n / 8],
     ]);
     let mut l = launch(
         "mlxk_tiles_check",
         TILES_CHECK_SOURCE.to_string(),
         names(&["a", "b", "gate", "c0"]),
-        (&["y", "z", "w"], &outputs),
+        (&["y", "z", "w", "ysum"], &outputs),
     );
     l.header = TILES_HEADER.to_string();
     l.grid = [(TILES_CHECK_THREADS * items) as i32, 1, 1];

@@ -11,12 +11,13 @@
 //! kernels within 4e-6 of float64 on its cases; tests/metal_emu/README.md). da_log and
 //! ddt_bias sum B·T terms of either sign: 2^-10 for them. Every case prints its figures.
 //!
-//! The sequential stages multiply on the matrix tiles (kernels/cuda/tiles.cuh), float32 FMAs by
+//! Every stage's products run on the matrix tiles (kernels/cuda/tiles.cuh), float32 FMAs by
 //! default; `chunked_backward_tile_forms` runs cases with tf32 and bf16 tensor cores, whose
-//! bounds add 4 (2δ + δ²) for an input rounding of δ (2^-11, 2^-8): a gradient passes through
-//! at most three tile products in sequence, each moving its result by at most 2δ + δ² of the
-//! sum of its terms' magnitudes, and a fourth for those sums against the gradient's scale
-//! (tests/metal_emu measures the same forms' worst at 0.17 and 0.33 of it).
+//! bounds add 4 (2δ + δ²) for an input rounding of δ (2^-11, 2^-8): each tile product moves its
+//! result by at most 2δ + δ² of the sum of its terms' magnitudes, those errors add along a
+//! gradient's chain of products, and with these inputs' magnitudes four such terms bound it
+//! (tests/metal_emu/harness_backward_chunked.cc; it measures the same forms' worst at 0.19 and
+//! 0.23 of it).
 
 use super::*;
 use mlxkern::testing::{gated_delta_update_chunked_vjp_via_gpu, GpuKernels};

@@ -84,8 +84,8 @@ fn product(
     (c, s)
 }
 
-/// The self-test on `items` random work items; returns the worst ratios of y, z, w.
-fn check(rng: &mut Rng, form: TileForm, items: usize, m: usize, k: usize, n: usize) -> [f64; 3] {
+/// The self-test on `items` random work items; returns the worst ratios of y, z, w, ysum.
+fn check(rng: &mut Rng, form: TileForm, items: usize, m: usize, k: usize, n: usize) -> [f64; 4] {
     let a = rng.vec(items * m * k, 1.0);
     let b = rng.vec(items * k * n, 1.0);
     let gate: Vec<f32> = (0..items * m).map(|_| 0.5 + 0.5 * rng.uniform()).collect();
@@ -99,7 +99,7 @@ fn check(rng: &mut Rng, form: TileForm, items: usize, m: usize, k: usize, n: usi
     ];
     let out = run(tiles_check_launch(items, m, k, n), form, &inputs);
     inputs.into_iter().for_each(free);
-    let mut worst = [0.0f64; 3];
+    let mut worst = [0.0f64; 4];
     let u = 2f64.powi(-24);
     for g in 0..items {
         let ag = |i: usize, l: usize| a[(g * m + i) * k + l] as f64;
@@ -134,6 +134,18 @@ fn check(rng: &mut Rng, form: TileForm, items: usize, m: usize, k: usize, n: usi
             rel,
             &extra,
         ));
+        // ysum: the kept part of y over each tile's 8 columns (row_sum), ten roundings more.
+        let tiles = n / 8;
+        let (mut ts, mut tm) = (vec![0.0; m * tiles], vec![0.0; m * tiles]);
+        for i in 0..m {
+            for j in 0..n {
+                ts[i * tiles + j / 8] += y[i * n + j] - c0[g * m * n + i * n + j] as f64;
+                tm[i * tiles + j / 8] += sy[i * n + j];
+            }
+        }
+        let zero = vec![0.0; m * tiles];
+        let got = &out[3][g * m * tiles..][..m * tiles];
+        worst[3] = worst[3].max(worst_ratio(got, &ts, &tm, bound(form, k + 10), &zero));
         // z = Aᵀ A (a sum of m terms), w = A Aᵀ (k terms).
         let (z, sz) = product(k, m, k, |i, l| ag(l, i), ag);
         let zero = vec![0.0; k * k];
@@ -176,14 +188,15 @@ fn tiles_products_within_bounds() {
             let w = check(&mut rng, form, items, m, k, n);
             println!(
                 "tiles {} items {items} M {m} K {k} N {n}: worst error / bound y {:.3} z {:.3} w {:.3} \
-                 (bound {:.2e} of Σ|a||b| at K)",
+                 ysum {:.3} (bound {:.2e} of Σ|a||b| at K)",
                 form.name(),
                 w[0],
                 w[1],
                 w[2],
+                w[3],
                 bound(form, k)
             );
-            for (what, r) in ["y", "z", "w"].iter().zip(w) {
+            for (what, r) in ["y", "z", "w", "ysum"].iter().zip(w) {
                 assert!(
                     r <= 1.0,
                     "{form:?} M {m} K {k} N {n}: {what} {r:.3} of its bound"

@@ -7,6 +7,7 @@
 // * to_tf32: cvt.rna.tf32.f32, nearest with ties away from zero to 10 mantissa bits (the low
 //   13 bits of the float cleared; infinities and NaN unchanged);
 // * pack_bf16: cvt.rn.bf16x2.f32, each half rounded to nearest even (the shim's bfloat);
+// * __fmaf_rn, __shfl_xor_sync: std::fma, the shim's simd_shuffle_xor;
 // * mma_tf32, mma_bf16: mma.sync.aligned.m16n8k8.row.col.f32.{tf32,bf16} as a SIMD collective:
 //   every lane deposits its fragments, the resolver builds A (16 x 8), B (8 x 8) and C (16 x 8)
 //   through the PTX ISA's fragment layouts ("Matrix fragments for mma.m16n8k8"; g = lane / 4,
@@ -27,6 +28,9 @@
 #endif
 
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __shfl_xor_sync(unsigned, float x, int mask) {
+  return emu::simd_shuffle_xor(x, static_cast<uint16_t>(mask));
+}
 
 namespace emu {
 

@@ -242,14 +242,23 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                 l.header,
                 format!("#define MLXK_CBWD_STAGE {}\n{}", stage + 1, metal::tiles::TILES_HEADER)
             );
-            // The stages' threadgroup memory (stage 4 the most: five C x C matrices; the
-            // sequential stages a Dk x TNP tile (TN padded to a multiple of 8), two C x TNP ones
-            // and a C x 16 slice of keys) within Metal's 32 KiB.
+            // The stages' threadgroup memory (stage 4: five C x C matrices; the sequential
+            // stages a Dk x TNP tile (TN padded to a multiple of 8), two C x TNP ones and a
+            // C x 16 slice of keys; stage 5 below) within Metal's 32 KiB.
             let tile = metal_chunked::backward_tile(node.dims);
             let padded = tile.div_ceil(8) * 8;
             assert!(u(d.dk) * tile <= 4096 && tile <= 32);
-            assert!((5 * cc * cc + cc) * 4 <= 32 * 1024);
+            assert!((5 * cc * cc + 4 * cc * 16 + cc) * 4 <= 32 * 1024);
+            assert!((3 * cc * cc + 2 * cc * 16 + 3 * cc) * 4 <= 32 * 1024, "stage 1");
             assert!((u(d.dk) * padded + 2 * cc * padded + 16 * cc + 2 * cc) * 4 <= 32 * 1024);
+            // Stage 5: two C x C matrices, a C x 16 slice of dY, U and Tmᵀ dU, a 16 x 32 slice
+            // of H and dH', a C x 32 block of K and Q, per-token sums per SIMD group.
+            let nsg = u(threads as i64) / 32;
+            let keys = 8 * nsg;
+            let stage5 = 2 * cc * cc + 3 * cc * 16 + 2 * 16 * keys + 2 * cc * keys + 3 * cc
+                + 3 * nsg * cc
+                + u(threads as i64);
+            assert!(stage5 * 4 <= 32 * 1024, "stage 5: {stage5} floats");
             // The inputs as src/ops/gated_delta/chunked_vjp.rs passes them: the backward's
             // (as for the exact kernel; Tin = {T}), then the earlier stages' f32 outputs.
             let scratch = metal_chunked::backward_chunked_scratch(node.dims, cc);

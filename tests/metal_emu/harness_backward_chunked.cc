@@ -16,10 +16,12 @@ namespace {
 // observed worst cases), against the float64 backward and against the CPU backward: 2^-14 for
 // float32 products (the Metal form's simdgroup matrices, CUDA's fma form), plus, where the
 // matrix tiles round their inputs (CUDA's tf32 and bf16 forms, cuda_tiles_host.h), 4 (2δ + δ²)
-// for an input rounding of δ (2^-11, 2^-8): a gradient passes through at most three tile
-// products in sequence (U = Ũ − W H, then H ← γ_L H + Kᵀ diag(Γ_L) U in the states stage; dU,
-// then dH in the dstates stage), each moving its result by at most 2δ + δ² of the sum of its
-// terms' magnitudes, and a fourth for the sums' size against the gradient's scale.
+// for an input rounding of δ (2^-11, 2^-8): each tile product a gradient is made of moves its
+// result by at most 2δ + δ² of the sum of its terms' magnitudes, and those errors add along the
+// gradient's chain of products (stage 1's KKᵀ, W and Ũ, the states' or dstates' products, then
+// the square or keys stage's); with these draws' magnitudes (|k|² ≈ 4/3, β ≤ 1, gates ≤ 1: sums
+// of magnitudes within a small factor of the results) four such terms bound it, and the worst
+// observed is under a quarter of that (README.md).
 double chunked_tolerance() {
   const int form = emu_tile_form();
   const double delta = form == 1 ? std::ldexp(1.0, -11) : form == 2 ? std::ldexp(1.0, -8) : 0.0;
