@@ -46,7 +46,8 @@ profile_many() {  # as profile, `count` launches, and a line per kernel: duratio
   [ -n "$ncu_bin" ] || return 0
   env MLXK_BENCH_ONLY="$group" MLXK_BENCH_QUICK=1 "$@" timeout 400 "$ncu_bin" \
     --kernel-name-base function --kernel-name "regex:$kernel" --launch-skip "$skip" \
-    --launch-count "${count:-8}" --clock-control none "${sections[@]}" \
+    --launch-count "${count:-8}" --clock-control none --section SpeedOfLight \
+    --section LaunchStats --section Occupancy \
     "$carry/bench_cuda" > "$out/ncu-$name.txt" 2>&1
   echo "== $name"
   python3 scripts/cuda/ncu_flops.py "$out/ncu-$name.txt" 4096 "${flops_kind:-fwd}" | tee "$out/ncu-$name-flops.txt"
