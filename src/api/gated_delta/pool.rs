@@ -74,16 +74,27 @@ fn no_state(state: Option<&Array>) -> Result<()> {
     }
 }
 
+/// A pool call's results: the new pool made from the pool whose id is `given` (a failed
+/// evaluation leaves it on that pool: [`PoolSlots`], "Faults").
 fn pool_update(
-    (y, pool): (
-        cxx::UniquePtr<bridge::Array>,
-        Option<cxx::UniquePtr<bridge::Array>>,
+    ((y, pool), given): (
+        (
+            cxx::UniquePtr<bridge::Array>,
+            Option<cxx::UniquePtr<bridge::Array>>,
+        ),
+        usize,
     ),
 ) -> PoolUpdate {
+    let (y, pool) = Array::pool_step(Some(y), pool.expect("an update writes the pool"), given);
     PoolUpdate {
-        y: Array::wrap(y),
-        pool: Array::wrap(pool.expect("an update writes the pool")),
+        y: y.expect("an update has y"),
+        pool,
     }
+}
+
+/// The id of the pool a call is given (under the lock).
+fn given(s: &Slots) -> usize {
+    crate::ops::array::id(s.pool)
 }
 
 impl GatedDelta<'_> {
@@ -94,8 +105,11 @@ impl GatedDelta<'_> {
         cu_seqlens: Option<&[usize]>,
         form: PoolForm,
     ) -> Result<(
-        cxx::UniquePtr<bridge::Array>,
-        Option<cxx::UniquePtr<bridge::Array>>,
+        (
+            cxx::UniquePtr<bridge::Array>,
+            Option<cxx::UniquePtr<bridge::Array>>,
+        ),
+        usize,
     )> {
         no_state(self.state)?;
         let cu = cu_seqlens
@@ -111,7 +125,11 @@ impl GatedDelta<'_> {
             Some(cu_seqlens) => Layout::Packed { cu_seqlens },
         };
         let fresh = s.fresh_bytes();
-        self.with_inputs(|x| ops::update_pool(x, &s.get(&fresh)?, layout, form, Backend::current()))
+        self.with_inputs(|x| {
+            let slots = s.get(&fresh)?;
+            let results = ops::update_pool(x, &slots, layout, form, Backend::current())?;
+            Ok((results, given(&slots)))
+        })
     }
 
     /// The update on a pool: row `b` starts from `pool[slots[b]]` (zeros where fresh) and its
@@ -177,7 +195,7 @@ impl GatedDelta<'_> {
     /// and gates. Errors as `update_pool`'s.
     pub fn verify_pool(&self, pool: PoolSlots) -> Result<Array> {
         call(|| {
-            let (y, _) = self.pool_call(&pool, None, PoolForm::Verify)?;
+            let ((y, _), _) = self.pool_call(&pool, None, PoolForm::Verify)?;
             Ok(Array::wrap(y))
         })
     }
@@ -232,8 +250,14 @@ impl StateReplay<'_> {
         call(|| {
             no_state(self.state)?;
             let fresh = pool.fresh_bytes();
-            self.with_inputs(|x| ops::state_pool(x, &pool.get(&fresh)?, Backend::current()))
-                .map(Array::wrap)
+            let (new_pool, given) = self.with_inputs(|x| {
+                let slots = pool.get(&fresh)?;
+                Ok((
+                    ops::state_pool(x, &slots, Backend::current())?,
+                    given(&slots),
+                ))
+            })?;
+            Ok(Array::pool_step(None, new_pool, given).1)
         })
     }
 }
@@ -248,13 +272,12 @@ impl GatedDeltaFromConv<'_> {
         call(|| {
             no_state(self.state)?;
             let fresh = pool.fresh_bytes();
-            let (y, new_pool) = self.with_inputs(|x| {
-                ops::update_from_conv_pool(x, &pool.get(&fresh)?, Backend::current())
+            let (results, given) = self.with_inputs(|x| {
+                let slots = pool.get(&fresh)?;
+                let results = ops::update_from_conv_pool(x, &slots, Backend::current())?;
+                Ok((results, given(&slots)))
             })?;
-            Ok(PoolUpdate {
-                y: Array::wrap(y),
-                pool: Array::wrap(new_pool),
-            })
+            Ok(pool_update(((results.0, Some(results.1)), given)))
         })
     }
 }

@@ -116,10 +116,15 @@ pub(crate) unsafe fn update(
         // The chunk size, checked where the C call entered, is reported here, after the
         // handles and the host arrays.
         let form = form?;
+        let given = crate::ops::array::id(slots.pool);
         let (y_array, pool_array) = ops::update_pool(&inputs, &slots, layout, form, backend)?;
-        y.write(mlx.insert(y_array));
-        if let (Some(out), Some(array)) = (pool_out, pool_array) {
-            out.write(mlx.insert(array));
+        match (pool_out, pool_array) {
+            (Some(out), Some(array)) => {
+                let (y_handle, pool_handle) = mlx.insert_pool_step(Some(y_array), array, given);
+                y.write(y_handle.expect("an update has y"));
+                out.write(pool_handle);
+            }
+            _ => y.write(mlx.insert(y_array)),
         }
         Ok(())
     })
@@ -389,8 +394,9 @@ pub(crate) unsafe fn state(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let given = crate::ops::array::id(slots.pool);
         let result = ops::state_pool(&inputs, &slots, Backend::current())?;
-        pool_out.write(mlx.insert(result));
+        pool_out.write(mlx.insert_pool_step(None, result, given).1);
         Ok(())
     })
 }
@@ -484,10 +490,12 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let given = crate::ops::array::id(slots.pool);
         let (y_array, pool_array) =
             ops::update_from_conv_pool(&inputs, &slots, Backend::current())?;
-        y.write(mlx.insert(y_array));
-        pool_out.write(mlx.insert(pool_array));
+        let (y_handle, pool_handle) = mlx.insert_pool_step(Some(y_array), pool_array, given);
+        y.write(y_handle.expect("an update has y"));
+        pool_out.write(pool_handle);
         Ok(())
     })
 }
