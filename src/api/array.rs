@@ -20,7 +20,8 @@ use crate::ops::array as ops;
 /// are graph nodes, computed by [`eval`](Array::eval) or by a read
 /// ([`to_vec`](Array::to_vec), [`to_bytes`](Array::to_bytes)), and an error raised by the
 /// computation is reported there. Once computing an array has failed, every later use of it
-/// reports that failure again (MLX may hold unfinished data for it).
+/// reports that failure again (MLX may hold unfinished data for it); a pool call's new pool
+/// instead holds the pool the call was given ([`PoolSlots`](crate::PoolSlots), "Faults").
 ///
 /// # Threads
 ///

@@ -26,6 +26,17 @@ use crate::ops::Backend;
 /// kernel writes the named states into its buffer, reading and writing those states only,
 /// never all N. A caller that keeps the old pool gets a copy (N states) with the named ones
 /// replaced.
+///
+/// # Faults
+///
+/// A refused call (an argument error, [`Error::OutOfMemory`] above the
+/// [memory limit](crate::set_memory_limit)) builds nothing. A call whose evaluation fails (an
+/// allocation, an input's computation, the kernel raising before it writes) leaves every slot
+/// as it was, the old pool kept or dropped: the [`eval`](Array::eval) or read that ran it
+/// returns the error; its `y` then returns it on every use, and its new pool holds the pool as
+/// given, bit for bit (read it, or pass it to the next call: the step was not applied). No slot
+/// is ever half-written. A panic inside a kernel ([`Error::Panic`], a defect) fails the new pool
+/// too. docs/serving.md, "Faults", lists the cases.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolSlots<'a> {
     /// The pool `[N, Hv, Dv, Dk]` float32.

@@ -156,6 +156,16 @@ pub(crate) unsafe fn update(
 /// MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
 /// MLXK_ERR_INVALID_ARGUMENT (slots, `y == pool_out`, sizes), MLXK_ERR_OUT_OF_MEMORY. Thread:
 /// any. Lazy: computation errors surface at eval/read.
+///
+/// Faults lose nothing (docs/serving.md, "Faults"). A refused call (an argument error, or the
+/// new pool above mlxk_set_memory_limit: MLXK_ERR_OUT_OF_MEMORY) builds nothing: `*y` and
+/// `*pool_out` stay NULL, `pool` is unchanged. A call whose evaluation fails (MLX's allocator,
+/// an input's computation, the kernel raising before it writes) leaves every slot as it was,
+/// whether the caller kept `pool` or freed it first: the mlxk_array_eval/_read that ran it
+/// reports the error (MLXK_ERR_BACKEND); `*y` then reports it on every use, and `*pool_out`
+/// holds the pool as given, bit for bit (read it, or pass it to the next call: the step was
+/// not applied); a kept `pool` is unchanged. No slot is ever half-written. A panic inside a
+/// kernel (MLXK_ERR_PANIC, a defect) leaves `*pool_out` failed too.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
@@ -194,7 +204,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
 
 /// mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
 /// (`chunk_size` as there; CPU only): each row's results equal that call's on the gathered
-/// rows bit for bit.
+/// rows bit for bit. Faults as mlxk_gated_delta_update_pool's.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
@@ -236,7 +246,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
 /// (T tokens) that only reads the pool: `*y` [B, T, Hv, Dv] for every draft token, no state
 /// written (y bit for bit as mlxk_gated_delta_update_pool's). Commit the accepted prefix of
 /// each row with mlxk_gated_delta_state_pool on the same k, v and gates. Arguments as
-/// mlxk_gated_delta_update_pool, without `pool_out`.
+/// mlxk_gated_delta_update_pool, without `pool_out`. A failed evaluation fails `*y` and
+/// leaves the pool as it was (it is only read).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
@@ -281,6 +292,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
 /// of mlxk_gated_delta_update_pool (a negative slot: the sequence's y is zeros). Results:
 /// `*y` [1, total_T, Hv, Dv]; `*pool_out` as in mlxk_gated_delta_update_pool. Each sequence's
 /// y and state equal one mlxk_gated_delta_update call on it alone, bit for bit. No mask.
+/// Faults as mlxk_gated_delta_update_pool's.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
@@ -319,7 +331,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
 
 /// mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
 /// mlxk_gated_delta_update_chunked; CPU only): each sequence's results equal
-/// mlxk_gated_delta_update_chunked on it alone, bit for bit.
+/// mlxk_gated_delta_update_chunked on it alone, bit for bit. Faults as
+/// mlxk_gated_delta_update_pool's.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
@@ -410,7 +423,8 @@ pub(crate) unsafe fn state(
 /// Shapes as mlxk_gated_delta_state with `pool` [N, Hv, Dv, Dk] float32 for the state;
 /// `slots`, `fresh` (NULL: none) and `accepted_lengths` hold n_slots = B values each, lengths
 /// in [0, T]. Result: `*pool_out` [N, Hv, Dv, Dk] (the in-place rule of
-/// mlxk_gated_delta_update_pool). Errors as mlxk_gated_delta_update_pool.
+/// mlxk_gated_delta_update_pool). Errors and faults as mlxk_gated_delta_update_pool's (a failed
+/// evaluation leaves `*pool_out` holding the pool as given: nothing committed).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
@@ -447,6 +461,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
 /// mlxk_gated_delta_update_pool on its q, k and v (bit for bit those two calls). Arguments as
 /// mlxk_gated_delta_update_from_conv with `pool`, `slots`, `fresh` and `n_slots` (= B) for the
 /// state, as in mlxk_gated_delta_update_pool. Results: `*y` [B, T, Hv, Dv]; `*pool_out`.
+/// Faults as mlxk_gated_delta_update_pool's (the head split failing first included).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
