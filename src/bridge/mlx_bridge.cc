@@ -177,12 +177,17 @@ class RustCpuKernel : public MlxkernPrimitive {
 
   void dispatch(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,
                 std::string failed) {
-    // A node that updates a state or a pool starts only once every earlier task of its stream
-    // has run and none failed: an input computed by a failed task holds no valid data, and the
-    // kernel must not write a pool (the caller's, taken over) from it. A failure raises here,
-    // before any output has a buffer.
-    if (std::any_of(launch_.donate_from.begin(), launch_.donate_from.end(),
-                    [](int32_t from) { return from >= 0; })) {
+    // A node that updates a state or a pool starts only once the tasks computing its inputs
+    // in this evaluation have run and none failed: an input a failed task left holds no valid
+    // data, and the kernel must not write a pool (the caller's, taken over) from it. A failure
+    // raises here, before any output has a buffer. Inputs computed before this evaluation
+    // (available) need no wait.
+    auto writes_state = [](int32_t from) { return from >= 0; };
+    auto computing = [](const mx::array& in) {
+      return in.status() != mx::array::Status::available;
+    };
+    if (std::any_of(launch_.donate_from.begin(), launch_.donate_from.end(), writes_state) &&
+        std::any_of(inputs.begin(), inputs.end(), computing)) {
       compat::finish_stream(stream());
     }
     std::vector<int32_t> aliased(outputs.size(), -1);
