@@ -87,7 +87,6 @@ std::vector<mx::Shape> output_shapes(const rust::Vec<int32_t>& dims,
   return shapes;
 }
 
-
 // A freshly allocated, owned, row-contiguous array of `shape` (contents uninitialized).
 mx::array allocated(const mx::Shape& shape, mx::Dtype dtype, void** data) {
   size_t count = 1;
@@ -181,12 +180,16 @@ class RustCpuKernel : public MlxkernPrimitive {
     // in this evaluation have run and none failed: an input a failed task left holds no valid
     // data, and the kernel must not write a pool (the caller's, taken over) from it. A failure
     // raises here, before any output has a buffer. Inputs computed before this evaluation
-    // (available) need no wait.
+    // (available) need no wait. Where MLX has a GPU, a CPU task may be waiting for GPU work
+    // this evaluation has not committed yet, and waiting for it here would never end: there
+    // the task's own check (stream_failure, below) stands alone.
+    static const bool cpu_only_mlx = !mx::metal::is_available() && !mx::cu::is_available();
     auto writes_state = [](int32_t from) { return from >= 0; };
     auto computing = [](const mx::array& in) {
       return in.status() != mx::array::Status::available;
     };
-    if (std::any_of(launch_.donate_from.begin(), launch_.donate_from.end(), writes_state) &&
+    if (cpu_only_mlx &&
+        std::any_of(launch_.donate_from.begin(), launch_.donate_from.end(), writes_state) &&
         std::any_of(inputs.begin(), inputs.end(), computing)) {
       compat::finish_stream(stream());
     }
