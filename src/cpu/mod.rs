@@ -72,6 +72,7 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
 /// # Safety
 /// Each `(ptr, bytes)` pair must be a live buffer MLX allocated for this node (outputs
 /// writable), and no two may overlap except where `aliased` says an output took over an input.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn mlxk_cpu_kernel(
     kernel: u32,
     params: &[i64],

@@ -87,15 +87,13 @@ fn no_state(state: Option<&Array>) -> Result<()> {
 
 /// A pool call's results: the new pool made from the pool whose id is `given` (a failed
 /// evaluation leaves it on that pool: [`PoolSlots`], "Faults").
-fn pool_update(
-    ((y, pool), given): (
-        (
-            cxx::UniquePtr<bridge::Array>,
-            Option<cxx::UniquePtr<bridge::Array>>,
-        ),
-        usize,
-    ),
-) -> PoolUpdate {
+/// What the ops return for a pool call: y and, unless it is a verify, the new pool.
+type PoolResults = (
+    cxx::UniquePtr<bridge::Array>,
+    Option<cxx::UniquePtr<bridge::Array>>,
+);
+
+fn pool_update(((y, pool), given): (PoolResults, usize)) -> PoolUpdate {
     let (y, pool) = Array::pool_step(Some(y), pool.expect("an update writes the pool"), given);
     PoolUpdate {
         y: y.expect("an update has y"),
@@ -115,13 +113,7 @@ impl GatedDelta<'_> {
         s: &PoolSlots,
         cu_seqlens: Option<&[usize]>,
         form: PoolForm,
-    ) -> Result<(
-        (
-            cxx::UniquePtr<bridge::Array>,
-            Option<cxx::UniquePtr<bridge::Array>>,
-        ),
-        usize,
-    )> {
+    ) -> Result<(PoolResults, usize)> {
         no_state(self.state)?;
         let cu = cu_seqlens
             .map(|cu| {
