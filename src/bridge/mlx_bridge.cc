@@ -417,10 +417,24 @@ size_t array_address(const Array& a) {
   return reinterpret_cast<size_t>(a.data<uint8_t>());
 }
 
+namespace {
+// `eval` of `a`; after a failure, MLX's count of active tasks is put right before the error
+// goes on (compat::settle_after_failure: MLX 0.32 can leave counts behind a failed CPU task,
+// and a later eval would then wait for good).
+void eval_or_settle(mx::array& a) {
+  try {
+    mx::eval(a);
+    compat::rethrow_task_error();
+  } catch (...) {
+    compat::settle_after_failure(stream_for(false));
+    throw;
+  }
+}
+}  // namespace
+
 void array_eval(const Array& a) {
   mx::array copy = a;
-  mx::eval(copy);
-  compat::rethrow_task_error();
+  eval_or_settle(copy);
 }
 
 size_t array_id(const Array& a) { return static_cast<size_t>(a.id()); }
@@ -451,8 +465,7 @@ std::unique_ptr<Array> array_as_given(const Array& a, size_t given) {
 void array_read(const Array& a, rust::Slice<uint8_t> dst) {
   if (dst.size() != a.nbytes()) throw std::invalid_argument("array_read: size mismatch");
   mx::array c = a;
-  mx::eval(c);
-  compat::rethrow_task_error();
+  eval_or_settle(c);
   if (a.size() && (!c.flags().row_contiguous || c.data_size() != c.size())) {
     c = mx::contiguous(c, false, mx::Device(mx::Device::cpu));
     mx::eval(c);

@@ -36,6 +36,8 @@
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/metal/metal.h"
 #include "mlx/scheduler.h"
 #include "mlx/stream.h"
 #include "mlx/transforms.h"
@@ -79,6 +81,22 @@ inline void rethrow_task_error() {}
 inline void finish_stream(mx::Stream s) {
   mx::synchronize(s);
   mx::scheduler::check_error(s);
+}
+// After an eval failed: MLX's CPU encoder counts a task, then queues it and, separately, the
+// task that uncounts it; the queueing throws a pending error of the stream on the thread that
+// created MLX's scheduler, and the uncounting task is then never queued. Where MLX has no GPU
+// (every active task is a CPU one), once stream `s` has run everything queued on it, what is
+// still counted is such a leftover: uncounted here, or an eval waiting for a count to fall
+// would wait for good.
+inline void settle_after_failure(mx::Stream s) {
+  static const bool cpu_only = !mx::metal::is_available() && !mx::cu::is_available();
+  if (!cpu_only) return;
+  try {
+    mx::synchronize(s);
+  } catch (const std::exception&) {
+    // The error this settles after, or one raised before it: reported already.
+  }
+  while (mx::scheduler::n_active_tasks() > 0) mx::scheduler::notify_task_completion(s);
 }
 // The error an earlier task of stream `s` raised and no eval has reported yet ("" if none).
 // MLX keeps the first one; reading it clears it, and the caller's task raises it again.
@@ -135,6 +153,8 @@ inline void finish_stream(mx::Stream s) {
   mx::synchronize(s);
   rethrow_task_error();
 }
+// A failed task's error is parked here, never MLX's: nothing to put right.
+inline void settle_after_failure(mx::Stream) {}
 #endif
 
 }  // namespace mlxk::compat
