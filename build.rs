@@ -16,6 +16,7 @@ fn main() {
     cxx_build::bridge("src/bridge/mod.rs")
         .file("src/bridge/mlx_bridge.cc")
         .file("src/bridge/host.cc")
+        .file("src/bridge/vjp_ops.cc")
         .include(&include)
         .include(&manifest_dir)
         .std("c++20")
@@ -77,6 +78,7 @@ fn main() {
     for path in [
         "src/bridge/mlx_bridge.cc",
         "src/bridge/host.cc",
+        "src/bridge/vjp_ops.cc",
         "src/bridge/mlx_bridge.h",
         "src/bridge/mlx_compat.h",
         "cbindgen.toml",

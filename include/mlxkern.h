@@ -277,7 +277,9 @@ mlxk_status mlxk_array_nbytes(const struct mlxk_array *array, size_t *nbytes);
 
 /**
  * Computes `array` (and whatever it depends on) now. Errors raised by the computation — of
- * this call or of the kernels that produced `array` — are reported here.
+ * this call or of the kernels that produced `array` — are reported here; the handle then
+ * reports the failure on every use, except a pool call's new pool, which holds the pool the
+ * call was given (mlxk_gated_delta_update_pool, "Faults lose nothing").
  *
  * NULL: `array` must not be NULL. Thread: any; blocks other mlxk_ calls while computing.
  */
@@ -550,13 +552,24 @@ mlxk_status mlxk_gated_delta_state(const struct mlxk_array *k, const struct mlxk
  * MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
  * MLXK_ERR_INVALID_ARGUMENT (slots, `y == pool_out`, sizes), MLXK_ERR_OUT_OF_MEMORY. Thread:
  * any. Lazy: computation errors surface at eval/read.
+ *
+ * Faults lose nothing (docs/serving.md, "Faults"). A refused call (an argument error, or the
+ * new pool above mlxk_set_memory_limit: MLXK_ERR_OUT_OF_MEMORY) builds nothing: `*y` and
+ * `*pool_out` stay NULL, `pool` is unchanged. A call whose evaluation fails (MLX's allocator,
+ * an input's computation, the kernel raising before it writes) leaves every slot as it was,
+ * whether the caller kept `pool` or freed it first: the mlxk_array_eval/_read that ran it
+ * reports the error (MLXK_ERR_BACKEND); `*y` then reports it on every use, and `*pool_out`
+ * holds the pool as given, bit for bit (read it, or pass it to the next call: the step was
+ * not applied); a kept `pool` is unchanged. No slot is ever half-written. A panic inside a
+ * kernel (MLXK_ERR_PANIC, a defect) leaves `*pool_out` failed too.
  */
 mlxk_status mlxk_gated_delta_update_pool(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **pool_out);
 
 /**
  * mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
  * (`chunk_size` as there): each row's results equal that call's on the gathered rows bit for
- * bit, on the CPU and on the GPU (there over a chunk table, each chunk one row's).
+ * bit, on the CPU and on the GPU (there over a chunk table, each chunk one row's). Faults as
+ * mlxk_gated_delta_update_pool's.
  */
 mlxk_status mlxk_gated_delta_update_pool_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **pool_out);
 
@@ -565,7 +578,8 @@ mlxk_status mlxk_gated_delta_update_pool_chunked(const struct mlxk_array *q, con
  * (T tokens) that only reads the pool: `*y` [B, T, Hv, Dv] for every draft token, no state
  * written (y bit for bit as mlxk_gated_delta_update_pool's). Commit the accepted prefix of
  * each row with mlxk_gated_delta_state_pool on the same k, v and gates. Arguments as
- * mlxk_gated_delta_update_pool, without `pool_out`.
+ * mlxk_gated_delta_update_pool, without `pool_out`. A failed evaluation fails `*y` and
+ * leaves the pool as it was (it is only read).
  */
 mlxk_status mlxk_gated_delta_verify_pool(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y);
 
@@ -579,6 +593,7 @@ mlxk_status mlxk_gated_delta_verify_pool(const struct mlxk_array *q, const struc
  * of mlxk_gated_delta_update_pool (a negative slot: the sequence's y is zeros). Results:
  * `*y` [1, total_T, Hv, Dv]; `*pool_out` as in mlxk_gated_delta_update_pool. Each sequence's
  * y and state equal one mlxk_gated_delta_update call on it alone, bit for bit. No mask.
+ * Faults as mlxk_gated_delta_update_pool's.
  */
 mlxk_status mlxk_gated_delta_update_packed(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_seqlens, size_t n_cu_seqlens, const int32_t *slots, const uint8_t *fresh, struct mlxk_array **y, struct mlxk_array **pool_out);
 
@@ -586,7 +601,8 @@ mlxk_status mlxk_gated_delta_update_packed(const struct mlxk_array *q, const str
  * mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
  * mlxk_gated_delta_update_chunked): each sequence's results equal
  * mlxk_gated_delta_update_chunked on it alone, bit for bit, on the CPU and on the GPU (there
- * over a chunk table, each chunk one sequence's).
+ * over a chunk table, each chunk one sequence's). Faults
+ * as mlxk_gated_delta_update_pool's.
  */
 mlxk_status mlxk_gated_delta_update_packed_chunked(const struct mlxk_array *q, const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *cu_seqlens, size_t n_cu_seqlens, const int32_t *slots, const uint8_t *fresh, int32_t chunk_size, struct mlxk_array **y, struct mlxk_array **pool_out);
 
@@ -600,7 +616,8 @@ mlxk_status mlxk_gated_delta_update_packed_chunked(const struct mlxk_array *q, c
  * Shapes as mlxk_gated_delta_state with `pool` [N, Hv, Dv, Dk] float32 for the state;
  * `slots`, `fresh` (NULL: none) and `accepted_lengths` hold n_slots = B values each, lengths
  * in [0, T]. Result: `*pool_out` [N, Hv, Dv, Dk] (the in-place rule of
- * mlxk_gated_delta_update_pool). Errors as mlxk_gated_delta_update_pool.
+ * mlxk_gated_delta_update_pool). Errors and faults as mlxk_gated_delta_update_pool's (a failed
+ * evaluation leaves `*pool_out` holding the pool as given: nothing committed).
  */
 mlxk_status mlxk_gated_delta_state_pool(const struct mlxk_array *k, const struct mlxk_array *v, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, const int32_t *accepted_lengths, size_t n_slots, struct mlxk_array **pool_out);
 
@@ -609,6 +626,7 @@ mlxk_status mlxk_gated_delta_state_pool(const struct mlxk_array *k, const struct
  * mlxk_gated_delta_update_pool on its q, k and v (bit for bit those two calls). Arguments as
  * mlxk_gated_delta_update_from_conv with `pool`, `slots`, `fresh` and `n_slots` (= B) for the
  * state, as in mlxk_gated_delta_update_pool. Results: `*y` [B, T, Hv, Dv]; `*pool_out`.
+ * Faults as mlxk_gated_delta_update_pool's (the head split failing first included).
  */
 mlxk_status mlxk_gated_delta_update_from_conv_pool(const struct mlxk_array *x, const struct mlxk_array *q_scale, const struct mlxk_array *k_scale, int32_t key_heads, int32_t value_heads, int32_t value_width, float eps, const struct mlxk_array *a, const struct mlxk_array *b, const struct mlxk_array *a_log, const struct mlxk_array *dt_bias, const struct mlxk_array *pool, const int32_t *slots, const uint8_t *fresh, size_t n_slots, const struct mlxk_array *mask, struct mlxk_array **y, struct mlxk_array **pool_out);
 
@@ -658,7 +676,8 @@ mlxk_status mlxk_gated_delta_verify_tree_pool(const struct mlxk_array *q, const 
  * A length of 0 leaves the slot unchanged (a fresh one becomes zeros); a negative slot is a
  * padding tree (its path checked, nothing written). Result: `*pool_out` [N, Hv, Dv, Dk], with
  * the in-place rule of mlxk_gated_delta_update_pool (free the old pool before evaluating and
- * the trees' slots are written into its buffer).
+ * the trees' slots are written into its buffer). Faults as mlxk_gated_delta_update_pool's: an
+ * evaluation that fails leaves every slot as given.
  *
  * Memory: the accepted paths' k, v and gates as a window of trees × the longest path tokens.
  * Errors as mlxk_gated_delta_verify_tree_pool, and MLXK_ERR_INVALID_ARGUMENT for a length out

@@ -74,6 +74,13 @@ struct Entry {
     /// Set when evaluating this array failed: MLX may then hold unfinished data for it, so
     /// every later use reports the failure again instead of reading that data.
     failure: Option<String>,
+    /// A pool call's result: the `array_id` of the pool it was given (0: not one). A failed
+    /// evaluation leaves the handle on the pool as given instead of failing it
+    /// (docs/serving.md, "Faults").
+    given_pool: usize,
+    /// The other result of the same pool call (its y for the new pool, and the other way
+    /// round; 0: none): a failure of one is the failure of the call, reported by both.
+    step: usize,
 }
 
 static MLX: LazyLock<Mutex<Mlx>> = LazyLock::new(|| {
@@ -240,9 +247,35 @@ impl Mlx {
             Entry {
                 array,
                 failure: None,
+                given_pool: 0,
+                step: 0,
             },
         );
         token as *mut mlxk_array
+    }
+
+    /// Registers the results of a pool call that writes states: its y (None: the replay has
+    /// none) and the new pool, made from the pool whose `array_id` is `given`. Returns their
+    /// handles.
+    pub(crate) fn insert_pool_step(
+        &mut self,
+        y: Option<UniquePtr<Array>>,
+        pool: UniquePtr<Array>,
+        given: usize,
+    ) -> (Option<*mut mlxk_array>, *mut mlxk_array) {
+        let y = y.map(|y| self.insert(y));
+        let pool = self.insert(pool);
+        let step = |h: Option<*mut mlxk_array>| h.map_or(0, |h| h as usize);
+        if let Some(entry) = self.arrays.get_mut(&(pool as usize)) {
+            entry.given_pool = given;
+            entry.step = step(y);
+        }
+        if let Some(y) = y {
+            if let Some(entry) = self.arrays.get_mut(&(y as usize)) {
+                entry.step = pool as usize;
+            }
+        }
+        (y, pool)
     }
 
     /// Drops the array behind `handle`.
@@ -263,11 +296,33 @@ impl Mlx {
         }
     }
 
-    /// Records that evaluating `handle` failed with `error`.
+    /// Records that evaluating `handle` failed with `error`: the handle reports the failure
+    /// from now on, unless it is a pool call's new pool, which then holds the pool as given.
+    /// The other result of the same pool call follows.
     pub(crate) fn mark_failed(&mut self, handle: *const mlxk_array, error: &Error) {
-        if let Some(entry) = self.arrays.get_mut(&(handle as usize)) {
-            entry.failure = Some(error.to_string());
+        let step = self.fail_one(handle as usize, error);
+        if step != 0 {
+            self.fail_one(step, error);
         }
+    }
+
+    /// `mark_failed` for one handle; returns the other result of its pool call (0: none).
+    fn fail_one(&mut self, token: usize, error: &Error) -> usize {
+        let Some(entry) = self.arrays.get_mut(&token) else {
+            return 0;
+        };
+        let step = std::mem::take(&mut entry.step);
+        // A panic inside a kernel (a defect) may have stopped it halfway: its outputs are
+        // undefined, a new pool included.
+        let restored = entry.given_pool != 0 && !matches!(error, Error::Panic(_));
+        match (&entry.array.as_ref(), restored) {
+            (Some(array), true) => {
+                entry.array = crate::bridge::array_as_given(array, entry.given_pool);
+                entry.given_pool = 0;
+            }
+            _ => entry.failure = Some(error.to_string()),
+        }
+        step
     }
 
     /// Number of live handles (tests use it to find leaks).

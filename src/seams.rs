@@ -31,11 +31,42 @@ pub(crate) mod switches {
         /// The backend this thread's calls take instead of the default device's
         /// (`ops::Backend::code`; the `testing::*_via_gpu` hooks).
         pub static FORCED_BACKEND: Cell<Option<i64>> = const { Cell::new(None) };
+        /// The CPU kernel node evaluated on this thread that fails, and where: (nodes to let
+        /// pass first, `FAULT_AT_EVAL` or `FAULT_IN_TASK`) (`testing::fail_cpu_kernel`).
+        pub static CPU_KERNEL_FAULT: Cell<Option<(usize, u8)>> = const { Cell::new(None) };
     }
 }
 
 #[cfg(feature = "testing")]
 use std::sync::atomic::Ordering::Relaxed;
+
+/// `cpu_kernel_fault`'s answers (the bridge's `mlxk_eval_fault` codes): no fault, the node's
+/// evaluation raises before its outputs get buffers, its task raises before the kernel runs.
+pub(crate) const NO_FAULT: u8 = 0;
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) const FAULT_AT_EVAL: u8 = 1;
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) const FAULT_IN_TASK: u8 = 2;
+
+/// Asked once per CPU kernel node as it is evaluated (on the evaluating thread): whether it
+/// fails, and where (library: never).
+#[inline]
+pub(crate) fn cpu_kernel_fault() -> u8 {
+    #[cfg(feature = "testing")]
+    return switches::CPU_KERNEL_FAULT.with(|f| match f.get() {
+        None => NO_FAULT,
+        Some((0, stage)) => {
+            f.set(None);
+            stage
+        }
+        Some((after, stage)) => {
+            f.set(Some((after - 1, stage)));
+            NO_FAULT
+        }
+    });
+    #[cfg(not(feature = "testing"))]
+    NO_FAULT
+}
 
 /// Whether the GPU kernels' g and beta come from MLX's CPU ops (library: no).
 #[inline]

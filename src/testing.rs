@@ -36,6 +36,38 @@ pub unsafe fn panic_probe(input: *const mlxk_array, out: *mut *mut mlxk_array) -
     })
 }
 
+/// Where an injected fault makes a CPU kernel node fail (`fail_cpu_kernel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The node's evaluation raises before its outputs get buffers, as MLX's allocator does
+    /// when memory runs out.
+    AtEval,
+    /// The node's task raises on MLX's stream thread before its kernel runs, as a kernel that
+    /// fails at evaluation.
+    InTask,
+}
+
+/// Makes the CPU kernel node evaluated on this thread after `after` others fail at `fault`
+/// (once; `None` clears a fault not yet met). Counts the nodes of every evaluation on this
+/// thread: a decode step is one node, the update from the convolution's output two (the head
+/// split, then the update).
+pub fn fail_cpu_kernel(fault: Option<(usize, Fault)>) {
+    use crate::seams::{FAULT_AT_EVAL, FAULT_IN_TASK};
+    let code = fault.map(|(after, f)| {
+        let stage = match f {
+            Fault::AtEval => FAULT_AT_EVAL,
+            Fault::InTask => FAULT_IN_TASK,
+        };
+        (after, stage)
+    });
+    crate::seams::switches::CPU_KERNEL_FAULT.with(|f| f.set(code));
+}
+
+/// Whether the fault `fail_cpu_kernel` set on this thread is still to come.
+pub fn cpu_kernel_fault_pending() -> bool {
+    crate::seams::switches::CPU_KERNEL_FAULT.with(|f| f.get().is_some())
+}
+
 /// Which pool launch the GPU pool calls that write states take on MLX CUDA: `Some(true)` the one
 /// that writes the pool's own rows (`PoolWrite::InPlace`) whatever MLX exports, `Some(false)`
 /// the written rows then MLX's scatter, `None` the default (in place where MLX exports its CUDA

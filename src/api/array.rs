@@ -2,7 +2,7 @@
 //! can be read and written as.
 
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use cxx::UniquePtr;
 use half::{bf16, f16};
@@ -20,7 +20,8 @@ use crate::ops::array as ops;
 /// are graph nodes, computed by [`eval`](Array::eval) or by a read
 /// ([`to_vec`](Array::to_vec), [`to_bytes`](Array::to_bytes)), and an error raised by the
 /// computation is reported there. Once computing an array has failed, every later use of it
-/// reports that failure again (MLX may hold unfinished data for it).
+/// reports that failure again (MLX may hold unfinished data for it); a pool call's new pool
+/// instead holds the pool the call was given ([`PoolSlots`](crate::PoolSlots), "Faults").
 ///
 /// # Threads
 ///
@@ -39,6 +40,21 @@ pub struct Array {
     raw: UniquePtr<bridge::Array>,
     /// Set when computing this array failed (the message of that failure).
     failure: OnceLock<String>,
+    /// A pool call's result: what the call's results share, and whether this is the new pool.
+    step: Option<(Arc<PoolStep>, bool)>,
+    /// The new pool once its call failed: the pool as given (`ops::array::as_given`).
+    as_given: OnceLock<UniquePtr<bridge::Array>>,
+}
+
+/// What the results of one pool call share (docs/serving.md, "Faults"): a failed evaluation
+/// of either fails the call; its `y` then reports the failure and its new pool holds the pool
+/// it was given.
+struct PoolStep {
+    /// The id of the pool the call was given (`ops::array::id`).
+    given: usize,
+    /// The failure's message, and whether a kernel panicked (a defect: the new pool is then
+    /// undefined too).
+    failure: OnceLock<(String, bool)>,
 }
 
 // SAFETY: an MLX array is a reference-counted node (atomic shared_ptr). Every access to the
@@ -51,12 +67,14 @@ unsafe impl Sync for Array {}
 
 impl Drop for Array {
     fn drop(&mut self) {
-        if self.raw.is_null() {
+        let as_given = self.as_given.take();
+        if self.raw.is_null() && as_given.is_none() {
             return;
         }
         let raw = std::mem::replace(&mut self.raw, UniquePtr::null());
         let _mlx = crate::registry::lock();
         drop(raw);
+        drop(as_given);
     }
 }
 
@@ -66,25 +84,69 @@ impl Array {
         Array {
             raw,
             failure: OnceLock::new(),
+            step: None,
+            as_given: OnceLock::new(),
         }
+    }
+
+    /// Wraps the results of a pool call that writes states: its y (None: the replay has none)
+    /// and the new pool, made from the pool whose id is `given`.
+    pub(crate) fn pool_step(
+        y: Option<UniquePtr<bridge::Array>>,
+        pool: UniquePtr<bridge::Array>,
+        given: usize,
+    ) -> (Option<Array>, Array) {
+        let step = Arc::new(PoolStep {
+            given,
+            failure: OnceLock::new(),
+        });
+        let with = |raw, is_pool| Array {
+            raw,
+            failure: OnceLock::new(),
+            step: Some((Arc::clone(&step), is_pool)),
+            as_given: OnceLock::new(),
+        };
+        (y.map(|y| with(y, false)), with(pool, true))
     }
 
     /// The MLX array, as argument `arg` of the calling function: the same checks and message as
     /// a C handle's lookup (an array whose computation failed is refused). Call under the lock.
     pub(crate) fn get(&self, arg: &str) -> Result<&bridge::Array> {
-        if let Some(failure) = self.failure.get() {
-            return Err(Error::Backend(format!(
+        let failed = |failure: &str| {
+            Err(Error::Backend(format!(
                 "{arg}: computing this array failed earlier, its contents are undefined ({failure})"
-            )));
+            )))
+        };
+        if let Some(failure) = self.failure.get() {
+            return failed(failure);
         }
-        self.raw
+        let raw = self
+            .raw
             .as_ref()
-            .ok_or_else(|| Error::InvalidHandle(format!("{arg} is empty")))
+            .ok_or_else(|| Error::InvalidHandle(format!("{arg} is empty")))?;
+        match &self.step {
+            Some((step, is_pool)) => match step.failure.get() {
+                None => Ok(raw),
+                Some((failure, panicked)) if !is_pool || *panicked => failed(failure),
+                Some(_) => Ok(self.as_given.get_or_init(|| ops::as_given(raw, step.given))),
+            },
+            None => Ok(raw),
+        }
     }
 
-    /// Records that computing this array failed with `error`.
+    /// Records that computing this array failed with `error` (for a pool call's result, that
+    /// the call failed, once).
     fn mark_failed(&self, error: &Error) {
-        let _ = self.failure.set(error.to_string());
+        match &self.step {
+            Some((step, _)) if step.failure.get().is_none() => {
+                let _ = step
+                    .failure
+                    .set((error.to_string(), matches!(error, Error::Panic(_))));
+            }
+            _ => {
+                let _ = self.failure.set(error.to_string());
+            }
+        }
     }
 
     /// Makes an array of `shape` holding a copy of `data` (row-major), with `T`'s dtype.

@@ -1,6 +1,7 @@
 // The C++ half of the bridge: array plumbing, the few MLX ops the kernels need, the GPU
 // launches, and the CPU primitive whose eval_cpu hands the buffers to a Rust kernel. The host
-// exchange and the scan for loaded MLXs are in host.cc.
+// exchange and the scan for loaded MLXs are in host.cc, the backward passes as MLX ops in
+// vjp_ops.cc.
 #include "src/bridge/mlx_bridge.h"
 #include "src/bridge/mlx_compat.h"
 
@@ -13,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <typeinfo>
 #include <cstring>
 #include <functional>
@@ -85,16 +87,16 @@ std::vector<mx::Shape> output_shapes(const rust::Vec<int32_t>& dims,
   return shapes;
 }
 
-mx::Stream stream_for(bool gpu) {
-  return mx::default_stream(gpu ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu));
-}
-
 // A freshly allocated, owned, row-contiguous array of `shape` (contents uninitialized).
 mx::array allocated(const mx::Shape& shape, mx::Dtype dtype, void** data) {
   size_t count = 1;
   for (auto d : shape) count *= static_cast<size_t>(d);
   return compat::allocated_array(std::max<size_t>(count * dtype.size(), 1), shape, dtype, data);
 }
+
+// `mlxk_eval_fault`'s answers (crate::seams): the node's eval raises, or its task does.
+constexpr uint8_t kFaultAtEval = 1;
+constexpr uint8_t kFaultInTask = 2;
 
 // What the library's primitives share: the kernel code `kernel` (node::Kernel), whose C
 // function names messages, and the transforms they refuse (forward mode and batching).
@@ -131,6 +133,15 @@ class RustCpuKernel : public MlxkernPrimitive {
       : MlxkernPrimitive(stream, launch.kernel), launch_(std::move(launch)) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const uint8_t fault = mlxk_eval_fault();
+    if (fault == kFaultAtEval) {
+      throw std::runtime_error("mlxkern: injected fault: evaluating " + kernel_name() +
+                               " failed before its outputs were allocated");
+    }
+    std::string failed;
+    if (fault == kFaultInTask) {
+      failed = "mlxkern: injected fault: " + kernel_name() + " raised before its kernel ran";
+    }
     for (size_t i = 0; i < inputs.size(); ++i) {
       const auto& in = inputs[i];
       if (in.size() != 0 && (!in.flags().row_contiguous || in.data_size() != in.size())) {
@@ -143,21 +154,60 @@ class RustCpuKernel : public MlxkernPrimitive {
     // anyway (array::detach); dropping them now lets the new state take over the old buffer.
     // The evaluated output's own list (`inputs`) stays: MLX keeps those buffers alive until
     // the dispatched task has run.
-    for (auto& out : outputs) {
-      if (&out.inputs() != &inputs) out.inputs().clear();
+    std::vector<size_t> cleared;
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (&outputs[o].inputs() != &inputs) {
+        outputs[o].inputs().clear();
+        cleared.push_back(o);
+      }
+    }
+    // Whatever raises from here on (an allocation, MLX's scheduler reporting an earlier
+    // task's error) leaves the node as it was: the siblings get their lists back, so each
+    // output can still be evaluated again and still reaches the inputs it was given (a
+    // donated pool is not lost: docs/serving.md, "Faults"). Outputs take over inputs only
+    // after every allocation has succeeded.
+    try {
+      dispatch(inputs, outputs, std::move(failed));
+    } catch (...) {
+      for (auto o : cleared) outputs[o].inputs() = inputs;
+      throw;
+    }
+  }
+
+  void dispatch(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs,
+                std::string failed) {
+    // A node that updates a state or a pool starts only once the tasks computing its inputs
+    // in this evaluation have run and none failed: an input a failed task left holds no valid
+    // data, and the kernel must not write a pool (the caller's, taken over) from it. A failure
+    // raises here, before any output has a buffer. Inputs computed before this evaluation
+    // (available) need no wait. Where MLX has a GPU, a CPU task may be waiting for GPU work
+    // this evaluation has not committed yet, and waiting for it here would never end: there
+    // the task's own check (stream_failure, below) stands alone.
+    static const bool cpu_only_mlx = !mx::metal::is_available() && !mx::cu::is_available();
+    auto writes_state = [](int32_t from) { return from >= 0; };
+    auto computing = [](const mx::array& in) {
+      return in.status() != mx::array::Status::available;
+    };
+    if (cpu_only_mlx &&
+        std::any_of(launch_.donate_from.begin(), launch_.donate_from.end(), writes_state) &&
+        std::any_of(inputs.begin(), inputs.end(), computing)) {
+      compat::finish_stream(stream());
     }
     std::vector<int32_t> aliased(outputs.size(), -1);
     for (size_t o = 0; o < outputs.size(); ++o) {
       auto& out = outputs[o];
       int32_t from = o < launch_.donate_from.size() ? launch_.donate_from[o] : -1;
       if (from >= 0 && static_cast<size_t>(from) < inputs.size() &&
+          std::find(aliased.begin(), aliased.end(), from) == aliased.end() &&
           inputs[from].is_donatable() && inputs[from].nbytes() == out.nbytes() &&
           inputs[from].itemsize() == out.itemsize() && out.nbytes() != 0) {
-        out.copy_shared_buffer(inputs[from]);
         aliased[o] = from;
       } else {
         out.set_data(mx::allocator::malloc(std::max<size_t>(out.nbytes(), 1)));
       }
+    }
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (aliased[o] >= 0) outputs[o].copy_shared_buffer(inputs[aliased[o]]);
     }
     // What the dispatched task keeps alive: the inputs, except those whose buffer an output
     // took over. Such a buffer lives on in that output (and, while this task is pending, MLX
@@ -187,17 +237,26 @@ class RustCpuKernel : public MlxkernPrimitive {
                       params = std::vector<int64_t>(launch_.params.begin(), launch_.params.end()),
                       in_ptrs = std::move(in_ptrs), in_bytes = std::move(in_bytes),
                       out_ptrs = std::move(out_ptrs), out_bytes = std::move(out_bytes),
-                      aliased = std::move(aliased), keep_alive = std::move(keep_alive)]() {
+                      aliased = std::move(aliased), keep_alive = std::move(keep_alive),
+                      donate_from = std::vector<int32_t>(launch_.donate_from.begin(),
+                                                         launch_.donate_from.end()),
+                      failed = std::move(failed), stream = stream()]() {
       (void)keep_alive;  // the input buffers outlive the kernel whatever MLX's bookkeeping
       // A Rust error (or a caught panic) arrives as rust::Error, which reaches the eval
       // (compat::run_task: MLX 0.32 re-throws it there, on 0.31 the library's eval does).
       compat::run_task([&] {
+        // An earlier task of this stream that failed (an input of this node, most likely)
+        // left its outputs unwritten: the kernel does not run on them, the node fails with
+        // that error instead (a donated pool keeps every state it had).
+        std::string why = failed.empty() ? compat::stream_failure(stream) : failed;
         mlxk_cpu_kernel(kernel, rust::Slice<const int64_t>(params.data(), params.size()),
                         rust::Slice<const size_t>(in_ptrs.data(), in_ptrs.size()),
                         rust::Slice<const size_t>(in_bytes.data(), in_bytes.size()),
                         rust::Slice<const size_t>(out_ptrs.data(), out_ptrs.size()),
                         rust::Slice<const size_t>(out_bytes.data(), out_bytes.size()),
-                        rust::Slice<const int32_t>(aliased.data(), aliased.size()));
+                        rust::Slice<const int32_t>(aliased.data(), aliased.size()),
+                        rust::Slice<const int32_t>(donate_from.data(), donate_from.size()),
+                        rust::Str(why.data(), why.size()));
       });
     });
   }
@@ -325,6 +384,10 @@ std::vector<mx::array> with_vjp(std::vector<mx::array> outs, uint32_t vjp_kernel
 
 }  // namespace
 
+mx::Stream stream_for(bool gpu) {
+  return mx::default_stream(gpu ? mx::Device(mx::Device::gpu) : mx::Device(mx::Device::cpu));
+}
+
 std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
                                         rust::Slice<const int32_t> shape, int32_t dtype) {
   void* dst = nullptr;
@@ -354,17 +417,55 @@ size_t array_address(const Array& a) {
   return reinterpret_cast<size_t>(a.data<uint8_t>());
 }
 
+namespace {
+// `eval` of `a`; after a failure, MLX's count of active tasks is put right before the error
+// goes on (compat::settle_after_failure: MLX 0.32 can leave counts behind a failed CPU task,
+// and a later eval would then wait for good).
+void eval_or_settle(mx::array& a) {
+  try {
+    mx::eval(a);
+    compat::rethrow_task_error();
+  } catch (...) {
+    compat::settle_after_failure(stream_for(false));
+    throw;
+  }
+}
+}  // namespace
+
 void array_eval(const Array& a) {
   mx::array copy = a;
-  mx::eval(copy);
-  compat::rethrow_task_error();
+  eval_or_settle(copy);
+}
+
+size_t array_id(const Array& a) { return static_cast<size_t>(a.id()); }
+
+std::unique_ptr<Array> array_as_given(const Array& a, size_t given) {
+  // The nodes between a step's result and the pool it was given (a contiguous copy, the GPU's
+  // scatter, an earlier step chained on the same pool) are few; the walk stops at evaluated
+  // nodes, which keep no inputs.
+  std::vector<mx::array> todo{a};
+  std::unordered_set<uintptr_t> seen;
+  while (!todo.empty() && seen.size() < 4096) {
+    mx::array x = std::move(todo.back());
+    todo.pop_back();
+    if (x.id() == given) return std::make_unique<Array>(x);
+    if (!seen.insert(x.id()).second) continue;
+    for (const auto& in : x.inputs()) todo.push_back(in);
+  }
+  if (a.data_shared_ptr() == nullptr) return std::make_unique<Array>(a);
+  // The node ran (its task is done: it failed, or the eval stopped after it) and MLX left its
+  // outputs unscheduled: the pool, as its task left it, as an array of its own, so that no
+  // later evaluation runs the node again.
+  void* unused = nullptr;
+  auto held = compat::allocated_array(1, a.shape(), a.dtype(), &unused);
+  held.copy_shared_buffer(a);
+  return std::make_unique<Array>(std::move(held));
 }
 
 void array_read(const Array& a, rust::Slice<uint8_t> dst) {
   if (dst.size() != a.nbytes()) throw std::invalid_argument("array_read: size mismatch");
   mx::array c = a;
-  mx::eval(c);
-  compat::rethrow_task_error();
+  eval_or_settle(c);
   if (a.size() && (!c.flags().row_contiguous || c.data_size() != c.size())) {
     c = mx::contiguous(c, false, mx::Device(mx::Device::cpu));
     mx::eval(c);
@@ -418,121 +519,6 @@ std::unique_ptr<Array> take_tokens(const Array& a, const Array& tokens, bool gpu
   auto shape = a.shape();
   mx::Shape rest(shape.begin() + 1, shape.end());
   return std::make_unique<Array>(mx::take(mx::reshape(a, rest, s), tokens, 0, s));
-}
-
-// The backward passes as MLX ops (the GPU default device's path, docs/DESIGN.md §4
-// "Gradients"): each forward written with MLX ops in mlx-lm's formulation, differentiated by
-// mx::vjp on the chosen stream, each gradient cast to its primal's dtype.
-namespace {
-// mx::vjp of `fun` at `primals` with `cotangents`; the gradients in the primals' dtypes.
-std::unique_ptr<ArrayList> vjp_cast(
-    const std::function<std::vector<mx::array>(const std::vector<mx::array>&)>& fun,
-    const std::vector<mx::array>& primals, const std::vector<mx::array>& cotangents,
-    mx::Stream s) {
-  auto grads = mx::vjp(fun, primals, cotangents).second;
-  auto out = std::make_unique<ArrayList>();
-  for (size_t i = 0; i < grads.size(); ++i) {
-    out->items.push_back(mx::astype(grads[i], primals[i].dtype(), s));
-  }
-  return out;
-}
-
-// The cotangent `given` (cast to `dtype`), or zeros of `shape` and `dtype`.
-mx::array cotangent(const ArrayList& inputs, size_t& at, bool given, const mx::Shape& shape,
-                    mx::Dtype dtype, mx::Stream s) {
-  return given ? mx::astype(inputs.items.at(at++), dtype, s) : mx::zeros(shape, dtype, s);
-}
-
-// mlx-lm's compute_g on stream `s` (the ops of compute_g above).
-mx::array gates_g(const mx::array& a_log, const mx::array& a, const mx::array& dt_bias,
-                  mx::Stream s) {
-  auto decay_rate = mx::negative(mx::exp(mx::astype(a_log, mx::float32, s), s), s);
-  auto x = mx::add(a, dt_bias, s);
-  auto softplus = mx::logaddexp(x, mx::array(0.0f, x.dtype()), s);
-  return mx::exp(mx::multiply(decay_rate, softplus, s), s);
-}
-}  // namespace
-
-std::unique_ptr<ArrayList> silu_rms_heads_vjp_ops(const ArrayList& inputs, int32_t key_heads,
-                                                  int32_t value_heads, int32_t value_width,
-                                                  float eps, bool has_dq, bool has_dk,
-                                                  bool has_dv, bool gpu) {
-  auto s = stream_for(gpu);
-  const auto& in = inputs.items;
-  const auto& x = in.at(0);
-  int B = x.shape(0), S = x.shape(1), Dk = in.at(1).shape(0);
-  int Hk = key_heads, Hv = value_heads, Dv = value_width;
-  size_t at = 3;
-  auto dq = cotangent(inputs, at, has_dq, {B, S, Hk, Dk}, x.dtype(), s);
-  auto dk = cotangent(inputs, at, has_dk, {B, S, Hk, Dk}, x.dtype(), s);
-  auto dv = cotangent(inputs, at, has_dv, {B, S, Hv, Dv}, x.dtype(), s);
-  // mlx-lm: nn.silu(conv_out), split into q | k | v heads, mx.fast.rms_norm(q, q_scale, eps).
-  auto fun = [=](const std::vector<mx::array>& p) {
-    auto silu = mx::multiply(p[0], mx::sigmoid(p[0], s), s);
-    auto parts = mx::split(silu, mx::Shape{Hk * Dk, 2 * Hk * Dk}, -1, s);
-    auto q = mx::reshape(parts[0], {B, S, Hk, Dk}, s);
-    auto k = mx::reshape(parts[1], {B, S, Hk, Dk}, s);
-    auto v = mx::reshape(parts[2], {B, S, Hv, Dv}, s);
-    return std::vector<mx::array>{mx::fast::rms_norm(q, p[1], eps, s),
-                                  mx::fast::rms_norm(k, p[2], eps, s), v};
-  };
-  return vjp_cast(fun, {x, in.at(1), in.at(2)}, {dq, dk, dv}, s);
-}
-
-std::unique_ptr<ArrayList> gated_rms_norm_vjp_ops(const ArrayList& inputs, float eps,
-                                                  bool has_dout, bool gpu) {
-  auto s = stream_for(gpu);
-  const auto& in = inputs.items;
-  const auto& x = in.at(0);
-  size_t at = 3;
-  auto dout = cotangent(inputs, at, has_dout, x.shape(), x.dtype(), s);
-  // Qwen's RMSNormGated (mlx-lm qwen3_next): mx.fast.rms_norm(x, weight, eps), then
-  // precise_swiglu: (silu(f32(gate)) * f32(normed)) in x's dtype.
-  auto fun = [=](const std::vector<mx::array>& p) {
-    auto normed = mx::fast::rms_norm(p[0], p[2], eps, s);
-    auto z = mx::astype(p[1], mx::float32, s);
-    auto gate = mx::multiply(z, mx::sigmoid(z, s), s);
-    auto out = mx::multiply(gate, mx::astype(normed, mx::float32, s), s);
-    return std::vector<mx::array>{mx::astype(out, p[0].dtype(), s)};
-  };
-  return vjp_cast(fun, {x, in.at(1), in.at(2)}, {dout}, s);
-}
-
-std::unique_ptr<ArrayList> gated_delta_backward_tail(const ArrayList& inputs, int32_t key_heads,
-                                                     bool gpu) {
-  auto s = stream_for(gpu);
-  const auto& in = inputs.items;
-  const auto &q = in.at(0), &v = in.at(1), &dq_h = in.at(2), &dk_h = in.at(3);
-  int B = q.shape(0), T = q.shape(1), Dk = q.shape(3), Hv = v.shape(2), P = dq_h.shape(3);
-  int Hk = key_heads, G = Hv / Hk;
-  // [B, T, Hv, P, Dk] -> [B, T, Hk, Dk]: the value heads of each key head and the partitions.
-  auto per_key_head = [&](const mx::array& x) {
-    auto sum = G * P == 1 ? mx::reshape(x, {B, T, Hk, Dk}, s)
-                          : mx::sum(mx::reshape(x, {B, T, Hk, G * P, Dk}, s), 3, false, s);
-    return mx::astype(sum, q.dtype(), s);
-  };
-  auto per_value_head = [&](const mx::array& x) {
-    return P == 1 ? mx::reshape(x, {B, T, Hv}, s) : mx::sum(x, 3, false, s);
-  };
-  auto out = std::make_unique<ArrayList>();
-  out->items = {per_key_head(dq_h), per_key_head(dk_h), mx::astype(in.at(4), v.dtype(), s),
-                per_value_head(in.at(5)), per_value_head(in.at(6))};
-  return out;
-}
-
-std::unique_ptr<ArrayList> gates_vjp(const ArrayList& inputs, bool gpu) {
-  auto s = stream_for(gpu);
-  const auto& in = inputs.items;
-  // g and beta of the f32 gate inputs: the forward's 16-bit rounding points are not
-  // differentiated (as the CPU backward's gate chain).
-  auto fun = [s](const std::vector<mx::array>& p) {
-    auto f32 = [s](const mx::array& x) { return mx::astype(x, mx::float32, s); };
-    return std::vector<mx::array>{gates_g(f32(p[2]), f32(p[0]), f32(p[3]), s),
-                                  mx::sigmoid(f32(p[1]), s)};
-  };
-  return vjp_cast(fun, {in.at(0), in.at(1), in.at(2), in.at(3)},
-                  {mx::astype(in.at(4), mx::float32, s), mx::astype(in.at(5), mx::float32, s)},
-                  s);
 }
 
 namespace {

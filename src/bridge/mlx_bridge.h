@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mlx/array.h"
+#include "mlx/stream.h"
 #include "rust/cxx.h"
 
 namespace mlxk {
@@ -18,6 +19,9 @@ struct ArrayList {
 struct MetalLaunch;
 struct CpuLaunch;
 
+// The default stream of the GPU (`gpu`) or of the CPU.
+mlx::core::Stream stream_for(bool gpu);
+
 std::unique_ptr<Array> array_from_bytes(rust::Slice<const uint8_t> data,
                                         rust::Slice<const int32_t> shape, int32_t dtype);
 std::unique_ptr<Array> array_zeros(rust::Slice<const int32_t> shape, int32_t dtype);
@@ -29,6 +33,8 @@ size_t array_size(const Array& a);
 size_t array_nbytes(const Array& a);
 size_t array_address(const Array& a);
 void array_eval(const Array& a);
+size_t array_id(const Array& a);
+std::unique_ptr<Array> array_as_given(const Array& a, size_t given);
 void array_read(const Array& a, rust::Slice<uint8_t> dst);
 std::unique_ptr<Array> array_astype(const Array& a, int32_t dtype, bool gpu);
 std::unique_ptr<Array> array_stop_gradient(const Array& a, bool gpu);

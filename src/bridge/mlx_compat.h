@@ -12,7 +12,9 @@
 //     waits for it (the array's event holds it). 0.30 and 0.31 have no handler there: the
 //     exception terminates the process. So there a task's error is caught in the task, parked,
 //     and thrown by the library's own next eval (run_task / rethrow_task_error below); the
-//     kernel has already filled its outputs with NaN bytes (docs/DESIGN.md §2.2).
+//     kernel has already filled its outputs with NaN bytes (docs/DESIGN.md §2.2). A task that
+//     finds an earlier task's error (stream_failure: 0.32 reads the stream's, older ones the
+//     parked one) runs no kernel on that task's unwritten outputs.
 // Everything else the bridge uses (Primitive, fast::metal_kernel / cuda_kernel, the CPU
 // command encoder, donation through copy_shared_buffer / is_donatable, set_data(malloc(n)))
 // has the same spelling in all three.
@@ -34,6 +36,11 @@
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
+#include "mlx/backend/cuda/cuda.h"
+#include "mlx/backend/metal/metal.h"
+#include "mlx/scheduler.h"
+#include "mlx/stream.h"
+#include "mlx/transforms.h"
 #include "mlx/version.h"
 
 #if !defined(MLX_VERSION_MAJOR) || !defined(MLX_VERSION_MINOR)
@@ -70,6 +77,37 @@ void run_task(Task&& task) {
   task();
 }
 inline void rethrow_task_error() {}
+// Waits until every task of stream `s` has run; throws the first error one raised.
+inline void finish_stream(mx::Stream s) {
+  mx::synchronize(s);
+  mx::scheduler::check_error(s);
+}
+// After an eval failed: MLX's CPU encoder counts a task, then queues it and, separately, the
+// task that uncounts it; the queueing throws a pending error of the stream on the thread that
+// created MLX's scheduler, and the uncounting task is then never queued. Where MLX has no GPU
+// (every active task is a CPU one), once stream `s` has run everything queued on it, what is
+// still counted is such a leftover: uncounted here, or an eval waiting for a count to fall
+// would wait for good.
+inline void settle_after_failure(mx::Stream s) {
+  static const bool cpu_only = !mx::metal::is_available() && !mx::cu::is_available();
+  if (!cpu_only) return;
+  try {
+    mx::synchronize(s);
+  } catch (const std::exception&) {
+    // The error this settles after, or one raised before it: reported already.
+  }
+  while (mx::scheduler::n_active_tasks() > 0) mx::scheduler::notify_task_completion(s);
+}
+// The error an earlier task of stream `s` raised and no eval has reported yet ("" if none).
+// MLX keeps the first one; reading it clears it, and the caller's task raises it again.
+inline std::string stream_failure(mx::Stream s) {
+  try {
+    mx::scheduler::check_error(s);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
 #else
 // The first error of a task not yet reported (0.30 and 0.31: see above).
 inline std::mutex& parked_mutex() {
@@ -94,6 +132,12 @@ void run_task(Task&& task) {
   }
 }
 
+// The error an earlier task parked and no eval has reported yet ("" if none).
+inline std::string stream_failure(mx::Stream) {
+  std::lock_guard<std::mutex> lock(parked_mutex());
+  return parked_error();
+}
+
 // Throws (and clears) the parked error, if any; called after the library's evals.
 inline void rethrow_task_error() {
   std::string message;
@@ -103,6 +147,14 @@ inline void rethrow_task_error() {
   }
   if (!message.empty()) throw std::runtime_error(message);
 }
+
+// Waits until every task of stream `s` has run; throws (and clears) the error one parked.
+inline void finish_stream(mx::Stream s) {
+  mx::synchronize(s);
+  rethrow_task_error();
+}
+// A failed task's error is parked here, never MLX's: nothing to put right.
+inline void settle_after_failure(mx::Stream) {}
 #endif
 
 }  // namespace mlxk::compat

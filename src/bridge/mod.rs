@@ -70,6 +70,13 @@ pub mod ffi {
         /// The address of an evaluated array's data (0 when empty or unevaluated).
         fn array_address(a: &Array) -> usize;
         fn array_eval(a: &Array) -> Result<()>;
+        /// MLX's identity of the array (its node), the same for every handle sharing it.
+        fn array_id(a: &Array) -> usize;
+        /// After a failed evaluation of `a`, a pool call's result made from the pool whose
+        /// `array_id` is `given`: that pool, where `a` still reaches it through nodes that did
+        /// not run (the step never ran); else `a` itself (the step's node ran and failed, and
+        /// left it holding the pool as given).
+        fn array_as_given(a: &Array, given: usize) -> UniquePtr<Array>;
         /// Evaluates `a` and copies its elements row-major into `dst` (exactly nbytes long).
         fn array_read(a: &Array, dst: &mut [u8]) -> Result<()>;
         fn array_astype(a: &Array, dtype: i32, gpu: bool) -> Result<UniquePtr<Array>>;
@@ -254,9 +261,17 @@ pub mod ffi {
         /// The C function whose node CPU kernel `kernel` is, for messages.
         fn mlxk_kernel_name(kernel: u32) -> String;
 
+        /// Whether the CPU kernel node being evaluated on this thread fails, and where
+        /// (`crate::seams::cpu_kernel_fault`: 0 never, 1 its eval, 2 its task).
+        fn mlxk_eval_fault() -> u8;
+
         /// Runs CPU kernel `kernel` on MLX's stream thread. Buffers arrive as addresses and byte
         /// lengths; `aliased` lists, per output, the input whose buffer the output took over
-        /// (that input must then be read from the output). Never unwinds.
+        /// (that input must then be read from the output); `donate_from` the launch's. A
+        /// `failed` message (an injected fault, or an earlier node's failure on this stream)
+        /// runs no kernel: the node fails with it, each output that takes over an input holding
+        /// that input. Never unwinds.
+        #[allow(clippy::too_many_arguments)]
         unsafe fn mlxk_cpu_kernel(
             kernel: u32,
             params: &[i64],
@@ -265,6 +280,8 @@ pub mod ffi {
             output_ptrs: &[usize],
             output_bytes: &[usize],
             aliased: &[i32],
+            donate_from: &[i32],
+            failed: &str,
         ) -> Result<()>;
     }
 }
@@ -380,6 +397,8 @@ pub type CpuKernel = unsafe fn(
     &[usize],
     &[usize],
     &[i32],
+    &[i32],
+    &str,
 ) -> std::result::Result<(), String>;
 
 static CPU_KERNEL: std::sync::OnceLock<CpuKernel> = std::sync::OnceLock::new();
@@ -392,6 +411,7 @@ pub fn install_cpu_kernel(run: CpuKernel) {
 
 /// # Safety
 /// The contract of `ffi::mlxk_cpu_kernel`.
+#[allow(clippy::too_many_arguments)]
 unsafe fn mlxk_cpu_kernel(
     kernel: u32,
     params: &[i64],
@@ -400,6 +420,8 @@ unsafe fn mlxk_cpu_kernel(
     output_ptrs: &[usize],
     output_bytes: &[usize],
     aliased: &[i32],
+    donate_from: &[i32],
+    failed: &str,
 ) -> std::result::Result<(), String> {
     let run = CPU_KERNEL
         .get()
@@ -414,8 +436,14 @@ unsafe fn mlxk_cpu_kernel(
             output_ptrs,
             output_bytes,
             aliased,
+            donate_from,
+            failed,
         )
     }
+}
+
+fn mlxk_eval_fault() -> u8 {
+    crate::seams::cpu_kernel_fault()
 }
 
 fn mlxk_kernel_name(kernel: u32) -> String {

@@ -206,7 +206,9 @@ pub unsafe extern "C" fn mlxk_array_nbytes(
 }
 
 /// Computes `array` (and whatever it depends on) now. Errors raised by the computation — of
-/// this call or of the kernels that produced `array` — are reported here.
+/// this call or of the kernels that produced `array` — are reported here; the handle then
+/// reports the failure on every use, except a pool call's new pool, which holds the pool the
+/// call was given (mlxk_gated_delta_update_pool, "Faults lose nothing").
 ///
 /// NULL: `array` must not be NULL. Thread: any; blocks other mlxk_ calls while computing.
 #[no_mangle]

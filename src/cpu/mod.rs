@@ -72,6 +72,7 @@ fn run(kernel: u32, params: &[i64], buffers: Buffers) {
 /// # Safety
 /// Each `(ptr, bytes)` pair must be a live buffer MLX allocated for this node (outputs
 /// writable), and no two may overlap except where `aliased` says an output took over an input.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn mlxk_cpu_kernel(
     kernel: u32,
     params: &[i64],
@@ -80,7 +81,23 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
     output_ptrs: &[usize],
     output_bytes: &[usize],
     aliased: &[i32],
+    donate_from: &[i32],
+    failed: &str,
 ) -> Result<(), String> {
+    if !failed.is_empty() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            keep_inputs(
+                input_ptrs,
+                input_bytes,
+                output_ptrs,
+                output_bytes,
+                aliased,
+                donate_from,
+            )
+        };
+        return Err(failed.to_string());
+    }
     let aliased: Vec<Option<usize>> = aliased
         .iter()
         .map(|&a| if a >= 0 { Some(a as usize) } else { None })
@@ -118,14 +135,55 @@ pub(crate) unsafe fn mlxk_cpu_kernel(
         aliased,
     };
     catch_unwind(AssertUnwindSafe(|| run(kernel, params, buffers))).map_err(|payload| {
-        // Whatever the kernel left half-written becomes all-ones bytes (NaN for every float
-        // dtype), so nothing computed from these outputs later can pass for a valid result.
-        for (&ptr, &len) in output_ptrs.iter().zip(output_bytes) {
-            if ptr != 0 && len != 0 {
-                // SAFETY: the caller's contract; the kernel's borrows ended with the unwind.
-                unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xFF, len) };
-            }
-        }
+        // SAFETY: the caller's contract; the kernel's borrows ended with the unwind.
+        unsafe { poison(output_ptrs, output_bytes) };
         format!("{KERNEL_PANIC_TAG}{}", panic_message(&*payload))
     })
+}
+
+/// A node that fails before its kernel ran (docs/serving.md, "Faults"): an output that would
+/// take over an input holds that input (a buffer it took over is left as it is, else the
+/// input is copied in), so a donated or kept pool comes back with every state it had; every
+/// other output is poisoned.
+///
+/// # Safety
+/// As `mlxk_cpu_kernel`'s.
+unsafe fn keep_inputs(
+    input_ptrs: &[usize],
+    input_bytes: &[usize],
+    output_ptrs: &[usize],
+    output_bytes: &[usize],
+    aliased: &[i32],
+    donate_from: &[i32],
+) {
+    for (o, (&ptr, &len)) in output_ptrs.iter().zip(output_bytes).enumerate() {
+        let took_over = aliased.get(o).is_some_and(|&a| a >= 0);
+        let from = donate_from.get(o).and_then(|&i| usize::try_from(i).ok());
+        match from.filter(|&i| input_bytes.get(i) == Some(&len) && input_ptrs[i] != 0) {
+            _ if took_over => {}
+            Some(i) if ptr != 0 => {
+                // SAFETY: the caller's contract: input i and output o are distinct live buffers
+                // of `len` bytes (the output did not take the input over).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(input_ptrs[i] as *const u8, ptr as *mut u8, len)
+                };
+            }
+            // SAFETY: the caller's contract.
+            _ => unsafe { poison(&[ptr], &[len]) },
+        }
+    }
+}
+
+/// Whatever a failed kernel left half-written becomes all-ones bytes (NaN for every float
+/// dtype), so nothing computed from these outputs later can pass for a valid result.
+///
+/// # Safety
+/// Each `(ptr, bytes)` pair is a writable buffer no one else uses during the call.
+unsafe fn poison(output_ptrs: &[usize], output_bytes: &[usize]) {
+    for (&ptr, &len) in output_ptrs.iter().zip(output_bytes) {
+        if ptr != 0 && len != 0 {
+            // SAFETY: the caller's contract.
+            unsafe { std::ptr::write_bytes(ptr as *mut u8, 0xFF, len) };
+        }
+    }
 }

@@ -46,6 +46,18 @@ pub fn eval(array: &Array) -> Result<()> {
     Ok(bridge::array_eval(array)?)
 }
 
+/// A pool call's new pool after its evaluation failed: the pool it was given (`given`, that
+/// pool's `id`), or the array itself where the call's node ran and failed, leaving the pool as
+/// given in it (docs/serving.md, "Faults").
+pub fn as_given(array: &Array, given: usize) -> UniquePtr<Array> {
+    bridge::array_as_given(array, given)
+}
+
+/// MLX's identity of an array (its graph node), shared by every handle on it.
+pub fn id(array: &Array) -> usize {
+    bridge::array_id(array)
+}
+
 /// Evaluates the array and copies its elements, row-major, into `dst` (exactly nbytes long).
 pub fn read(array: &Array, dst: &mut [u8]) -> Result<()> {
     Ok(bridge::array_read(array, dst)?)

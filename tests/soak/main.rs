@@ -277,6 +277,10 @@ fn main() {
         total.chunked_calls, total.ref_calls, total.slots_compared, total.admitted, total.evicted
     );
     println!("  shared pool: rounds per thread {per_thread:?}");
+    println!(
+        "  decode steps failed on purpose at evaluation: {}, each leaving every slot as it was",
+        total.faults
+    );
     let writes = total.pool_calls - total.verify_calls;
     let in_place = mlxkern::testing::in_place_updates() as u64;
     println!(

@@ -9,6 +9,10 @@ use std::ptr::{null, null_mut};
 
 use crate::capi::*;
 use crate::exact::{self, Gates, Tokens};
+use mlxkern::testing::{fail_cpu_kernel, Fault};
+
+/// The share of decode steps that fail on purpose at evaluation (`Server::fault`).
+const FAULT_CHANCE: f64 = 0.01;
 
 mod tree;
 
@@ -59,6 +63,9 @@ pub struct Stats {
     /// Sequences admitted (fresh) and evicted.
     pub admitted: u64,
     pub evicted: u64,
+    /// Decode steps failed on purpose at evaluation (`FAULT_CHANCE`), each leaving every slot
+    /// as it was.
+    pub faults: u64,
     /// Float32 servers: the largest |state - float64 state| over every live sequence after
     /// every call, that state's largest |value| then, and the longest sequence followed.
     pub drift: f64,
@@ -79,6 +86,7 @@ impl Stats {
         self.chunked_calls += o.chunked_calls;
         self.admitted += o.admitted;
         self.evicted += o.evicted;
+        self.faults += o.faults;
         if o.drift > self.drift {
             self.drift = o.drift;
             self.drift_scale = o.drift_scale;
@@ -608,9 +616,12 @@ impl Server {
         let status = update_pool(form, x, &slots, m, &mut y, &mut next);
         check(&format!("decode {form:?}, T {t}, slots {slots:?}"), status)?;
         scope.keep(y);
-        self.count_call(form, bsz * t);
         free(self.pool)?;
         self.pool = next;
+        if rng.chance(FAULT_CHANCE) {
+            return self.fault(rng, y);
+        }
+        self.count_call(form, bsz * t);
         let y_bytes = read_bytes(y)?;
         let row = t * d.hv * d.dv * elem.bytes();
         for (i, &slot) in slots.iter().enumerate() {
@@ -724,6 +735,26 @@ impl Server {
             self.follow(slot as usize, &prefix, None, false)?;
         }
         self.swap_and_check(next)
+    }
+
+    /// The decode step whose results are `y` and `self.pool` (the old pool freed) fails at
+    /// evaluation (an injected fault, at its node's evaluation or in its task, reported by
+    /// either result): the step is not applied, every slot keeps its reference state.
+    fn fault(&mut self, rng: &mut Rng, y: H) -> Result<(), String> {
+        let stage = match rng.chance(0.5) {
+            true => Fault::AtEval,
+            false => Fault::InTask,
+        };
+        fail_cpu_kernel(Some((0, stage)));
+        let failing = if rng.chance(0.5) { y } else { self.pool };
+        let status = mlxk_array_eval(failing);
+        fail_cpu_kernel(None);
+        match check("the faulted decode step", status) {
+            Err(e) if e.contains("injected fault") => {}
+            other => return Err(format!("a decode step failed with {stage:?}: {other:?}")),
+        }
+        self.stats.faults += 1;
+        self.check_pool()
     }
 
     fn count_call(&mut self, form: Form, tokens: usize) {

@@ -26,6 +26,17 @@ use crate::ops::Backend;
 /// kernel writes the named states into its buffer, reading and writing those states only,
 /// never all N. A caller that keeps the old pool gets a copy (N states) with the named ones
 /// replaced.
+///
+/// # Faults
+///
+/// A refused call (an argument error, [`Error::OutOfMemory`] above the
+/// [memory limit](crate::set_memory_limit)) builds nothing. A call whose evaluation fails (an
+/// allocation, an input's computation, the kernel raising before it writes) leaves every slot
+/// as it was, the old pool kept or dropped: the [`eval`](Array::eval) or read that ran it
+/// returns the error; its `y` then returns it on every use, and its new pool holds the pool as
+/// given, bit for bit (read it, or pass it to the next call: the step was not applied). No slot
+/// is ever half-written. A panic inside a kernel ([`Error::Panic`], a defect) fails the new pool
+/// too. docs/serving.md, "Faults", lists the cases.
 #[derive(Debug, Clone, Copy)]
 pub struct PoolSlots<'a> {
     /// The pool `[N, Hv, Dv, Dk]` float32.
@@ -74,16 +85,25 @@ pub(super) fn no_state(state: Option<&Array>) -> Result<()> {
     }
 }
 
-fn pool_update(
-    (y, pool): (
-        cxx::UniquePtr<bridge::Array>,
-        Option<cxx::UniquePtr<bridge::Array>>,
-    ),
-) -> PoolUpdate {
+/// A pool call's results: the new pool made from the pool whose id is `given` (a failed
+/// evaluation leaves it on that pool: [`PoolSlots`], "Faults").
+/// What the ops return for a pool call: y and, unless it is a verify, the new pool.
+type PoolResults = (
+    cxx::UniquePtr<bridge::Array>,
+    Option<cxx::UniquePtr<bridge::Array>>,
+);
+
+fn pool_update(((y, pool), given): (PoolResults, usize)) -> PoolUpdate {
+    let (y, pool) = Array::pool_step(Some(y), pool.expect("an update writes the pool"), given);
     PoolUpdate {
-        y: Array::wrap(y),
-        pool: Array::wrap(pool.expect("an update writes the pool")),
+        y: y.expect("an update has y"),
+        pool,
     }
+}
+
+/// The id of the pool a call is given (under the lock).
+fn given(s: &Slots) -> usize {
+    crate::ops::array::id(s.pool)
 }
 
 impl GatedDelta<'_> {
@@ -93,10 +113,7 @@ impl GatedDelta<'_> {
         s: &PoolSlots,
         cu_seqlens: Option<&[usize]>,
         form: PoolForm,
-    ) -> Result<(
-        cxx::UniquePtr<bridge::Array>,
-        Option<cxx::UniquePtr<bridge::Array>>,
-    )> {
+    ) -> Result<(PoolResults, usize)> {
         no_state(self.state)?;
         let cu = cu_seqlens
             .map(|cu| {
@@ -111,7 +128,11 @@ impl GatedDelta<'_> {
             Some(cu_seqlens) => Layout::Packed { cu_seqlens },
         };
         let fresh = s.fresh_bytes();
-        self.with_inputs(|x| ops::update_pool(x, &s.get(&fresh)?, layout, form, Backend::current()))
+        self.with_inputs(|x| {
+            let slots = s.get(&fresh)?;
+            let results = ops::update_pool(x, &slots, layout, form, Backend::current())?;
+            Ok((results, given(&slots)))
+        })
     }
 
     /// The update on a pool: row `b` starts from `pool[slots[b]]` (zeros where fresh) and its
@@ -178,7 +199,7 @@ impl GatedDelta<'_> {
     /// and gates. Errors as `update_pool`'s.
     pub fn verify_pool(&self, pool: PoolSlots) -> Result<Array> {
         call(|| {
-            let (y, _) = self.pool_call(&pool, None, PoolForm::Verify)?;
+            let ((y, _), _) = self.pool_call(&pool, None, PoolForm::Verify)?;
             Ok(Array::wrap(y))
         })
     }
@@ -233,8 +254,14 @@ impl StateReplay<'_> {
         call(|| {
             no_state(self.state)?;
             let fresh = pool.fresh_bytes();
-            self.with_inputs(|x| ops::state_pool(x, &pool.get(&fresh)?, Backend::current()))
-                .map(Array::wrap)
+            let (new_pool, given) = self.with_inputs(|x| {
+                let slots = pool.get(&fresh)?;
+                Ok((
+                    ops::state_pool(x, &slots, Backend::current())?,
+                    given(&slots),
+                ))
+            })?;
+            Ok(Array::pool_step(None, new_pool, given).1)
         })
     }
 }
@@ -249,13 +276,12 @@ impl GatedDeltaFromConv<'_> {
         call(|| {
             no_state(self.state)?;
             let fresh = pool.fresh_bytes();
-            let (y, new_pool) = self.with_inputs(|x| {
-                ops::update_from_conv_pool(x, &pool.get(&fresh)?, Backend::current())
+            let (results, given) = self.with_inputs(|x| {
+                let slots = pool.get(&fresh)?;
+                let results = ops::update_from_conv_pool(x, &slots, Backend::current())?;
+                Ok((results, given(&slots)))
             })?;
-            Ok(PoolUpdate {
-                y: Array::wrap(y),
-                pool: Array::wrap(new_pool),
-            })
+            Ok(pool_update(((results.0, Some(results.1)), given)))
         })
     }
 }

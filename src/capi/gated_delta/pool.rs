@@ -125,10 +125,15 @@ pub(crate) unsafe fn update(
         // The chunk size, checked where the C call entered, is reported here, after the
         // handles and the host arrays.
         let form = form?;
+        let given = crate::ops::array::id(slots.pool);
         let (y_array, pool_array) = ops::update_pool(&inputs, &slots, layout, form, backend)?;
-        y.write(mlx.insert(y_array));
-        if let (Some(out), Some(array)) = (pool_out, pool_array) {
-            out.write(mlx.insert(array));
+        match (pool_out, pool_array) {
+            (Some(out), Some(array)) => {
+                let (y_handle, pool_handle) = mlx.insert_pool_step(Some(y_array), array, given);
+                y.write(y_handle.expect("an update has y"));
+                out.write(pool_handle);
+            }
+            _ => y.write(mlx.insert(y_array)),
         }
         Ok(())
     })
@@ -160,6 +165,16 @@ pub(crate) unsafe fn update(
 /// MLXK_ERR_NULL_POINTER, MLXK_ERR_SHAPE, MLXK_ERR_DTYPE, MLXK_ERR_INVALID_HANDLE,
 /// MLXK_ERR_INVALID_ARGUMENT (slots, `y == pool_out`, sizes), MLXK_ERR_OUT_OF_MEMORY. Thread:
 /// any. Lazy: computation errors surface at eval/read.
+///
+/// Faults lose nothing (docs/serving.md, "Faults"). A refused call (an argument error, or the
+/// new pool above mlxk_set_memory_limit: MLXK_ERR_OUT_OF_MEMORY) builds nothing: `*y` and
+/// `*pool_out` stay NULL, `pool` is unchanged. A call whose evaluation fails (MLX's allocator,
+/// an input's computation, the kernel raising before it writes) leaves every slot as it was,
+/// whether the caller kept `pool` or freed it first: the mlxk_array_eval/_read that ran it
+/// reports the error (MLXK_ERR_BACKEND); `*y` then reports it on every use, and `*pool_out`
+/// holds the pool as given, bit for bit (read it, or pass it to the next call: the step was
+/// not applied); a kept `pool` is unchanged. No slot is ever half-written. A panic inside a
+/// kernel (MLXK_ERR_PANIC, a defect) leaves `*pool_out` failed too.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
@@ -198,7 +213,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool(
 
 /// mlxk_gated_delta_update_pool in the chunked (WY) form of mlxk_gated_delta_update_chunked
 /// (`chunk_size` as there): each row's results equal that call's on the gathered rows bit for
-/// bit, on the CPU and on the GPU (there over a chunk table, each chunk one row's).
+/// bit, on the CPU and on the GPU (there over a chunk table, each chunk one row's). Faults as
+/// mlxk_gated_delta_update_pool's.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
@@ -240,7 +256,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_pool_chunked(
 /// (T tokens) that only reads the pool: `*y` [B, T, Hv, Dv] for every draft token, no state
 /// written (y bit for bit as mlxk_gated_delta_update_pool's). Commit the accepted prefix of
 /// each row with mlxk_gated_delta_state_pool on the same k, v and gates. Arguments as
-/// mlxk_gated_delta_update_pool, without `pool_out`.
+/// mlxk_gated_delta_update_pool, without `pool_out`. A failed evaluation fails `*y` and
+/// leaves the pool as it was (it is only read).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
@@ -285,6 +302,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_pool(
 /// of mlxk_gated_delta_update_pool (a negative slot: the sequence's y is zeros). Results:
 /// `*y` [1, total_T, Hv, Dv]; `*pool_out` as in mlxk_gated_delta_update_pool. Each sequence's
 /// y and state equal one mlxk_gated_delta_update call on it alone, bit for bit. No mask.
+/// Faults as mlxk_gated_delta_update_pool's.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
@@ -324,7 +342,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_packed(
 /// mlxk_gated_delta_update_packed in the chunked (WY) form (`chunk_size` as in
 /// mlxk_gated_delta_update_chunked): each sequence's results equal
 /// mlxk_gated_delta_update_chunked on it alone, bit for bit, on the CPU and on the GPU (there
-/// over a chunk table, each chunk one sequence's).
+/// over a chunk table, each chunk one sequence's). Faults
+/// as mlxk_gated_delta_update_pool's.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_packed_chunked(
@@ -399,8 +418,9 @@ pub(crate) unsafe fn state(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let given = crate::ops::array::id(slots.pool);
         let result = ops::state_pool(&inputs, &slots, Backend::current())?;
-        pool_out.write(mlx.insert(result));
+        pool_out.write(mlx.insert_pool_step(None, result, given).1);
         Ok(())
     })
 }
@@ -414,7 +434,8 @@ pub(crate) unsafe fn state(
 /// Shapes as mlxk_gated_delta_state with `pool` [N, Hv, Dv, Dk] float32 for the state;
 /// `slots`, `fresh` (NULL: none) and `accepted_lengths` hold n_slots = B values each, lengths
 /// in [0, T]. Result: `*pool_out` [N, Hv, Dv, Dk] (the in-place rule of
-/// mlxk_gated_delta_update_pool). Errors as mlxk_gated_delta_update_pool.
+/// mlxk_gated_delta_update_pool). Errors and faults as mlxk_gated_delta_update_pool's (a failed
+/// evaluation leaves `*pool_out` holding the pool as given: nothing committed).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
@@ -451,6 +472,7 @@ pub unsafe extern "C" fn mlxk_gated_delta_state_pool(
 /// mlxk_gated_delta_update_pool on its q, k and v (bit for bit those two calls). Arguments as
 /// mlxk_gated_delta_update_from_conv with `pool`, `slots`, `fresh` and `n_slots` (= B) for the
 /// state, as in mlxk_gated_delta_update_pool. Results: `*y` [B, T, Hv, Dv]; `*pool_out`.
+/// Faults as mlxk_gated_delta_update_pool's (the head split failing first included).
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
@@ -494,10 +516,12 @@ pub unsafe extern "C" fn mlxk_gated_delta_update_from_conv_pool(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let given = crate::ops::array::id(slots.pool);
         let (y_array, pool_array) =
             ops::update_from_conv_pool(&inputs, &slots, Backend::current())?;
-        y.write(mlx.insert(y_array));
-        pool_out.write(mlx.insert(pool_array));
+        let (y_handle, pool_handle) = mlx.insert_pool_step(Some(y_array), pool_array, given);
+        y.write(y_handle.expect("an update has y"));
+        pool_out.write(pool_handle);
         Ok(())
     })
 }

@@ -123,8 +123,10 @@ pub(crate) unsafe fn commit(
         };
         // SAFETY: the documented contract on the host arrays.
         let slots = unsafe { rows.slots(&mlx, pool) }?;
+        let given = crate::ops::array::id(slots.pool);
         let result = ops::commit_tree_pool(&inputs, &slots, &trees, paths, Backend::current())?;
-        pool_out.write(mlx.insert(result));
+        // A failed evaluation leaves the pool as given (mlxk_gated_delta_update_pool's Faults).
+        pool_out.write(mlx.insert_pool_step(None, result, given).1);
         Ok(())
     })
 }
@@ -209,7 +211,8 @@ pub unsafe extern "C" fn mlxk_gated_delta_verify_tree_pool(
 /// A length of 0 leaves the slot unchanged (a fresh one becomes zeros); a negative slot is a
 /// padding tree (its path checked, nothing written). Result: `*pool_out` [N, Hv, Dv, Dk], with
 /// the in-place rule of mlxk_gated_delta_update_pool (free the old pool before evaluating and
-/// the trees' slots are written into its buffer).
+/// the trees' slots are written into its buffer). Faults as mlxk_gated_delta_update_pool's: an
+/// evaluation that fails leaves every slot as given.
 ///
 /// Memory: the accepted paths' k, v and gates as a window of trees × the longest path tokens.
 /// Errors as mlxk_gated_delta_verify_tree_pool, and MLXK_ERR_INVALID_ARGUMENT for a length out

@@ -110,6 +110,8 @@ fn exact(t: usize, hv: usize, dv: usize) -> Box<dyn FnMut()> {
                 &out_ptrs,
                 &out_lens,
                 &[-1, -1],
+                &[-1, -1],
+                "",
             )
         }
         .expect("the exact update");

@@ -99,7 +99,7 @@ pub fn run_node(
         .map(|b| b.words.as_mut_ptr() as usize)
         .collect();
     let aliased = vec![-1; outputs.len()];
-    // SAFETY: live, distinct buffers of the sizes given; none aliased.
+    // SAFETY: live, distinct buffers of the sizes given; none aliased or donated.
     let result = unsafe {
         crate::cpu::mlxk_cpu_kernel(
             kernel,
@@ -109,6 +109,8 @@ pub fn run_node(
             &output_ptrs,
             output_bytes,
             &aliased,
+            &aliased,
+            "",
         )
     };
     if let Err(e) = result {
