@@ -284,13 +284,20 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     let vt = chunk_state_columns_for(n.dims, chunk, true);
                     let widest = chunk_state_columns(dk, chunk, 48 * 1024);
                     for vt in [vt, 8, 16, 32].into_iter().filter(|&vt| vt <= widest) {
-                        let state = gated_delta_chunked_state_launch(&n, vt);
-                        let inputs = gated_delta_inputs(&state, &n, false);
-                        check(
-                            format!("chunk state {dtype:?} C={chunk} Dk={dk} VT={vt}"),
-                            state,
-                            inputs,
-                        );
+                        // Its products on the matrix tiles, in each of their forms.
+                        for form in cuda::TileForm::ALL {
+                            let state =
+                                cuda::with_tile_form(gated_delta_chunked_state_launch(&n, vt), form);
+                            let inputs = gated_delta_inputs(&state, &n, false);
+                            check(
+                                format!(
+                                    "chunk state {dtype:?} C={chunk} Dk={dk} VT={vt} tiles={}",
+                                    form.name()
+                                ),
+                                state,
+                                inputs,
+                            );
+                        }
                     }
                 }
                 for fused_gates in [true, false] {

@@ -7,7 +7,8 @@
 
 use super::pool::against_the_cpu;
 use super::*;
-use crate::support::pool::{free_all, pool_shape, random_slots, Host};
+use crate::support::free_all;
+use crate::support::pool::{pool_shape, random_slots, Host};
 use crate::support::tree::{chain, offsets, path_to, random_tree};
 use std::ptr::null;
 
