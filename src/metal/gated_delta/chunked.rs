@@ -65,7 +65,9 @@ fn chunk_parts(d: gated_delta::Dims, chunk: usize) -> Vec<Output> {
 }
 
 /// The chunked update's prep launch for node `n` (`Form::Chunked`, dense, T ≥ 1, B ≥ 1): grid
-/// (256, ceil(T / C), B·Hv), threadgroup (256, 1, 1), C = `gpu_chunk(chunk)`. Inputs: the
+/// (256, ceil(T / C), B·Hv), threadgroup (256, 1, 1), C = `gpu_chunk(chunk)`, its products on
+/// the matrix tiles (header `tiles::TILES_HEADER`, after `CHUNK_MASK_HEADER` where masked;
+/// `cuda::with_fused_gates` puts the gates first). Inputs: the
 /// exact update's Metal launch inputs without the state (q, k, v, g, beta, then the mask);
 /// outputs `CHUNK_PARTS`. `crate::cuda::with_fused_gates` turns it into the CUDA form with the
 /// gates inside, as for the recurrence.
@@ -89,6 +91,8 @@ pub fn gated_delta_chunked_prep_launch(n: &gated_delta::Node) -> MetalLaunch {
         l.name.push_str("_mask");
         l.header = CHUNK_MASK_HEADER.to_string();
     }
+    // The matrix tiles (on MLX CUDA, `cuda::launch` puts their CUDA form in this place).
+    l.header.push_str(super::super::tiles::TILES_HEADER);
     l.grid = [256, d.t.div_ceil(chunk) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [256, 1, 1];
     chunk_templates(&mut l, n, chunk);
@@ -307,7 +311,7 @@ pub fn gated_delta_chunked_pool_prep_launch(n: &gated_delta::Node, chunks: usize
     l.output_dims = output_dims;
     l.output_ndims = output_ndims;
     l.name.push_str("_pool");
-    l.header = pool_header(n);
+    l.header = format!("{}{}", pool_header(n), super::super::tiles::TILES_HEADER);
     l.grid = [256, chunks as i32, n.dims.hv as i32];
     l
 }
