@@ -31,6 +31,8 @@
     constexpr int UPT = (UT + NSG - 1) / NSG;
     constexpr int HT = (Dk / 16) * (VT / 8);  // H's tiles (16 keys x 8 columns)
     constexpr int HPT = (HT + NSG - 1) / NSG;
+    constexpr int HS = VT + 1;  // H's row stride (the kept states' copies, key by key: fewer
+                                // bank conflicts)
     const int tid = int(thread_position_in_threadgroup.x);
     const uint lane = uint(tid % 32);
     const int sg = tid / 32;
@@ -53,7 +55,7 @@
     const size_t kept = size_t(n) * size_t(NC + 1);  // the head's first slot of states
 #endif
 
-    threadgroup float ht[Dk * VT];  // H's tile, row-major (key k, column j at k·VT + j)
+    threadgroup float ht[Dk * HS];  // H's tile, row-major (key k, column j at k·HS + j)
     threadgroup float us[C * VT];   // U's tile, row-major
 
     // state_in [B, Hv, Dv, Dk]: H[k][d] = S[d][k] (k fastest: the reads are contiguous). On a
@@ -61,11 +63,11 @@
     for (int e = tid; e < Dk * VT; e += NT) {
       const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
 #ifdef MLXK_POOL
-      ht[kq * VT + cc] = d < Dv && src >= 0
+      ht[kq * HS + cc] = d < Dv && src >= 0
                              ? state_in[((size_t(src) * Hv + hv_idx) * Dv + d) * Dk + kq]
                              : 0.0f;
 #else
-      ht[kq * VT + cc] = d < Dv ? state_in[(size_t(n) * Dv + d) * Dk + kq] : 0.0f;
+      ht[kq * HS + cc] = d < Dv ? state_in[(size_t(n) * Dv + d) * Dk + kq] : 0.0f;
 #endif
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -77,7 +79,7 @@
       mlxk_tile::fill(hacc[x], 0.0f);
       if (ti < HT) {
         const int i0 = ti / (VT / 8) * 16, j0 = ti % (VT / 8) * 8;
-        mlxk_tile::load_c(hacc[x], ht + i0 * VT + j0, VT, lane);
+        mlxk_tile::load_c(hacc[x], ht + i0 * HS + j0, HS, lane);
       }
     }
 
@@ -86,7 +88,7 @@
       // ht holds the state entering chunk c (complete since the last barrier): to its slot.
       for (int e = tid; e < Dk * VT; e += NT) {
         const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
-        if (d < Dv) states[((kept + c) * Dv + d) * Dk + kq] = ht[kq * VT + cc];
+        if (d < Dv) states[((kept + c) * Dv + d) * Dk + kq] = ht[kq * HS + cc];
       }
       // U = U0 − W H: W's rows s0 .. s0 + 15 from device memory, H's from ht.
       for (int x = 0; x < UPT; ++x) {
@@ -99,7 +101,7 @@
           mlxk_tile::a16x8 wt;
           mlxk_tile::b8x8 hb;
           mlxk_tile::load_a(wt, w + (row0 + s0) * Dk + i0, Dk, false, lane);
-          mlxk_tile::load_b(hb, ht + i0 * VT + j0, VT, false, lane);
+          mlxk_tile::load_b(hb, ht + i0 * HS + j0, HS, false, lane);
           mlxk_tile::mma(acc, wt, hb);
         }
         for (int e = 0; e < mlxk_tile::kElems; ++e) {
@@ -128,7 +130,7 @@
           mlxk_tile::load_b(ub, us + s0 * VT + j0, VT, false, lane);
           mlxk_tile::mma(hacc[x], kt, ub);
         }
-        mlxk_tile::store(hacc[x], ht + i0 * VT + j0, VT, lane);
+        mlxk_tile::store(hacc[x], ht + i0 * HS + j0, HS, lane);
       }
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
@@ -136,10 +138,10 @@
     // The final state to slot NC (on a pool also to row dst of state_out, where dst ≥ 0).
     for (int e = tid; e < Dk * VT; e += NT) {
       const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
-      if (d < Dv) states[((kept + NC) * Dv + d) * Dk + kq] = ht[kq * VT + cc];
+      if (d < Dv) states[((kept + NC) * Dv + d) * Dk + kq] = ht[kq * HS + cc];
 #ifdef MLXK_POOL
       if (d < Dv && dst >= 0) {
-        state_out[((size_t(dst) * Hv + hv_idx) * Dv + d) * Dk + kq] = ht[kq * VT + cc];
+        state_out[((size_t(dst) * Hv + hv_idx) * Dv + d) * Dk + kq] = ht[kq * HS + cc];
       }
 #endif
     }

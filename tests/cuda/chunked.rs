@@ -18,7 +18,7 @@
 //! Tm [β γ K | β V] in the prep, W H and Kdᵀ U in the state pass, Q H and P U side by side in
 //! the output pass), each moving its result by at most 2δ + δ² of the sum of its terms'
 //! magnitudes, and a sixth for those sums against the largest magnitude and the earlier
-//! chunks' errors, which the gates decay (tests/metal_emu measures the worst at under 0.2 of
+//! chunks' errors, which the gates decay (tests/metal_emu measures the worst at under 0.3 of
 //! it).
 //!
 //! Shapes: Qwen3.5-35B-A3B's heads at T = 4096, GQA, Dk 32 / 128 / 256, odd Dv, masks with a

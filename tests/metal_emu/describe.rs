@@ -574,7 +574,7 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     assert_eq!(l.threadgroup, [256, 1, 1]);
                     // The state pass's threadgroup memory (H's and U's tiles) within CUDA's
                     // 48 KB (Metal's 32 KB where the launch picks the tile for Metal).
-                    assert!(4 * (u(d.dk) * vt + cg * vt) <= 48 * 1024);
+                    assert!(4 * (u(d.dk) * (vt + 1) + cg * vt) <= 48 * 1024);
                     assert_eq!(l.header, metal::tiles::TILES_HEADER);
                     l
                 }

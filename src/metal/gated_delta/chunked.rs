@@ -225,11 +225,11 @@ pub fn chunk_out_columns(dv: usize) -> usize {
 }
 
 /// Value columns a state-pass threadgroup takes: the most of 32, 16 and 8 whose threadgroup
-/// memory (the state tile `Dk × VT` and U's tile `C × VT` floats; the matrix tiles read W and
-/// Kd from device memory) fits in `limit` bytes (Metal: 32 KB; 8 fits it for every Dk ≤ 256
-/// and C ≤ 64).
+/// memory (the state tile `Dk × (VT + 1)`, rows padded, and U's tile `C × VT` floats; the
+/// matrix tiles read W and Kd from device memory) fits in `limit` bytes (Metal: 32 KB; 8 fits
+/// it for every Dk ≤ 256 and C ≤ 64).
 pub fn chunk_state_columns(dk: usize, chunk: usize, limit: usize) -> usize {
-    let bytes = |vt: usize| 4 * (dk * vt + chunk * vt);
+    let bytes = |vt: usize| 4 * (dk * (vt + 1) + chunk * vt);
     [32, 16]
         .into_iter()
         .find(|&vt| bytes(vt) <= limit)
@@ -427,7 +427,7 @@ mod tests {
             for requested in (16..=128).step_by(16) {
                 let c = gpu_chunk(ChunkSize::new(requested).unwrap());
                 assert!(c <= GPU_MAX_CHUNK && c.is_multiple_of(16) && c == requested.min(64));
-                let state = |vt: usize| 4 * (dk * vt + c * vt);
+                let state = |vt: usize| 4 * (dk * (vt + 1) + c * vt);
                 for heads in [1, 32, 512] {
                     let metal = chunk_state_columns_for(dims(1, heads, dk, 128), c, false);
                     let cuda = chunk_state_columns_for(dims(1, heads, dk, 128), c, true);
