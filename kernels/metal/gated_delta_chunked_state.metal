@@ -85,6 +85,7 @@
 
     for (int c = 0; c < NC; ++c) {
       const size_t row0 = head + size_t(c) * C;
+      const float decay = gam[row0 + C - 1];
       // ht holds the state entering chunk c (complete since the last barrier): to its slot.
       for (int e = tid; e < Dk * VT; e += NT) {
         const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
@@ -95,6 +96,12 @@
         const int ui = sg + NSG * x;
         if (ui >= UT) continue;
         const int s0 = ui / (VT / 8) * 16, j0 = ui % (VT / 8) * 8;
+        // U0's elements first, so that their loads overlap the product.
+        float u0v[mlxk_tile::kElems];
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int d = tile * VT + j0 + mlxk_tile::col(lane, e);
+          u0v[e] = d < Dv ? u0[(row0 + s0 + mlxk_tile::row(lane, e)) * Dv + d] : 0.0f;
+        }
         mlxk_tile::acc16x8 acc;
         mlxk_tile::fill(acc, 0.0f);
         for (int i0 = 0; i0 < Dk; i0 += 8) {
@@ -107,7 +114,7 @@
         for (int e = 0; e < mlxk_tile::kElems; ++e) {
           const int s = s0 + mlxk_tile::row(lane, e), jj = j0 + mlxk_tile::col(lane, e);
           const int d = tile * VT + jj;
-          const float val = d < Dv ? u0[(row0 + s) * Dv + d] - mlxk_tile::get(acc, e) : 0.0f;
+          const float val = d < Dv ? u0v[e] - mlxk_tile::get(acc, e) : 0.0f;
           us[s * VT + jj] = val;
           if (d < Dv) u[(row0 + s) * Dv + d] = val;
         }
@@ -115,7 +122,6 @@
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
       // H ← γ_{C-1} H + Kdᵀ U: Kdᵀ's rows i0 .. i0 + 15 (Kd's columns, device memory), U's
       // rows from us; then the new H to ht for the next chunk's W H and slot.
-      const float decay = gam[row0 + C - 1];
       for (int x = 0; x < HPT; ++x) {
         const int ti = sg + NSG * x;
         if (ti >= HT) continue;
