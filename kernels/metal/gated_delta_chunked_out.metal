@@ -6,9 +6,12 @@
 // (P and γ from the prep launch, gated_delta_chunked_prep.metal). The threadgroups of the last
 // chunk also copy the final state (the state pass's slot NC) to state_out, so that this launch
 // makes both of the update's results.
-// Products: a panel product a step, each a loop over a (C x KP) x (KP x VO) block of
-// threadgroup memory: Q's panel times H_c's rows k0 .. k0 + KP (Dk / KP steps), then P's panel
-// times U's rows s0 .. s0 + KP (C / KP steps; P is zero above its diagonal).
+// Products: a panel product a step, on the matrix tiles (the launch's header, tiles.h: simdgroup
+// matrices on Metal, tensor cores or FMAs on MLX CUDA) from threadgroup memory: Q's panel
+// (C x KP) times H_c's rows k0 .. k0 + KP (Dk / KP steps), then P's panel times U's rows
+// s0 .. s0 + KP (C / KP steps; P is zero above its diagonal). Each SIMD group owns 4 tiles of
+// y (16 tokens x 8 columns) and keeps one accumulator a tile: Q H_c, scaled by γ per row
+// before the first P U step adds to it.
 // Launch: grid (NT·NC, ceil(Dv / VO), B·Hv), threadgroup (NT, 1, 1), NT = C·VO / 16,
 // NC = ceil(T / C); template InT, Dk, Dv, Hk, Hv, C, VO (32 or 64). Inputs: the exact update's
 // launch inputs (q, k, v, g, beta, state_in, the mask when MLXK_MASKED is defined, on CUDA
@@ -30,8 +33,6 @@
     (void)state_in;
 #endif
     constexpr int NT = C * VO / 16;       // threads a threadgroup
-    constexpr int RG = C / 4;             // row groups: thread tid owns rows rg + RG·i, i < 4,
-    constexpr int CG = VO / 4;            // and columns cg + CG·j, j < 4 (rg = tid / CG)
     constexpr int KP = 16;                // key columns a panel of Q; tokens a panel of P
     constexpr int CP = C + 1;             // the row-role panel's stride (fewer bank conflicts)
     constexpr int VP = VO + 1;            // the column-role panel's stride
@@ -40,7 +41,12 @@
     constexpr int NA = Dk / KP;           // a chunk's steps: NA panels of Q and H_c,
     constexpr int NP = C / KP;            // then NP of P and U
     constexpr int NS = NA + NP;
+    constexpr int NSG = NT / 32;          // SIMD groups
+    constexpr int YT = (C / 16) * (VO / 8);  // y's tiles (16 tokens x 8 columns)
+    constexpr int YPT = YT / NSG;         // a SIMD group's tiles (4)
     const int tid = int(thread_position_in_threadgroup.x);
+    const uint lane = uint(tid % 32);
+    const int sg = tid / 32;
     const int tile = int(threadgroup_position_in_grid.y);
 #ifdef MLXK_POOL
     // Grid x: chunk jc of the chunk table, chunk c of row r, whose tokens start at tok0 of the
@@ -67,8 +73,6 @@
     const size_t slot = (size_t(n) * size_t(NC + 1) + c) * Dv;  // H_c's first row in states
 #endif
     const int hk_idx = hv_idx / (Hv / Hk);
-    const int rg = tid / CG;
-    const int cg = tid % CG;
     const int t0 = c * C;
     const int d0 = tile * VO;
     const size_t qk0 = (base + t0) * Hk * Dk + hk_idx * Dk;
@@ -76,15 +80,10 @@
     threadgroup float sa[KP * CP];  // the row-role panel: Q or P, column-major
     threadgroup float sc[KP * VP];  // the column-role panel: H_c or U, row-major
 
-    float gr[4];  // γ of the thread's rows
-    for (int i = 0; i < 4; ++i) gr[i] = gam[row0 + rg + RG * i];
-    float ay[4][4], py[4][4];
-    for (int i = 0; i < 4; ++i) {
-      for (int j = 0; j < 4; ++j) {
-        ay[i][j] = 0.0f;
-        py[i][j] = 0.0f;
-      }
-    }
+    // The SIMD group's tiles x = 0 .. YPT − 1: tile sg + NSG·x, rows s0 .. s0 + 15 and
+    // columns j0 .. j0 + 7 of the chunk's y tile.
+    mlxk_tile::acc16x8 acc[YPT];
+    for (int x = 0; x < YPT; ++x) mlxk_tile::fill(acc[x], 0.0f);
     // Step ls's panels go through registers (pa, pb) while step st = ls − 1 computes, so that
     // no step waits for its global loads alone.
     float pa[PA], pb[PB];
@@ -131,23 +130,24 @@
           pb[i] = e < KP * VO && d0 + col < Dv ? u[(row0 + s0 + kk) * Dv + d0 + col] : 0.0f;
         }
       }
-      // Step st's panel product: (C x KP) x (KP x VO), into ay (Q H_c) or py (P U).
-      if (st >= 0 && st < NA) {
-        for (int kk = 0; kk < KP; ++kk) {
-          float a[4], b[4];
-          for (int i = 0; i < 4; ++i) a[i] = sa[kk * CP + rg + RG * i];
-          for (int j = 0; j < 4; ++j) b[j] = sc[kk * VP + cg + CG * j];
-          for (int i = 0; i < 4; ++i) {
-            for (int j = 0; j < 4; ++j) ay[i][j] += a[i] * b[j];
+      // Step st's panel product: (C x KP) x (KP x VO), Q H_c (st < NA) or P U into acc; γ
+      // scales Q H_c's rows before the first P U step.
+      if (st >= 0) {
+        for (int x = 0; x < YPT; ++x) {
+          const int ti = sg + NSG * x;
+          const int s0 = ti / (VO / 8) * 16, j0 = ti % (VO / 8) * 8;
+          if (st == NA) {
+            for (int e = 0; e < mlxk_tile::kElems; ++e) {
+              const float gv = gam[row0 + s0 + mlxk_tile::row(lane, e)];
+              mlxk_tile::set(acc[x], e, gv * mlxk_tile::get(acc[x], e));
+            }
           }
-        }
-      } else if (st >= NA) {
-        for (int kk = 0; kk < KP; ++kk) {
-          float a[4], b[4];
-          for (int i = 0; i < 4; ++i) a[i] = sa[kk * CP + rg + RG * i];
-          for (int j = 0; j < 4; ++j) b[j] = sc[kk * VP + cg + CG * j];
-          for (int i = 0; i < 4; ++i) {
-            for (int j = 0; j < 4; ++j) py[i][j] += a[i] * b[j];
+          for (int k0 = 0; k0 < KP; k0 += 8) {
+            mlxk_tile::a16x8 at;
+            mlxk_tile::b8x8 bt;
+            mlxk_tile::load_a(at, sa + k0 * CP + s0, CP, true, lane);
+            mlxk_tile::load_b(bt, sc + k0 * VP + j0, VP, false, lane);
+            mlxk_tile::mma(acc[x], at, bt);
           }
         }
       }
@@ -155,19 +155,19 @@
 
     // y = γ Q H_c + P U; +0 for a masked token (and a token of the span past T); the last
     // chunk's padded rows are not written.
-    for (int i = 0; i < 4; ++i) {
-      const int tt = t0 + rg + RG * i;
-      if (tt < span) {
-        bool act = tt < T;
+    for (int x = 0; x < YPT; ++x) {
+      const int ti = sg + NSG * x;
+      const int s0 = ti / (VO / 8) * 16, j0 = ti % (VO / 8) * 8;
+      for (int e = 0; e < mlxk_tile::kElems; ++e) {
+        const int tt = t0 + s0 + mlxk_tile::row(lane, e);
+        const int d = d0 + j0 + mlxk_tile::col(lane, e);
+        if (tt < span && d < Dv) {
+          bool act = tt < T;
 #ifdef MLXK_MASKED
-        act = act && mask[base + tt];
+          act = act && mask[base + tt];
 #endif
-        for (int jj = 0; jj < 4; ++jj) {
-          const int d = d0 + cg + CG * jj;
-          if (d < Dv) {
-            y[((base + tt) * Hv + hv_idx) * Dv + d] =
-                act ? static_cast<InT>(gr[i] * ay[i][jj] + py[i][jj]) : static_cast<InT>(0);
-          }
+          y[((base + tt) * Hv + hv_idx) * Dv + d] =
+              act ? static_cast<InT>(mlxk_tile::get(acc[x], e)) : static_cast<InT>(0);
         }
       }
     }

@@ -10,6 +10,10 @@
 //   Kd_t = Γ(C - 1, t) k_t.
 // The second launch (gated_delta_chunked_scan.metal) walks the chunks with the state H = Sᵀ:
 // U = U0 − W H, y = diag(γ) Q H + P U, H ← γ_{C-1} H + Kdᵀ U.
+// Products on the matrix tiles (the launch's header, tiles.h: simdgroup matrices on Metal,
+// tensor cores or FMAs on MLX CUDA), from threadgroup memory: K Kᵀ and Q Kᵀ in tiles of 16 x 8
+// tokens (those above the diagonal skipped), W and U0 = Tm [β γ K | β V] in tiles of 16 tokens x
+// 8 columns (Tm's blocks above the diagonal skipped); the inverse (I + A)⁻¹ stays scalar.
 // Launch: grid (256, NC, B·Hv), threadgroup (256, 1, 1), NC = ceil(T / C); template InT, Dk,
 // Dv, Hk, Hv, C (16 ≤ C ≤ 64, a multiple of 16). Inputs q, k, v [B, T, H, D], g, beta
 // [B, T, Hv] (on CUDA a and b, with a_log and dt_bias: kernels/cuda/gates.cuh), the mask [B, T]
@@ -27,16 +31,21 @@
 #endif
     constexpr int NT = 256;       // threads a threadgroup
     constexpr int KP = 16;        // key columns a panel of the Gram products
-    constexpr int NB = C / 4;     // 4×4 blocks a side of the C×C Gram products
+    constexpr int NSG = NT / 32;  // SIMD groups
+    constexpr int GT = (C / 16) * (C / 8);  // the Gram products' tiles (16 x 8 tokens)
+    constexpr int GPT = (GT + NSG - 1) / NSG;
     constexpr int CP = C + 1;     // row stride of A and of the panels (fewer bank conflicts)
     constexpr int NJ = Dk + Dv;   // columns of the right-hand sides [β γ K | β V]
     constexpr int SP = 8;         // tokens a panel of the right-hand sides
     constexpr int JW = 256;       // right-hand side columns a pass (8 a lane)
-    constexpr int RP = C / 8;     // solution rows a thread owns (8 row blocks)
+    constexpr int XT = (C / 16) * (JW / 8);  // W and U0's tiles a pass (16 tokens x 8 columns)
+    constexpr int XPT = XT / NSG;
     constexpr int PE = (C * KP + NT - 1) / NT;  // Gram panel values a thread loads
     constexpr int XE = (SP * JW + NT - 1) / NT; // right-hand side values a thread loads
     constexpr int SB = 2 * KP * CP > SP * JW ? 2 * KP * CP : SP * JW;
     const int tid = int(thread_position_in_threadgroup.x);
+    const uint lane = uint(tid % 32);
+    const int sg = tid / 32;
 #ifdef MLXK_POOL
     // Grid y: chunk jc of the chunk table, chunk c of row r (its first token tok0 of the
     // flattened token axis, T = len tokens that run); rows of the outputs [Hv, NCH·C, ·].
@@ -108,19 +117,14 @@
       gam[row0 + tid] = gm[tid];
     }
 
-    // The Gram products K Kᵀ and Q Kᵀ on and below the diagonal: thread tid < NB (NB + 1) / 2
-    // owns the 4×4 block (bt, bs), bs ≤ bt. Panels of KP key columns, column-major in sb (K at
-    // 0, Q at KP·CP), each loaded into registers while the one before is used.
-    int bt = 0;
-    while ((bt + 1) * (bt + 2) / 2 <= tid) ++bt;
-    const int bs = tid - bt * (bt + 1) / 2;
-    const bool gram = bt < NB;
-    float kk[4][4], qk[4][4];
-    for (int i = 0; i < 4; ++i) {
-      for (int j = 0; j < 4; ++j) {
-        kk[i][j] = 0.0f;
-        qk[i][j] = 0.0f;
-      }
+    // The Gram products K Kᵀ and Q Kᵀ on and below the diagonal: SIMD group sg owns tiles
+    // sg + NSG·x (rows t0 .. t0 + 15, columns s0 .. s0 + 7; those with s0 > t0 + 15 are zeros).
+    // Panels of KP key columns, column-major in sb (K at 0, Q at KP·CP), each loaded into
+    // registers while the one before is used.
+    mlxk_tile::acc16x8 kk[GPT], qk[GPT];
+    for (int x = 0; x < GPT; ++x) {
+      mlxk_tile::fill(kk[x], 0.0f);
+      mlxk_tile::fill(qk[x], 0.0f);
     }
     float nk[PE], nq[PE];  // the next panel's values, this thread's share
     for (int i = 0; i < PE; ++i) {
@@ -153,43 +157,33 @@
           }
         }
       }
-      if (gram) {
-        for (int j = 0; j < KP; ++j) {
-          float kt[4], qt[4], ks[4];
-          for (int i = 0; i < 4; ++i) {
-            kt[i] = sb[j * CP + 4 * bt + i];
-            qt[i] = sb[KP * CP + j * CP + 4 * bt + i];
-            ks[i] = sb[j * CP + 4 * bs + i];
-          }
-          for (int i = 0; i < 4; ++i) {
-            for (int l = 0; l < 4; ++l) {
-              kk[i][l] += kt[i] * ks[l];
-              qk[i][l] += qt[i] * ks[l];
-            }
-          }
+      for (int x = 0; x < GPT; ++x) {
+        const int ti = sg + NSG * x;
+        const int gt0 = ti / (C / 8) * 16, gs0 = ti % (C / 8) * 8;
+        if (ti >= GT || gs0 > gt0 + 15) continue;
+        for (int j = 0; j < KP; j += 8) {
+          mlxk_tile::a16x8 ka, qa;
+          mlxk_tile::b8x8 kb;
+          mlxk_tile::load_a(ka, sb + j * CP + gt0, CP, true, lane);
+          mlxk_tile::load_a(qa, sb + KP * CP + j * CP + gt0, CP, true, lane);
+          mlxk_tile::load_b(kb, sb + j * CP + gs0, CP, false, lane);
+          mlxk_tile::mma(kk[x], ka, kb);
+          mlxk_tile::mma(qk[x], qa, kb);
         }
       }
     }
-    // P (to the output) and A (to am), with the running products Γ(t, s) = g_{s+1} ⋯ g_t;
-    // the blocks above the diagonal are zeros.
-    if (gram) {
-      for (int l = 0; l < 4; ++l) {
-        const int s = 4 * bs + l;
-        float G = 1.0f;  // Γ(4 bt, s) where s ≤ 4 bt
-        for (int u = s + 1; u <= 4 * bt; ++u) G = G * gl[u];
-        for (int i = 0; i < 4; ++i) {
-          const int t = 4 * bt + i;
-          if (i > 0 && t > s) G = G * gl[t];
-          p[(row0 + t) * C + s] = t >= s ? G * qk[i][l] : 0.0f;
-          am[t][s] = t > s ? bl[t] * (G * kk[i][l]) : 0.0f;
-        }
-      }
-    }
-    for (int e = tid; e < C * C; e += NT) {
-      const int t = e / C, s = e % C;
-      if (s / 4 > t / 4) {
-        p[(row0 + t) * C + s] = 0.0f;
-        am[t][s] = 0.0f;
+    // P (to the output) and A (to am), with the running products Γ(t, s) = g_{s+1} ⋯ g_t
+    // (in that order); above the diagonal zeros.
+    for (int x = 0; x < GPT; ++x) {
+      const int ti = sg + NSG * x;
+      if (ti >= GT) continue;
+      const int gt0 = ti / (C / 8) * 16, gs0 = ti % (C / 8) * 8;
+      for (int e = 0; e < mlxk_tile::kElems; ++e) {
+        const int t = gt0 + mlxk_tile::row(lane, e), s = gs0 + mlxk_tile::col(lane, e);
+        float G = 1.0f;
+        for (int u = s + 1; u <= t; ++u) G = G * gl[u];
+        p[(row0 + t) * C + s] = t >= s ? G * mlxk_tile::get(qk[x], e) : 0.0f;
+        am[t][s] = t > s ? bl[t] * (G * mlxk_tile::get(kk[x], e)) : 0.0f;
       }
     }
     threadgroup_barrier(metal::mem_flags::mem_threadgroup);
@@ -220,16 +214,15 @@
       if (tid < t) am[t][tid] = x;
       threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
+    // Tm's diagonal (ones), for the products below (read after their first barrier).
+    if (tid < C) am[tid][tid] = 1.0f;
 
-    // W and U0 = Tm [β γ K | β V]: thread (rb, lane) owns rows rb·RP .. rb·RP + RP − 1 and
-    // columns j0 + lane + 32 c (c < 8) of each pass; the right-hand sides go through sb, SP rows
-    // at a time (Kd = Γ(C − 1, t) k_t written on the way).
-    const int rb = tid / 32, lane = tid % 32;
+    // W and U0 = Tm [β γ K | β V]: SIMD group sg owns tiles sg + NSG·x (rows t0 .. t0 + 15,
+    // columns j0 + n0 .. j0 + n0 + 7) of each pass of JW columns; the right-hand sides go
+    // through sb, SP rows at a time (Kd = Γ(C − 1, t) k_t written on the way).
     for (int j0 = 0; j0 < NJ; j0 += JW) {
-      float acc[RP][8];
-      for (int i = 0; i < RP; ++i) {
-        for (int cc = 0; cc < 8; ++cc) acc[i][cc] = 0.0f;
-      }
+      mlxk_tile::acc16x8 acc[XPT];
+      for (int x = 0; x < XPT; ++x) mlxk_tile::fill(acc[x], 0.0f);
       for (int s0 = 0; s0 < C; s0 += SP) {
         threadgroup_barrier(metal::mem_flags::mem_threadgroup);
         for (int i = 0; i < XE; ++i) {
@@ -262,27 +255,27 @@
             }
           }
         }
-        if (s0 < (rb + 1) * RP) {  // Tm[t][s] = 0 for s > t
-          for (int ss = 0; ss < SP; ++ss) {
-            const int s = s0 + ss;
-            float xv[8];
-            for (int cc = 0; cc < 8; ++cc) xv[cc] = sb[ss * JW + lane + 32 * cc];
-            for (int i = 0; i < RP; ++i) {
-              const int t = rb * RP + i;
-              const float tm = s == t ? 1.0f : am[t][s];
-              for (int cc = 0; cc < 8; ++cc) acc[i][cc] += tm * xv[cc];
-            }
-          }
+        for (int x = 0; x < XPT; ++x) {
+          const int ti = sg + NSG * x;
+          const int xt0 = ti / (JW / 8) * 16, n0 = ti % (JW / 8) * 8;
+          if (s0 > xt0 + 15 || j0 + n0 >= NJ) continue;  // Tm[t][s] = 0 for s > t
+          mlxk_tile::a16x8 ta;
+          mlxk_tile::b8x8 xb;
+          mlxk_tile::load_a(ta, &am[xt0][s0], CP, false, lane);
+          mlxk_tile::load_b(xb, sb + n0, JW, false, lane);
+          mlxk_tile::mma(acc[x], ta, xb);
         }
       }
-      for (int i = 0; i < RP; ++i) {
-        const int t = rb * RP + i;
-        for (int cc = 0; cc < 8; ++cc) {
-          const int j = j0 + lane + 32 * cc;
+      for (int x = 0; x < XPT; ++x) {
+        const int ti = sg + NSG * x;
+        const int xt0 = ti / (JW / 8) * 16, n0 = ti % (JW / 8) * 8;
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int t = xt0 + mlxk_tile::row(lane, e);
+          const int j = j0 + n0 + mlxk_tile::col(lane, e);
           if (j < Dk) {
-            w[(row0 + t) * Dk + j] = acc[i][cc];
+            w[(row0 + t) * Dk + j] = mlxk_tile::get(acc[x], e);
           } else if (j < NJ) {
-            u0[(row0 + t) * Dv + (j - Dk)] = acc[i][cc];
+            u0[(row0 + t) * Dv + (j - Dk)] = mlxk_tile::get(acc[x], e);
           }
         }
       }

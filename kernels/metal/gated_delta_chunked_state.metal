@@ -7,11 +7,14 @@
 // and U by the third launch (gated_delta_chunked_out.metal), every chunk in parallel. Every value
 // column evolves on its own, so the tiles share nothing but their reads. A padded or masked
 // token has W, U0 and Kd rows of zeros (the prep's identity steps), so it changes nothing.
-// Products: two panel products a step, each a loop over a (rows x KP) x (KP x VT) block of
-// threadgroup memory: W's panel (C x KP) times H's rows k0 .. k0 + KP, Kdᵀ's panel (Dk x KP)
-// times U's rows s0 .. s0 + KP.
+// Products on the matrix tiles (the launch's header, tiles.h: simdgroup matrices on Metal,
+// tensor cores or FMAs on MLX CUDA): U = U0 − W H in tiles of 16 tokens x 8 columns (W's rows
+// from device memory, H's from threadgroup memory), H ← γ H + Kdᵀ U in tiles of 16 keys x 8
+// columns (Kd from device memory, U from threadgroup memory). Each SIMD group keeps its H tiles
+// in its accumulators from one chunk to the next; threadgroup memory holds a copy for W H and
+// the kept states. Two barriers a chunk.
 // Launch: grid (256, ceil(Dv / VT), B·Hv), threadgroup (256, 1, 1); template Dk, Dv, Hv, C, VT
-// (8, 16 or 32). Inputs: state_in [B, Hv, Dv, Dk] (f32), w [B·Hv, Tp, Dk], u0 [B·Hv, Tp, Dv],
+// (8, 16 or 32); Dk and C multiples of 16. Inputs: state_in [B, Hv, Dv, Dk] (f32), w [B·Hv, Tp, Dk], u0 [B·Hv, Tp, Dv],
 // kd [B·Hv, Tp, Dk], gam [B·Hv, Tp] (f32, Tp = NC·C). Outputs (f32): states
 // [B·Hv, NC + 1, Dv, Dk] (slot c: the state entering chunk c, laid out as the state; slot NC:
 // the final state), u [B·Hv, Tp, Dv].
@@ -22,26 +25,19 @@
 // gam and u are [Hv, NCH·C, ·], states [Hv, NCH + R, Dv, Dk] (row r's slots f + r for its
 // chunks f, then its final state), and the final state also goes to row dst of state_out
 // [W, Hv, Dv, Dk] (not where dst < 0). The pool's node has no gradient, so this pass writes it.
-    constexpr int NT = 256;                // threads a threadgroup
-    constexpr int CC = VT >= 16 ? 4 : 2;   // tile columns a thread owns: cb + CB·c, c < CC
-    constexpr int CB = VT / CC;
-    constexpr int RB = NT / CB;            // row groups: thread tid is in group tid / CB
-    constexpr int RR = (C + RB - 1) / RB;  // chunk rows a thread owns: rb + RB·i
-    constexpr int KR = (Dk + RB - 1) / RB; // state rows a thread owns: rb·KR + i
-    constexpr int KP = 16;                 // key columns a panel of W; tokens a panel of Kd
-    constexpr int CP = C + 1;              // W's panel row stride (fewer bank conflicts)
-    constexpr int PE = (C * KP + NT - 1) / NT;   // W panel values a thread loads
-    constexpr int PEK = (KP * Dk + NT - 1) / NT; // Kd panel values a thread loads
-    constexpr int PF = PE > PEK ? PE : PEK;
-    constexpr int SB = KP * CP > KP * Dk ? KP * CP : KP * Dk;
-    constexpr int NA = Dk / KP;            // a chunk's steps: NA panels of W,
-    constexpr int NP = C / KP;             // then NP of Kd
-    constexpr int NS = NA + NP;
+    constexpr int NT = 256;                 // threads a threadgroup
+    constexpr int NSG = NT / 32;            // SIMD groups
+    constexpr int UT = (C / 16) * (VT / 8); // U's tiles (16 tokens x 8 columns)
+    constexpr int UPT = (UT + NSG - 1) / NSG;
+    constexpr int HT = (Dk / 16) * (VT / 8);  // H's tiles (16 keys x 8 columns)
+    constexpr int HPT = (HT + NSG - 1) / NSG;
+    constexpr int HS = VT + 1;  // H's row stride (the kept states' copies, key by key: fewer
+                                // bank conflicts)
     const int tid = int(thread_position_in_threadgroup.x);
+    const uint lane = uint(tid % 32);
+    const int sg = tid / 32;
     const int tile = int(threadgroup_position_in_grid.y);
     const int n = int(threadgroup_position_in_grid.z);
-    const int cb = tid % CB;
-    const int rb = tid / CB;
 #ifdef MLXK_POOL
     // Row r's NC chunks are chunks f0 .. f0 + NC − 1 of the table; its slots of states
     // f0 + r .. f0 + r + NC (of NCH + R a value head).
@@ -59,167 +55,99 @@
     const size_t kept = size_t(n) * size_t(NC + 1);  // the head's first slot of states
 #endif
 
-    threadgroup float ht[Dk][VT];  // H's tile
-    threadgroup float us[C][VT];   // U's tile
-    threadgroup float sb[SB];      // the panel: W (column-major) or Kd (token-major)
+    threadgroup float ht[Dk * HS];  // H's tile, row-major (key k, column j at k·HS + j)
+    threadgroup float us[C * VT];   // U's tile, row-major
 
     // state_in [B, Hv, Dv, Dk]: H[k][d] = S[d][k] (k fastest: the reads are contiguous). On a
     // pool: its row src (zeros where src < 0).
     for (int e = tid; e < Dk * VT; e += NT) {
       const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
 #ifdef MLXK_POOL
-      ht[kq][cc] = d < Dv && src >= 0
-                       ? state_in[((size_t(src) * Hv + hv_idx) * Dv + d) * Dk + kq]
-                       : 0.0f;
+      ht[kq * HS + cc] = d < Dv && src >= 0
+                             ? state_in[((size_t(src) * Hv + hv_idx) * Dv + d) * Dk + kq]
+                             : 0.0f;
 #else
-      ht[kq][cc] = d < Dv ? state_in[(size_t(n) * Dv + d) * Dk + kq] : 0.0f;
+      ht[kq * HS + cc] = d < Dv ? state_in[(size_t(n) * Dv + d) * Dk + kq] : 0.0f;
 #endif
     }
-
-    // Every step's panel is loaded into registers (pf) while the step before it computes,
-    // across the phases and into the next chunk, so no step waits for its global loads alone.
-    float pf[PF];
-    float u0r[RR][CC];  // the chunk's U0, loaded with its first step
-    float decay = 1.0f;
-    float au[RR][CC], hn[KR][CC];
-    for (int i = 0; i < RR; ++i) {
-      for (int cc = 0; cc < CC; ++cc) {
-        u0r[i][cc] = 0.0f;
-        au[i][cc] = 0.0f;
+    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+    // The SIMD group's H tiles x = 0 .. HPT − 1 (tile sg + NSG·x: keys i0 .. i0 + 15, columns
+    // j0 .. j0 + 7), kept in accumulators across the chunks.
+    mlxk_tile::acc16x8 hacc[HPT];
+    for (int x = 0; x < HPT; ++x) {
+      const int ti = sg + NSG * x;
+      mlxk_tile::fill(hacc[x], 0.0f);
+      if (ti < HT) {
+        const int i0 = ti / (VT / 8) * 16, j0 = ti % (VT / 8) * 8;
+        mlxk_tile::load_c(hacc[x], ht + i0 * HS + j0, HS, lane);
       }
     }
-    for (int i = 0; i < KR; ++i) {
-      for (int cc = 0; cc < CC; ++cc) hn[i][cc] = 0.0f;
-    }
-    // Step 0 of chunk 0.
-    for (int i = 0; i < PE; ++i) {
-      const int e = tid + NT * i, t = e / KP, j = e % KP;
-      pf[i] = NC > 0 && e < C * KP ? w[(head + t) * Dk + j] : 0.0f;
-    }
+
     for (int c = 0; c < NC; ++c) {
       const size_t row0 = head + size_t(c) * C;
-      for (int st = 0; st < NS; ++st) {
-        // The panel of this step from pf into sb.
-        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-        if (st < NA) {
-          for (int i = 0; i < PE; ++i) {
-            const int e = tid + NT * i, t = e / KP, j = e % KP;
-            if (e < C * KP) sb[j * CP + t] = pf[i];
-          }
-        } else {
-          for (int i = 0; i < PEK; ++i) {
-            const int e = tid + NT * i;
-            if (e < KP * Dk) sb[e] = pf[i];
-          }
+      const float decay = gam[row0 + C - 1];
+      // ht holds the state entering chunk c (complete since the last barrier): to its slot.
+      for (int e = tid; e < Dk * VT; e += NT) {
+        const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
+        if (d < Dv) states[((kept + c) * Dv + d) * Dk + kq] = ht[kq * HS + cc];
+      }
+      // U = U0 − W H: W's rows s0 .. s0 + 15 from device memory, H's from ht.
+      for (int x = 0; x < UPT; ++x) {
+        const int ui = sg + NSG * x;
+        if (ui >= UT) continue;
+        const int s0 = ui / (VT / 8) * 16, j0 = ui % (VT / 8) * 8;
+        // U0's elements first, so that their loads overlap the product.
+        float u0v[mlxk_tile::kElems];
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int d = tile * VT + j0 + mlxk_tile::col(lane, e);
+          u0v[e] = d < Dv ? u0[(row0 + s0 + mlxk_tile::row(lane, e)) * Dv + d] : 0.0f;
         }
-        if (st == 0) {
-          // The state entering chunk c (H's tile, complete since the last barrier) to its slot.
-          for (int e = tid; e < Dk * VT; e += NT) {
-            const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
-            if (d < Dv) states[((kept + c) * Dv + d) * Dk + kq] = ht[kq][cc];
-          }
-        } else if (st == NA) {
-          // U (complete since the last barrier) to the output pass.
-          for (int e = tid; e < C * VT; e += NT) {
-            const int t = e / VT, cc = e % VT, d = tile * VT + cc;
-            if (d < Dv) u[(row0 + t) * Dv + d] = us[t][cc];
-          }
+        mlxk_tile::acc16x8 acc;
+        mlxk_tile::fill(acc, 0.0f);
+        for (int i0 = 0; i0 < Dk; i0 += 8) {
+          mlxk_tile::a16x8 wt;
+          mlxk_tile::b8x8 hb;
+          mlxk_tile::load_a(wt, w + (row0 + s0) * Dk + i0, Dk, false, lane);
+          mlxk_tile::load_b(hb, ht + i0 * HS + j0, HS, false, lane);
+          mlxk_tile::mma(acc, wt, hb);
         }
-        threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-        // The next step's panel into pf (of this chunk, or step 0 of the next).
-        {
-          const int ns = st + 1 < NS ? st + 1 : 0;
-          const int nc = st + 1 < NS ? c : c + 1;
-          const size_t nrow0 = head + size_t(nc) * C;
-          if (nc < NC) {
-            if (ns < NA) {
-              for (int i = 0; i < PE; ++i) {
-                const int e = tid + NT * i, t = e / KP, j = e % KP;
-                pf[i] = e < C * KP ? w[(nrow0 + t) * Dk + ns * KP + j] : 0.0f;
-              }
-            } else {
-              const size_t at = (nrow0 + size_t(ns - NA) * KP) * Dk;
-              for (int i = 0; i < PEK; ++i) {
-                const int e = tid + NT * i;
-                pf[i] = e < KP * Dk ? kd[at + e] : 0.0f;
-              }
-            }
-          }
-        }
-        if (st < NA) {
-          // W H: W's panel (C x KP, in sb) times H's rows k0 .. k0 + KP (in ht).
-          const int k0 = st * KP;
-          if (st == 0) {
-            for (int i = 0; i < RR; ++i) {
-              const int t = rb + RB * i;
-              for (int cc = 0; cc < CC; ++cc) {
-                const int d = tile * VT + cb + CB * cc;
-                u0r[i][cc] = t < C && d < Dv ? u0[(row0 + t) * Dv + d] : 0.0f;
-                au[i][cc] = 0.0f;
-              }
-            }
-            decay = gam[row0 + C - 1];
-          }
-          for (int j = 0; j < KP; ++j) {
-            float h[CC];
-            for (int cc = 0; cc < CC; ++cc) h[cc] = ht[k0 + j][cb + CB * cc];
-            for (int i = 0; i < RR; ++i) {
-              const int t = rb + RB * i;
-              if (t < C) {
-                const float wv = sb[j * CP + t];
-                for (int cc = 0; cc < CC; ++cc) au[i][cc] += wv * h[cc];
-              }
-            }
-          }
-          if (st == NA - 1) {
-            // U = U0 − W H (read by every thread after the next step's first barrier).
-            for (int i = 0; i < RR; ++i) {
-              const int t = rb + RB * i;
-              for (int cc = 0; cc < CC; ++cc) {
-                if (t < C) us[t][cb + CB * cc] = u0r[i][cc] - au[i][cc];
-              }
-            }
-          }
-        } else {
-          // H ← γ_{C-1} H + Kdᵀ U: Kdᵀ's panel (Dk x KP, in sb) times U's rows s0 .. s0 + KP
-          // (in us); thread tid owns rows rb·KR .. rb·KR + KR − 1 of its columns.
-          const int s0 = (st - NA) * KP;
-          if (st == NA) {
-            for (int i = 0; i < KR; ++i) {
-              for (int cc = 0; cc < CC; ++cc) {
-                hn[i][cc] = rb * KR + i < Dk ? decay * ht[rb * KR + i][cb + CB * cc] : 0.0f;
-              }
-            }
-          }
-          for (int j = 0; j < KP; ++j) {
-            float uv[CC];
-            for (int cc = 0; cc < CC; ++cc) uv[cc] = us[s0 + j][cb + CB * cc];
-            for (int i = 0; i < KR; ++i) {
-              if (rb * KR + i < Dk) {
-                const float kv = sb[j * Dk + rb * KR + i];
-                for (int cc = 0; cc < CC; ++cc) hn[i][cc] += kv * uv[cc];
-              }
-            }
-          }
-          if (st == NS - 1) {
-            for (int i = 0; i < KR; ++i) {
-              for (int cc = 0; cc < CC; ++cc) {
-                if (rb * KR + i < Dk) ht[rb * KR + i][cb + CB * cc] = hn[i][cc];
-              }
-            }
-          }
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          const int s = s0 + mlxk_tile::row(lane, e), jj = j0 + mlxk_tile::col(lane, e);
+          const int d = tile * VT + jj;
+          const float val = d < Dv ? u0v[e] - mlxk_tile::get(acc, e) : 0.0f;
+          us[s * VT + jj] = val;
+          if (d < Dv) u[(row0 + s) * Dv + d] = val;
         }
       }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+      // H ← γ_{C-1} H + Kdᵀ U: Kdᵀ's rows i0 .. i0 + 15 (Kd's columns, device memory), U's
+      // rows from us; then the new H to ht for the next chunk's W H and slot.
+      for (int x = 0; x < HPT; ++x) {
+        const int ti = sg + NSG * x;
+        if (ti >= HT) continue;
+        const int i0 = ti / (VT / 8) * 16, j0 = ti % (VT / 8) * 8;
+        for (int e = 0; e < mlxk_tile::kElems; ++e) {
+          mlxk_tile::set(hacc[x], e, decay * mlxk_tile::get(hacc[x], e));
+        }
+        for (int s0 = 0; s0 < C; s0 += 8) {
+          mlxk_tile::a16x8 kt;
+          mlxk_tile::b8x8 ub;
+          mlxk_tile::load_a(kt, kd + (row0 + s0) * Dk + i0, Dk, true, lane);
+          mlxk_tile::load_b(ub, us + s0 * VT + j0, VT, false, lane);
+          mlxk_tile::mma(hacc[x], kt, ub);
+        }
+        mlxk_tile::store(hacc[x], ht + i0 * HS + j0, HS, lane);
+      }
+      threadgroup_barrier(metal::mem_flags::mem_threadgroup);
     }
-    threadgroup_barrier(metal::mem_flags::mem_threadgroup);
 
     // The final state to slot NC (on a pool also to row dst of state_out, where dst ≥ 0).
     for (int e = tid; e < Dk * VT; e += NT) {
       const int kq = e % Dk, cc = e / Dk, d = tile * VT + cc;
-      if (d < Dv) states[((kept + NC) * Dv + d) * Dk + kq] = ht[kq][cc];
+      if (d < Dv) states[((kept + NC) * Dv + d) * Dk + kq] = ht[kq * HS + cc];
 #ifdef MLXK_POOL
       if (d < Dv && dst >= 0) {
-        state_out[((size_t(dst) * Hv + hv_idx) * Dv + d) * Dk + kq] = ht[kq][cc];
+        state_out[((size_t(dst) * Hv + hv_idx) * Dv + d) * Dk + kq] = ht[kq * HS + cc];
       }
 #endif
     }

@@ -149,9 +149,11 @@ done
 # makes the head split bit-identical in every dtype.
 "$OUT/harness_variant" --kind head_split
 # The kernels that multiply on the matrix tiles, with the tiles' CUDA form: CUDA's lane layouts
-# and inputs rounded to tf32 or bf16, each within its bounds.
+# and inputs rounded to tf32 or bf16, each within its bounds (the chunked pool calls still bit
+# for bit the dense chunked calls).
 for form in fma tf32 bf16; do
-  "$OUT/harness_$form" --kind tiles --kind backward_chunked --kind backward_chunked_masked
+  "$OUT/harness_$form" --kind tiles --kind backward_chunked --kind backward_chunked_masked \
+    --kind chunk_out --kind chunk_pool_out
 done
 
 echo "PASS: scripts/test/metal-emu.sh ($((SECONDS - start)) s)"

@@ -284,13 +284,22 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                     let vt = chunk_state_columns_for(n.dims, chunk, true);
                     let widest = chunk_state_columns(dk, chunk, 48 * 1024);
                     for vt in [vt, 8, 16, 32].into_iter().filter(|&vt| vt <= widest) {
-                        let state = gated_delta_chunked_state_launch(&n, vt);
-                        let inputs = gated_delta_inputs(&state, &n, false);
-                        check(
-                            format!("chunk state {dtype:?} C={chunk} Dk={dk} VT={vt}"),
-                            state,
-                            inputs,
-                        );
+                        // Its products on the matrix tiles, in each of their forms.
+                        for form in cuda::TileForm::ALL {
+                            let state = cuda::with_tile_form(
+                                gated_delta_chunked_state_launch(&n, vt),
+                                form,
+                            );
+                            let inputs = gated_delta_inputs(&state, &n, false);
+                            check(
+                                format!(
+                                    "chunk state {dtype:?} C={chunk} Dk={dk} VT={vt} tiles={}",
+                                    form.name()
+                                ),
+                                state,
+                                inputs,
+                            );
+                        }
                     }
                 }
                 for fused_gates in [true, false] {
@@ -487,6 +496,28 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
                 inputs,
             );
         }
+    }
+    // The chunked forward's prep and output pass in each tile form (the loop above: the
+    // configured one; the state pass: every form above), gates fused, masked.
+    for form in cuda::TileForm::ALL {
+        let size = ChunkSize::new(64).unwrap();
+        let (bf16, f32) = (Dtype::Bfloat16, Dtype::Float32);
+        let n = gated_delta_node(bf16, f32, Form::Chunked { chunk: size }, true);
+        let prep = cuda::with_tile_form(
+            cuda::with_fused_gates(gated_delta_chunked_prep_launch(&n)),
+            form,
+        );
+        let inputs = gated_delta_inputs(&prep, &n, true);
+        check(format!("chunk prep tiles {}", form.name()), prep, inputs);
+        let mut names: Vec<String> = n
+            .metal_inputs()
+            .iter()
+            .map(|i| i.name().to_string())
+            .collect();
+        names.extend(["a_log".to_string(), "dt_bias".to_string()]);
+        let out = cuda::with_tile_form(gated_delta_chunked_out_launch(&n, names), form);
+        let inputs = gated_delta_inputs(&out, &n, true);
+        check(format!("chunk out tiles {}", form.name()), out, inputs);
     }
     // The matrix tiles' self-test and benchmark, in each tile form (kernels/cuda/tiles.cuh).
     for form in cuda::TileForm::ALL {

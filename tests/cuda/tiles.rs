@@ -221,6 +221,21 @@ fn chunked_backward_in_every_tile_form() {
     println!("PASS: tiles: the chunked backward within its bounds in every tile form");
 }
 
+/// The chunked forward, whose state and output passes multiply on the tiles, in each tile form
+/// within that form's bounds, and its pool and packed calls bit for bit the dense ones
+/// (tests/cuda/chunked.rs).
+#[test]
+fn chunked_forward_in_every_tile_form() {
+    if !cuda() {
+        eprintln!("skipped: the loaded MLX has no CUDA backend; `make test-cuda` runs this");
+        return;
+    }
+    let _serial = serial();
+    let mut rng = Rng::fresh();
+    crate::chunked::chunked_forward_tile_forms(&mut rng);
+    println!("PASS: tiles: the chunked forward within its bounds in every tile form");
+}
+
 /// Times `reps` repetitions of a 64 x k x 64 product per work item over `items` items in each
 /// form (the same inputs), after a warm-up; prints ms and TFLOP/s, and checks each result
 /// against the fma form's within the forms' bounds.

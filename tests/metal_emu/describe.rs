@@ -581,11 +581,10 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     let l = chunked::gated_delta_chunked_state_launch(&node, vt);
                     assert_eq!(l.grid, [256, u(d.dv).div_ceil(vt) as i32, bh as i32]);
                     assert_eq!(l.threadgroup, [256, 1, 1]);
-                    // The state pass's threadgroup memory within CUDA's 48 KB (Metal's 32 KB
-                    // where the launch picks the tile for Metal).
-                    let panels = (16 * (cg + 1)).max(16 * u(d.dk));
-                    assert!(4 * (u(d.dk) * vt + cg * vt + panels) <= 48 * 1024);
-                    assert_eq!(l.header, "");
+                    // The state pass's threadgroup memory (H's and U's tiles) within CUDA's
+                    // 48 KB (Metal's 32 KB where the launch picks the tile for Metal).
+                    assert!(4 * (u(d.dk) * (vt + 1) + cg * vt) <= 48 * 1024);
+                    assert_eq!(l.header, metal::tiles::TILES_HEADER);
                     l
                 }
                 _ => {
@@ -606,8 +605,17 @@ pub(super) fn describe(c: &Case) -> (MetalLaunch, &'static str, String, Vec<i64>
                     l
                 }
             };
-            if *stage != 1 {
-                assert_eq!(l.header, if *masked { chunked::CHUNK_MASK_HEADER } else { "" });
+            match stage {
+                1 => {}
+                // The prep and the output pass multiply on the matrix tiles.
+                _ => assert_eq!(
+                    l.header,
+                    format!(
+                        "{}{}",
+                        if *masked { chunked::CHUNK_MASK_HEADER } else { "" },
+                        metal::tiles::TILES_HEADER
+                    )
+                ),
             }
             let label = format!(
                 "{} {} chunk {} (runs {}){} state tile {}",

@@ -65,7 +65,9 @@ fn chunk_parts(d: gated_delta::Dims, chunk: usize) -> Vec<Output> {
 }
 
 /// The chunked update's prep launch for node `n` (`Form::Chunked`, dense, T ≥ 1, B ≥ 1): grid
-/// (256, ceil(T / C), B·Hv), threadgroup (256, 1, 1), C = `gpu_chunk(chunk)`. Inputs: the
+/// (256, ceil(T / C), B·Hv), threadgroup (256, 1, 1), C = `gpu_chunk(chunk)`, its products on
+/// the matrix tiles (header `tiles::TILES_HEADER`, after `CHUNK_MASK_HEADER` where masked;
+/// `cuda::with_fused_gates` puts the gates first). Inputs: the
 /// exact update's Metal launch inputs without the state (q, k, v, g, beta, then the mask);
 /// outputs `CHUNK_PARTS`. `crate::cuda::with_fused_gates` turns it into the CUDA form with the
 /// gates inside, as for the recurrence.
@@ -89,6 +91,8 @@ pub fn gated_delta_chunked_prep_launch(n: &gated_delta::Node) -> MetalLaunch {
         l.name.push_str("_mask");
         l.header = CHUNK_MASK_HEADER.to_string();
     }
+    // The matrix tiles (on MLX CUDA, `cuda::launch` puts their CUDA form in this place).
+    l.header.push_str(super::super::tiles::TILES_HEADER);
     l.grid = [256, d.t.div_ceil(chunk) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [256, 1, 1];
     chunk_templates(&mut l, n, chunk);
@@ -124,7 +128,8 @@ pub fn chunk_state_floats(d: gated_delta::Dims, chunk: usize) -> u64 {
 /// The chunked update's state pass for node `n` (`Form::Chunked`, dense, T ≥ 1, B ≥ 1;
 /// `kernels/metal/gated_delta_chunked_state.metal`): the walk over the chunks, grid
 /// (256, ceil(Dv / VT), B·Hv), threadgroup (256, 1, 1), VT = `columns` (8, 16 or 32, see
-/// `chunk_state_columns_for`) value columns a threadgroup. Inputs `CHUNK_STATE_INPUTS`
+/// `chunk_state_columns_for`) value columns a threadgroup, its products on the matrix tiles
+/// (header `tiles::TILES_HEADER`). Inputs `CHUNK_STATE_INPUTS`
 /// (state_in, then the prep's w, u0, kd, gam); outputs `CHUNK_STATE_OUTPUTS`. One text for
 /// every node (it reads no mask: a masked token's rows are the prep's identity steps).
 pub fn gated_delta_chunked_state_launch(n: &gated_delta::Node, columns: usize) -> MetalLaunch {
@@ -146,6 +151,8 @@ pub fn gated_delta_chunked_state_launch(n: &gated_delta::Node, columns: usize) -
         names(&CHUNK_STATE_INPUTS),
         (&CHUNK_STATE_OUTPUTS, &outputs),
     );
+    // The matrix tiles (on MLX CUDA, `cuda::launch` puts their CUDA form in this place).
+    l.header = super::super::tiles::TILES_HEADER.to_string();
     l.grid = [256, d.dv.div_ceil(columns) as i32, (d.b * d.hv) as i32];
     l.threadgroup = [256, 1, 1];
     l.template_int_names = names(&["Dk", "Dv", "Hv", "C", "VT"]);
@@ -162,7 +169,8 @@ pub fn gated_delta_chunked_state_launch(n: &gated_delta::Node, columns: usize) -
 /// The chunked update's output pass for node `n` (`kernels/metal/gated_delta_chunked_out.metal`):
 /// every chunk in parallel, grid (NT·NC, ceil(Dv / VO), B·Hv), threadgroup (NT, 1, 1) with
 /// VO = `chunk_out_columns(Dv)` value columns a threadgroup and NT = C·VO / 16 threads (256 at
-/// C = 64, VO = 64). Inputs: `exact_inputs` (the names of the exact update's launch inputs,
+/// C = 64, VO = 64), its products on the matrix tiles (header `tiles::TILES_HEADER`, after
+/// `CHUNK_MASK_HEADER` where masked). Inputs: `exact_inputs` (the names of the exact update's launch inputs,
 /// which the node's gradient takes), then `CHUNK_OUT_PARTS`; outputs y and state_out, as the
 /// exact update's (state_out copied from the state pass's last slot).
 pub fn gated_delta_chunked_out_launch(
@@ -185,6 +193,8 @@ pub fn gated_delta_chunked_out_launch(
         l.name.push_str("_mask");
         l.header = CHUNK_MASK_HEADER.to_string();
     }
+    // The matrix tiles (on MLX CUDA, `cuda::launch` puts their CUDA form in this place).
+    l.header.push_str(super::super::tiles::TILES_HEADER);
     let grid_x = (threads as u64).saturating_mul(d.t.div_ceil(chunk) as u64);
     l.grid = [
         grid_x.min(i32::MAX as u64) as i32,
@@ -205,7 +215,7 @@ pub fn chunk_out_threads(chunk: usize, dv: usize) -> usize {
 }
 
 /// Value columns an output-pass threadgroup takes: 64, or 32 where Dv ≤ 32 (fewer idle
-/// threads). Each thread makes a 4 x 4 block of the chunk's y.
+/// threads). Each SIMD group makes 4 tiles (16 tokens x 8 columns) of the chunk's y.
 pub fn chunk_out_columns(dv: usize) -> usize {
     if dv <= 32 {
         32
@@ -215,12 +225,11 @@ pub fn chunk_out_columns(dv: usize) -> usize {
 }
 
 /// Value columns a state-pass threadgroup takes: the most of 32, 16 and 8 whose threadgroup
-/// memory (the state tile `Dk × VT`, U's tile `C × VT` and the panel buffer,
-/// `max(16·(C + 1), 16·Dk)` floats) fits in `limit` bytes (Metal: 32 KB; 8 fits it for every
-/// Dk ≤ 256 and C ≤ 64).
+/// memory (the state tile `Dk × (VT + 1)`, rows padded, and U's tile `C × VT` floats; the
+/// matrix tiles read W and Kd from device memory) fits in `limit` bytes (Metal: 32 KB; 8 fits
+/// it for every Dk ≤ 256 and C ≤ 64).
 pub fn chunk_state_columns(dk: usize, chunk: usize, limit: usize) -> usize {
-    let panels = (16 * (chunk + 1)).max(16 * dk);
-    let bytes = |vt: usize| 4 * (dk * vt + chunk * vt + panels);
+    let bytes = |vt: usize| 4 * (dk * (vt + 1) + chunk * vt);
     [32, 16]
         .into_iter()
         .find(|&vt| bytes(vt) <= limit)
@@ -302,7 +311,7 @@ pub fn gated_delta_chunked_pool_prep_launch(n: &gated_delta::Node, chunks: usize
     l.output_dims = output_dims;
     l.output_ndims = output_ndims;
     l.name.push_str("_pool");
-    l.header = pool_header(n);
+    l.header = format!("{}{}", pool_header(n), super::super::tiles::TILES_HEADER);
     l.grid = [256, chunks as i32, n.dims.hv as i32];
     l
 }
@@ -340,7 +349,7 @@ pub fn gated_delta_chunked_pool_state_launch(
     l.output_ndims = output_ndims;
     l.output_dtypes = output_dtypes;
     l.name.push_str("_pool");
-    l.header = super::POOL_HEADER.to_string();
+    l.header = format!("{}{}", super::POOL_HEADER, l.header);
     l
 }
 
@@ -369,7 +378,7 @@ pub fn gated_delta_chunked_pool_out_launch(n: &gated_delta::Node, chunks: usize)
     if n.has_mask {
         l.name.push_str("_mask");
     }
-    l.header = pool_header(n);
+    l.header = format!("{}{}", pool_header(n), super::super::tiles::TILES_HEADER);
     let grid_x = (threads as u64).saturating_mul(chunks as u64);
     l.grid = [
         grid_x.min(i32::MAX as u64) as i32,
@@ -418,8 +427,7 @@ mod tests {
             for requested in (16..=128).step_by(16) {
                 let c = gpu_chunk(ChunkSize::new(requested).unwrap());
                 assert!(c <= GPU_MAX_CHUNK && c.is_multiple_of(16) && c == requested.min(64));
-                let panels = (16 * (c + 1)).max(16 * dk);
-                let state = |vt: usize| 4 * (dk * vt + c * vt + panels);
+                let state = |vt: usize| 4 * (dk * (vt + 1) + c * vt);
                 for heads in [1, 32, 512] {
                     let metal = chunk_state_columns_for(dims(1, heads, dk, 128), c, false);
                     let cuda = chunk_state_columns_for(dims(1, heads, dk, 128), c, true);
@@ -440,8 +448,9 @@ mod tests {
         }
         // The widest tile that fits is taken.
         assert_eq!(chunk_state_columns(128, 64, 32 * 1024), 32);
-        assert_eq!(chunk_state_columns(256, 64, 32 * 1024), 8);
-        assert_eq!(chunk_state_columns(256, 64, 48 * 1024), 16);
+        assert_eq!(chunk_state_columns(256, 64, 32 * 1024), 16);
+        assert_eq!(chunk_state_columns(256, 64, 48 * 1024), 32);
+        assert_eq!(chunk_state_columns(256, 64, 16 * 1024), 8);
     }
 
     #[test]
