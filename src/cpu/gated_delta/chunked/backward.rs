@@ -211,19 +211,11 @@ pub fn chunked_backward_into(
     let neon = products == Products::Fastest && f.neon;
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (f, products);
-    // Buffers of finished jobs, taken by the next ones: as many sets as jobs run at once, each
-    // set's pages faulted in once per call.
-    let spare: Mutex<Vec<Bufs>> = Mutex::new(Vec::new());
     let dvp = d.dv.div_ceil(NR) * NR;
+    let shape = (c, d.dk, dvp);
     pool::run(d.b * d.hk, &|job| {
         let (b, hk) = (job / d.hk, job % d.hk);
-        let taken = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut bufs = taken.unwrap_or_else(|| Bufs {
-            s: Scratch::new(c, d.dk, dvp),
-            kept: Vec::new(),
-            h: Vec::new(),
-            dh: Vec::new(),
-        });
+        let mut bufs = take_bufs(shape);
         let w = &mut bufs;
         fp::flush_subnormals(|| {
             #[cfg(target_arch = "x86_64")]
@@ -245,13 +237,56 @@ pub fn chunked_backward_into(
             // SAFETY: job (b, hk) alone writes its entries.
             unsafe { run_job::<Portable>(x, outs, w, c, b, hk) }
         });
-        spare.lock().unwrap_or_else(|e| e.into_inner()).push(bufs);
+        give_bufs(bufs);
     });
+}
+
+/// Job buffers left by finished jobs, of this call or an earlier one: as many sets as jobs
+/// run at once, so that in the steady state no job touches a fresh page.
+static SPARE: Mutex<Vec<Bufs>> = Mutex::new(Vec::new());
+
+/// The most floats a set of job buffers may hold to be kept between calls (256 MiB over the
+/// sets); a larger set is freed at its job's end.
+const SPARE_FLOATS: usize = 64 << 20;
+
+/// A set of job buffers for chunks of `shape` = (C, Dk, Dv'): a spare one, or a new one.
+fn take_bufs(shape: (usize, usize, usize)) -> Bufs {
+    let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    match spare.iter().rposition(|b| b.shape == shape) {
+        Some(i) => spare.swap_remove(i),
+        None => {
+            drop(spare);
+            let (c, dk, dvp) = shape;
+            Bufs {
+                shape,
+                s: Scratch::new(c, dk, dvp),
+                kept: Vec::new(),
+                h: Vec::new(),
+                dh: Vec::new(),
+            }
+        }
+    }
+}
+
+/// Returns a finished job's buffers to the spares (the oldest set of another shape, or past
+/// one per thread, is freed).
+fn give_bufs(bufs: Bufs) {
+    let floats = bufs.kept.capacity() + bufs.h.capacity() + bufs.dh.capacity();
+    if floats * pool::threads() > SPARE_FLOATS {
+        return;
+    }
+    let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    spare.retain(|b| b.shape == bufs.shape);
+    if spare.len() < pool::threads() {
+        spare.push(bufs);
+    }
 }
 
 /// One job's buffers: the chunk scratch, the kept states, the current states and their
 /// cotangents.
 struct Bufs {
+    /// (C, Dk, Dv') the scratch was made for.
+    shape: (usize, usize, usize),
     s: Scratch,
     kept: Vec<f32>,
     h: Vec<f32>,

@@ -225,6 +225,8 @@ impl Scratch {
     }
 
     /// Value head `hv`'s gates over the chunk: g, β, Γ, γ, λ; then A and Tm (needs `gram`).
+    // Inlined into the job, compiled with its target features.
+    #[inline(always)]
     pub(super) fn gates(&mut self, x: &ChunkedInputs, b: usize, hv: usize, ch: &Chunk) {
         let (d, c, l) = (x.d, self.c, ch.l);
         for (i, &t) in ch.tok.iter().enumerate() {
@@ -450,8 +452,8 @@ pub(super) unsafe fn recompute_u<K: Kernel>(
         x.v.widen(((b * d.t + tok) * d.hv + hv) * dv, v);
         let gam = s.gam[t];
         let r = &mut r[t * dvp..(t + 1) * dvp];
-        for j in 0..dv {
-            r[j] = v[j] - gam * r[j];
+        for (y, &x) in r.iter_mut().zip(&*v) {
+            *y = x - gam * *y;
         }
         r[dv..].fill(0.0);
     }
@@ -468,9 +470,12 @@ pub(super) unsafe fn u_from_r<K: Kernel>(s: &mut Scratch, ch: &Chunk, r: &[f32])
     let (c, dvp, l) = (s.c, s.dvp, ch.l);
     for t in 0..l {
         let beta = s.beta[t];
-        let (r, xb) = (&r[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
-        for j in 0..dvp {
-            xb[j] = beta * r[j];
+        let (r, xb) = (
+            &r[t * dvp..(t + 1) * dvp],
+            &mut s.xb[t * dvp..(t + 1) * dvp],
+        );
+        for (y, &x) in xb.iter_mut().zip(r) {
+            *y = beta * x;
         }
     }
     for q in 0..dvp / NR {
@@ -503,9 +508,12 @@ pub(super) unsafe fn advance<K: Kernel>(s: &mut Scratch, ch: &Chunk, h: &mut [f3
     let (dk, dvp, l) = (s.dk, s.dvp, ch.l);
     for t in 0..l {
         let lam = s.lam[t];
-        let (src, dst) = (&s.u[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
-        for j in 0..dvp {
-            dst[j] = lam * src[j];
+        let (src, dst) = (
+            &s.u[t * dvp..(t + 1) * dvp],
+            &mut s.xb[t * dvp..(t + 1) * dvp],
+        );
+        for (y, &x) in dst.iter_mut().zip(src) {
+            *y = lam * x;
         }
     }
     mm::<K>(
