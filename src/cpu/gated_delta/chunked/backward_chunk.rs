@@ -274,13 +274,12 @@ impl Scratch {
         }
     }
 
-    /// Zeros the key head's sums for a chunk.
+    /// Zeros the key head's sums for a chunk (whole rows: one fill each).
+    #[inline(always)]
     pub(super) fn clear_sums(&mut self, ch: &Chunk) {
         let (c, dk) = (self.c, self.dk);
-        for t in 0..ch.l {
-            self.sdp[t * c..t * c + ch.lp].fill(0.0);
-            self.sdkk[t * c..t * c + ch.lp].fill(0.0);
-        }
+        self.sdp[..ch.l * c].fill(0.0);
+        self.sdkk[..ch.l * c].fill(0.0);
         self.dqc[..ch.l * dk].fill(0.0);
         self.dkc[..ch.l * dk].fill(0.0);
     }
@@ -562,14 +561,12 @@ pub(super) unsafe fn head_backward<K: Kernel>(
         let row = &mut s.dyr[t * dvp..(t + 1) * dvp];
         x.dy.widen(((b * d.t + tok) * d.hv + hv) * dv, &mut row[..dv]);
         row[dv..].fill(0.0);
-        let p = &mut s.p[t * c..t * c + lp];
-        for (sc, x) in p.iter_mut().enumerate() {
-            *x = if sc <= t {
-                s.big[t * c + sc] * s.gram[(c + t) * c + sc]
-            } else {
-                0.0
-            };
+        let (p, big) = (&mut s.p[t * c..t * c + lp], &s.big[t * c..=t * c + t]);
+        let qk = &s.gram[(c + t) * c..=(c + t) * c + t];
+        for ((x, &g), &y) in p.iter_mut().zip(big).zip(qk) {
+            *x = g * y;
         }
+        p[t + 1..].fill(0.0);
     }
     // dU = diag(λ) K dH1 + Pᵀ dY.
     let lam = Epi {
