@@ -15,7 +15,10 @@
 //! `group · ceil(T'/C) · (Dk + C) · Dv'` f32 (T' the row's active tokens, Dv' = Dv rounded up
 //! to 16; C ≤ 4·Dk, so at most 5 states per chunk), the `group` states and their cotangents,
 //! and O(C · (C + Dk + Dv')) of per-chunk scratch: O((T/C + C) · state), never O(T · state).
-//! The jobs running at once share these buffers within a call (one set per running job).
+//! These buffers are one set per running job, passed from job to job and kept between calls
+//! (`take_bufs`, up to 256 MiB): a repeated call touches no fresh page of its own. q, k, v
+//! and dy are read in their dtypes (each row widened as a chunk gathers it) and dq, dk, dv are
+//! written in theirs (`ChunkedOuts`): no float32 copy of an input or a gradient.
 //!
 //! Gates enter as running products (`Γ(t, s)`, `γ_t`, no division, no logarithm): a gate that
 //! underflows to 0 gives zero products and finite gradients. The gradient of a product of
