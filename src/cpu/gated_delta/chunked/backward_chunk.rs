@@ -159,6 +159,8 @@ pub(super) struct Scratch {
     dbeta: Vec<f32>,
     row_m: Vec<f32>,
     col_m: Vec<f32>,
+    /// A row's terms of dβ and of the gates' sums, `[2, C]`.
+    tri: Vec<f32>,
 }
 
 impl Scratch {
@@ -198,6 +200,7 @@ impl Scratch {
             dbeta: z(c),
             row_m: z(c),
             col_m: z(c),
+            tri: z(2 * c),
         }
     }
 
@@ -715,19 +718,30 @@ pub(super) unsafe fn head_backward<K: Kernel>(
     s.col_m[..l].fill(0.0);
     for t in 0..l {
         let beta = s.beta[t];
+        // Row t's terms side by side (these loops vectorize), then the two running sums in
+        // order.
+        let (dbeta_terms, m) = s.tri.split_at_mut(c);
+        let (dbeta_terms, m) = (&mut dbeta_terms[..t], &mut m[..t]);
+        let (big, kk) = (&s.big[t * c..t * c + t], &s.gram[t * c..t * c + t]);
+        let qk = &s.gram[(c + t) * c..(c + t) * c + t];
+        let (dp, da) = (&s.pa[t * c..t * c + t], &s.pa[(l + t) * c..(l + t) * c + t]);
+        let (sdkk, sdp) = (&mut s.sdkk[t * c..t * c + t], &mut s.sdp[t * c..t * c + t]);
+        for sc in 0..t {
+            let (big, kk, qk) = (big[sc], kk[sc], qk[sc]);
+            let da = -da[sc];
+            dbeta_terms[sc] = da * big * kk;
+            let da1 = da * beta * big;
+            sdkk[sc] += da1;
+            let dp1 = dp[sc] * big;
+            sdp[sc] += dp1;
+            m[sc] = da1 * kk + dp1 * qk;
+        }
         let mut dbeta = 0.0f32;
         let mut prefix = 0.0f32;
-        for sc in 0..t {
-            let big = s.big[t * c + sc];
-            let (kk, qk) = (s.gram[t * c + sc], s.gram[(c + t) * c + sc]);
-            let da = -s.pa[(l + t) * c + sc];
-            dbeta += da * big * kk;
-            let da1 = da * beta * big;
-            s.sdkk[t * c + sc] += da1;
-            let dp1 = s.pa[t * c + sc] * big;
-            s.sdp[t * c + sc] += dp1;
-            s.col_m[sc] += prefix;
-            prefix += da1 * kk + dp1 * qk;
+        for ((col, &term), &m) in s.col_m[..t].iter_mut().zip(&*dbeta_terms).zip(&*m) {
+            dbeta += term;
+            *col += prefix;
+            prefix += m;
         }
         s.col_m[t] += prefix;
         s.sdp[t * c + t] += s.pa[t * c + t];
