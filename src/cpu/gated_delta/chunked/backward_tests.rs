@@ -144,7 +144,7 @@ fn writes_every_output_in_its_dtype() {
     type WrapMut<T> = for<'a> fn(&'a mut [T]) -> FloatsMut<'a>;
 
     fn check<T: Elem>(seed: u64, d: Dims, wrap: Wrap<T>, out: WrapMut<T>) {
-        let mut c = case(seed, d, seed % 2 == 0, true, false);
+        let mut c = case(seed, d, seed.is_multiple_of(2), true, false);
         for x in [&mut c.q, &mut c.k, &mut c.v, &mut c.dy] {
             x.iter_mut().for_each(|v| *v = round_to::<T>(*v));
         }
