@@ -20,8 +20,9 @@ fn first_line(path: &str, key: &str) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Forward then backward of one path; (forward ms, backward ms, CPU ms of both).
-fn time_path(r: &Inputs, dy: H, chunked: bool) -> (f64, f64, f64) {
+/// Forward then backward of one path; (forward ms, backward ms, CPU ms of both, the
+/// backward's minor page faults).
+fn time_path(r: &Inputs, dy: H, chunked: bool) -> (f64, f64, f64, i64) {
     let [q, k, v, a, b, al, dt, s, m] = r.args();
     // PROBE_CHUNK: the chunk size of both chunked calls (default 0: the library's).
     let chunk: i32 = env_or("PROBE_CHUNK", 0);
@@ -40,6 +41,7 @@ fn time_path(r: &Inputs, dy: H, chunked: bool) -> (f64, f64, f64) {
     ok(mlxk_array_eval(st));
     let fwd = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = Instant::now();
+    let f1 = minor_faults();
     let mut g = [null_mut(); 8];
     let [o0, o1, o2, o3, o4, o5, o6, o7] = &mut g;
     ok(unsafe {
@@ -93,11 +95,12 @@ fn time_path(r: &Inputs, dy: H, chunked: bool) -> (f64, f64, f64) {
         ok(mlxk_array_eval(h));
     }
     let bwd = t1.elapsed().as_secs_f64() * 1e3;
+    let faults = minor_faults() - f1;
     let cpu = (cpu_seconds() - c0) * 1e3;
     for h in g.into_iter().chain([y, st]) {
         free(h);
     }
-    (fwd, bwd, cpu)
+    (fwd, bwd, cpu, faults)
 }
 
 fn chunked_and_exact_forward_plus_backward() {
@@ -134,15 +137,19 @@ fn chunked_and_exact_forward_plus_backward() {
                 continue;
             }
             let mut best = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+            // The backward's minor page faults, fewest over the runs (the first run's include
+            // its buffers' first pages).
+            let mut faults = i64::MAX;
             for _ in 0..3 {
-                let (f, b, cpu) = time_path(&r, dy, chunked);
+                let (f, b, cpu, pf) = time_path(&r, dy, chunked);
+                faults = faults.min(pf);
                 if f + b < best.2 {
                     best = (f, b, f + b, cpu);
                 }
             }
             println!(
                 "T={t:5} {name:8} fwd {:7.1} ms  bwd {:7.1} ms  fwd+bwd {:7.1} ms wall, \
-                 {:7.1} ms cpu (best of 3)",
+                 {:7.1} ms cpu (best of 3); bwd minor page faults {faults}",
                 best.0, best.1, best.2, best.3
             );
         }

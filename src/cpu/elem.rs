@@ -120,6 +120,37 @@ impl<'a> Floats<'a> {
     }
 }
 
+/// A float buffer whose dtype is known at run time, written from f32 values with MLX's rounding.
+pub enum FloatsMut<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [bf16]),
+    F16(&'a mut [f16]),
+}
+
+impl<'a> FloatsMut<'a> {
+    /// `bytes` as elements of `dtype` (a float dtype).
+    pub fn new(bytes: &'a mut [u8], dtype: Dtype) -> FloatsMut<'a> {
+        match dtype {
+            Dtype::Float32 => FloatsMut::F32(typed_mut(bytes)),
+            Dtype::Bfloat16 => FloatsMut::Bf16(typed_mut(bytes)),
+            Dtype::Float16 => FloatsMut::F16(typed_mut(bytes)),
+            other => panic!("a float output of dtype {}", other.name()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            FloatsMut::F32(x) => x.len(),
+            FloatsMut::Bf16(x) => x.len(),
+            FloatsMut::F16(x) => x.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// `bytes` of float dtype `dtype` as f32 values.
 pub fn widen(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
     Floats::new(bytes, dtype).to_vec()

@@ -4,10 +4,11 @@
 
 use half::{bf16, f16};
 
+use super::chunked::{ChunkedInputs, ChunkedOuts, Products};
 use super::exact::{solve, Problem};
 use super::gates::{gates, GateInputs};
 use super::{chunked, Rows, StateIn};
-use crate::cpu::elem::{narrow, widen};
+use crate::cpu::elem::{narrow, widen, Floats, FloatsMut};
 use crate::cpu::{typed, typed_mut, Buffers};
 use crate::dtype::Dtype;
 use crate::node::gated_delta::{Form, Input, Node, PoolWrite};
@@ -148,28 +149,15 @@ pub(crate) fn run_backward(params: &[i64], buffers: Buffers) {
         dt_bias_dtype: f.gates.dt_bias,
     };
     let (g, beta) = gates(&gate_inputs, d.b * d.t * d.hv, d.hv);
-    let (q, k, v) = (
-        widen(given(Input::Q), f.dtype),
-        widen(given(Input::K), f.dtype),
-        widen(given(Input::V), f.dtype),
-    );
-    let state = forward(Input::State).map(|s| typed::<f32>(s).to_vec());
+    let state = forward(Input::State).map(typed::<f32>);
+    let dstate_out = input(BackwardInput::DstateOut).map(typed::<f32>);
+    let zeros;
     let dy = match input(BackwardInput::Dy) {
-        Some(bytes) => widen(bytes, node.dy_dtype),
-        None => vec![0.0; d.b * d.t * d.hv * d.dv],
-    };
-    let dstate_out = input(BackwardInput::DstateOut).map(|s| typed::<f32>(s).to_vec());
-    let x = Inputs {
-        d,
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        state: state.as_deref(),
-        mask: forward(Input::Mask),
-        dy: &dy,
-        dstate_out: dstate_out.as_deref(),
+        Some(bytes) => Floats::new(bytes, node.dy_dtype),
+        None => {
+            zeros = vec![0.0; d.b * d.t * d.hv * d.dv];
+            Floats::F32(&zeros)
+        }
     };
     let (a, b, a_log, dt_bias) = (
         widen(given(Input::A), f.gates.a),
@@ -177,32 +165,75 @@ pub(crate) fn run_backward(params: &[i64], buffers: Buffers) {
         widen(given(Input::ALog), f.gates.a_log),
         widen(given(Input::DtBias), f.gates.dt_bias),
     );
-    // The chunked form's own backward (its gates' cotangent is that of log g); every other
-    // form the exact recurrence's.
-    let (dq, dk, dv, gate_grads, dstate) = match f.form {
+    let [dq_out, dk_out, dv_out, da_out, db_out, da_log_out, ddt_bias_out, dstate_out_buf]: [&mut [u8]; 8] =
+        buffers.outputs.try_into().expect("the backward node has eight outputs");
+    // The chunked form's own backward (its gates' cotangent is that of log g), reading q, k, v
+    // and dy in their dtypes and writing dq, dk, dv and dstate into the outputs; every other
+    // form the exact recurrence's, on float32 copies.
+    let gate_grads = match f.form {
         Form::Chunked { chunk } => {
-            let grads = chunked::chunked_backward(&x, chunk);
-            let gate_grads =
-                gate_backward_log(&a, &b, &a_log, &dt_bias, &grads.dlog_g, &grads.dbeta);
-            (grads.dq, grads.dk, grads.dv, gate_grads, grads.dstate)
+            let x = ChunkedInputs {
+                d,
+                q: Floats::new(given(Input::Q), f.dtype),
+                k: Floats::new(given(Input::K), f.dtype),
+                v: Floats::new(given(Input::V), f.dtype),
+                g: &g,
+                beta: &beta,
+                state,
+                mask: forward(Input::Mask),
+                dy,
+                dstate_out,
+            };
+            let (mut dlog_g, mut dbeta) = (vec![0.0; g.len()], vec![0.0; g.len()]);
+            let outs = ChunkedOuts {
+                dq: FloatsMut::new(dq_out, f.dtype),
+                dk: FloatsMut::new(dk_out, f.dtype),
+                dv: FloatsMut::new(dv_out, f.dtype),
+                dlog_g: &mut dlog_g,
+                dbeta: &mut dbeta,
+                dstate: typed_mut(dstate_out_buf),
+            };
+            chunked::chunked_backward_into(&x, chunk, Products::Fastest, outs);
+            gate_backward_log(&a, &b, &a_log, &dt_bias, &dlog_g, &dbeta)
         }
         _ => {
+            let (q, k, v) = (
+                widen(given(Input::Q), f.dtype),
+                widen(given(Input::K), f.dtype),
+                widen(given(Input::V), f.dtype),
+            );
+            let dy = dy.to_vec();
+            let x = Inputs {
+                d,
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+                state,
+                mask: forward(Input::Mask),
+                dy: &dy,
+                dstate_out,
+            };
             let grads = backward(&x, node.checkpoint);
-            let gate_grads = gate_backward(&a, &b, &a_log, &dt_bias, &grads.dg, &grads.dbeta);
-            (grads.dq, grads.dk, grads.dv, gate_grads, grads.dstate)
+            for (out, values) in [
+                (dq_out, &grads.dq),
+                (dk_out, &grads.dk),
+                (dv_out, &grads.dv),
+            ] {
+                narrow(values, out, f.dtype);
+            }
+            narrow(&grads.dstate, dstate_out_buf, Dtype::Float32);
+            gate_backward(&a, &b, &a_log, &dt_bias, &grads.dg, &grads.dbeta)
         }
     };
-    let results: [(&[f32], Dtype); 8] = [
-        (&dq, f.dtype),
-        (&dk, f.dtype),
-        (&dv, f.dtype),
-        (&gate_grads.da, f.gates.a),
-        (&gate_grads.db, f.gates.b),
-        (&gate_grads.da_log, f.gates.a_log),
-        (&gate_grads.ddt_bias, f.gates.dt_bias),
-        (&dstate, Dtype::Float32),
+    let results: [(&mut [u8], &[f32], Dtype); 4] = [
+        (da_out, &gate_grads.da, f.gates.a),
+        (db_out, &gate_grads.db, f.gates.b),
+        (da_log_out, &gate_grads.da_log, f.gates.a_log),
+        (ddt_bias_out, &gate_grads.ddt_bias, f.gates.dt_bias),
     ];
-    for (out, (values, dtype)) in buffers.outputs.into_iter().zip(results) {
+    for (out, values, dtype) in results {
         narrow(values, out, dtype);
     }
 }

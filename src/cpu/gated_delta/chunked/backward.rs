@@ -15,7 +15,10 @@
 //! `group · ceil(T'/C) · (Dk + C) · Dv'` f32 (T' the row's active tokens, Dv' = Dv rounded up
 //! to 16; C ≤ 4·Dk, so at most 5 states per chunk), the `group` states and their cotangents,
 //! and O(C · (C + Dk + Dv')) of per-chunk scratch: O((T/C + C) · state), never O(T · state).
-//! The jobs running at once share these buffers within a call (one set per running job).
+//! These buffers are one set per running job, passed from job to job and kept between calls
+//! (`take_bufs`, up to 256 MiB): a repeated call touches no fresh page of its own. q, k, v
+//! and dy are read in their dtypes (each row widened as a chunk gathers it) and dq, dk, dv are
+//! written in theirs (`ChunkedOuts`): no float32 copy of an input or a gradient.
 //!
 //! Gates enter as running products (`Γ(t, s)`, `γ_t`, no division, no logarithm): a gate that
 //! underflows to 0 gives zero products and finite gradients. The gradient of a product of
@@ -25,17 +28,64 @@
 //! no two sums that cancel are subtracted. The result is `g · ∂L/∂g`, what the gate chain to
 //! a, A_log and dt_bias needs (`gated_delta::backward::gate_backward_log`).
 
-use super::backward_chunk::{self as bc, Chunk, Outs, Scratch};
+use super::backward_chunk::{self as bc, Chunk, OutRows, Outs, Scratch};
 #[cfg(target_arch = "aarch64")]
 use super::gemm::Neon;
 #[cfg(target_arch = "x86_64")]
 use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
 use super::{ChunkSize, Products};
+use crate::cpu::elem::{Floats, FloatsMut};
 use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::gated_delta::Dims;
 use crate::cpu::pool::{self, SharedMut};
 use crate::cpu::{features, fp};
 use std::sync::Mutex;
+
+/// The chunked backward's inputs, q, k, v and dy in their own dtypes (each row widened to f32
+/// as a chunk gathers it); the others as `gated_delta::backward::Inputs`.
+#[derive(Clone, Copy)]
+pub struct ChunkedInputs<'a> {
+    pub d: Dims,
+    pub q: Floats<'a>,
+    pub k: Floats<'a>,
+    pub v: Floats<'a>,
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+    pub state: Option<&'a [f32]>,
+    pub mask: Option<&'a [u8]>,
+    pub dy: Floats<'a>,
+    pub dstate_out: Option<&'a [f32]>,
+}
+
+impl<'a> ChunkedInputs<'a> {
+    /// Float32 inputs.
+    pub fn f32(x: &Inputs<'a>) -> Self {
+        ChunkedInputs {
+            d: x.d,
+            q: Floats::F32(x.q),
+            k: Floats::F32(x.k),
+            v: Floats::F32(x.v),
+            g: x.g,
+            beta: x.beta,
+            state: x.state,
+            mask: x.mask,
+            dy: Floats::F32(x.dy),
+            dstate_out: x.dstate_out,
+        }
+    }
+}
+
+/// Where the chunked backward writes its gradients: dq, dk and dv in any float dtype (rounded
+/// as MLX rounds), the others float32; lengths as `ChunkedGrads`'. Every element is written.
+pub struct ChunkedOuts<'a> {
+    pub dq: FloatsMut<'a>,
+    pub dk: FloatsMut<'a>,
+    pub dv: FloatsMut<'a>,
+    pub dlog_g: &'a mut [f32],
+    pub dbeta: &'a mut [f32],
+    pub dstate: &'a mut [f32],
+}
 
 /// The chunked backward's gradients, in the layouts of their inputs. `dlog_g` is
 /// `∂L/∂(log g) = g · ∂L/∂g` `[B, T, Hv]`; the others as `gated_delta::backward::Grads`.
@@ -58,6 +108,42 @@ pub fn chunked_backward(x: &Inputs, chunk: ChunkSize) -> ChunkedGrads {
 /// `chunked_backward` with the product kernel capped at `products`.
 pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -> ChunkedGrads {
     let d = x.d;
+    let (qk, vs, gates, states) = (
+        d.b * d.t * d.hk * d.dk,
+        d.b * d.t * d.hv * d.dv,
+        d.b * d.t * d.hv,
+        d.b * d.hv * d.dv * d.dk,
+    );
+    let mut g = ChunkedGrads {
+        dq: vec![0.0; qk],
+        dk: vec![0.0; qk],
+        dv: vec![0.0; vs],
+        dlog_g: vec![0.0; gates],
+        dbeta: vec![0.0; gates],
+        dstate: vec![0.0; states],
+    };
+    let outs = ChunkedOuts {
+        dq: FloatsMut::F32(&mut g.dq),
+        dk: FloatsMut::F32(&mut g.dk),
+        dv: FloatsMut::F32(&mut g.dv),
+        dlog_g: &mut g.dlog_g,
+        dbeta: &mut g.dbeta,
+        dstate: &mut g.dstate,
+    };
+    chunked_backward_into(&ChunkedInputs::f32(x), chunk, products, outs);
+    g
+}
+
+/// The chunked backward with inputs in their own dtypes, written into `out` (every element:
+/// masked tokens' gradients are zeros), the product kernel capped at `products`. The buffers
+/// of the jobs running at once are allocated once per call and passed from job to job.
+pub fn chunked_backward_into(
+    x: &ChunkedInputs,
+    chunk: ChunkSize,
+    products: Products,
+    mut out: ChunkedOuts,
+) {
+    let d = x.d;
     let c = chunk.tokens();
     assert!(
         d.hv == 0 || (d.hk > 0 && d.hv.is_multiple_of(d.hk)),
@@ -75,6 +161,12 @@ pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -
     assert_eq!(x.k.len(), qk, "k has the wrong length");
     assert_eq!(x.v.len(), vs, "v has the wrong length");
     assert_eq!(x.dy.len(), vs, "dy has the wrong length");
+    assert_eq!(out.dq.len(), qk, "dq has the wrong length");
+    assert_eq!(out.dk.len(), qk, "dk has the wrong length");
+    assert_eq!(out.dv.len(), vs, "dv has the wrong length");
+    assert_eq!(out.dlog_g.len(), gates, "dlog_g has the wrong length");
+    assert_eq!(out.dbeta.len(), gates, "dbeta has the wrong length");
+    assert_eq!(out.dstate.len(), states, "dstate has the wrong length");
     assert_eq!(x.g.len(), gates, "g has the wrong length");
     assert_eq!(x.beta.len(), gates, "beta has the wrong length");
     if let Some(s) = x.state {
@@ -91,25 +183,27 @@ pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -
         "Dk = {} is not a multiple of 8",
         d.dk
     );
-    let mut g = ChunkedGrads {
-        dq: vec![0.0; qk],
-        dk: vec![0.0; qk],
-        dv: vec![0.0; vs],
-        dlog_g: vec![0.0; gates],
-        dbeta: vec![0.0; gates],
-        dstate: vec![0.0; states],
+    let outs = Outs {
+        dq: OutRows::new(&mut out.dq),
+        dk: OutRows::new(&mut out.dk),
+        dv: OutRows::new(&mut out.dv),
+        dlog_g: SharedMut(out.dlog_g.as_mut_ptr()),
+        dbeta: SharedMut(out.dbeta.as_mut_ptr()),
+        dstate: SharedMut(out.dstate.as_mut_ptr()),
     };
     if d.b == 0 || d.hv == 0 || d.dv == 0 {
-        return g;
+        // No value: every gradient is zero.
+        // SAFETY: the lengths were checked above.
+        unsafe {
+            outs.dq.zero(0, qk);
+            outs.dk.zero(0, qk);
+            outs.dv.zero(0, vs);
+        }
+        out.dlog_g.fill(0.0);
+        out.dbeta.fill(0.0);
+        out.dstate.fill(0.0);
+        return;
     }
-    let outs = Outs {
-        dq: SharedMut(g.dq.as_mut_ptr()),
-        dk: SharedMut(g.dk.as_mut_ptr()),
-        dv: SharedMut(g.dv.as_mut_ptr()),
-        dlog_g: SharedMut(g.dlog_g.as_mut_ptr()),
-        dbeta: SharedMut(g.dbeta.as_mut_ptr()),
-        dstate: SharedMut(g.dstate.as_mut_ptr()),
-    };
     let f = features::kernels();
     #[cfg(target_arch = "x86_64")]
     let (avx512, avx2) = (
@@ -120,19 +214,11 @@ pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -
     let neon = products == Products::Fastest && f.neon;
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = (f, products);
-    // Buffers of finished jobs, taken by the next ones: as many sets as jobs run at once, each
-    // set's pages faulted in once per call.
-    let spare: Mutex<Vec<Bufs>> = Mutex::new(Vec::new());
     let dvp = d.dv.div_ceil(NR) * NR;
+    let shape = (c, d.dk, dvp);
     pool::run(d.b * d.hk, &|job| {
         let (b, hk) = (job / d.hk, job % d.hk);
-        let taken = spare.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut bufs = taken.unwrap_or_else(|| Bufs {
-            s: Scratch::new(c, d.dk, dvp),
-            kept: Vec::new(),
-            h: Vec::new(),
-            dh: Vec::new(),
-        });
+        let mut bufs = take_bufs(shape);
         let w = &mut bufs;
         fp::flush_subnormals(|| {
             #[cfg(target_arch = "x86_64")]
@@ -154,14 +240,56 @@ pub fn chunked_backward_with(x: &Inputs, chunk: ChunkSize, products: Products) -
             // SAFETY: job (b, hk) alone writes its entries.
             unsafe { run_job::<Portable>(x, outs, w, c, b, hk) }
         });
-        spare.lock().unwrap_or_else(|e| e.into_inner()).push(bufs);
+        give_bufs(bufs);
     });
-    g
+}
+
+/// Job buffers left by finished jobs, of this call or an earlier one: as many sets as jobs
+/// run at once, so that in the steady state no job touches a fresh page.
+static SPARE: Mutex<Vec<Bufs>> = Mutex::new(Vec::new());
+
+/// The most floats a set of job buffers may hold to be kept between calls (256 MiB over the
+/// sets); a larger set is freed at its job's end.
+const SPARE_FLOATS: usize = 64 << 20;
+
+/// A set of job buffers for chunks of `shape` = (C, Dk, Dv'): a spare one, or a new one.
+fn take_bufs(shape: (usize, usize, usize)) -> Bufs {
+    let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    match spare.iter().rposition(|b| b.shape == shape) {
+        Some(i) => spare.swap_remove(i),
+        None => {
+            drop(spare);
+            let (c, dk, dvp) = shape;
+            Bufs {
+                shape,
+                s: Scratch::new(c, dk, dvp),
+                kept: Vec::new(),
+                h: Vec::new(),
+                dh: Vec::new(),
+            }
+        }
+    }
+}
+
+/// Returns a finished job's buffers to the spares (the oldest set of another shape, or past
+/// one per thread, is freed).
+fn give_bufs(bufs: Bufs) {
+    let floats = bufs.kept.capacity() + bufs.h.capacity() + bufs.dh.capacity();
+    if floats * pool::threads() > SPARE_FLOATS {
+        return;
+    }
+    let mut spare = SPARE.lock().unwrap_or_else(|e| e.into_inner());
+    spare.retain(|b| b.shape == bufs.shape);
+    if spare.len() < pool::threads() {
+        spare.push(bufs);
+    }
 }
 
 /// One job's buffers: the chunk scratch, the kept states, the current states and their
 /// cotangents.
 struct Bufs {
+    /// (C, Dk, Dv') the scratch was made for.
+    shape: (usize, usize, usize),
     s: Scratch,
     kept: Vec<f32>,
     h: Vec<f32>,
@@ -182,7 +310,7 @@ fn fit(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
 /// AVX2 and FMA must be available; as `run_job`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn job_avx2(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+unsafe fn job_avx2(x: &ChunkedInputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
     run_job::<Avx2>(x, o, w, c, b, hk)
 }
 
@@ -192,7 +320,7 @@ unsafe fn job_avx2(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: us
 /// AVX-512 (F), AVX2 and FMA must be available; as `run_job`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn job_avx512(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+unsafe fn job_avx512(x: &ChunkedInputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
     run_job::<Avx512>(x, o, w, c, b, hk)
 }
 
@@ -202,7 +330,14 @@ unsafe fn job_avx512(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: 
 /// `o` points at output buffers of `x.d`'s sizes, of which no other thread writes the
 /// entries of (b, hk) and of hk's value heads while this runs.
 #[inline(always)]
-unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usize, hk: usize) {
+unsafe fn run_job<K: Kernel>(
+    x: &ChunkedInputs,
+    o: Outs,
+    w: &mut Bufs,
+    c: usize,
+    b: usize,
+    hk: usize,
+) {
     let d = x.d;
     let (dk, dv) = (d.dk, d.dv);
     let dvp = dv.div_ceil(NR) * NR;
@@ -241,8 +376,8 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
             let keep = &mut kept[(i * chunks + j) * stride..][..stride];
             K::transpose(hi.as_ptr(), dvp, keep.as_mut_ptr(), dk, dk, dvp);
             s.gates(x, b, hv, &chunk);
-            bc::recompute_u::<K>(x, s, &chunk, b, hv, hi);
-            keep[size..size + chunk.l * dvp].copy_from_slice(s.r(&chunk));
+            let r = &mut keep[size..size + chunk.l * dvp];
+            bc::recompute_u::<K>(x, s, &chunk, (b, hv), hi, r);
             bc::advance::<K>(s, &chunk, hi);
         }
     }
@@ -270,20 +405,36 @@ unsafe fn run_job<K: Kernel>(x: &Inputs, o: Outs, w: &mut Bufs, c: usize, b: usi
         for i in 0..group {
             let hv = hv0 + i;
             s.gates(x, b, hv, &chunk);
-            let keep = &kept[(i * chunks + j) * stride..][..stride];
+            let keep = &mut kept[(i * chunks + j) * stride..][..stride];
+            let (h0t, r) = keep.split_at_mut(size);
+            let r = &mut r[..chunk.l * dvp];
             if j + 1 == chunks {
-                bc::recompute_u::<K>(x, s, &chunk, b, hv, &h[i * size..(i + 1) * size]);
+                // The last chunk's R, made here from the state entering it.
+                bc::recompute_u::<K>(x, s, &chunk, (b, hv), &h[i * size..(i + 1) * size], r);
             } else {
-                s.set_r(&keep[size..size + chunk.l * dvp]);
-                bc::u_from_r::<K>(s, &chunk);
+                bc::u_from_r::<K>(s, &chunk, r);
             }
-            let h0t = &keep[..size];
-            bc::head_backward::<K>(x, o, s, &chunk, b, hv, h0t, &mut dh[i * size..][..size]);
+            let dhi = &mut dh[i * size..][..size];
+            bc::head_backward::<K>(x, o, s, &chunk, (b, hv), h0t, r, dhi);
         }
         bc::key_head_backward::<K>(x, o, s, &chunk, b, hk);
     }
     for i in 0..group {
         let dst = std::slice::from_raw_parts_mut(o.dstate.0.add(state_at(i)), dv * dk);
         bc::from_panel(&dh[i * size..], dst, dk, dv, dvp);
+    }
+    // Masked tokens: zero gradients.
+    if let Some(m) = x.mask {
+        for t in (0..d.t).filter(|&t| m[b * d.t + t] == 0) {
+            let at = ((b * d.t + t) * d.hk + hk) * dk;
+            o.dq.zero(at, dk);
+            o.dk.zero(at, dk);
+            for hv in hv0..hv0 + group {
+                let at = (b * d.t + t) * d.hv + hv;
+                o.dv.zero(at * dv, dv);
+                *o.dlog_g.0.add(at) = 0.0;
+                *o.dbeta.0.add(at) = 0.0;
+            }
+        }
     }
 }

@@ -22,20 +22,72 @@
 //! All matrices are row-major with a padded width: L' = L rounded up to 16 (columns of the
 //! [L, L] matrices, stride C), Dv' = Dv rounded up to 16; the padding holds zeros.
 
+use half::{bf16, f16};
+
+use super::backward::ChunkedInputs;
 use super::gemm::{Epi, Kernel, Product, NR};
-use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::elem::{Elem, FloatsMut};
 use crate::cpu::pool::SharedMut;
 
 /// The output buffers, shared by the jobs (each writes the entries of its batch row and key
 /// head, and of that key head's value heads).
 #[derive(Clone, Copy)]
 pub(super) struct Outs {
-    pub(super) dq: SharedMut<f32>,
-    pub(super) dk: SharedMut<f32>,
-    pub(super) dv: SharedMut<f32>,
+    pub(super) dq: OutRows,
+    pub(super) dk: OutRows,
+    pub(super) dv: OutRows,
     pub(super) dlog_g: SharedMut<f32>,
     pub(super) dbeta: SharedMut<f32>,
     pub(super) dstate: SharedMut<f32>,
+}
+
+/// A gradient output in its input's dtype, written a row at a time.
+#[derive(Clone, Copy)]
+pub(super) enum OutRows {
+    F32(SharedMut<f32>),
+    Bf16(SharedMut<bf16>),
+    F16(SharedMut<f16>),
+}
+
+impl OutRows {
+    pub(super) fn new(buf: &mut FloatsMut) -> OutRows {
+        match buf {
+            FloatsMut::F32(x) => OutRows::F32(SharedMut(x.as_mut_ptr())),
+            FloatsMut::Bf16(x) => OutRows::Bf16(SharedMut(x.as_mut_ptr())),
+            FloatsMut::F16(x) => OutRows::F16(SharedMut(x.as_mut_ptr())),
+        }
+    }
+
+    /// Writes `src` rounded to the buffer's dtype at element `at`.
+    ///
+    /// # Safety
+    /// Elements `[at, at + src.len())` are in the buffer and this caller's alone.
+    #[inline(always)]
+    pub(super) unsafe fn store(self, at: usize, src: &[f32]) {
+        #[inline(always)]
+        unsafe fn put<T: Elem>(dst: *mut T, src: &[f32]) {
+            for (j, &x) in src.iter().enumerate() {
+                *dst.add(j) = T::from_f32(x);
+            }
+        }
+        match self {
+            OutRows::F32(p) => put(p.0.add(at), src),
+            OutRows::Bf16(p) => put(p.0.add(at), src),
+            OutRows::F16(p) => put(p.0.add(at), src),
+        }
+    }
+
+    /// Writes `n` zeros at element `at`.
+    ///
+    /// # Safety
+    /// As `store`.
+    pub(super) unsafe fn zero(self, at: usize, n: usize) {
+        match self {
+            OutRows::F32(p) => std::ptr::write_bytes(p.0.add(at), 0, n),
+            OutRows::Bf16(p) => std::ptr::write_bytes(p.0.add(at), 0, n),
+            OutRows::F16(p) => std::ptr::write_bytes(p.0.add(at), 0, n),
+        }
+    }
 }
 
 /// The tokens of one chunk (positions in the batch row) and their counts.
@@ -78,8 +130,7 @@ pub(super) struct Scratch {
     beta: Vec<f32>,
     /// Tm = (I + A)⁻¹, `[C, C]` (zeros above the diagonal).
     tm: Vec<f32>,
-    /// R, X = diag(β) R, U: `[C, Dv']` each.
-    r: Vec<f32>,
+    /// X = diag(β) R (first V, as R is made), U: `[C, Dv']` each.
     xb: Vec<f32>,
     u: Vec<f32>,
     /// Uᵀ, `[Dv', C]`.
@@ -108,6 +159,8 @@ pub(super) struct Scratch {
     dbeta: Vec<f32>,
     row_m: Vec<f32>,
     col_m: Vec<f32>,
+    /// A row's terms of dβ and of the gates' sums, `[2, C]`.
+    tri: Vec<f32>,
 }
 
 impl Scratch {
@@ -126,7 +179,6 @@ impl Scratch {
             g: z(c),
             beta: z(c),
             tm: z(c * c),
-            r: z(c * dvp),
             xb: z(c * dvp),
             u: z(c * dvp),
             ut: z(dvp * c),
@@ -148,11 +200,19 @@ impl Scratch {
             dbeta: z(c),
             row_m: z(c),
             col_m: z(c),
+            tri: z(2 * c),
         }
     }
 
     /// The chunk's keys (and with `with_q` its queries) of key head `hk`, rows past L zero.
-    pub(super) fn gather_kq(&mut self, x: &Inputs, b: usize, hk: usize, ch: &Chunk, with_q: bool) {
+    pub(super) fn gather_kq(
+        &mut self,
+        x: &ChunkedInputs,
+        b: usize,
+        hk: usize,
+        ch: &Chunk,
+        with_q: bool,
+    ) {
         let (d, dk, c) = (x.d, self.dk, self.c);
         for (half, src) in [(0, x.k), (1, x.q)] {
             if half == 1 && !with_q {
@@ -161,14 +221,16 @@ impl Scratch {
             let dst = &mut self.kq[half * c * dk..(half * c + ch.lp) * dk];
             for (i, &t) in ch.tok.iter().enumerate() {
                 let at = ((b * d.t + t) * d.hk + hk) * dk;
-                dst[i * dk..(i + 1) * dk].copy_from_slice(&src[at..at + dk]);
+                src.widen(at, &mut dst[i * dk..(i + 1) * dk]);
             }
             dst[ch.l * dk..].fill(0.0);
         }
     }
 
     /// Value head `hv`'s gates over the chunk: g, β, Γ, γ, λ; then A and Tm (needs `gram`).
-    pub(super) fn gates(&mut self, x: &Inputs, b: usize, hv: usize, ch: &Chunk) {
+    // Inlined into the job, compiled with its target features.
+    #[inline(always)]
+    pub(super) fn gates(&mut self, x: &ChunkedInputs, b: usize, hv: usize, ch: &Chunk) {
         let (d, c, l) = (x.d, self.c, ch.l);
         for (i, &t) in ch.tok.iter().enumerate() {
             let at = (b * d.t + t) * d.hv + hv;
@@ -215,23 +277,12 @@ impl Scratch {
         }
     }
 
-    /// The chunk's R rows (`[L, Dv']`), as `recompute_u` left them.
-    pub(super) fn r(&self, ch: &Chunk) -> &[f32] {
-        &self.r[..ch.l * self.dvp]
-    }
-
-    /// Sets the chunk's R rows (kept from `r`).
-    pub(super) fn set_r(&mut self, r: &[f32]) {
-        self.r[..r.len()].copy_from_slice(r);
-    }
-
-    /// Zeros the key head's sums for a chunk.
+    /// Zeros the key head's sums for a chunk (whole rows: one fill each).
+    #[inline(always)]
     pub(super) fn clear_sums(&mut self, ch: &Chunk) {
         let (c, dk) = (self.c, self.dk);
-        for t in 0..ch.l {
-            self.sdp[t * c..t * c + ch.lp].fill(0.0);
-            self.sdkk[t * c..t * c + ch.lp].fill(0.0);
-        }
+        self.sdp[..ch.l * c].fill(0.0);
+        self.sdkk[..ch.l * c].fill(0.0);
         self.dqc[..ch.l * dk].fill(0.0);
         self.dkc[..ch.l * dk].fill(0.0);
     }
@@ -370,19 +421,19 @@ pub(super) unsafe fn gram<K: Kernel>(s: &mut Scratch, ch: &Chunk, with_q: bool) 
     }
 }
 
-/// R = V − diag(γ) K H0, X = diag(β) R and U = Tm X for value head `hv` (U's rows past L
-/// zero).
+/// R = V − diag(γ) K H0 into `r` (`[L, Dv']`), X = diag(β) R and U = Tm X for value head
+/// `hv` (U's rows past L zero).
 ///
 /// # Safety
 /// `s` holds the chunk's K, gates and Tm; `h0` is `[Dk, Dv']`.
 #[inline(always)]
 pub(super) unsafe fn recompute_u<K: Kernel>(
-    x: &Inputs,
+    x: &ChunkedInputs,
     s: &mut Scratch,
     ch: &Chunk,
-    b: usize,
-    hv: usize,
+    (b, hv): (usize, usize),
     h0: &[f32],
+    r: &mut [f32],
 ) {
     let (d, dk, dvp, l) = (x.d, s.dk, s.dvp, ch.l);
     let dv = d.dv;
@@ -393,35 +444,40 @@ pub(super) unsafe fn recompute_u<K: Kernel>(
         rows(s.kq.as_ptr(), dk),
         h0.as_ptr(),
         dvp,
-        s.r.as_mut_ptr(),
+        r.as_mut_ptr(),
         dvp,
         Epi::SET,
     );
     for (t, &tok) in ch.tok.iter().enumerate() {
-        let v = &x.v[((b * d.t + tok) * d.hv + hv) * dv..][..dv];
+        // V's row widened into X's row (X is made from R next).
+        let v = &mut s.xb[t * dvp..t * dvp + dv];
+        x.v.widen(((b * d.t + tok) * d.hv + hv) * dv, v);
         let gam = s.gam[t];
-        let r = &mut s.r[t * dvp..(t + 1) * dvp];
-        for j in 0..dv {
-            r[j] = v[j] - gam * r[j];
+        let r = &mut r[t * dvp..(t + 1) * dvp];
+        for (y, &x) in r.iter_mut().zip(&*v) {
+            *y = x - gam * *y;
         }
         r[dv..].fill(0.0);
     }
-    u_from_r::<K>(s, ch);
+    u_from_r::<K>(s, ch, r);
 }
 
-/// X = diag(β) R and U = Tm X from the chunk's R (`recompute_u`'s, or one kept by
-/// `set_r`); U's rows past L zero.
+/// X = diag(β) R and U = Tm X from the chunk's R `r` (`[L, Dv']`, as `recompute_u` made it);
+/// U's rows past L zero.
 ///
 /// # Safety
-/// `s` holds the chunk's gates, Tm and R.
+/// `s` holds the chunk's gates and Tm.
 #[inline(always)]
-pub(super) unsafe fn u_from_r<K: Kernel>(s: &mut Scratch, ch: &Chunk) {
+pub(super) unsafe fn u_from_r<K: Kernel>(s: &mut Scratch, ch: &Chunk, r: &[f32]) {
     let (c, dvp, l) = (s.c, s.dvp, ch.l);
     for t in 0..l {
         let beta = s.beta[t];
-        let (r, xb) = (&s.r[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
-        for j in 0..dvp {
-            xb[j] = beta * r[j];
+        let (r, xb) = (
+            &r[t * dvp..(t + 1) * dvp],
+            &mut s.xb[t * dvp..(t + 1) * dvp],
+        );
+        for (y, &x) in xb.iter_mut().zip(r) {
+            *y = beta * x;
         }
     }
     for q in 0..dvp / NR {
@@ -454,9 +510,12 @@ pub(super) unsafe fn advance<K: Kernel>(s: &mut Scratch, ch: &Chunk, h: &mut [f3
     let (dk, dvp, l) = (s.dk, s.dvp, ch.l);
     for t in 0..l {
         let lam = s.lam[t];
-        let (src, dst) = (&s.u[t * dvp..(t + 1) * dvp], &mut s.xb[t * dvp..]);
-        for j in 0..dvp {
-            dst[j] = lam * src[j];
+        let (src, dst) = (
+            &s.u[t * dvp..(t + 1) * dvp],
+            &mut s.xb[t * dvp..(t + 1) * dvp],
+        );
+        for (y, &x) in dst.iter_mut().zip(src) {
+            *y = lam * x;
         }
     }
     mm::<K>(
@@ -479,20 +538,20 @@ pub(super) unsafe fn advance<K: Kernel>(s: &mut Scratch, ch: &Chunk, h: &mut [f3
 /// The reverse pass through one value head's part of the chunk (after `recompute_u` or
 /// `u_from_r`): writes dv, dβ and d(log g) of its tokens, adds its dQ, dK parts and the key
 /// head's sums, and turns `dh` (dH1 on entry) into dH0. `h0t` is the state entering the
-/// chunk, transposed (`[Dv', Dk]`).
+/// chunk, transposed (`[Dv', Dk]`), `r` the chunk's R (`[L, Dv']`).
 ///
 /// # Safety
 /// As `recompute_u`; `dh` is `[Dk, Dv']`; `o`'s entries of (b, hv) are this caller's alone.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) unsafe fn head_backward<K: Kernel>(
-    x: &Inputs,
+    x: &ChunkedInputs,
     o: Outs,
     s: &mut Scratch,
     ch: &Chunk,
-    b: usize,
-    hv: usize,
+    (b, hv): (usize, usize),
     h0t: &[f32],
+    r: &[f32],
     dh: &mut [f32],
 ) {
     let (d, c, dk, dvp, l, lp) = (x.d, s.c, s.dk, s.dvp, ch.l, ch.lp);
@@ -502,18 +561,15 @@ pub(super) unsafe fn head_backward<K: Kernel>(
 
     // dY rows, and P (zeros above the diagonal).
     for (t, &tok) in ch.tok.iter().enumerate() {
-        let dy = &x.dy[((b * d.t + tok) * d.hv + hv) * dv..][..dv];
         let row = &mut s.dyr[t * dvp..(t + 1) * dvp];
-        row[..dv].copy_from_slice(dy);
+        x.dy.widen(((b * d.t + tok) * d.hv + hv) * dv, &mut row[..dv]);
         row[dv..].fill(0.0);
-        let p = &mut s.p[t * c..t * c + lp];
-        for (sc, x) in p.iter_mut().enumerate() {
-            *x = if sc <= t {
-                s.big[t * c + sc] * s.gram[(c + t) * c + sc]
-            } else {
-                0.0
-            };
+        let (p, big) = (&mut s.p[t * c..t * c + lp], &s.big[t * c..=t * c + t]);
+        let qk = &s.gram[(c + t) * c..=(c + t) * c + t];
+        for ((x, &g), &y) in p.iter_mut().zip(big).zip(qk) {
+            *x = g * y;
         }
+        p[t + 1..].fill(0.0);
     }
     // dU = diag(λ) K dH1 + Pᵀ dY.
     let lam = Epi {
@@ -572,7 +628,7 @@ pub(super) unsafe fn head_backward<K: Kernel>(
         Epi::SET,
     );
     for t in 0..l {
-        let r = &s.r[t * dvp..t * dvp + dv];
+        let r = &r[t * dvp..t * dvp + dv];
         s.dbeta[t] += dot(r, &s.dyr[(l + t) * dvp..(l + t) * dvp + dv]);
     }
     // [dP; −dA] = [dY; dX] Uᵀ.
@@ -594,10 +650,7 @@ pub(super) unsafe fn head_backward<K: Kernel>(
         let beta = s.beta[t];
         let row = &mut s.dyr[(l + t) * dvp..(l + t + 1) * dvp];
         row.iter_mut().for_each(|y| *y *= beta);
-        let dst = o.dv.0.add(((b * d.t + tok) * d.hv + hv) * dv);
-        for (j, &y) in row[..dv].iter().enumerate() {
-            *dst.add(j) = y;
-        }
+        o.dv.store(((b * d.t + tok) * d.hv + hv) * dv, &row[..dv]);
     }
     // [F; G] = [dY; dR] H0ᵀ.
     let fg = s.fg.as_mut_ptr();
@@ -623,11 +676,19 @@ pub(super) unsafe fn head_backward<K: Kernel>(
             &s.kq[(c + t) * dk..(c + t + 1) * dk],
         );
         s.dgam[t] += dot(q, f) - dot(k, gg);
-        for j in 0..dk {
-            s.dqc[t * dk + j] += gam * f[j];
-            s.dkc[t * dk + j] -= gam * gg[j];
-            s.qks[t * dk + j] = gam * q[j];
-            s.qks[(l + t) * dk + j] = -gam * k[j];
+        // Whole rows through iterators (no index checks: the loops vectorize).
+        for (y, &x) in s.dqc[t * dk..(t + 1) * dk].iter_mut().zip(f) {
+            *y += gam * x;
+        }
+        for (y, &x) in s.dkc[t * dk..(t + 1) * dk].iter_mut().zip(gg) {
+            *y -= gam * x;
+        }
+        let (qs, ks) = s.qks.split_at_mut((l + t) * dk);
+        for (y, &x) in qs[t * dk..(t + 1) * dk].iter_mut().zip(q) {
+            *y = gam * x;
+        }
+        for (y, &x) in ks[..dk].iter_mut().zip(k) {
+            *y = -gam * x;
         }
     }
     // dH0 = γ_{L−1} dH1 + [γQ; −γK]ᵀ [dY; dR].
@@ -657,19 +718,30 @@ pub(super) unsafe fn head_backward<K: Kernel>(
     s.col_m[..l].fill(0.0);
     for t in 0..l {
         let beta = s.beta[t];
+        // Row t's terms side by side (these loops vectorize), then the two running sums in
+        // order.
+        let (dbeta_terms, m) = s.tri.split_at_mut(c);
+        let (dbeta_terms, m) = (&mut dbeta_terms[..t], &mut m[..t]);
+        let (big, kk) = (&s.big[t * c..t * c + t], &s.gram[t * c..t * c + t]);
+        let qk = &s.gram[(c + t) * c..(c + t) * c + t];
+        let (dp, da) = (&s.pa[t * c..t * c + t], &s.pa[(l + t) * c..(l + t) * c + t]);
+        let (sdkk, sdp) = (&mut s.sdkk[t * c..t * c + t], &mut s.sdp[t * c..t * c + t]);
+        for sc in 0..t {
+            let (big, kk, qk) = (big[sc], kk[sc], qk[sc]);
+            let da = -da[sc];
+            dbeta_terms[sc] = da * big * kk;
+            let da1 = da * beta * big;
+            sdkk[sc] += da1;
+            let dp1 = dp[sc] * big;
+            sdp[sc] += dp1;
+            m[sc] = da1 * kk + dp1 * qk;
+        }
         let mut dbeta = 0.0f32;
         let mut prefix = 0.0f32;
-        for sc in 0..t {
-            let big = s.big[t * c + sc];
-            let (kk, qk) = (s.gram[t * c + sc], s.gram[(c + t) * c + sc]);
-            let da = -s.pa[(l + t) * c + sc];
-            dbeta += da * big * kk;
-            let da1 = da * beta * big;
-            s.sdkk[t * c + sc] += da1;
-            let dp1 = s.pa[t * c + sc] * big;
-            s.sdp[t * c + sc] += dp1;
-            s.col_m[sc] += prefix;
-            prefix += da1 * kk + dp1 * qk;
+        for ((col, &term), &m) in s.col_m[..t].iter_mut().zip(&*dbeta_terms).zip(&*m) {
+            dbeta += term;
+            *col += prefix;
+            prefix += m;
         }
         s.col_m[t] += prefix;
         s.sdp[t * c + t] += s.pa[t * c + t];
@@ -698,7 +770,7 @@ pub(super) unsafe fn head_backward<K: Kernel>(
 /// As `recompute_u`; `o`'s dq, dk entries of (b, hk) are this caller's alone.
 #[inline(always)]
 pub(super) unsafe fn key_head_backward<K: Kernel>(
-    x: &Inputs,
+    x: &ChunkedInputs,
     o: Outs,
     s: &mut Scratch,
     ch: &Chunk,
@@ -726,9 +798,7 @@ pub(super) unsafe fn key_head_backward<K: Kernel>(
     mm::<K>(l, dk, l, rows(sym, c), k, dk, dkc, dk, Epi::ADD);
     for (t, &tok) in ch.tok.iter().enumerate() {
         let at = ((b * d.t + tok) * d.hk + hk) * dk;
-        for j in 0..dk {
-            *o.dq.0.add(at + j) = s.dqc[t * dk + j];
-            *o.dk.0.add(at + j) = s.dkc[t * dk + j];
-        }
+        o.dq.store(at, &s.dqc[t * dk..(t + 1) * dk]);
+        o.dk.store(at, &s.dkc[t * dk..(t + 1) * dk]);
     }
 }

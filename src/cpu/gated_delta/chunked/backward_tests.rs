@@ -130,3 +130,77 @@ fn matches_the_exact_backward() {
         }
     }
 }
+
+/// `chunked_backward_into` on bfloat16, float16 and float32 inputs and outputs that hold NaN on
+/// entry: every element is written (masked tokens' gradients are zeros), and each gradient is
+/// the float32 backward's on the inputs rounded the same way, rounded to the output's dtype.
+#[test]
+fn writes_every_output_in_its_dtype() {
+    use super::{chunked_backward_into, ChunkedInputs, ChunkedOuts};
+    use crate::cpu::elem::{round_to, Elem, Floats, FloatsMut};
+    use half::{bf16, f16};
+
+    type Wrap<T> = for<'a> fn(&'a [T]) -> Floats<'a>;
+    type WrapMut<T> = for<'a> fn(&'a mut [T]) -> FloatsMut<'a>;
+
+    fn check<T: Elem>(seed: u64, d: Dims, wrap: Wrap<T>, out: WrapMut<T>) {
+        let mut c = case(seed, d, seed.is_multiple_of(2), true, false);
+        for x in [&mut c.q, &mut c.k, &mut c.v, &mut c.dy] {
+            x.iter_mut().for_each(|v| *v = round_to::<T>(*v));
+        }
+        let narrow = |x: &[f32]| x.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>();
+        let (q, k, v, dy) = (narrow(&c.q), narrow(&c.k), narrow(&c.v), narrow(&c.dy));
+        let want =
+            chunked_backward_with(&inputs(&c), ChunkSize::new(32).unwrap(), Products::Fastest);
+        let x = ChunkedInputs {
+            dy: wrap(&dy),
+            q: wrap(&q),
+            k: wrap(&k),
+            v: wrap(&v),
+            ..ChunkedInputs::f32(&inputs(&c))
+        };
+        let nan = |n: usize| vec![T::from_f32(f32::NAN); n];
+        let (mut dq, mut dk, mut dv) = (nan(c.q.len()), nan(c.k.len()), nan(c.v.len()));
+        let mut dlog_g = vec![f32::NAN; c.g.len()];
+        let mut dbeta = vec![f32::NAN; c.g.len()];
+        let mut dstate = vec![f32::NAN; want.dstate.len()];
+        let outs = ChunkedOuts {
+            dq: out(&mut dq),
+            dk: out(&mut dk),
+            dv: out(&mut dv),
+            dlog_g: &mut dlog_g,
+            dbeta: &mut dbeta,
+            dstate: &mut dstate,
+        };
+        chunked_backward_into(&x, ChunkSize::new(32).unwrap(), Products::Fastest, outs);
+        let bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<u32>>();
+        let bits32 = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&dq), bits(&narrow(&want.dq)), "dq {d:?}");
+        assert_eq!(bits(&dk), bits(&narrow(&want.dk)), "dk {d:?}");
+        assert_eq!(bits(&dv), bits(&narrow(&want.dv)), "dv {d:?}");
+        assert_eq!(bits32(&dlog_g), bits32(&want.dlog_g), "dlog_g {d:?}");
+        assert_eq!(bits32(&dbeta), bits32(&want.dbeta), "dbeta {d:?}");
+        assert_eq!(bits32(&dstate), bits32(&want.dstate), "dstate {d:?}");
+        let masked = c.mask.as_ref().unwrap().iter().filter(|&&m| m == 0).count();
+        assert!(masked > 0, "the case masks tokens");
+    }
+    let shapes = [
+        (2, 40, 1, 2, 32, 5),
+        (1, 70, 2, 4, 64, 16),
+        (3, 9, 2, 2, 32, 33),
+    ];
+    for (n, &(b, t, hk, hv, dk, dv)) in shapes.iter().enumerate() {
+        let d = Dims {
+            b,
+            t,
+            hk,
+            hv,
+            dk,
+            dv,
+        };
+        let seed = 0x77 + n as u64;
+        check::<f32>(seed, d, |x| Floats::F32(x), |x| FloatsMut::F32(x));
+        check::<bf16>(seed, d, |x| Floats::Bf16(x), |x| FloatsMut::Bf16(x));
+        check::<f16>(seed, d, |x| Floats::F16(x), |x| FloatsMut::F16(x));
+    }
+}

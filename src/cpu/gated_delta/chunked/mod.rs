@@ -51,7 +51,10 @@ mod chunk;
 mod gemm;
 mod job;
 
-pub use backward::{chunked_backward, chunked_backward_with, ChunkedGrads};
+pub use backward::{
+    chunked_backward, chunked_backward_into, chunked_backward_with, ChunkedGrads, ChunkedInputs,
+    ChunkedOuts,
+};
 
 use chunk::Problem;
 use gemm::NR;
