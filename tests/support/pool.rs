@@ -151,3 +151,69 @@ pub fn update_pool_to(
         )
     }
 }
+
+/// `mlxk_gated_delta_update_packed` (`chunk` None) or `mlxk_gated_delta_update_packed_chunked`
+/// (its chunk size) on the seven inputs `x`, the pool, the offsets `cu`, the slots and fresh
+/// flags (NULL: none), the out-parameters as given.
+pub fn update_packed_to(
+    x: [*const mlxk_array; 7],
+    pool: *const mlxk_array,
+    cu: &[i32],
+    (slots, fresh): (*const i32, *const u8),
+    chunk: Option<i32>,
+    y: *mut H,
+    pool_out: *mut H,
+) -> mlxk_status {
+    let [q, k, v, a, b, al, dt] = x;
+    let (c, nc) = (cu.as_ptr(), cu.len());
+    unsafe {
+        match chunk {
+            None => mlxk_gated_delta_update_packed(
+                q, k, v, a, b, al, dt, pool, c, nc, slots, fresh, y, pool_out,
+            ),
+            Some(size) => mlxk_gated_delta_update_packed_chunked(
+                q, k, v, a, b, al, dt, pool, c, nc, slots, fresh, size, y, pool_out,
+            ),
+        }
+    }
+}
+
+/// The pool calls (the faults suites run each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolCall {
+    Update,
+    UpdateChunked,
+    Verify,
+    Packed,
+    PackedChunked,
+    Commit,
+    FromConv,
+}
+
+pub const POOL_CALLS: [PoolCall; 7] = [
+    PoolCall::Update,
+    PoolCall::UpdateChunked,
+    PoolCall::Verify,
+    PoolCall::Packed,
+    PoolCall::PackedChunked,
+    PoolCall::Commit,
+    PoolCall::FromConv,
+];
+
+impl PoolCall {
+    /// Whether the call writes states (returns a new pool).
+    pub fn writes(self) -> bool {
+        self != PoolCall::Verify
+    }
+    /// Whether the call returns y.
+    pub fn has_y(self) -> bool {
+        self != PoolCall::Commit
+    }
+    /// The CPU kernel nodes an evaluation of the call's results runs before its pool node.
+    pub fn nodes_before(self) -> usize {
+        match self {
+            PoolCall::FromConv => 1, // the head split
+            _ => 0,
+        }
+    }
+}
