@@ -296,19 +296,18 @@ fn packed_prefill_equals_one_call_per_sequence_bit_for_bit() {
         }
         let x = host.packed(&lens);
         let pool_h = new_f32(&pool, &pool_shape(&host, n));
-        let [q, k, v, a, bb, al, dt] = x;
         let (mut y, mut p) = (null_mut(), null_mut());
-        let (cp, nc, sp, fp) = (cu.as_ptr(), cu.len(), slots.as_ptr(), fresh.as_ptr());
-        ok(unsafe {
-            match chunk {
-                None => mlxk_gated_delta_update_packed(
-                    q, k, v, a, bb, al, dt, pool_h, cp, nc, sp, fp, &mut y, &mut p,
-                ),
-                Some(c) => mlxk_gated_delta_update_packed_chunked(
-                    q, k, v, a, bb, al, dt, pool_h, cp, nc, sp, fp, c, &mut y, &mut p,
-                ),
-            }
-        });
+        let (sp, fp) = (slots.as_ptr(), fresh.as_ptr());
+        let x_in = x.map(|h| h.cast_const());
+        ok(update_packed_to(
+            x_in,
+            pool_h,
+            &cu,
+            (sp, fp),
+            chunk,
+            &mut y,
+            &mut p,
+        ));
         let total = *cu.last().unwrap();
         assert_eq!(shape_of(y), [1, total, hv as i32, dv as i32]);
         free(pool_h);

@@ -2,7 +2,7 @@
 //! among them) with valid host slots, offsets and lengths.
 
 use super::*;
-use crate::support::pool::update_pool_to;
+use crate::support::pool::{update_packed_to, update_pool_to};
 
 /// Every pool entry point on `r` (B = 2, T = 3; its state [2, Hv, Dv, Dk] serves as a pool of
 /// two slots), the packed ones on `p` (B = 1, T = 5), the update from the convolution's output
@@ -52,38 +52,12 @@ pub(super) fn entries(r: &Recurrence, p: &Recurrence, conv: [H; 3]) -> Vec<Entry
         Entry::new(
             "mlxk_gated_delta_update_packed",
             &packed,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
-                let c = cu.as_ptr();
-                mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, 3, s, null(), y, st)
-            }),
+            outs(move |h, [y, st]| packed_call(h, &cu, &slots, None, y, st)),
         ),
         Entry::new(
             "mlxk_gated_delta_update_packed_chunked",
             &packed,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
-                let c = cu.as_ptr();
-                mlxk_gated_delta_update_packed_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    c,
-                    3,
-                    s,
-                    null(),
-                    0,
-                    y,
-                    st,
-                )
-            }),
+            outs(move |h, [y, st]| packed_call(h, &cu, &slots, Some(0), y, st)),
         ),
         Entry::new(
             "mlxk_gated_delta_state_pool",
@@ -187,4 +161,19 @@ fn pool_calls_refuse_null_out_parameters() {
     refused(st, MLXK_ERR_NULL_POINTER, f, &["accepted_lengths"], n);
     assert_eq!(y, sentinel(), "{f}: a refused call wrote its out-parameter");
     fx.free();
+}
+
+/// The packed update (`chunk` None) or the packed chunked one on an entry's first eight handles
+/// (the seven inputs, the pool), the offsets `cu` and `slots`, no fresh flags.
+fn packed_call(
+    h: &[H],
+    cu: &[i32],
+    slots: &[i32],
+    chunk: Option<i32>,
+    y: *mut H,
+    st: *mut H,
+) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
+    let x = [q, k, v, a, b, al, dt].map(|h| h.cast_const());
+    update_packed_to(x, pool, cu, (slots.as_ptr(), null()), chunk, y, st)
 }
