@@ -85,8 +85,8 @@ impl PoolCall {
                     &mut p,
                 ),
                 Some(cu) => {
-                    let x = [q, k, v, a, b, al, dt];
-                    update_packed_to(x, pool, cu, (slots, fresh), None, &mut y, &mut p)
+                    let x = [q, k, v, a, b, al, dt, pool];
+                    update_packed_to(x, cu, (slots, fresh), None, (&mut y, &mut p))
                 }
             }
         });
@@ -374,8 +374,8 @@ fn update_chunked(c: &PoolCall, cu_seqlens: Option<&[i32]>, chunk: i32) -> (H, H
                 q, k, v, a, b, al, dt, pool, slots, fresh, n, m, chunk, &mut y, &mut p,
             ),
             Some(cu) => {
-                let x = [q, k, v, a, b, al, dt];
-                update_packed_to(x, pool, cu, (slots, fresh), Some(chunk), &mut y, &mut p)
+                let x = [q, k, v, a, b, al, dt, pool];
+                update_packed_to(x, cu, (slots, fresh), Some(chunk), (&mut y, &mut p))
             }
         }
     });

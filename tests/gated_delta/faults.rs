@@ -107,7 +107,8 @@ impl Case {
                 }
                 Call::Packed | Call::PackedChunked => {
                     let chunk = (which == Call::PackedChunked).then_some(0);
-                    update_packed_to(xc, pool, &cu, (sp, fp), chunk, y, p)
+                    let with_pool = [q, k, v, a, bb, al, dt, pool].map(|h| h.cast_const());
+                    update_packed_to(with_pool, &cu, (sp, fp), chunk, (y, p))
                 }
                 Call::Commit => mlxk_gated_delta_state_pool(
                     k,
@@ -326,8 +327,7 @@ fn a_pool_call_that_fails_at_evaluation_leaves_every_slot_as_given() {
 #[test]
 fn the_memory_limit_refuses_a_pool_call_before_it_builds_anything() {
     let _serial = serial();
-    let mut rng = Rng::fresh();
-    let case = Case::random(&mut rng, [2, 3, 1, 2, 64, 32], MLXK_DTYPE_BFLOAT16);
+    let case = Case::random(&mut Rng::fresh(), [2, 3, 1, 2, 64, 32], MLXK_DTYPE_BFLOAT16);
     let pool_bytes = case.pool0.len() * 4;
     for which in CALLS {
         let (y_ref, pool_ref) = case.reference(which);
@@ -366,8 +366,7 @@ fn the_memory_limit_refuses_a_pool_call_before_it_builds_anything() {
 #[test]
 fn a_fault_in_a_chain_of_steps_leaves_each_step_applied_or_not() {
     let _serial = serial();
-    let mut rng = Rng::fresh();
-    let case = Case::random(&mut rng, [3, 1, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16);
+    let case = Case::random(&mut Rng::fresh(), [3, 1, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16);
     let per = case.host.state_len();
     let (_, once) = case.reference(Call::Update);
     let twice = {

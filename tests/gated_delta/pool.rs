@@ -298,15 +298,14 @@ fn packed_prefill_equals_one_call_per_sequence_bit_for_bit() {
         let pool_h = new_f32(&pool, &pool_shape(&host, n));
         let (mut y, mut p) = (null_mut(), null_mut());
         let (sp, fp) = (slots.as_ptr(), fresh.as_ptr());
-        let x_in = x.map(|h| h.cast_const());
+        let [q, k, v, a, bb, al, dt] = x;
+        let x_in = [q, k, v, a, bb, al, dt, pool_h].map(|h| h.cast_const());
         ok(update_packed_to(
             x_in,
-            pool_h,
             &cu,
             (sp, fp),
             chunk,
-            &mut y,
-            &mut p,
+            (&mut y, &mut p),
         ));
         let total = *cu.last().unwrap();
         assert_eq!(shape_of(y), [1, total, hv as i32, dv as i32]);

@@ -173,7 +173,12 @@ fn packed_call(
     y: *mut H,
     st: *mut H,
 ) -> mlxk_status {
-    let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
-    let x = [q, k, v, a, b, al, dt].map(|h| h.cast_const());
-    update_packed_to(x, pool, cu, (slots.as_ptr(), null()), chunk, y, st)
+    let x: [H; 8] = h[..8].try_into().unwrap();
+    update_packed_to(
+        x.map(|h| h.cast_const()),
+        cu,
+        (slots.as_ptr(), null()),
+        chunk,
+        (y, st),
+    )
 }

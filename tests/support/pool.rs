@@ -153,18 +153,16 @@ pub fn update_pool_to(
 }
 
 /// `mlxk_gated_delta_update_packed` (`chunk` None) or `mlxk_gated_delta_update_packed_chunked`
-/// (its chunk size) on the seven inputs `x`, the pool, the offsets `cu`, the slots and fresh
-/// flags (NULL: none), the out-parameters as given.
+/// (its chunk size) on `x` (the seven inputs q, k, v, a, b, a_log, dt_bias, then the pool), the
+/// offsets `cu`, the slots and fresh flags (NULL: none), the out-parameters as given.
 pub fn update_packed_to(
-    x: [*const mlxk_array; 7],
-    pool: *const mlxk_array,
+    x: [*const mlxk_array; 8],
     cu: &[i32],
     (slots, fresh): (*const i32, *const u8),
     chunk: Option<i32>,
-    y: *mut H,
-    pool_out: *mut H,
+    (y, pool_out): (*mut H, *mut H),
 ) -> mlxk_status {
-    let [q, k, v, a, b, al, dt] = x;
+    let [q, k, v, a, b, al, dt, pool] = x;
     let (c, nc) = (cu.as_ptr(), cu.len());
     unsafe {
         match chunk {

@@ -71,6 +71,35 @@ pub(super) fn check_launch(kernels: GpuKernels, dims: [usize; 6], n: usize, e: &
     assert_eq!(l.template_int_values, [dk, dv, hk, hv, value_rows]);
 }
 
+/// A launch test's inputs: random bf16 rows of `dims` (B, T, Hk, Hv, Dk, Dv) and a pool of
+/// N = 6 random states; (host, pool, N).
+pub(super) fn host_and_pool(rng: &mut Rng, dims: [usize; 6]) -> (Host, H, usize) {
+    let host = Host::random(rng, dims, MLXK_DTYPE_BFLOAT16);
+    let n = 6;
+    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
+    (host, pool, n)
+}
+
+/// `host_and_pool` and a [B, T] mask with every third token masked off; (host, pool, mask, N).
+pub(super) fn rows_and_pool(rng: &mut Rng, dims: [usize; 6]) -> (Host, H, H, usize) {
+    let (host, pool, n) = host_and_pool(rng, dims);
+    let [b, t, ..] = dims;
+    let mask_values: Vec<bool> = (0..b * t).map(|i| i % 3 != 0).collect();
+    let mask = new_bool(&mask_values, &[b as i32, t as i32]);
+    (host, pool, mask, n)
+}
+
+/// One packed row of 40 random bf16 tokens (Hk 1, Hv 2, Dk 32, Dv 8): its arrays.
+pub(super) fn packed_40(rng: &mut Rng) -> [H; 7] {
+    Host::random(rng, [1, 40, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16).arrays(&[0], 40, true)
+}
+
+/// A pool call's nine array arguments: the seven inputs `x`, the pool, the mask.
+pub(super) fn args(x: &[H; 7], pool: H, mask: H) -> [*const mlxk_array; 9] {
+    let [q, k, v, a, b, al, dt] = *x;
+    [q, k, v, a, b, al, dt, pool, mask].map(|h| h as *const mlxk_array)
+}
+
 /// The pool calls' Metal and CUDA launches are built on every machine and handed to MLX, which
 /// refuses them without that GPU: the recorded launch shows the kernel, the pool as the state,
 /// the row table with its values (compact numbering of the written rows), the written rows as
@@ -86,21 +115,12 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
     let mut rng = Rng::fresh();
     let bf16 = MLXK_DTYPE_BFLOAT16;
     let dims = [3, 4, 1, 2, 32, 8];
-    let host = Host::random(&mut rng, dims, bf16);
-    let n = 6;
-    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
-    let mask_values: Vec<bool> = (0..12).map(|i| i % 3 != 0).collect();
-    let mask = new_bool(&mask_values, &[3, 4]);
+    let (host, pool, mask, n) = rows_and_pool(&mut rng, dims);
     let x = host.arrays(&[0, 1, 2], 4, false);
-    let packed_host = Host::random(&mut rng, [1, 40, 1, 2, 32, 8], bf16);
-    let packed = packed_host.arrays(&[0], 40, true);
+    let packed = packed_40(&mut rng);
     let wide_host = Host::random(&mut rng, [128, 1, 1, 2, 32, 8], bf16);
     let wide = wide_host.arrays(&(0..128).collect::<Vec<_>>(), 1, false);
     let wide_pool = new_f32(&vec![0.5; 130 * host.state_len()], &pool_shape(&host, 130));
-    let args = |x: &[H; 7], pool: H, mask: H| {
-        let [q, k, v, a, b, al, dt] = *x;
-        [q, k, v, a, b, al, dt, pool, mask].map(|h| h as *const mlxk_array)
-    };
     let (slots, fresh) = ([4, -1, 1], [0u8, 0, 1]);
     let wide_slots: Vec<i32> = (0..128).map(|i| (i * 37) % 130).collect();
     record_gpu_launches(true);

@@ -5,6 +5,7 @@
 //! and its geometry. The later launches' descriptions run in tests/metal_emu (against the dense
 //! launches, bit for bit) and compile in tests/cuda/syntax.rs.
 
+use super::pool::{args, packed_40, rows_and_pool};
 use crate::support::pool::*;
 use crate::support::*;
 use std::ptr::null_mut;
@@ -89,20 +90,10 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
     let _serial = serial();
     use mlxkern::testing::{gated_delta_update_pool_chunked_via_gpu, record_gpu_launches};
     let mut rng = Rng::fresh();
-    let bf16 = MLXK_DTYPE_BFLOAT16;
     let dims = [3, 40, 1, 2, 32, 8];
-    let host = Host::random(&mut rng, dims, bf16);
-    let n = 6;
-    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
-    let mask_values: Vec<bool> = (0..120).map(|i| i % 3 != 0).collect();
-    let mask = new_bool(&mask_values, &[3, 40]);
+    let (host, pool, mask, _) = rows_and_pool(&mut rng, dims);
     let x = host.arrays(&[0, 1, 2], 40, false);
-    let packed_host = Host::random(&mut rng, [1, 40, 1, 2, 32, 8], bf16);
-    let packed = packed_host.arrays(&[0], 40, true);
-    let args = |x: &[H; 7], pool: H, mask: H| {
-        let [q, k, v, a, b, al, dt] = *x;
-        [q, k, v, a, b, al, dt, pool, mask].map(|h| h as *const mlxk_array)
-    };
+    let packed = packed_40(&mut rng);
     let (slots, fresh) = ([4, -1, 1], [0u8, 0, 1]);
     record_gpu_launches(true);
     for kernels in GPU_KERNELS {

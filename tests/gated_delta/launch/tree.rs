@@ -2,8 +2,7 @@
 //! the verify's over the leaves' paths gathered as packed sequences (one row a leaf, nothing
 //! written), the commit's the replay over the accepted paths (one row a tree).
 
-use super::pool::{check_launch, Expected};
-use crate::support::pool::*;
+use super::pool::{check_launch, host_and_pool, Expected};
 use crate::support::*;
 use std::ptr::null_mut;
 
@@ -19,9 +18,7 @@ fn tree_gpu_launches_are_the_pool_launches_over_the_paths() {
     };
     let mut rng = Rng::fresh();
     let dims = [1, 5, 1, 2, 32, 8];
-    let host = Host::random(&mut rng, dims, MLXK_DTYPE_BFLOAT16);
-    let n = 6;
-    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
+    let (host, pool, n) = host_and_pool(&mut rng, dims);
     let x = host.arrays(&[0], 5, false);
     let [q, k, v, a, b, al, dt] = x.map(|h| h as *const mlxk_array);
     let (cu, parents, slots) = ([0, 4, 5], [-1, 0, 0, 1, -1], [4, -1]);
