@@ -85,23 +85,9 @@ impl Case {
         let status = unsafe {
             match which {
                 Call::Update => update_pool_to(xc, pool, &self.slots, fp, null(), y, p),
-                Call::UpdateChunked => mlxk_gated_delta_update_pool_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    bb,
-                    al,
-                    dt,
-                    pool,
-                    sp,
-                    fp,
-                    n,
-                    null(),
-                    16,
-                    y,
-                    p,
-                ),
+                Call::UpdateChunked => {
+                    pool_update(xc, pool, (&self.slots, fp), null(), Some(16), (y, p))
+                }
                 Call::Verify => {
                     mlxk_gated_delta_verify_pool(q, k, v, a, bb, al, dt, pool, sp, fp, n, null(), y)
                 }

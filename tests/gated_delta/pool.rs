@@ -69,18 +69,9 @@ fn pooled(
     let m = mask_h.unwrap_or(null_mut());
     let fresh_p = fresh.map_or(null(), |f| f.as_ptr());
     let (mut y, mut p) = (null_mut(), null_mut());
-    let [q, k, v, a, bb, al, dt] = x;
-    let (sp, ns) = (slots.as_ptr(), slots.len());
-    ok(unsafe {
-        match chunk {
-            None => mlxk_gated_delta_update_pool(
-                q, k, v, a, bb, al, dt, pool_h, sp, fresh_p, ns, m, &mut y, &mut p,
-            ),
-            Some(c) => mlxk_gated_delta_update_pool_chunked(
-                q, k, v, a, bb, al, dt, pool_h, sp, fresh_p, ns, m, c, &mut y, &mut p,
-            ),
-        }
-    });
+    let xc = x.map(|h| h.cast_const());
+    let out = (&mut y as *mut H, &mut p as *mut H);
+    ok(pool_update(xc, pool_h, (slots, fresh_p), m, chunk, out));
     free(pool_h);
     assert_eq!(shape_of(p), pool_shape(host, n));
     let out = (read_bytes(y), read_f32(p));

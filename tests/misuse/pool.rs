@@ -2,7 +2,7 @@
 //! among them) with valid host slots, offsets and lengths.
 
 use super::*;
-use crate::support::pool::{update_packed_to, update_pool_to};
+use crate::support::pool::{pool_update, update_packed_to, update_pool_to};
 
 /// Every pool entry point on `r` (B = 2, T = 3; its state [2, Hv, Dv, Dk] serves as a pool of
 /// two slots), the packed ones on `p` (B = 1, T = 5), the update from the convolution's output
@@ -29,13 +29,10 @@ pub(super) fn entries(r: &Recurrence, p: &Recurrence, conv: [H; 3]) -> Vec<Entry
         Entry::new(
             "mlxk_gated_delta_update_pool_chunked",
             &with_mask,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool, m] = h9(h);
-                let f = fresh.as_ptr();
-                mlxk_gated_delta_update_pool_chunked(
-                    q, k, v, a, b, al, dt, pool, s, f, 2, m, 16, y, st,
-                )
+            outs(move |h, [y, st]| {
+                let [q, k, v, a, b, al, dt, pool, m] = h9(h).map(|h| h.cast_const());
+                let x = [q, k, v, a, b, al, dt];
+                pool_update(x, pool, (&slots, fresh.as_ptr()), m, Some(16), (y, st))
             }),
         )
         .optional(&["mask"]),

@@ -143,12 +143,28 @@ pub fn update_pool_to(
     y: *mut H,
     pool_out: *mut H,
 ) -> mlxk_status {
-    let [q, k, v, a, b, a_log, dt_bias] = x;
+    pool_update(x, pool, (slots, fresh), mask, None, (y, pool_out))
+}
+
+/// `update_pool_to`, or with a `chunk` size `mlxk_gated_delta_update_pool_chunked`.
+pub fn pool_update(
+    [q, k, v, a, b, a_log, dt_bias]: [*const mlxk_array; 7],
+    pool: *const mlxk_array,
+    (slots, fresh): (&[i32], *const u8),
+    mask: *const mlxk_array,
+    chunk: Option<i32>,
+    (y, pool_out): (*mut H, *mut H),
+) -> mlxk_status {
     let (s, n) = (slots.as_ptr(), slots.len());
     unsafe {
-        mlxk_gated_delta_update_pool(
-            q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, y, pool_out,
-        )
+        match chunk {
+            None => mlxk_gated_delta_update_pool(
+                q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, y, pool_out,
+            ),
+            Some(c) => mlxk_gated_delta_update_pool_chunked(
+                q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, c, y, pool_out,
+            ),
+        }
     }
 }
 
