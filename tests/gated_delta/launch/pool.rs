@@ -94,6 +94,24 @@ pub(super) fn packed_40(rng: &mut Rng) -> [H; 7] {
     Host::random(rng, [1, 40, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16).arrays(&[0], 40, true)
 }
 
+/// Runs `body` for the Metal and the CUDA launch (`kernels`) with the GPU launches recorded,
+/// handing it a y and a new pool's out-parameters (NULL, for calls that must not write them).
+pub(super) fn for_each_launch(mut body: impl FnMut(GpuKernels, &mut H, &mut H)) {
+    use mlxkern::testing::record_gpu_launches;
+    record_gpu_launches(true);
+    for kernels in GPU_KERNELS {
+        let (mut y, mut p) = (null_mut(), null_mut());
+        body(kernels, &mut y, &mut p);
+    }
+    record_gpu_launches(false);
+}
+
+/// MLX refused a call's launch for want of the `kernels` GPU.
+#[track_caller]
+pub(super) fn refused(kernels: GpuKernels, status: mlxk_status) {
+    expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
+}
+
 /// A pool call's nine array arguments: the seven inputs `x`, the pool, the mask.
 pub(super) fn args(x: &[H; 7], pool: H, mask: H) -> [*const mlxk_array; 9] {
     let [q, k, v, a, b, al, dt] = *x;
@@ -109,9 +127,7 @@ pub(super) fn args(x: &[H; 7], pool: H, mask: H) -> [*const mlxk_array; 9] {
 #[test]
 fn pool_gpu_launches_are_built_and_reach_mlx() {
     let _serial = serial();
-    use mlxkern::testing::{
-        gated_delta_state_pool_via_gpu, gated_delta_update_pool_via_gpu, record_gpu_launches,
-    };
+    use mlxkern::testing::{gated_delta_state_pool_via_gpu, gated_delta_update_pool_via_gpu};
     let mut rng = Rng::fresh();
     let bf16 = MLXK_DTYPE_BFLOAT16;
     let dims = [3, 4, 1, 2, 32, 8];
@@ -123,12 +139,9 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
     let wide_pool = new_f32(&vec![0.5; 130 * host.state_len()], &pool_shape(&host, 130));
     let (slots, fresh) = ([4, -1, 1], [0u8, 0, 1]);
     let wide_slots: Vec<i32> = (0..128).map(|i| (i * 37) % 130).collect();
-    record_gpu_launches(true);
-    for kernels in GPU_KERNELS {
-        let refused = |status| expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
-        let (mut y, mut p) = (null_mut(), null_mut());
+    for_each_launch(|kernels, y, p| {
         // The update, masked: row 1 padding, row 2 fresh.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -137,8 +150,8 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &slots,
                 Some(&fresh),
                 None,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let update = Expected {
@@ -152,7 +165,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         };
         check_launch(kernels, dims, n, &update);
         // The verify: nothing written.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -161,7 +174,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &slots,
                 None,
                 None,
-                &mut y,
+                y,
                 null_mut(),
             )
         });
@@ -174,7 +187,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         };
         check_launch(kernels, dims, n, &verify);
         // Packed sequences of 0, 1 and 39 tokens.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -183,8 +196,8 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &[2, 0, 5],
                 None,
                 Some(&[0, 0, 1, 40]),
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let packed_launch = Expected {
@@ -196,7 +209,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         check_launch(kernels, [1, 40, 1, 2, 32, 8], n, &packed_launch);
         // The replay: accepted lengths 2, 0 (padding), 4.
         let [_, k, v, a, b, al, dt] = x.map(|h| h as *const mlxk_array);
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_state_pool_via_gpu(
                 kernels,
                 false,
@@ -204,7 +217,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &[3, -1, 0],
                 Some(&[1, 0, 0]),
                 &[2, 0, 4],
-                &mut p,
+                p,
             )
         });
         let replay = Expected {
@@ -217,7 +230,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         };
         check_launch(kernels, dims, n, &replay);
         // 128 rows x 2 value heads.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -226,8 +239,8 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &wide_slots,
                 None,
                 None,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let table = wide_slots
@@ -249,14 +262,13 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         expect_err(
             unsafe {
                 gated_delta_update_pool_via_gpu(
-                    kernels, false, false, bad, &slots, None, None, &mut y, &mut p,
+                    kernels, false, false, bad, &slots, None, None, y, p,
                 )
             },
             MLXK_ERR_SHAPE,
             &["q"],
         );
-    }
-    record_gpu_launches(false);
+    });
     free_all(&x);
     free_all(&packed);
     free_all(&wide);

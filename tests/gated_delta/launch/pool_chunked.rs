@@ -5,7 +5,7 @@
 //! and its geometry. The later launches' descriptions run in tests/metal_emu (against the dense
 //! launches, bit for bit) and compile in tests/cuda/syntax.rs.
 
-use super::pool::{args, packed_40, rows_and_pool};
+use super::pool::{args, for_each_launch, packed_40, refused, rows_and_pool};
 use crate::support::pool::*;
 use crate::support::*;
 use std::ptr::null_mut;
@@ -88,18 +88,15 @@ fn check_prep(
 #[test]
 fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
     let _serial = serial();
-    use mlxkern::testing::{gated_delta_update_pool_chunked_via_gpu, record_gpu_launches};
+    use mlxkern::testing::gated_delta_update_pool_chunked_via_gpu;
     let mut rng = Rng::fresh();
     let dims = [3, 40, 1, 2, 32, 8];
     let (host, pool, mask, _) = rows_and_pool(&mut rng, dims);
     let x = host.arrays(&[0, 1, 2], 40, false);
     let packed = packed_40(&mut rng);
     let (slots, fresh) = ([4, -1, 1], [0u8, 0, 1]);
-    record_gpu_launches(true);
-    for kernels in GPU_KERNELS {
-        let refused = |status| expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
-        let (mut y, mut p) = (null_mut(), null_mut());
-        refused(unsafe {
+    for_each_launch(|kernels, y, p| {
+        refused(kernels, unsafe {
             gated_delta_update_pool_chunked_via_gpu(
                 kernels,
                 false,
@@ -108,15 +105,15 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
                 Some(&fresh),
                 None,
                 16,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let table = [0, 40, 40, 4, 0, 40, 40, 0, -1, -1, 80, 40, 40, -1, 1];
         let chunks = [0, 0, 0, 1, 0, 2, 1, 0, 1, 1, 1, 2, 2, 0, 2, 1, 2, 2];
         check_prep(kernels, true, dims, &table, &chunks, 16);
         // Packed sequences of 0, 1 and 39 tokens, the default chunk (32).
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_chunked_via_gpu(
                 kernels,
                 false,
@@ -125,8 +122,8 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
                 None,
                 Some(&[0, 0, 1, 40]),
                 0,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let table = [0, 0, 0, 2, 0, 0, 1, 1, 0, 1, 1, 39, 39, 5, 2];
@@ -149,16 +146,15 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
                     None,
                     None,
                     24,
-                    &mut y,
-                    &mut p,
+                    y,
+                    p,
                 )
             },
             MLXK_ERR_INVALID_ARGUMENT,
             &["chunk_size"],
         );
         assert!(y.is_null() && p.is_null());
-    }
-    record_gpu_launches(false);
+    });
     free_all(&x);
     free_all(&packed);
     free_all(&[pool, mask]);
