@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::support::tree::{commit_tree, verify_tree, TreeHost};
+use std::sync::MutexGuard;
 
 /// Two trees on B = 1, T = 7 tokens (q [1, 7, 1, 32], v [1, 7, 2, 4]): nodes 0..4 with parents
 /// -1, 0, 0, 1 in slot 2; nodes 4..7 with -1, -1, 1 in slot 0, on a pool of 4.
@@ -32,6 +33,13 @@ fn tree_host(((c, nc), (p, np), s): Host) -> TreeHost {
 }
 
 impl Trees {
+    /// The process to itself (the lock held), trees on B = 1 and the live handles before.
+    fn alone() -> (MutexGuard<'static, ()>, Trees, usize) {
+        let lock = serial();
+        let t = Trees::new(1);
+        (lock, t, live_handles())
+    }
+
     fn new(b: i32) -> Trees {
         let mut rng = Rng::fresh();
         let t = 7;
@@ -212,9 +220,7 @@ fn tree_offsets_parents_and_slots_are_checked_and_named() {
 
 #[test]
 fn accepted_lengths_and_paths_are_checked_and_named() {
-    let _s = serial();
-    let t = Trees::new(1);
-    let before = live_handles();
+    let (_s, t, before) = Trees::alone();
     // Valid: tree 0 accepts 0 → 1 → 3, tree 1 accepts node 1 → 2; or nothing.
     ok(t.commit(t.host(), [3, 2].as_ptr(), &[0, 1, 3, 1, 2], 5));
     ok(t.commit(t.host(), [0, 0].as_ptr(), &[], 0));
@@ -312,9 +318,7 @@ fn the_leaves_paths_count_against_the_memory_limit() {
 
 #[test]
 fn tree_calls_refuse_null_out_parameters() {
-    let _s = serial();
-    let t = Trees::new(1);
-    let before = live_handles();
+    let (_s, t, before) = Trees::alone();
     let host = tree_host(t.host());
     let st = verify_tree(t.x, t.pool, host, null_mut());
     refused(st, MLXK_ERR_NULL_POINTER, VERIFY, &["y"], before);
