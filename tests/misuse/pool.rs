@@ -19,21 +19,13 @@ pub(super) fn entries(r: &Recurrence, p: &Recurrence, conv: [H; 3]) -> Vec<Entry
         Entry::new(
             "mlxk_gated_delta_update_pool",
             &with_mask,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool, m] = h9(h);
-                mlxk_gated_delta_update_pool(q, k, v, a, b, al, dt, pool, s, null(), 2, m, y, st)
-            }),
+            outs(move |h, [y, st]| update_call(h, &slots, None, y, st)),
         )
         .optional(&["mask"]),
         Entry::new(
             "mlxk_gated_delta_update_pool_chunked",
             &with_mask,
-            outs(move |h, [y, st]| {
-                let [q, k, v, a, b, al, dt, pool, m] = h9(h).map(|h| h.cast_const());
-                let x = [q, k, v, a, b, al, dt];
-                pool_update(x, pool, (&slots, fresh.as_ptr()), m, Some(16), (y, st))
-            }),
+            outs(move |h, [y, st]| update_call(h, &slots, Some((&fresh, 16)), y, st)),
         )
         .optional(&["mask"]),
         Entry::new(
@@ -175,6 +167,28 @@ fn packed_call(
         x.map(|h| h.cast_const()),
         cu,
         (slots.as_ptr(), null()),
+        chunk,
+        (y, st),
+    )
+}
+
+/// The pool update on an entry's nine handles (the seven inputs, the pool, the mask) and
+/// `slots`: exact (no fresh flags), or with `chunked` (fresh flags, chunk size) the chunked form.
+fn update_call(
+    h: &[H],
+    slots: &[i32],
+    chunked: Option<(&[u8], i32)>,
+    y: *mut H,
+    st: *mut H,
+) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, pool, m] = h9(h).map(|h| h.cast_const());
+    let fresh = chunked.map_or(null(), |(f, _)| f.as_ptr());
+    let chunk = chunked.map(|(_, c)| c);
+    pool_update(
+        [q, k, v, a, b, al, dt],
+        pool,
+        (slots, fresh),
+        m,
         chunk,
         (y, st),
     )
