@@ -1,7 +1,7 @@
 //! Argument errors of the pool and packed calls: each names the argument and what was
 //! expected, leaves the out-parameters untouched and makes no handle.
 
-use crate::support::pool::update_pool_to;
+use crate::support::pool::{pool_update, update_packed_to, update_pool_to};
 use crate::support::*;
 use std::ptr::{null, null_mut};
 
@@ -54,12 +54,9 @@ impl Call {
     fn packed(&self, cu: &[i32], slots: &[i32]) -> mlxk_status {
         let [q, k, v, a, b, al, dt] = self.x;
         let (mut y, mut p) = (null_mut(), null_mut());
-        let (c, s, pool) = (cu.as_ptr(), slots.as_ptr(), self.pool);
-        let (yo, po) = (&mut y as *mut H, &mut p as *mut H);
-        let (n, f) = (cu.len(), null());
-        let status = unsafe {
-            mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, n, s, f, yo, po)
-        };
+        let x = [q, k, v, a, b, al, dt, self.pool].map(|h| h.cast_const());
+        let rows = (slots.as_ptr(), null());
+        let status = update_packed_to(x, cu, rows, None, (&mut y, &mut p));
         if status == MLXK_OK {
             free(y);
             free(p);
@@ -162,7 +159,7 @@ fn the_pool_is_checked_and_named() {
     free(bf);
     // The same handle for y and pool_out.
     let [q, k, v, a, b, al, dt] = c.x;
-    let (pool, s) = (c.pool, slots.as_ptr());
+    let pool = c.pool;
     let mut out = null_mut();
     let same = &mut out as *mut H;
     let x = [q, k, v, a, b, al, dt].map(|h| h as *const mlxk_array);
@@ -173,11 +170,14 @@ fn the_pool_is_checked_and_named() {
     );
     // A chunk size the chunked form refuses.
     let (mut y, mut p) = (null_mut(), null_mut());
-    let (y, p) = (&mut y as *mut H, &mut p as *mut H);
-    let (z, m) = (null(), null());
-    let st = unsafe {
-        mlxk_gated_delta_update_pool_chunked(q, k, v, a, b, al, dt, pool, s, z, 2, m, 17, y, p)
-    };
+    let st = pool_update(
+        x,
+        pool,
+        (&slots, null()),
+        null(),
+        Some(17),
+        (&mut y, &mut p),
+    );
     expect_err(st, MLXK_ERR_INVALID_ARGUMENT, &["chunk_size is 17"]);
     c.free();
 }
