@@ -12,6 +12,12 @@ struct Call {
 }
 
 impl Call {
+    /// The process to itself (the lock held) and a call of `new`.
+    fn alone(rng: &mut Rng, b: i32, t: i32, n: i32) -> (std::sync::MutexGuard<'static, ()>, Call) {
+        let lock = serial();
+        (lock, Call::new(rng, b, t, n))
+    }
+
     fn new(rng: &mut Rng, b: i32, t: i32, n: i32) -> Call {
         let bf = |rng: &mut Rng, shape: &[i32]| {
             let len = shape.iter().product::<i32>() as usize;
@@ -83,9 +89,7 @@ impl Call {
 
 #[test]
 fn slots_are_checked_and_named() {
-    let _serial = serial();
-    let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 3, 2, 4);
+    let (_serial, c) = Call::alone(&mut Rng::fresh(), 3, 2, 4);
     let handles = mlxkern::capi::live_handles();
     let p = c.pool;
     expect_err(
@@ -131,9 +135,8 @@ fn slots_are_checked_and_named() {
 
 #[test]
 fn the_pool_is_checked_and_named() {
-    let _serial = serial();
     let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 2, 2, 3);
+    let (_serial, c) = Call::alone(&mut rng, 2, 2, 3);
     let slots = [0, 1];
     for (shape, needles) in [
         (vec![3, 2, 4], vec!["pool", "rank 4", "[N, Hv, Dv, Dk]"]),
@@ -184,9 +187,8 @@ fn the_pool_is_checked_and_named() {
 
 #[test]
 fn packed_offsets_are_checked_and_named() {
-    let _serial = serial();
     let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 1, 7, 4);
+    let (_serial, c) = Call::alone(&mut rng, 1, 7, 4);
     ok(c.packed(&[0, 3, 3, 7], &[2, -1, 0]));
     for (cu, slots, needles) in [
         (vec![1, 3, 7], vec![0, 1], vec!["cu_seqlens[0] is 1"]),
@@ -226,9 +228,7 @@ fn packed_offsets_are_checked_and_named() {
 
 #[test]
 fn commit_lengths_are_checked_and_named() {
-    let _serial = serial();
-    let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 2, 3, 3);
+    let (_serial, c) = Call::alone(&mut Rng::fresh(), 2, 3, 3);
     let mut out = null_mut();
     for (lengths, needles) in [
         ([0, 4], vec!["accepted_lengths[1] is 4", "T (3)"]),
