@@ -153,19 +153,11 @@ pub fn pool_update(
     (slots, fresh): (&[i32], *const u8),
     mask: *const mlxk_array,
     chunk: Option<i32>,
-    (y, pool_out): (*mut H, *mut H),
+    out: (*mut H, *mut H),
 ) -> mlxk_status {
-    let (s, n) = (slots.as_ptr(), slots.len());
-    unsafe {
-        match chunk {
-            None => mlxk_gated_delta_update_pool(
-                q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, y, pool_out,
-            ),
-            Some(c) => mlxk_gated_delta_update_pool_chunked(
-                q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, c, y, pool_out,
-            ),
-        }
-    }
+    let x = [q, k, v, a, b, a_log, dt_bias, pool];
+    let rows = (slots.as_ptr(), slots.len(), fresh);
+    any_pool_update(x, None, rows, mask, chunk, out)
 }
 
 /// `mlxk_gated_delta_update_packed` (`chunk` None) or `mlxk_gated_delta_update_packed_chunked`
@@ -176,17 +168,36 @@ pub fn update_packed_to(
     cu: &[i32],
     (slots, fresh): (*const i32, *const u8),
     chunk: Option<i32>,
-    (y, pool_out): (*mut H, *mut H),
+    out: (*mut H, *mut H),
 ) -> mlxk_status {
-    let [q, k, v, a, b, al, dt, pool] = x;
-    let (c, nc) = (cu.as_ptr(), cu.len());
+    any_pool_update(x, Some(cu), (slots, 0, fresh), std::ptr::null(), chunk, out)
+}
+
+/// The four pool updates on `x` (the seven inputs, then the pool): B rows (`cu` None; `n`
+/// slots, the mask) or packed sequences (their offsets `cu`; `n` and the mask unread), exact
+/// (`chunk` None) or chunked; the out-parameters as given.
+fn any_pool_update(
+    [q, k, v, a, b, al, dt, pool]: [*const mlxk_array; 8],
+    cu: Option<&[i32]>,
+    (s, n, fresh): (*const i32, usize, *const u8),
+    mask: *const mlxk_array,
+    chunk: Option<i32>,
+    (y, p): (*mut H, *mut H),
+) -> mlxk_status {
+    let (c, nc) = cu.map_or((std::ptr::null(), 0), |cu| (cu.as_ptr(), cu.len()));
     unsafe {
-        match chunk {
-            None => mlxk_gated_delta_update_packed(
-                q, k, v, a, b, al, dt, pool, c, nc, slots, fresh, y, pool_out,
+        match (cu.is_some(), chunk) {
+            (false, None) => {
+                mlxk_gated_delta_update_pool(q, k, v, a, b, al, dt, pool, s, fresh, n, mask, y, p)
+            }
+            (false, Some(size)) => mlxk_gated_delta_update_pool_chunked(
+                q, k, v, a, b, al, dt, pool, s, fresh, n, mask, size, y, p,
             ),
-            Some(size) => mlxk_gated_delta_update_packed_chunked(
-                q, k, v, a, b, al, dt, pool, c, nc, slots, fresh, size, y, pool_out,
+            (true, None) => {
+                mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, nc, s, fresh, y, p)
+            }
+            (true, Some(size)) => mlxk_gated_delta_update_packed_chunked(
+                q, k, v, a, b, al, dt, pool, c, nc, s, fresh, size, y, p,
             ),
         }
     }
