@@ -46,21 +46,18 @@ fn check_prep(
     }
     assert_eq!(l.input_names, names, "{}", l.name);
     let input = |name: &str| &inputs[names.iter().position(|&n| n == name).unwrap()];
-    let (rows, nch) = (table.len() as i32 / 5, chunks.len() as i32 / 2);
-    assert_eq!(input("rows").shape, [rows, 5]);
-    assert_eq!(
-        ints(&input("rows").bytes),
-        table,
-        "{}: the row table",
-        l.name
-    );
-    assert_eq!(input("chunks").shape, [nch, 2]);
-    assert_eq!(
-        ints(&input("chunks").bytes),
-        chunks,
-        "{}: the chunk table",
-        l.name
-    );
+    // The row table (5 columns) and the chunk table (2), shapes and values.
+    for (name, want, columns) in [("rows", table, 5), ("chunks", chunks, 2)] {
+        let entries = want.len() as i32 / columns;
+        assert_eq!(input(name).shape, [entries, columns], "{}: {name}", l.name);
+        assert_eq!(
+            ints(&input(name).bytes),
+            want,
+            "{}: the {name} table",
+            l.name
+        );
+    }
+    let nch = chunks.len() as i32 / 2;
     assert_eq!(input("q").shape[3], dk);
     if cuda {
         assert_eq!(input("a_log").shape, [hv]);
