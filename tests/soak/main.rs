@@ -25,7 +25,6 @@ mod capi;
 mod exact;
 mod server;
 // The tree calls and draft-tree paths of the Rust suites.
-#[allow(dead_code)]
 #[path = "../support/mod.rs"]
 mod support;
 
