@@ -4,22 +4,12 @@
 //! before it failing first: the failed call's new pool holds the pool as given bit for bit,
 //! its y reports the failure, and the same call then gives a never-failed call's results.
 
+use crate::support::pool::{PoolCall as Call, POOL_CALLS as CALLS};
 use crate::support::*;
 use mlxkern::testing::{cpu_kernel_fault_pending, fail_cpu_kernel, Fault};
 use mlxkern::{
     Array, Dtype, Error, GatedDelta, GatedDeltaFromConv, PoolSlots, SiluRmsHeads, StateReplay,
 };
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    Update,
-    UpdateChunked,
-    Verify,
-    Packed,
-    PackedChunked,
-    Commit,
-    FromConv,
-}
 
 /// One call's inputs as safe arrays: B rows of T tokens (dense and packed), the head split's
 /// inputs, a pool of N random states, slots with a padding row, fresh flags, accepted lengths.
@@ -183,19 +173,10 @@ fn bits(a: &Array) -> Vec<u32> {
 #[test]
 fn a_failed_pool_call_leaves_the_pool_as_given_through_the_safe_api() {
     let mut rng = Rng::fresh();
-    let calls = [
-        Call::Update,
-        Call::UpdateChunked,
-        Call::Verify,
-        Call::Packed,
-        Call::PackedChunked,
-        Call::Commit,
-        Call::FromConv,
-    ];
     for dims in [[3, 2, 1, 2, 32, 8], [2, 1, 2, 4, 64, 16]] {
         let case = Case::random(&mut rng, dims);
         let given: Vec<u32> = case.pool0.iter().map(|x| x.to_bits()).collect();
-        for which in calls {
+        for which in CALLS {
             let reference = {
                 let pool = case.pool();
                 let (y, p) = case.call(which, &pool).unwrap();

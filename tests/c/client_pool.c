@@ -38,16 +38,22 @@ static int same_bits(const mlxk_array *a, const mlxk_array *b, size_t nbytes) {
     return same;
 }
 
+/* n random values in [-0.5, 0.5) (a pool's states), to free. */
+static float *random_values(size_t n) {
+    float *values = alloc_floats(n);
+    for (size_t i = 0; i < n; i++) {
+        values[i] = (float)mlxkt_rng_uniform(&rng) - 0.5f;
+    }
+    return values;
+}
+
 /* mlxk_gated_delta_update_pool, its chunked form, the verify and the commit. */
 static void check_pool_calls(void) {
     Dims d = {B_ROWS, 4, 1, 2, 32, 5};
     size_t per = (size_t)d.hv * d.dv * d.dk;
     Host h = host_random(d, 1);
     Args x = upload(&h);
-    float *pool = alloc_floats(N_POOL * per);
-    for (size_t i = 0; i < N_POOL * per; i++) {
-        pool[i] = (float)mlxkt_rng_uniform(&rng) - 0.5f;
-    }
+    float *pool = random_values(N_POOL * per);
     int32_t pool_shape[4] = {N_POOL, d.hv, d.dv, d.dk};
     int32_t slots[B_ROWS] = {3, -1, 0};
     uint8_t fresh[B_ROWS] = {0, 0, 1};
@@ -162,10 +168,7 @@ static void check_packed(void) {
     size_t per = (size_t)d.hv * d.dv * d.dk;
     Host h = host_random(d, 0);
     Args x = upload(&h);
-    float *pool = alloc_floats(2 * per);
-    for (size_t i = 0; i < 2 * per; i++) {
-        pool[i] = (float)mlxkt_rng_uniform(&rng) - 0.5f;
-    }
+    float *pool = random_values(2 * per);
     int32_t pool_shape[4] = {2, d.hv, d.dv, d.dk};
     int32_t slots[SEQS] = {1, -1, 0};
     const char *fn = "mlxk_gated_delta_update_packed";
@@ -355,10 +358,7 @@ static void check_tree_calls(void) {
     size_t per = (size_t)d.hv * d.dv * d.dk, tok = (size_t)d.hv * d.dv;
     Host h = host_random(d, 1);
     Args x = upload(&h);
-    float *pool = alloc_floats(N_POOL * per);
-    for (size_t i = 0; i < N_POOL * per; i++) {
-        pool[i] = (float)mlxkt_rng_uniform(&rng) - 0.5f;
-    }
+    float *pool = random_values(N_POOL * per);
     int32_t pool_shape[4] = {N_POOL, d.hv, d.dv, d.dk};
     mlxk_array *p = new_f32(pool, pool_shape, 4);
     /* Tree 0: node 0 from slot 2, nodes 1 and 2 after it, node 3 after node 1; tree 1: one

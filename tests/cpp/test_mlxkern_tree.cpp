@@ -15,21 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "checks.hpp"
+
 namespace {
-
-int passed = 0;
-int failed = 0;
-
-void check_at(bool ok, const char *what, int line) {
-  if (ok) {
-    ++passed;
-  } else {
-    ++failed;
-    std::fprintf(stderr, "FAIL (test_mlxkern_tree.cpp:%d): %s\n", line, what);
-  }
-}
-
-#define CHECK(cond) check_at((cond), #cond, __LINE__)
 
 using Ints = std::vector<std::int32_t>;
 

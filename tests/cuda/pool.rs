@@ -8,7 +8,7 @@
 //! that row's tokens alone (`chunked_pool`).
 
 use super::*;
-use crate::support::pool::update_pool_to;
+use crate::support::pool::{update_packed_to, update_pool_to};
 use std::ptr::null;
 
 /// The arrays of a pool call: the update's (`Update`, without its state) and the pool.
@@ -84,22 +84,10 @@ impl PoolCall {
                     &mut y,
                     &mut p,
                 ),
-                Some(cu) => mlxk_gated_delta_update_packed(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    cu.as_ptr(),
-                    cu.len(),
-                    slots,
-                    fresh,
-                    &mut y,
-                    &mut p,
-                ),
+                Some(cu) => {
+                    let x = [q, k, v, a, b, al, dt, pool];
+                    update_packed_to(x, cu, (slots, fresh), None, (&mut y, &mut p))
+                }
             }
         });
         ok(mlxk_array_eval(y));
@@ -385,23 +373,10 @@ fn update_chunked(c: &PoolCall, cu_seqlens: Option<&[i32]>, chunk: i32) -> (H, H
             None => mlxk_gated_delta_update_pool_chunked(
                 q, k, v, a, b, al, dt, pool, slots, fresh, n, m, chunk, &mut y, &mut p,
             ),
-            Some(cu) => mlxk_gated_delta_update_packed_chunked(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                pool,
-                cu.as_ptr(),
-                cu.len(),
-                slots,
-                fresh,
-                chunk,
-                &mut y,
-                &mut p,
-            ),
+            Some(cu) => {
+                let x = [q, k, v, a, b, al, dt, pool];
+                update_packed_to(x, cu, (slots, fresh), Some(chunk), (&mut y, &mut p))
+            }
         }
     });
     ok(mlxk_array_eval(y));

@@ -21,6 +21,8 @@ use mlxkern::node::gated_delta::{ChunkSize, Dims, Form, GateDtypes, Node, Pool, 
 use mlxkern::node::{gated_rms_norm, silu_rms_heads};
 use mlxkern::Dtype;
 
+use crate::support::qwen35_split_dims;
+
 /// MLX's CUDA name of a dtype (`dtype_to_cuda_type`).
 fn cuda_type(d: Dtype) -> &'static str {
     match d {
@@ -434,14 +436,7 @@ fn every_cuda_kernel_text_compiles_as_mlx_assembles_it() {
         }
 
         let split = silu_rms_heads::Node {
-            dims: silu_rms_heads::Dims {
-                b: 2,
-                s: 3,
-                hk: 16,
-                hv: 32,
-                dk: 128,
-                dv: 128,
-            },
+            dims: qwen35_split_dims(),
             dtype,
             eps: 1e-6,
         };

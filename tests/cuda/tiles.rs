@@ -170,14 +170,21 @@ fn check(rng: &mut Rng, form: TileForm, items: usize, m: usize, k: usize, n: usi
     worst
 }
 
+/// The lock of the tests that need their process alone and a fresh generator, on an MLX with
+/// a CUDA backend; elsewhere None, after a line saying the test skipped (`how`: what runs it).
+fn on_cuda(how: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Rng)> {
+    if !cuda() {
+        eprintln!("skipped: the loaded MLX has no CUDA backend{how}");
+        return None;
+    }
+    Some((serial(), Rng::fresh()))
+}
+
 #[test]
 fn tiles_products_within_bounds() {
-    if !cuda() {
-        eprintln!("skipped: the loaded MLX has no CUDA backend; `make test-cuda` runs this");
+    let Some((_serial, mut rng)) = on_cuda("; `make test-cuda` runs this") else {
         return;
-    }
-    let _serial = serial();
-    let mut rng = Rng::fresh();
+    };
     for form in TileForm::ALL {
         for (items, m, k, n) in [
             (3, 32, 64, 32),
@@ -211,12 +218,9 @@ fn tiles_products_within_bounds() {
 /// within that form's bounds (tests/cuda/chunked_grad.rs).
 #[test]
 fn chunked_backward_in_every_tile_form() {
-    if !cuda() {
-        eprintln!("skipped: the loaded MLX has no CUDA backend; `make test-cuda` runs this");
+    let Some((_serial, mut rng)) = on_cuda("; `make test-cuda` runs this") else {
         return;
-    }
-    let _serial = serial();
-    let mut rng = Rng::fresh();
+    };
     crate::chunked_grad::chunked_backward_tile_forms(&mut rng);
     println!("PASS: tiles: the chunked backward within its bounds in every tile form");
 }
@@ -226,12 +230,9 @@ fn chunked_backward_in_every_tile_form() {
 /// (tests/cuda/chunked.rs).
 #[test]
 fn chunked_forward_in_every_tile_form() {
-    if !cuda() {
-        eprintln!("skipped: the loaded MLX has no CUDA backend; `make test-cuda` runs this");
+    let Some((_serial, mut rng)) = on_cuda("; `make test-cuda` runs this") else {
         return;
-    }
-    let _serial = serial();
-    let mut rng = Rng::fresh();
+    };
     crate::chunked::chunked_forward_tile_forms(&mut rng);
     println!("PASS: tiles: the chunked forward within its bounds in every tile form");
 }
@@ -242,12 +243,9 @@ fn chunked_forward_in_every_tile_form() {
 #[test]
 #[ignore = "timing: run on the device (scripts/cuda/device.sh tiles)"]
 fn tiles_speed() {
-    if !cuda() {
-        eprintln!("skipped: the loaded MLX has no CUDA backend");
+    let Some((_serial, mut rng)) = on_cuda("") else {
         return;
-    }
-    let _serial = serial();
-    let mut rng = Rng::fresh();
+    };
     let (items, k, reps) = (4096usize, 32usize, 64usize);
     let a = new_f32(&rng.vec(items * 64 * k, 1.0), &[items as i32, 64, k as i32]);
     let b = new_f32(&rng.vec(items * k * 64, 1.0), &[items as i32, k as i32, 64]);

@@ -9,7 +9,9 @@ use super::pool::against_the_cpu;
 use super::*;
 use crate::support::free_all;
 use crate::support::pool::{pool_shape, random_slots, Host};
-use crate::support::tree::{chain, offsets, path_to, random_tree};
+use crate::support::tree::{
+    chain, commit_tree, offsets, path_to, random_tree, verify_tree, TreeHost,
+};
 use std::ptr::null;
 
 /// One call's trees on random inputs and a pool of `n`.
@@ -55,56 +57,29 @@ impl TreeCall {
         }
     }
 
+    /// The tree arrays as the C calls take them.
+    fn tree_host(&self) -> TreeHost {
+        TreeHost::of(&self.cu, &self.parents, &self.slots, Some(&self.fresh))
+    }
+
     fn verify(&self) -> H {
-        let [q, k, v, a, b, al, dt] = self.x;
         let mut y = null_mut();
-        ok(unsafe {
-            mlxk_gated_delta_verify_tree_pool(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                self.pool,
-                self.cu.as_ptr(),
-                self.cu.len(),
-                self.parents.as_ptr(),
-                self.parents.len(),
-                self.slots.as_ptr(),
-                self.fresh.as_ptr(),
-                &mut y,
-            )
-        });
+        ok(verify_tree(self.x, self.pool, self.tree_host(), &mut y));
         ok(mlxk_array_eval(y));
         y
     }
 
     fn commit(&self, lengths: &[i32], accepted: &[i32]) -> H {
-        let [_, k, v, a, b, al, dt] = self.x;
         let mut p = null_mut();
-        ok(unsafe {
-            mlxk_gated_delta_commit_tree_pool(
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                self.pool,
-                self.cu.as_ptr(),
-                self.cu.len(),
-                self.parents.as_ptr(),
-                self.parents.len(),
-                self.slots.as_ptr(),
-                self.fresh.as_ptr(),
-                lengths.as_ptr(),
-                accepted.as_ptr(),
-                accepted.len(),
-                &mut p,
-            )
-        });
+        let (host, paths) = (self.tree_host(), (accepted.as_ptr(), accepted.len()));
+        ok(commit_tree(
+            self.x,
+            self.pool,
+            host,
+            lengths.as_ptr(),
+            paths,
+            &mut p,
+        ));
         ok(mlxk_array_eval(p));
         p
     }

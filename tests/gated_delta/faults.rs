@@ -11,50 +11,11 @@
 mod support;
 
 use crate::support::pool::*;
+use crate::support::pool::{PoolCall as Call, POOL_CALLS as CALLS};
 use crate::support::*;
 use mlxkern::capi::live_handles;
 use mlxkern::testing::{cpu_kernel_fault_pending, fail_cpu_kernel, Fault};
 use std::ptr::{null, null_mut};
-
-/// The pool calls.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Call {
-    Update,
-    UpdateChunked,
-    Verify,
-    Packed,
-    PackedChunked,
-    Commit,
-    FromConv,
-}
-
-const CALLS: [Call; 7] = [
-    Call::Update,
-    Call::UpdateChunked,
-    Call::Verify,
-    Call::Packed,
-    Call::PackedChunked,
-    Call::Commit,
-    Call::FromConv,
-];
-
-impl Call {
-    /// Whether the call writes states (returns a new pool).
-    fn writes(self) -> bool {
-        self != Call::Verify
-    }
-    /// Whether the call returns y.
-    fn has_y(self) -> bool {
-        self != Call::Commit
-    }
-    /// The CPU kernel nodes an evaluation of the call's results runs before its pool node.
-    fn nodes_before(self) -> usize {
-        match self {
-            Call::FromConv => 1, // the head split
-            _ => 0,
-        }
-    }
-}
 
 /// One call's inputs: a pool of N random states, B rows of T tokens with random slots (a
 /// padding row among them), fresh flags and accepted lengths; the head split's inputs for
@@ -117,80 +78,24 @@ impl Case {
     fn call_on(&self, which: Call, x: [H; 7], pool: H) -> (mlxk_status, H, H) {
         let [b, t, ..] = self.host.dims;
         let [q, k, v, a, bb, al, dt] = x;
+        let xc = x.map(|h| h.cast_const());
         let cu: Vec<i32> = (0..=b).map(|i| (i * t) as i32).collect();
         let (sp, fp, n) = (self.slots.as_ptr(), self.fresh.as_ptr(), self.slots.len());
         let (y, p) = (&mut null_mut(), &mut null_mut());
         let status = unsafe {
             match which {
-                Call::Update => mlxk_gated_delta_update_pool(
-                    q,
-                    k,
-                    v,
-                    a,
-                    bb,
-                    al,
-                    dt,
-                    pool,
-                    sp,
-                    fp,
-                    n,
-                    null(),
-                    y,
-                    p,
-                ),
-                Call::UpdateChunked => mlxk_gated_delta_update_pool_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    bb,
-                    al,
-                    dt,
-                    pool,
-                    sp,
-                    fp,
-                    n,
-                    null(),
-                    16,
-                    y,
-                    p,
-                ),
+                Call::Update => update_pool_to(xc, pool, &self.slots, fp, null(), y, p),
+                Call::UpdateChunked => {
+                    pool_update(xc, pool, (&self.slots, fp), null(), Some(16), (y, p))
+                }
                 Call::Verify => {
                     mlxk_gated_delta_verify_pool(q, k, v, a, bb, al, dt, pool, sp, fp, n, null(), y)
                 }
-                Call::Packed => mlxk_gated_delta_update_packed(
-                    q,
-                    k,
-                    v,
-                    a,
-                    bb,
-                    al,
-                    dt,
-                    pool,
-                    cu.as_ptr(),
-                    cu.len(),
-                    sp,
-                    fp,
-                    y,
-                    p,
-                ),
-                Call::PackedChunked => mlxk_gated_delta_update_packed_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    bb,
-                    al,
-                    dt,
-                    pool,
-                    cu.as_ptr(),
-                    cu.len(),
-                    sp,
-                    fp,
-                    0,
-                    y,
-                    p,
-                ),
+                Call::Packed | Call::PackedChunked => {
+                    let chunk = (which == Call::PackedChunked).then_some(0);
+                    let with_pool = [q, k, v, a, bb, al, dt, pool].map(|h| h.cast_const());
+                    update_packed_to(with_pool, &cu, (sp, fp), chunk, (y, p))
+                }
                 Call::Commit => mlxk_gated_delta_state_pool(
                     k,
                     v,
@@ -254,6 +159,22 @@ impl Case {
         );
         free(pool);
         (y_bytes, new_pool)
+    }
+
+    /// `which` on `pool` (then freed) gives `want` (y bytes, new pool), bit for bit.
+    #[track_caller]
+    fn again(&self, which: Call, pool: H, (y_ref, pool_ref): (&[u8], &[f32]), what: &str) {
+        let (status, y, p) = self.call(which, pool);
+        ok(status);
+        free(pool);
+        if which.has_y() {
+            assert!(read_bytes(y) == y_ref, "{what}: y");
+            free(y);
+        }
+        if which.writes() {
+            assert!(same_bits(&read_f32(p), pool_ref), "{what}: the pool");
+            free(p);
+        }
     }
 
     fn free(self) {
@@ -351,23 +272,12 @@ fn faulted_call(case: &Case, which: Call, fault: Fault, after: usize, donated: b
     }
     // The same call again on what the failed one left: the results of a call that never
     // failed, bit for bit.
-    let (status, y2, p2) = case.call(which, next_pool);
-    ok(status);
-    free(next_pool);
-    if which.has_y() {
-        assert!(
-            read_bytes(y2) == y_ref,
-            "{what}: y of the call after the fault"
-        );
-        free(y2);
-    }
-    if which.writes() {
-        assert!(
-            same_bits(&read_f32(p2), &pool_ref),
-            "{what}: the pool after the fault"
-        );
-        free(p2);
-    }
+    case.again(
+        which,
+        next_pool,
+        (&y_ref, &pool_ref),
+        &format!("{what}: after the fault"),
+    );
     assert_eq!(live_handles(), live, "{what}: handles left behind");
 }
 
@@ -403,8 +313,7 @@ fn a_pool_call_that_fails_at_evaluation_leaves_every_slot_as_given() {
 #[test]
 fn the_memory_limit_refuses_a_pool_call_before_it_builds_anything() {
     let _serial = serial();
-    let mut rng = Rng::fresh();
-    let case = Case::random(&mut rng, [2, 3, 1, 2, 64, 32], MLXK_DTYPE_BFLOAT16);
+    let case = Case::random(&mut Rng::fresh(), [2, 3, 1, 2, 64, 32], MLXK_DTYPE_BFLOAT16);
     let pool_bytes = case.pool0.len() * 4;
     for which in CALLS {
         let (y_ref, pool_ref) = case.reference(which);
@@ -431,17 +340,7 @@ fn the_memory_limit_refuses_a_pool_call_before_it_builds_anything() {
             "{which:?}: the pool as given"
         );
         // The same call under no limit: as if the refused one never happened.
-        let (status, y, p) = case.call(which, pool);
-        ok(status);
-        free(pool);
-        if which.has_y() {
-            assert!(read_bytes(y) == y_ref, "{which:?}: y");
-            free(y);
-        }
-        if which.writes() {
-            assert!(same_bits(&read_f32(p), &pool_ref), "{which:?}: the pool");
-            free(p);
-        }
+        case.again(which, pool, (&y_ref, &pool_ref), &format!("{which:?}"));
         assert_eq!(live_handles(), live, "{which:?}: handles left behind");
     }
     case.free();
@@ -453,8 +352,7 @@ fn the_memory_limit_refuses_a_pool_call_before_it_builds_anything() {
 #[test]
 fn a_fault_in_a_chain_of_steps_leaves_each_step_applied_or_not() {
     let _serial = serial();
-    let mut rng = Rng::fresh();
-    let case = Case::random(&mut rng, [3, 1, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16);
+    let case = Case::random(&mut Rng::fresh(), [3, 1, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16);
     let per = case.host.state_len();
     let (_, once) = case.reference(Call::Update);
     let twice = {

@@ -69,18 +69,9 @@ fn pooled(
     let m = mask_h.unwrap_or(null_mut());
     let fresh_p = fresh.map_or(null(), |f| f.as_ptr());
     let (mut y, mut p) = (null_mut(), null_mut());
-    let [q, k, v, a, bb, al, dt] = x;
-    let (sp, ns) = (slots.as_ptr(), slots.len());
-    ok(unsafe {
-        match chunk {
-            None => mlxk_gated_delta_update_pool(
-                q, k, v, a, bb, al, dt, pool_h, sp, fresh_p, ns, m, &mut y, &mut p,
-            ),
-            Some(c) => mlxk_gated_delta_update_pool_chunked(
-                q, k, v, a, bb, al, dt, pool_h, sp, fresh_p, ns, m, c, &mut y, &mut p,
-            ),
-        }
-    });
+    let xc = x.map(|h| h.cast_const());
+    let out = (&mut y as *mut H, &mut p as *mut H);
+    ok(pool_update(xc, pool_h, (slots, fresh_p), m, chunk, out));
     free(pool_h);
     assert_eq!(shape_of(p), pool_shape(host, n));
     let out = (read_bytes(y), read_f32(p));
@@ -296,19 +287,17 @@ fn packed_prefill_equals_one_call_per_sequence_bit_for_bit() {
         }
         let x = host.packed(&lens);
         let pool_h = new_f32(&pool, &pool_shape(&host, n));
-        let [q, k, v, a, bb, al, dt] = x;
         let (mut y, mut p) = (null_mut(), null_mut());
-        let (cp, nc, sp, fp) = (cu.as_ptr(), cu.len(), slots.as_ptr(), fresh.as_ptr());
-        ok(unsafe {
-            match chunk {
-                None => mlxk_gated_delta_update_packed(
-                    q, k, v, a, bb, al, dt, pool_h, cp, nc, sp, fp, &mut y, &mut p,
-                ),
-                Some(c) => mlxk_gated_delta_update_packed_chunked(
-                    q, k, v, a, bb, al, dt, pool_h, cp, nc, sp, fp, c, &mut y, &mut p,
-                ),
-            }
-        });
+        let (sp, fp) = (slots.as_ptr(), fresh.as_ptr());
+        let [q, k, v, a, bb, al, dt] = x;
+        let x_in = [q, k, v, a, bb, al, dt, pool_h].map(|h| h.cast_const());
+        ok(update_packed_to(
+            x_in,
+            &cu,
+            (sp, fp),
+            chunk,
+            (&mut y, &mut p),
+        ));
         let total = *cu.last().unwrap();
         assert_eq!(shape_of(y), [1, total, hv as i32, dv as i32]);
         free(pool_h);

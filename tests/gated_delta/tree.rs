@@ -71,21 +71,10 @@ fn check_trees(rng: &mut Rng, trees: &[Vec<i32>], heads: [usize; 4], dtype: mlxk
     let what =
         format!("trees {trees:?} heads {heads:?} dtype {dtype} slots {slots:?} fresh {fresh:?}");
     let x = host.arrays(&[0], total, false);
-    let [q, k, v, a, bb, al, dt] = x;
     let pool_h = new_f32(&pool, &pool_shape(&host, n));
-    let (cp, nc, pp, sp, fp) = (
-        cu.as_ptr(),
-        cu.len(),
-        parents.as_ptr(),
-        slots.as_ptr(),
-        fresh.as_ptr(),
-    );
+    let tree = TreeHost::of(&cu, &parents, &slots, Some(&fresh));
     let mut y = null_mut();
-    ok(unsafe {
-        mlxk_gated_delta_verify_tree_pool(
-            q, k, v, a, bb, al, dt, pool_h, cp, nc, pp, total, sp, fp, &mut y,
-        )
-    });
+    ok(verify_tree(x, pool_h, tree, &mut y));
     assert_eq!(
         shape_of(y),
         [1, total as i32, hv as i32, dv as i32],
@@ -128,27 +117,15 @@ fn check_trees(rng: &mut Rng, trees: &[Vec<i32>], heads: [usize; 4], dtype: mlxk
         accepted.extend(path.iter().map(|&p| p as i32));
     }
     let mut committed = null_mut();
-    ok(unsafe {
-        mlxk_gated_delta_commit_tree_pool(
-            k,
-            v,
-            a,
-            bb,
-            al,
-            dt,
-            pool_h,
-            cp,
-            nc,
-            pp,
-            total,
-            sp,
-            fp,
-            lengths.as_ptr(),
-            accepted.as_ptr(),
-            accepted.len(),
-            &mut committed,
-        )
-    });
+    let paths = (accepted.as_ptr(), accepted.len());
+    ok(commit_tree(
+        x,
+        pool_h,
+        tree,
+        lengths.as_ptr(),
+        paths,
+        &mut committed,
+    ));
     let got = read_f32(committed);
     let mut at = 0;
     for (i, &slot) in slots.iter().enumerate() {
@@ -252,7 +229,6 @@ fn a_commit_given_the_pool_writes_the_slots_in_its_buffer() {
     let pool0 = rng.vec(n * per, 0.5);
     let slots = [3, 0];
     let x = host.arrays(&[0], total, false);
-    let [_, k, v, a, bb, al, dt] = x;
     let mut pool = new_f32(&pool0, &pool_shape(&host, n));
     let address = mlxkern::testing::data_address(pool);
     let path0 = path_to(&trees[0], trees[0].len() - 1);
@@ -262,27 +238,16 @@ fn a_commit_given_the_pool_writes_the_slots_in_its_buffer() {
     let path1: Vec<usize> = vec![cu[1] as usize, cu[1] as usize + 1];
     let want1 = chain_commit(&host, pool, &path1, 0, 0);
     let mut next = null_mut();
-    ok(unsafe {
-        mlxk_gated_delta_commit_tree_pool(
-            k,
-            v,
-            a,
-            bb,
-            al,
-            dt,
-            pool,
-            cu.as_ptr(),
-            cu.len(),
-            parents.as_ptr(),
-            total,
-            slots.as_ptr(),
-            null(),
-            lengths.as_ptr(),
-            accepted.as_ptr(),
-            accepted.len(),
-            &mut next,
-        )
-    });
+    let tree = TreeHost::of(&cu, &parents, &slots, None);
+    let paths = (accepted.as_ptr(), accepted.len());
+    ok(commit_tree(
+        x,
+        pool,
+        tree,
+        lengths.as_ptr(),
+        paths,
+        &mut next,
+    ));
     free(pool);
     pool = next;
     let got = read_f32(pool);

@@ -8,6 +8,8 @@ use mlxkern::node::gated_delta::{Dims, Form, GateDtypes, Node, Pool, PoolWrite};
 use mlxkern::node::{gated_rms_norm, silu_rms_heads};
 use mlxkern::Dtype;
 
+use crate::support::qwen35_split_dims;
+
 /// A gated-delta node of `form` with bf16 inputs and gates.
 fn node(dims: Dims, form: Form, has_mask: bool) -> Node {
     let bf16 = Dtype::Bfloat16;
@@ -102,14 +104,7 @@ fn replay_head_split_and_gated_norm_launches() {
     assert!(l.source.contains("const int T = k_shape[1];"));
     assert_eq!(l.source, GATED_DELTA_STATE_SOURCE);
 
-    let h = silu_rms_heads::Dims {
-        b: 2,
-        s: 3,
-        hk: 16,
-        hv: 32,
-        dk: 128,
-        dv: 128,
-    };
+    let h = qwen35_split_dims();
     let l = silu_rms_heads_launch(&silu_rms_heads::Node {
         dims: h,
         dtype: Dtype::Bfloat16,

@@ -2,7 +2,7 @@
 //! among them) with valid host slots, offsets and lengths.
 
 use super::*;
-use crate::support::pool::update_pool_to;
+use crate::support::pool::{pool_update, update_packed_to, update_pool_to};
 
 /// Every pool entry point on `r` (B = 2, T = 3; its state [2, Hv, Dv, Dk] serves as a pool of
 /// two slots), the packed ones on `p` (B = 1, T = 5), the update from the convolution's output
@@ -19,24 +19,13 @@ pub(super) fn entries(r: &Recurrence, p: &Recurrence, conv: [H; 3]) -> Vec<Entry
         Entry::new(
             "mlxk_gated_delta_update_pool",
             &with_mask,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool, m] = h9(h);
-                mlxk_gated_delta_update_pool(q, k, v, a, b, al, dt, pool, s, null(), 2, m, y, st)
-            }),
+            outs(move |h, [y, st]| update_call(h, &slots, None, y, st)),
         )
         .optional(&["mask"]),
         Entry::new(
             "mlxk_gated_delta_update_pool_chunked",
             &with_mask,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool, m] = h9(h);
-                let f = fresh.as_ptr();
-                mlxk_gated_delta_update_pool_chunked(
-                    q, k, v, a, b, al, dt, pool, s, f, 2, m, 16, y, st,
-                )
-            }),
+            outs(move |h, [y, st]| update_call(h, &slots, Some((&fresh, 16)), y, st)),
         )
         .optional(&["mask"]),
         Entry::new(
@@ -52,38 +41,12 @@ pub(super) fn entries(r: &Recurrence, p: &Recurrence, conv: [H; 3]) -> Vec<Entry
         Entry::new(
             "mlxk_gated_delta_update_packed",
             &packed,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
-                let c = cu.as_ptr();
-                mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, 3, s, null(), y, st)
-            }),
+            outs(move |h, [y, st]| packed_call(h, &cu, &slots, None, y, st)),
         ),
         Entry::new(
             "mlxk_gated_delta_update_packed_chunked",
             &packed,
-            outs(move |h, [y, st]| unsafe {
-                let s = slots.as_ptr();
-                let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
-                let c = cu.as_ptr();
-                mlxk_gated_delta_update_packed_chunked(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    c,
-                    3,
-                    s,
-                    null(),
-                    0,
-                    y,
-                    st,
-                )
-            }),
+            outs(move |h, [y, st]| packed_call(h, &cu, &slots, Some(0), y, st)),
         ),
         Entry::new(
             "mlxk_gated_delta_state_pool",
@@ -187,4 +150,46 @@ fn pool_calls_refuse_null_out_parameters() {
     refused(st, MLXK_ERR_NULL_POINTER, f, &["accepted_lengths"], n);
     assert_eq!(y, sentinel(), "{f}: a refused call wrote its out-parameter");
     fx.free();
+}
+
+/// The packed update (`chunk` None) or the packed chunked one on an entry's first eight handles
+/// (the seven inputs, the pool), the offsets `cu` and `slots`, no fresh flags.
+fn packed_call(
+    h: &[H],
+    cu: &[i32],
+    slots: &[i32],
+    chunk: Option<i32>,
+    y: *mut H,
+    st: *mut H,
+) -> mlxk_status {
+    let x: [H; 8] = h[..8].try_into().unwrap();
+    update_packed_to(
+        x.map(|h| h.cast_const()),
+        cu,
+        (slots.as_ptr(), null()),
+        chunk,
+        (y, st),
+    )
+}
+
+/// The pool update on an entry's nine handles (the seven inputs, the pool, the mask) and
+/// `slots`: exact (no fresh flags), or with `chunked` (fresh flags, chunk size) the chunked form.
+fn update_call(
+    h: &[H],
+    slots: &[i32],
+    chunked: Option<(&[u8], i32)>,
+    y: *mut H,
+    st: *mut H,
+) -> mlxk_status {
+    let [q, k, v, a, b, al, dt, pool, m] = h9(h).map(|h| h.cast_const());
+    let fresh = chunked.map_or(null(), |(f, _)| f.as_ptr());
+    let chunk = chunked.map(|(_, c)| c);
+    pool_update(
+        [q, k, v, a, b, al, dt],
+        pool,
+        (slots, fresh),
+        m,
+        chunk,
+        (y, st),
+    )
 }

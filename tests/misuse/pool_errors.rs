@@ -1,7 +1,7 @@
 //! Argument errors of the pool and packed calls: each names the argument and what was
 //! expected, leaves the out-parameters untouched and makes no handle.
 
-use crate::support::pool::update_pool_to;
+use crate::support::pool::{pool_update, update_packed_to, update_pool_to};
 use crate::support::*;
 use std::ptr::{null, null_mut};
 
@@ -12,6 +12,12 @@ struct Call {
 }
 
 impl Call {
+    /// The process to itself (the lock held) and a call of `new`.
+    fn alone(rng: &mut Rng, b: i32, t: i32, n: i32) -> (std::sync::MutexGuard<'static, ()>, Call) {
+        let lock = serial();
+        (lock, Call::new(rng, b, t, n))
+    }
+
     fn new(rng: &mut Rng, b: i32, t: i32, n: i32) -> Call {
         let bf = |rng: &mut Rng, shape: &[i32]| {
             let len = shape.iter().product::<i32>() as usize;
@@ -54,12 +60,9 @@ impl Call {
     fn packed(&self, cu: &[i32], slots: &[i32]) -> mlxk_status {
         let [q, k, v, a, b, al, dt] = self.x;
         let (mut y, mut p) = (null_mut(), null_mut());
-        let (c, s, pool) = (cu.as_ptr(), slots.as_ptr(), self.pool);
-        let (yo, po) = (&mut y as *mut H, &mut p as *mut H);
-        let (n, f) = (cu.len(), null());
-        let status = unsafe {
-            mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, n, s, f, yo, po)
-        };
+        let x = [q, k, v, a, b, al, dt, self.pool].map(|h| h.cast_const());
+        let rows = (slots.as_ptr(), null());
+        let status = update_packed_to(x, cu, rows, None, (&mut y, &mut p));
         if status == MLXK_OK {
             free(y);
             free(p);
@@ -86,9 +89,7 @@ impl Call {
 
 #[test]
 fn slots_are_checked_and_named() {
-    let _serial = serial();
-    let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 3, 2, 4);
+    let (_serial, c) = Call::alone(&mut Rng::fresh(), 3, 2, 4);
     let handles = mlxkern::capi::live_handles();
     let p = c.pool;
     expect_err(
@@ -134,9 +135,8 @@ fn slots_are_checked_and_named() {
 
 #[test]
 fn the_pool_is_checked_and_named() {
-    let _serial = serial();
     let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 2, 2, 3);
+    let (_serial, c) = Call::alone(&mut rng, 2, 2, 3);
     let slots = [0, 1];
     for (shape, needles) in [
         (vec![3, 2, 4], vec!["pool", "rank 4", "[N, Hv, Dv, Dk]"]),
@@ -162,7 +162,7 @@ fn the_pool_is_checked_and_named() {
     free(bf);
     // The same handle for y and pool_out.
     let [q, k, v, a, b, al, dt] = c.x;
-    let (pool, s) = (c.pool, slots.as_ptr());
+    let pool = c.pool;
     let mut out = null_mut();
     let same = &mut out as *mut H;
     let x = [q, k, v, a, b, al, dt].map(|h| h as *const mlxk_array);
@@ -173,20 +173,22 @@ fn the_pool_is_checked_and_named() {
     );
     // A chunk size the chunked form refuses.
     let (mut y, mut p) = (null_mut(), null_mut());
-    let (y, p) = (&mut y as *mut H, &mut p as *mut H);
-    let (z, m) = (null(), null());
-    let st = unsafe {
-        mlxk_gated_delta_update_pool_chunked(q, k, v, a, b, al, dt, pool, s, z, 2, m, 17, y, p)
-    };
+    let st = pool_update(
+        x,
+        pool,
+        (&slots, null()),
+        null(),
+        Some(17),
+        (&mut y, &mut p),
+    );
     expect_err(st, MLXK_ERR_INVALID_ARGUMENT, &["chunk_size is 17"]);
     c.free();
 }
 
 #[test]
 fn packed_offsets_are_checked_and_named() {
-    let _serial = serial();
     let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 1, 7, 4);
+    let (_serial, c) = Call::alone(&mut rng, 1, 7, 4);
     ok(c.packed(&[0, 3, 3, 7], &[2, -1, 0]));
     for (cu, slots, needles) in [
         (vec![1, 3, 7], vec![0, 1], vec!["cu_seqlens[0] is 1"]),
@@ -226,9 +228,7 @@ fn packed_offsets_are_checked_and_named() {
 
 #[test]
 fn commit_lengths_are_checked_and_named() {
-    let _serial = serial();
-    let mut rng = Rng::fresh();
-    let c = Call::new(&mut rng, 2, 3, 3);
+    let (_serial, c) = Call::alone(&mut Rng::fresh(), 2, 3, 3);
     let mut out = null_mut();
     for (lengths, needles) in [
         ([0, 4], vec!["accepted_lengths[1] is 4", "T (3)"]),

@@ -3,6 +3,8 @@
 //! slots, accepted lengths and paths, NULL host arrays, a B other than 1.
 
 use super::*;
+use crate::support::tree::{commit_tree, verify_tree, TreeHost};
+use std::sync::MutexGuard;
 
 /// Two trees on B = 1, T = 7 tokens (q [1, 7, 1, 32], v [1, 7, 2, 4]): nodes 0..4 with parents
 /// -1, 0, 0, 1 in slot 2; nodes 4..7 with -1, -1, 1 in slot 0, on a pool of 4.
@@ -20,7 +22,24 @@ const COMMIT: &str = "mlxk_gated_delta_commit_tree_pool";
 /// What a call gets: (cu_nodes, n_cu_nodes), (parents, n_nodes), slots.
 type Host<'a> = ((*const i32, usize), (*const i32, usize), *const i32);
 
+/// `host` as the shared tree call takes it (no fresh flags).
+fn tree_host(((c, nc), (p, np), s): Host) -> TreeHost {
+    TreeHost {
+        cu: (c, nc),
+        parents: (p, np),
+        slots: s,
+        fresh: null(),
+    }
+}
+
 impl Trees {
+    /// The process to itself (the lock held), trees on B = 1 and the live handles before.
+    fn alone() -> (MutexGuard<'static, ()>, Trees, usize) {
+        let lock = serial();
+        let t = Trees::new(1);
+        (lock, t, live_handles())
+    }
+
     fn new(b: i32) -> Trees {
         let mut rng = Rng::fresh();
         let t = 7;
@@ -54,28 +73,9 @@ impl Trees {
     }
 
     /// The verify with these host arrays; the out-parameter must be untouched on failure.
-    fn verify(&self, ((c, nc), (p, np), s): Host) -> mlxk_status {
-        let [q, k, v, a, b, al, dt] = self.x;
+    fn verify(&self, host: Host) -> mlxk_status {
         let mut y = sentinel();
-        let st = unsafe {
-            mlxk_gated_delta_verify_tree_pool(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                self.pool,
-                c,
-                nc,
-                p,
-                np,
-                s,
-                null(),
-                &mut y,
-            )
-        };
+        let st = verify_tree(self.x, self.pool, tree_host(host), &mut y);
         match st {
             MLXK_OK => free(y),
             _ => assert_eq!(y, sentinel(), "{VERIFY}: y written"),
@@ -85,34 +85,19 @@ impl Trees {
 
     /// The commit with these host arrays, lengths and paths (`n_accepted` as given).
     fn commit(&self, host: Host, lengths: *const i32, paths: &[i32], n: usize) -> mlxk_status {
-        let ((c, nc), (p, np), s) = host;
-        let [_, k, v, a, b, al, dt] = self.x;
         let mut out = sentinel();
         let pp = match paths.is_empty() && n > 0 {
             true => null(),
             false => paths.as_ptr(),
         };
-        let st = unsafe {
-            mlxk_gated_delta_commit_tree_pool(
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                self.pool,
-                c,
-                nc,
-                p,
-                np,
-                s,
-                null(),
-                lengths,
-                pp,
-                n,
-                &mut out,
-            )
-        };
+        let st = commit_tree(
+            self.x,
+            self.pool,
+            tree_host(host),
+            lengths,
+            (pp, n),
+            &mut out,
+        );
         match st {
             MLXK_OK => free(out),
             _ => assert_eq!(out, sentinel(), "{COMMIT}: pool_out written"),
@@ -235,9 +220,7 @@ fn tree_offsets_parents_and_slots_are_checked_and_named() {
 
 #[test]
 fn accepted_lengths_and_paths_are_checked_and_named() {
-    let _s = serial();
-    let t = Trees::new(1);
-    let before = live_handles();
+    let (_s, t, before) = Trees::alone();
     // Valid: tree 0 accepts 0 → 1 → 3, tree 1 accepts node 1 → 2; or nothing.
     ok(t.commit(t.host(), [3, 2].as_ptr(), &[0, 1, 3, 1, 2], 5));
     ok(t.commit(t.host(), [0, 0].as_ptr(), &[], 0));
@@ -335,53 +318,12 @@ fn the_leaves_paths_count_against_the_memory_limit() {
 
 #[test]
 fn tree_calls_refuse_null_out_parameters() {
-    let _s = serial();
-    let t = Trees::new(1);
-    let before = live_handles();
-    let ((c, nc), (p, np), s) = t.host();
-    let [q, k, v, a, b, al, dt] = t.x;
-    let st = unsafe {
-        mlxk_gated_delta_verify_tree_pool(
-            q,
-            k,
-            v,
-            a,
-            b,
-            al,
-            dt,
-            t.pool,
-            c,
-            nc,
-            p,
-            np,
-            s,
-            null(),
-            null_mut(),
-        )
-    };
+    let (_s, t, before) = Trees::alone();
+    let host = tree_host(t.host());
+    let st = verify_tree(t.x, t.pool, host, null_mut());
     refused(st, MLXK_ERR_NULL_POINTER, VERIFY, &["y"], before);
     let lengths = [0i32, 0];
-    let st = unsafe {
-        mlxk_gated_delta_commit_tree_pool(
-            k,
-            v,
-            a,
-            b,
-            al,
-            dt,
-            t.pool,
-            c,
-            nc,
-            p,
-            np,
-            s,
-            null(),
-            lengths.as_ptr(),
-            null(),
-            0,
-            null_mut(),
-        )
-    };
+    let st = commit_tree(t.x, t.pool, host, lengths.as_ptr(), (null(), 0), null_mut());
     refused(st, MLXK_ERR_NULL_POINTER, COMMIT, &["pool_out"], before);
     t.free();
 }
@@ -395,55 +337,21 @@ pub(super) fn entries(p: &Recurrence, pool: H) -> Vec<Entry> {
         Entry::new(
             VERIFY,
             &args,
-            outs(move |h, [y]| unsafe {
+            outs(move |h, [y]| {
                 let [q, k, v, a, b, al, dt, pool] = h[..8].try_into().unwrap();
-                let (c, pp, s) = (cu.as_ptr(), parents.as_ptr(), slots.as_ptr());
-                mlxk_gated_delta_verify_tree_pool(
-                    q,
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    c,
-                    3,
-                    pp,
-                    5,
-                    s,
-                    null(),
-                    y,
-                )
+                let host = TreeHost::of(&cu, &parents, &slots, None);
+                verify_tree([q, k, v, a, b, al, dt], pool, host, y)
             }),
         ),
         Entry::new(
             COMMIT,
             &args[1..8],
-            outs(move |h, [st]| unsafe {
+            outs(move |h, [st]| {
                 let [k, v, a, b, al, dt, pool] = h[..7].try_into().unwrap();
-                let (c, pp, s) = (cu.as_ptr(), parents.as_ptr(), slots.as_ptr());
+                let host = TreeHost::of(&cu, &parents, &slots, None);
                 let (lengths, paths) = ([2i32, 2], [0i32, 2, 0, 1]);
-                let (l, ap) = (lengths.as_ptr(), paths.as_ptr());
-                mlxk_gated_delta_commit_tree_pool(
-                    k,
-                    v,
-                    a,
-                    b,
-                    al,
-                    dt,
-                    pool,
-                    c,
-                    3,
-                    pp,
-                    5,
-                    s,
-                    null(),
-                    l,
-                    ap,
-                    4,
-                    st,
-                )
+                let x = [null_mut(), k, v, a, b, al, dt];
+                commit_tree(x, pool, host, lengths.as_ptr(), (paths.as_ptr(), 4), st)
             }),
         ),
     ]

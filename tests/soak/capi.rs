@@ -6,7 +6,6 @@ use std::ptr::null_mut;
 
 pub use mlxkern::capi::array::*;
 pub use mlxkern::capi::gated_delta::pool::*;
-pub use mlxkern::capi::gated_delta::tree::*;
 pub use mlxkern::capi::gated_delta::*;
 pub use mlxkern::capi::mlxk_array;
 pub use mlxkern::capi::status::*;

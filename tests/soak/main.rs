@@ -24,6 +24,9 @@
 mod capi;
 mod exact;
 mod server;
+// The tree calls and draft-tree paths of the Rust suites.
+#[path = "../support/mod.rs"]
+mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -396,6 +396,19 @@ pub fn replay(args: [*const mlxk_array; 9], lengths: &[i32]) -> (mlxk_status, H)
     (status, out)
 }
 
+/// The head split's dims at Qwen3.5's heads (16 key heads, 32 value heads, 128 wide) on B = 2
+/// rows of S = 3 tokens.
+pub fn qwen35_split_dims() -> mlxkern::node::silu_rms_heads::Dims {
+    mlxkern::node::silu_rms_heads::Dims {
+        b: 2,
+        s: 3,
+        hk: 16,
+        hv: 32,
+        dk: 128,
+        dv: 128,
+    }
+}
+
 /// What MLX answers when a kernel's GPU launch is handed a CPU stream (MLX without that GPU).
 pub fn refused_launch(kernels: GpuKernels) -> &'static str {
     match kernels {

@@ -143,11 +143,102 @@ pub fn update_pool_to(
     y: *mut H,
     pool_out: *mut H,
 ) -> mlxk_status {
-    let [q, k, v, a, b, a_log, dt_bias] = x;
-    let (s, n) = (slots.as_ptr(), slots.len());
+    pool_update(x, pool, (slots, fresh), mask, None, (y, pool_out))
+}
+
+/// `update_pool_to`, or with a `chunk` size `mlxk_gated_delta_update_pool_chunked`.
+pub fn pool_update(
+    [q, k, v, a, b, a_log, dt_bias]: [*const mlxk_array; 7],
+    pool: *const mlxk_array,
+    (slots, fresh): (&[i32], *const u8),
+    mask: *const mlxk_array,
+    chunk: Option<i32>,
+    out: (*mut H, *mut H),
+) -> mlxk_status {
+    let x = [q, k, v, a, b, a_log, dt_bias, pool];
+    let rows = (slots.as_ptr(), slots.len(), fresh);
+    any_pool_update(x, None, rows, mask, chunk, out)
+}
+
+/// `mlxk_gated_delta_update_packed` (`chunk` None) or `mlxk_gated_delta_update_packed_chunked`
+/// (its chunk size) on `x` (the seven inputs q, k, v, a, b, a_log, dt_bias, then the pool), the
+/// offsets `cu`, the slots and fresh flags (NULL: none), the out-parameters as given.
+pub fn update_packed_to(
+    x: [*const mlxk_array; 8],
+    cu: &[i32],
+    (slots, fresh): (*const i32, *const u8),
+    chunk: Option<i32>,
+    out: (*mut H, *mut H),
+) -> mlxk_status {
+    any_pool_update(x, Some(cu), (slots, 0, fresh), std::ptr::null(), chunk, out)
+}
+
+/// The four pool updates on `x` (the seven inputs, then the pool): B rows (`cu` None; `n`
+/// slots, the mask) or packed sequences (their offsets `cu`; `n` and the mask unread), exact
+/// (`chunk` None) or chunked; the out-parameters as given.
+fn any_pool_update(
+    [q, k, v, a, b, al, dt, pool]: [*const mlxk_array; 8],
+    cu: Option<&[i32]>,
+    (s, n, fresh): (*const i32, usize, *const u8),
+    mask: *const mlxk_array,
+    chunk: Option<i32>,
+    (y, p): (*mut H, *mut H),
+) -> mlxk_status {
+    let (c, nc) = cu.map_or((std::ptr::null(), 0), |cu| (cu.as_ptr(), cu.len()));
     unsafe {
-        mlxk_gated_delta_update_pool(
-            q, k, v, a, b, a_log, dt_bias, pool, s, fresh, n, mask, y, pool_out,
-        )
+        match (cu.is_some(), chunk) {
+            (false, None) => {
+                mlxk_gated_delta_update_pool(q, k, v, a, b, al, dt, pool, s, fresh, n, mask, y, p)
+            }
+            (false, Some(size)) => mlxk_gated_delta_update_pool_chunked(
+                q, k, v, a, b, al, dt, pool, s, fresh, n, mask, size, y, p,
+            ),
+            (true, None) => {
+                mlxk_gated_delta_update_packed(q, k, v, a, b, al, dt, pool, c, nc, s, fresh, y, p)
+            }
+            (true, Some(size)) => mlxk_gated_delta_update_packed_chunked(
+                q, k, v, a, b, al, dt, pool, c, nc, s, fresh, size, y, p,
+            ),
+        }
+    }
+}
+
+/// The pool calls (the faults suites run each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolCall {
+    Update,
+    UpdateChunked,
+    Verify,
+    Packed,
+    PackedChunked,
+    Commit,
+    FromConv,
+}
+
+pub const POOL_CALLS: [PoolCall; 7] = [
+    PoolCall::Update,
+    PoolCall::UpdateChunked,
+    PoolCall::Verify,
+    PoolCall::Packed,
+    PoolCall::PackedChunked,
+    PoolCall::Commit,
+    PoolCall::FromConv,
+];
+
+impl PoolCall {
+    /// Whether the call writes states (returns a new pool).
+    pub fn writes(self) -> bool {
+        self != PoolCall::Verify
+    }
+    /// Whether the call returns y.
+    pub fn has_y(self) -> bool {
+        self != PoolCall::Commit
+    }
+    /// The CPU kernel nodes an evaluation of the call's results runs before its pool node.
+    pub fn nodes_before(self) -> usize {
+        match self {
+            PoolCall::FromConv => 1, // the head split
+            _ => 0,
+        }
     }
 }

@@ -4,6 +4,7 @@
 
 use super::pool::Host;
 use super::Rng;
+use super::{mlxk_gated_delta_commit_tree_pool, mlxk_gated_delta_verify_tree_pool, mlxk_status, H};
 
 /// A random tree's parents (-1: a root), each before its children: up to `depth` levels of 1 to
 /// `width` nodes, each node's parent on the level above, in level order or depth-first order.
@@ -98,5 +99,58 @@ impl Host {
             a_log: self.a_log.clone(),
             dt_bias: self.dt_bias.clone(),
         }
+    }
+}
+
+/// The host arrays of a tree call as the C ABI takes them: the offsets and their count, the
+/// parents and their count (n_nodes), the slots, the fresh flags (null: none fresh).
+#[derive(Clone, Copy)]
+pub struct TreeHost {
+    pub cu: (*const i32, usize),
+    pub parents: (*const i32, usize),
+    pub slots: *const i32,
+    pub fresh: *const u8,
+}
+
+impl TreeHost {
+    /// The host arrays of these slices (fresh `None`: null).
+    pub fn of(cu: &[i32], parents: &[i32], slots: &[i32], fresh: Option<&[u8]>) -> TreeHost {
+        TreeHost {
+            cu: (cu.as_ptr(), cu.len()),
+            parents: (parents.as_ptr(), parents.len()),
+            slots: slots.as_ptr(),
+            fresh: fresh.map_or(std::ptr::null(), |f| f.as_ptr()),
+        }
+    }
+}
+
+/// `mlxk_gated_delta_verify_tree_pool` on `x` (q, k, v, a, b, a_log, dt_bias) and `pool`, y into
+/// `*y`.
+pub fn verify_tree(x: [H; 7], pool: H, h: TreeHost, y: *mut H) -> mlxk_status {
+    let [q, k, v, a, b, al, dt] = x;
+    let ((c, nc), (p, np)) = (h.cu, h.parents);
+    unsafe {
+        mlxk_gated_delta_verify_tree_pool(
+            q, k, v, a, b, al, dt, pool, c, nc, p, np, h.slots, h.fresh, y,
+        )
+    }
+}
+
+/// `mlxk_gated_delta_commit_tree_pool` on `x` (its q unread) and `pool`, the accepted lengths and
+/// paths (pointer, n_accepted), the new pool into `*out`.
+pub fn commit_tree(
+    x: [H; 7],
+    pool: H,
+    h: TreeHost,
+    lengths: *const i32,
+    (paths, n): (*const i32, usize),
+    out: *mut H,
+) -> mlxk_status {
+    let [_, k, v, a, b, al, dt] = x;
+    let ((c, nc), (p, np)) = (h.cu, h.parents);
+    unsafe {
+        mlxk_gated_delta_commit_tree_pool(
+            k, v, a, b, al, dt, pool, c, nc, p, np, h.slots, h.fresh, lengths, paths, n, out,
+        )
     }
 }

@@ -71,6 +71,53 @@ pub(super) fn check_launch(kernels: GpuKernels, dims: [usize; 6], n: usize, e: &
     assert_eq!(l.template_int_values, [dk, dv, hk, hv, value_rows]);
 }
 
+/// A launch test's inputs: random bf16 rows of `dims` (B, T, Hk, Hv, Dk, Dv) and a pool of
+/// N = 6 random states; (host, pool, N).
+pub(super) fn host_and_pool(rng: &mut Rng, dims: [usize; 6]) -> (Host, H, usize) {
+    let host = Host::random(rng, dims, MLXK_DTYPE_BFLOAT16);
+    let n = 6;
+    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
+    (host, pool, n)
+}
+
+/// `host_and_pool` and a [B, T] mask with every third token masked off; (host, pool, mask, N).
+pub(super) fn rows_and_pool(rng: &mut Rng, dims: [usize; 6]) -> (Host, H, H, usize) {
+    let (host, pool, n) = host_and_pool(rng, dims);
+    let [b, t, ..] = dims;
+    let mask_values: Vec<bool> = (0..b * t).map(|i| i % 3 != 0).collect();
+    let mask = new_bool(&mask_values, &[b as i32, t as i32]);
+    (host, pool, mask, n)
+}
+
+/// One packed row of 40 random bf16 tokens (Hk 1, Hv 2, Dk 32, Dv 8): its arrays.
+pub(super) fn packed_40(rng: &mut Rng) -> [H; 7] {
+    Host::random(rng, [1, 40, 1, 2, 32, 8], MLXK_DTYPE_BFLOAT16).arrays(&[0], 40, true)
+}
+
+/// Runs `body` for the Metal and the CUDA launch (`kernels`) with the GPU launches recorded,
+/// handing it a y and a new pool's out-parameters (NULL, for calls that must not write them).
+pub(super) fn for_each_launch(mut body: impl FnMut(GpuKernels, &mut H, &mut H)) {
+    use mlxkern::testing::record_gpu_launches;
+    record_gpu_launches(true);
+    for kernels in GPU_KERNELS {
+        let (mut y, mut p) = (null_mut(), null_mut());
+        body(kernels, &mut y, &mut p);
+    }
+    record_gpu_launches(false);
+}
+
+/// MLX refused a call's launch for want of the `kernels` GPU.
+#[track_caller]
+pub(super) fn refused(kernels: GpuKernels, status: mlxk_status) {
+    expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
+}
+
+/// A pool call's nine array arguments: the seven inputs `x`, the pool, the mask.
+pub(super) fn args(x: &[H; 7], pool: H, mask: H) -> [*const mlxk_array; 9] {
+    let [q, k, v, a, b, al, dt] = *x;
+    [q, k, v, a, b, al, dt, pool, mask].map(|h| h as *const mlxk_array)
+}
+
 /// The pool calls' Metal and CUDA launches are built on every machine and handed to MLX, which
 /// refuses them without that GPU: the recorded launch shows the kernel, the pool as the state,
 /// the row table with its values (compact numbering of the written rows), the written rows as
@@ -80,35 +127,21 @@ pub(super) fn check_launch(kernels: GpuKernels, dims: [usize; 6], n: usize, e: &
 #[test]
 fn pool_gpu_launches_are_built_and_reach_mlx() {
     let _serial = serial();
-    use mlxkern::testing::{
-        gated_delta_state_pool_via_gpu, gated_delta_update_pool_via_gpu, record_gpu_launches,
-    };
+    use mlxkern::testing::{gated_delta_state_pool_via_gpu, gated_delta_update_pool_via_gpu};
     let mut rng = Rng::fresh();
     let bf16 = MLXK_DTYPE_BFLOAT16;
     let dims = [3, 4, 1, 2, 32, 8];
-    let host = Host::random(&mut rng, dims, bf16);
-    let n = 6;
-    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
-    let mask_values: Vec<bool> = (0..12).map(|i| i % 3 != 0).collect();
-    let mask = new_bool(&mask_values, &[3, 4]);
+    let (host, pool, mask, n) = rows_and_pool(&mut rng, dims);
     let x = host.arrays(&[0, 1, 2], 4, false);
-    let packed_host = Host::random(&mut rng, [1, 40, 1, 2, 32, 8], bf16);
-    let packed = packed_host.arrays(&[0], 40, true);
+    let packed = packed_40(&mut rng);
     let wide_host = Host::random(&mut rng, [128, 1, 1, 2, 32, 8], bf16);
     let wide = wide_host.arrays(&(0..128).collect::<Vec<_>>(), 1, false);
     let wide_pool = new_f32(&vec![0.5; 130 * host.state_len()], &pool_shape(&host, 130));
-    let args = |x: &[H; 7], pool: H, mask: H| {
-        let [q, k, v, a, b, al, dt] = *x;
-        [q, k, v, a, b, al, dt, pool, mask].map(|h| h as *const mlxk_array)
-    };
     let (slots, fresh) = ([4, -1, 1], [0u8, 0, 1]);
     let wide_slots: Vec<i32> = (0..128).map(|i| (i * 37) % 130).collect();
-    record_gpu_launches(true);
-    for kernels in GPU_KERNELS {
-        let refused = |status| expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
-        let (mut y, mut p) = (null_mut(), null_mut());
+    for_each_launch(|kernels, y, p| {
         // The update, masked: row 1 padding, row 2 fresh.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -117,8 +150,8 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &slots,
                 Some(&fresh),
                 None,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let update = Expected {
@@ -132,7 +165,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         };
         check_launch(kernels, dims, n, &update);
         // The verify: nothing written.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -141,7 +174,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &slots,
                 None,
                 None,
-                &mut y,
+                y,
                 null_mut(),
             )
         });
@@ -154,7 +187,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         };
         check_launch(kernels, dims, n, &verify);
         // Packed sequences of 0, 1 and 39 tokens.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -163,8 +196,8 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &[2, 0, 5],
                 None,
                 Some(&[0, 0, 1, 40]),
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let packed_launch = Expected {
@@ -176,7 +209,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         check_launch(kernels, [1, 40, 1, 2, 32, 8], n, &packed_launch);
         // The replay: accepted lengths 2, 0 (padding), 4.
         let [_, k, v, a, b, al, dt] = x.map(|h| h as *const mlxk_array);
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_state_pool_via_gpu(
                 kernels,
                 false,
@@ -184,7 +217,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &[3, -1, 0],
                 Some(&[1, 0, 0]),
                 &[2, 0, 4],
-                &mut p,
+                p,
             )
         });
         let replay = Expected {
@@ -197,7 +230,7 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         };
         check_launch(kernels, dims, n, &replay);
         // 128 rows x 2 value heads.
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_via_gpu(
                 kernels,
                 false,
@@ -206,8 +239,8 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
                 &wide_slots,
                 None,
                 None,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let table = wide_slots
@@ -229,14 +262,13 @@ fn pool_gpu_launches_are_built_and_reach_mlx() {
         expect_err(
             unsafe {
                 gated_delta_update_pool_via_gpu(
-                    kernels, false, false, bad, &slots, None, None, &mut y, &mut p,
+                    kernels, false, false, bad, &slots, None, None, y, p,
                 )
             },
             MLXK_ERR_SHAPE,
             &["q"],
         );
-    }
-    record_gpu_launches(false);
+    });
     free_all(&x);
     free_all(&packed);
     free_all(&wide);

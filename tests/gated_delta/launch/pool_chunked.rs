@@ -5,6 +5,7 @@
 //! and its geometry. The later launches' descriptions run in tests/metal_emu (against the dense
 //! launches, bit for bit) and compile in tests/cuda/syntax.rs.
 
+use super::pool::{args, for_each_launch, packed_40, refused, rows_and_pool};
 use crate::support::pool::*;
 use crate::support::*;
 use std::ptr::null_mut;
@@ -45,21 +46,18 @@ fn check_prep(
     }
     assert_eq!(l.input_names, names, "{}", l.name);
     let input = |name: &str| &inputs[names.iter().position(|&n| n == name).unwrap()];
-    let (rows, nch) = (table.len() as i32 / 5, chunks.len() as i32 / 2);
-    assert_eq!(input("rows").shape, [rows, 5]);
-    assert_eq!(
-        ints(&input("rows").bytes),
-        table,
-        "{}: the row table",
-        l.name
-    );
-    assert_eq!(input("chunks").shape, [nch, 2]);
-    assert_eq!(
-        ints(&input("chunks").bytes),
-        chunks,
-        "{}: the chunk table",
-        l.name
-    );
+    // The row table (5 columns) and the chunk table (2), shapes and values.
+    for (name, want, columns) in [("rows", table, 5), ("chunks", chunks, 2)] {
+        let entries = want.len() as i32 / columns;
+        assert_eq!(input(name).shape, [entries, columns], "{}: {name}", l.name);
+        assert_eq!(
+            ints(&input(name).bytes),
+            want,
+            "{}: the {name} table",
+            l.name
+        );
+    }
+    let nch = chunks.len() as i32 / 2;
     assert_eq!(input("q").shape[3], dk);
     if cuda {
         assert_eq!(input("a_log").shape, [hv]);
@@ -87,28 +85,15 @@ fn check_prep(
 #[test]
 fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
     let _serial = serial();
-    use mlxkern::testing::{gated_delta_update_pool_chunked_via_gpu, record_gpu_launches};
+    use mlxkern::testing::gated_delta_update_pool_chunked_via_gpu;
     let mut rng = Rng::fresh();
-    let bf16 = MLXK_DTYPE_BFLOAT16;
     let dims = [3, 40, 1, 2, 32, 8];
-    let host = Host::random(&mut rng, dims, bf16);
-    let n = 6;
-    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
-    let mask_values: Vec<bool> = (0..120).map(|i| i % 3 != 0).collect();
-    let mask = new_bool(&mask_values, &[3, 40]);
+    let (host, pool, mask, _) = rows_and_pool(&mut rng, dims);
     let x = host.arrays(&[0, 1, 2], 40, false);
-    let packed_host = Host::random(&mut rng, [1, 40, 1, 2, 32, 8], bf16);
-    let packed = packed_host.arrays(&[0], 40, true);
-    let args = |x: &[H; 7], pool: H, mask: H| {
-        let [q, k, v, a, b, al, dt] = *x;
-        [q, k, v, a, b, al, dt, pool, mask].map(|h| h as *const mlxk_array)
-    };
+    let packed = packed_40(&mut rng);
     let (slots, fresh) = ([4, -1, 1], [0u8, 0, 1]);
-    record_gpu_launches(true);
-    for kernels in GPU_KERNELS {
-        let refused = |status| expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
-        let (mut y, mut p) = (null_mut(), null_mut());
-        refused(unsafe {
+    for_each_launch(|kernels, y, p| {
+        refused(kernels, unsafe {
             gated_delta_update_pool_chunked_via_gpu(
                 kernels,
                 false,
@@ -117,15 +102,15 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
                 Some(&fresh),
                 None,
                 16,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let table = [0, 40, 40, 4, 0, 40, 40, 0, -1, -1, 80, 40, 40, -1, 1];
         let chunks = [0, 0, 0, 1, 0, 2, 1, 0, 1, 1, 1, 2, 2, 0, 2, 1, 2, 2];
         check_prep(kernels, true, dims, &table, &chunks, 16);
         // Packed sequences of 0, 1 and 39 tokens, the default chunk (32).
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_update_pool_chunked_via_gpu(
                 kernels,
                 false,
@@ -134,8 +119,8 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
                 None,
                 Some(&[0, 0, 1, 40]),
                 0,
-                &mut y,
-                &mut p,
+                y,
+                p,
             )
         });
         let table = [0, 0, 0, 2, 0, 0, 1, 1, 0, 1, 1, 39, 39, 5, 2];
@@ -158,16 +143,15 @@ fn chunked_pool_gpu_launches_are_built_and_reach_mlx() {
                     None,
                     None,
                     24,
-                    &mut y,
-                    &mut p,
+                    y,
+                    p,
                 )
             },
             MLXK_ERR_INVALID_ARGUMENT,
             &["chunk_size"],
         );
         assert!(y.is_null() && p.is_null());
-    }
-    record_gpu_launches(false);
+    });
     free_all(&x);
     free_all(&packed);
     free_all(&[pool, mask]);

@@ -2,10 +2,8 @@
 //! the verify's over the leaves' paths gathered as packed sequences (one row a leaf, nothing
 //! written), the commit's the replay over the accepted paths (one row a tree).
 
-use super::pool::{check_launch, Expected};
-use crate::support::pool::*;
+use super::pool::{check_launch, for_each_launch, host_and_pool, refused, Expected};
 use crate::support::*;
-use std::ptr::null_mut;
 
 /// Two trees: nodes 0..4 (parents -1, 0, 0, 1; leaves 2 and 3) in slot 4 and one node in a
 /// padding slot. The verify's rows: the paths 0 → 2 and 0 → 1 → 3 from slot 4, then the padding
@@ -15,21 +13,15 @@ fn tree_gpu_launches_are_the_pool_launches_over_the_paths() {
     let _serial = serial();
     use mlxkern::testing::{
         gated_delta_commit_tree_pool_via_gpu, gated_delta_verify_tree_pool_via_gpu,
-        record_gpu_launches,
     };
     let mut rng = Rng::fresh();
     let dims = [1, 5, 1, 2, 32, 8];
-    let host = Host::random(&mut rng, dims, MLXK_DTYPE_BFLOAT16);
-    let n = 6;
-    let pool = new_f32(&rng.vec(n * host.state_len(), 0.5), &pool_shape(&host, n));
+    let (host, pool, n) = host_and_pool(&mut rng, dims);
     let x = host.arrays(&[0], 5, false);
     let [q, k, v, a, b, al, dt] = x.map(|h| h as *const mlxk_array);
     let (cu, parents, slots) = ([0, 4, 5], [-1, 0, 0, 1, -1], [4, -1]);
-    record_gpu_launches(true);
-    for kernels in GPU_KERNELS {
-        let refused = |status| expect_err(status, MLXK_ERR_BACKEND, &[refused_launch(kernels)]);
-        let (mut y, mut p) = (null_mut(), null_mut());
-        refused(unsafe {
+    for_each_launch(|kernels, y, p| {
+        refused(kernels, unsafe {
             gated_delta_verify_tree_pool_via_gpu(
                 kernels,
                 false,
@@ -38,7 +30,7 @@ fn tree_gpu_launches_are_the_pool_launches_over_the_paths() {
                 &parents,
                 &slots,
                 None,
-                &mut y,
+                y,
             )
         });
         let verify = Expected {
@@ -51,7 +43,7 @@ fn tree_gpu_launches_are_the_pool_launches_over_the_paths() {
             cuda_rows: 1,
         };
         check_launch(kernels, dims, n, &verify);
-        refused(unsafe {
+        refused(kernels, unsafe {
             gated_delta_commit_tree_pool_via_gpu(
                 kernels,
                 false,
@@ -60,7 +52,7 @@ fn tree_gpu_launches_are_the_pool_launches_over_the_paths() {
                 &slots,
                 None,
                 (&[3, 0], &[0, 1, 3]),
-                &mut p,
+                p,
             )
         });
         let commit = Expected {
@@ -83,14 +75,13 @@ fn tree_gpu_launches_are_the_pool_launches_over_the_paths() {
                     &[-1, 0, 0, 3, -1],
                     &slots,
                     None,
-                    &mut y,
+                    y,
                 )
             },
             MLXK_ERR_INVALID_ARGUMENT,
             &["parents[3] is 3"],
         );
-    }
-    record_gpu_launches(false);
+    });
     free_all(&x);
     free(pool);
 }

@@ -7,6 +7,7 @@ use std::ptr::null_mut;
 
 use super::{stack, Form, Seq, Server};
 use crate::capi::*;
+use crate::support::tree::{commit_tree, offsets, path_to, verify_tree, TreeHost};
 
 impl Seq {
     /// The tokens `tokens`, in that order.
@@ -41,16 +42,6 @@ fn random_tree(rng: &mut Rng, size: usize) -> Vec<i32> {
         .collect()
 }
 
-/// The path root → node `j`.
-fn path_to(parents: &[i32], j: usize) -> Vec<usize> {
-    let mut path = vec![j];
-    while parents[*path.last().unwrap()] >= 0 {
-        path.push(parents[*path.last().unwrap()] as usize);
-    }
-    path.reverse();
-    path
-}
-
 impl Server {
     /// Speculative decoding with draft trees: one tree of 0 to 8 nodes per row, verified in
     /// one call, then one accepted path a tree committed.
@@ -64,10 +55,7 @@ impl Server {
                 random_tree(rng, size)
             })
             .collect();
-        let mut cu = vec![0i32];
-        for t in &trees {
-            cu.push(cu.last().unwrap() + t.len() as i32);
-        }
+        let cu = offsets(&trees);
         let parents: Vec<i32> = trees.concat();
         let total = parents.len();
         let seqs: Vec<Seq> = trees
@@ -78,27 +66,10 @@ impl Server {
         let mut scope = Scope::default();
         let [q, k, v, a, b] = stack(&mut scope, &refs, [1, total], d, elem)?;
         let (al, dt) = (self.a_log, self.dt_bias);
-        let (cp, nc, pp, sp) = (cu.as_ptr(), cu.len(), parents.as_ptr(), slots.as_ptr());
+        let x = [q, k, v, a, b, al, dt];
+        let host = TreeHost::of(&cu, &parents, &slots, None);
         let mut y = null_mut();
-        let status = unsafe {
-            mlxk_gated_delta_verify_tree_pool(
-                q,
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                self.pool,
-                cp,
-                nc,
-                pp,
-                total,
-                sp,
-                std::ptr::null(),
-                &mut y,
-            )
-        };
+        let status = verify_tree(x, self.pool, host, &mut y);
         check(&format!("tree verify {trees:?}, slots {slots:?}"), status)?;
         scope.keep(y);
         self.count_call(Form::Exact, total);
@@ -135,27 +106,8 @@ impl Server {
         let lengths: Vec<i32> = paths.iter().map(|p| p.len() as i32).collect();
         let accepted: Vec<i32> = paths.iter().flatten().map(|&j| j as i32).collect();
         let mut next = null_mut();
-        let status = unsafe {
-            mlxk_gated_delta_commit_tree_pool(
-                k,
-                v,
-                a,
-                b,
-                al,
-                dt,
-                self.pool,
-                cp,
-                nc,
-                pp,
-                total,
-                sp,
-                std::ptr::null(),
-                lengths.as_ptr(),
-                accepted.as_ptr(),
-                accepted.len(),
-                &mut next,
-            )
-        };
+        let picked = (accepted.as_ptr(), accepted.len());
+        let status = commit_tree(x, self.pool, host, lengths.as_ptr(), picked, &mut next);
         check(&format!("tree commit {paths:?}, slots {slots:?}"), status)?;
         self.stats.pool_calls += 1;
         self.stats.tokens += accepted.len() as u64;
