@@ -27,6 +27,8 @@ what=${*:-test bench}
 # shellcheck disable=SC1091
 source scripts/cuda/carry-env.sh
 export MLXK_NUM_THREADS=${MLXK_NUM_THREADS:-8}
+# The Python peers print as they go (a run cut short by a limit keeps what it printed).
+export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   lscpu | grep -m1 'Model name'; } | tee "$out/device.txt"
 status=0
