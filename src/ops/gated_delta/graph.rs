@@ -392,8 +392,8 @@ pub(super) fn build_gpu_chunked_pool(
     let chunk = chunked::launch_chunk(node);
     let (table_chunks, firsts) = chunked::pool_chunk_table(table, chunk);
     let nch = table_chunks.len() / 2;
-    let chunks = super::replay::ints_array(&table_chunks, &[nch as i32, 2])?;
-    let firsts = super::replay::ints_array(&firsts, &[firsts.len() as i32])?;
+    let chunks = super::tables::ints_array(&table_chunks, &[nch as i32, 2])?;
+    let firsts = super::tables::ints_array(&firsts, &[firsts.len() as i32])?;
     let mut words = vec![fused as i64];
     words.extend(node.encode());
     words.extend([-5, nch as i64]);

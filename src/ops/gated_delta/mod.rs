@@ -8,6 +8,7 @@ mod from_conv;
 mod graph;
 mod pool;
 mod replay;
+mod tables;
 mod tree;
 mod vjp;
 

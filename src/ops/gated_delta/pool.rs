@@ -20,7 +20,7 @@ use crate::ops::Backend;
 
 use super::from_conv::{check_update_from_conv, FromConvInputs};
 use super::graph::{build, Arrays};
-use super::replay::ints_array;
+use super::tables::ints_array;
 use super::{check_state_counted, check_update_as, Inputs, Results, StateInputs};
 
 /// How the caller names each row's state: pool rows by slot (negative: a padding row), and

@@ -31,7 +31,7 @@ use super::pool::{
     build_pool, check_fresh, check_offsets, check_pool, check_slots, pool_write, row_table,
     state_pool, Layout, Slots,
 };
-use super::replay::ints_array;
+use super::tables::ints_array;
 use super::{check_state_counted, check_update_as, Inputs, Results, StateInputs};
 
 /// Draft trees packed along the token dimension: tree i owns the nodes (tokens)

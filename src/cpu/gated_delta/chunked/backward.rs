@@ -28,6 +28,7 @@
 //! no two sums that cancel are subtracted. The result is `g · ∂L/∂g`, what the gate chain to
 //! a, A_log and dt_bias needs (`gated_delta::backward::gate_backward_log`).
 
+pub use super::backward_chunk::ChunkedInputs;
 use super::backward_chunk::{self as bc, Chunk, OutRows, Outs, Scratch};
 #[cfg(target_arch = "aarch64")]
 use super::gemm::Neon;
@@ -35,46 +36,11 @@ use super::gemm::Neon;
 use super::gemm::{Avx2, Avx512};
 use super::gemm::{Kernel, Portable, NR};
 use super::{ChunkSize, Products};
-use crate::cpu::elem::{Floats, FloatsMut};
+use crate::cpu::elem::FloatsMut;
 use crate::cpu::gated_delta::backward::Inputs;
-use crate::cpu::gated_delta::Dims;
 use crate::cpu::pool::{self, SharedMut};
 use crate::cpu::{features, fp};
 use std::sync::Mutex;
-
-/// The chunked backward's inputs, q, k, v and dy in their own dtypes (each row widened to f32
-/// as a chunk gathers it); the others as `gated_delta::backward::Inputs`.
-#[derive(Clone, Copy)]
-pub struct ChunkedInputs<'a> {
-    pub d: Dims,
-    pub q: Floats<'a>,
-    pub k: Floats<'a>,
-    pub v: Floats<'a>,
-    pub g: &'a [f32],
-    pub beta: &'a [f32],
-    pub state: Option<&'a [f32]>,
-    pub mask: Option<&'a [u8]>,
-    pub dy: Floats<'a>,
-    pub dstate_out: Option<&'a [f32]>,
-}
-
-impl<'a> ChunkedInputs<'a> {
-    /// Float32 inputs.
-    pub fn f32(x: &Inputs<'a>) -> Self {
-        ChunkedInputs {
-            d: x.d,
-            q: Floats::F32(x.q),
-            k: Floats::F32(x.k),
-            v: Floats::F32(x.v),
-            g: x.g,
-            beta: x.beta,
-            state: x.state,
-            mask: x.mask,
-            dy: Floats::F32(x.dy),
-            dstate_out: x.dstate_out,
-        }
-    }
-}
 
 /// Where the chunked backward writes its gradients: dq, dk and dv in any float dtype (rounded
 /// as MLX rounds), the others float32; lengths as `ChunkedGrads`'. Every element is written.

@@ -24,10 +24,45 @@
 
 use half::{bf16, f16};
 
-use super::backward::ChunkedInputs;
 use super::gemm::{Epi, Kernel, Product, NR};
-use crate::cpu::elem::{Elem, FloatsMut};
+use crate::cpu::elem::{Elem, Floats, FloatsMut};
+use crate::cpu::gated_delta::backward::Inputs;
+use crate::cpu::gated_delta::Dims;
 use crate::cpu::pool::SharedMut;
+
+/// The chunked backward's inputs, q, k, v and dy in their own dtypes (each row widened to f32
+/// as a chunk gathers it); the others as `gated_delta::backward::Inputs`.
+#[derive(Clone, Copy)]
+pub struct ChunkedInputs<'a> {
+    pub d: Dims,
+    pub q: Floats<'a>,
+    pub k: Floats<'a>,
+    pub v: Floats<'a>,
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+    pub state: Option<&'a [f32]>,
+    pub mask: Option<&'a [u8]>,
+    pub dy: Floats<'a>,
+    pub dstate_out: Option<&'a [f32]>,
+}
+
+impl<'a> ChunkedInputs<'a> {
+    /// Float32 inputs.
+    pub fn f32(x: &Inputs<'a>) -> Self {
+        ChunkedInputs {
+            d: x.d,
+            q: Floats::F32(x.q),
+            k: Floats::F32(x.k),
+            v: Floats::F32(x.v),
+            g: x.g,
+            beta: x.beta,
+            state: x.state,
+            mask: x.mask,
+            dy: Floats::F32(x.dy),
+            dstate_out: x.dstate_out,
+        }
+    }
+}
 
 /// The output buffers, shared by the jobs (each writes the entries of its batch row and key
 /// head, and of that key head's value heads).
