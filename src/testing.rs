@@ -5,6 +5,7 @@
 
 use crate::bridge;
 use crate::capi::gated_delta::pool::HostRows;
+use crate::capi::gated_delta::tree::{commit, verify, Accepted, HostTree};
 use crate::capi::gated_delta::{self, Form};
 use crate::capi::status::mlxk_status;
 use crate::capi::{boundary, mlxk_array, Out};
@@ -823,6 +824,17 @@ pub unsafe fn gpu_launch(
     })
 }
 
+/// The trees of `cu_nodes` and `parents` as the C ABI takes them, one slot a tree.
+fn host_tree(cu_nodes: &[i32], parents: &[i32], slots: &[i32]) -> HostTree {
+    assert_eq!(slots.len() + 1, cu_nodes.len(), "one slot per tree");
+    HostTree {
+        cu_nodes: cu_nodes.as_ptr(),
+        n_cu_nodes: cu_nodes.len(),
+        parents: parents.as_ptr(),
+        n_nodes: parents.len(),
+    }
+}
+
 /// `mlxk_gated_delta_verify_tree_pool` through a GPU launch (see [`gated_delta_update_via_gpu`]).
 /// `args`: q, k, v, a, b, a_log, dt_bias, pool; `slots` and `fresh`: one per tree.
 ///
@@ -839,14 +851,7 @@ pub unsafe fn gated_delta_verify_tree_pool_via_gpu(
     fresh: Option<&[u8]>,
     y: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    use crate::capi::gated_delta::tree::{verify, HostTree};
-    let tree = HostTree {
-        cu_nodes: cu_nodes.as_ptr(),
-        n_cu_nodes: cu_nodes.len(),
-        parents: parents.as_ptr(),
-        n_nodes: parents.len(),
-    };
-    assert_eq!(slots.len() + 1, cu_nodes.len(), "one slot per tree");
+    let tree = host_tree(cu_nodes, parents, slots);
     let fresh = fresh.map_or(std::ptr::null(), <[u8]>::as_ptr);
     let label = kernels.label("mlxk_gated_delta_verify_tree_pool");
     // SAFETY: the host arrays come from slices of the lengths given; forwarded contract on `y`.
@@ -855,8 +860,8 @@ pub unsafe fn gated_delta_verify_tree_pool_via_gpu(
     })
 }
 
-/// `mlxk_gated_delta_commit_tree_pool` through a GPU launch (see
-/// [`gated_delta_update_via_gpu`]). `args`: k, v, a, b, a_log, dt_bias, pool; `slots`, `fresh`
+/// `mlxk_gated_delta_commit_tree_pool` through a GPU launch (as [`gated_delta_update_via_gpu`]).
+/// `args`: k, v, a, b, a_log, dt_bias, pool; `slots`, `fresh`
 /// and `accepted_lengths`: one per tree; `accepted_paths`: the trees' paths back to back.
 ///
 /// # Safety
@@ -872,14 +877,7 @@ pub unsafe fn gated_delta_commit_tree_pool_via_gpu(
     (accepted_lengths, accepted_paths): (&[i32], &[i32]),
     pool_out: *mut *mut mlxk_array,
 ) -> mlxk_status {
-    use crate::capi::gated_delta::tree::{commit, Accepted, HostTree};
-    let tree = HostTree {
-        cu_nodes: cu_nodes.as_ptr(),
-        n_cu_nodes: cu_nodes.len(),
-        parents: parents.as_ptr(),
-        n_nodes: parents.len(),
-    };
-    assert_eq!(slots.len() + 1, cu_nodes.len(), "one slot per tree");
+    let tree = host_tree(cu_nodes, parents, slots);
     assert_eq!(accepted_lengths.len(), slots.len(), "one length per tree");
     let accepted = Accepted {
         lengths: accepted_lengths.as_ptr(),
@@ -890,13 +888,7 @@ pub unsafe fn gated_delta_commit_tree_pool_via_gpu(
     let label = kernels.label("mlxk_gated_delta_commit_tree_pool");
     // SAFETY: as in `gated_delta_verify_tree_pool_via_gpu`; forwarded contract on `pool_out`.
     forced(kernels, gpu, || unsafe {
-        commit(
-            &label,
-            args,
-            tree,
-            (slots.as_ptr(), fresh),
-            accepted,
-            pool_out,
-        )
+        let rows = (slots.as_ptr(), fresh);
+        commit(&label, args, tree, rows, accepted, pool_out)
     })
 }
